@@ -1,0 +1,289 @@
+r"""Softmax language models over a flat float64 parameter vector ``theta``.
+
+A model maps a batch of *windows* (the last ``context`` tokens of each state,
+oldest first, left-padded with the BOS id ``V``) to next-token logits::
+
+    logits(theta, windows) -> z          # (B, k) int -> (B, V) float
+
+Any autograd-differentiable function of that shape can be wrapped with
+:class:`FunctionModel`; :class:`MLPModel` (DESIGN §2) and :class:`TabularModel`
+(logits are the parameters) are the two shipped instances.
+
+Token ids are ``0..V-1``; with ``eos`` on, id ``0`` is EOS. Id ``V`` is BOS,
+an input only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import autograd.numpy as anp
+import numpy as np
+from autograd.scipy.special import logsumexp
+
+__all__ = [
+    "ModelSpec", "MLPModel", "TabularModel", "FunctionModel", "make_model",
+    "log_softmax", "softmax", "windows_for", "check_theta",
+]
+
+
+def log_softmax(z):
+    r"""Row-wise :math:`\log p = z - \operatorname{logsumexp}(z)` (autograd-safe).
+
+    Example:
+        >>> import numpy as np
+        >>> np.round(np.exp(log_softmax(np.array([[0.0, np.log(3.0)]]))), 6)
+        array([[0.25, 0.75]])
+    """
+    return z - logsumexp(z, axis=-1, keepdims=True)
+
+
+def softmax(z):
+    """Row-wise softmax through :func:`log_softmax` (finite for |z| ~ 1e3)."""
+    return anp.exp(log_softmax(z))
+
+
+def windows_for(states, context, bos):
+    """The last ``context`` tokens of each state, left-padded with ``bos``.
+
+    Args:
+        states: sequence of token lists (prompt plus generated tokens).
+        context: window length ``k``.
+        bos: the BOS id (``V``).
+
+    Returns:
+        int64 array of shape ``(len(states), context)``, oldest token first.
+    """
+    out = np.full((len(states), context), bos, dtype=np.int64)  # (B, k)
+    for b, s in enumerate(states):
+        tail = list(s)[-context:] if context > 0 else []
+        if tail:
+            out[b, context - len(tail):] = tail
+    return out
+
+
+def check_theta(theta, num_params):
+    """Return ``theta`` as a float64 vector of length ``num_params`` or raise."""
+    arr = np.asarray(theta)
+    if arr.ndim != 1:
+        raise ValueError(f"theta must be a flat vector, got shape {arr.shape}")
+    if arr.shape[0] != num_params:
+        raise ValueError(
+            f"theta has length {arr.shape[0]} but the model has {num_params} parameters")
+    if not np.issubdtype(arr.dtype, np.floating) and not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"theta must be numeric, got dtype {arr.dtype}")
+    arr = arr.astype(np.float64)
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        idx = np.flatnonzero(bad)
+        raise ValueError(
+            f"theta has {bad.sum()} non-finite entries (NaN or inf), first at index {idx[0]}")
+    return arr
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The MLP language model of DESIGN §2, fully specified.
+
+    ``e = concat(E[c_1..c_k])``, ``hid = tanh(e @ W1 + b1)``, ``z = hid @ W2 + b2``;
+    ``theta = (E, W1, b1, W2, b2)`` flattened row-major in that order.
+    ``init_params`` draws ``theta ~ init_scale * N(0, 1)`` from
+    ``numpy.random.default_rng(init_seed)`` (one draw of length ``P``).
+    """
+
+    vocab_size: int
+    context: int = 2
+    embed_dim: int = 3
+    hidden: int = 8
+    eos: bool = True
+    init_seed: int = 0
+    init_scale: float = 1.0
+    arch: str = field(default="mlp_window", compare=False)
+
+    def __post_init__(self):
+        for name in ("vocab_size", "context", "embed_dim", "hidden"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"model.{name} must be a positive integer, got {v!r}")
+        if self.eos and self.vocab_size < 2:
+            raise ValueError("model.vocab_size must be at least 2 when eos is on")
+        if not np.isfinite(self.init_scale):
+            raise ValueError(f"model.init_scale must be finite, got {self.init_scale!r}")
+
+    @property
+    def bos(self):
+        return self.vocab_size
+
+    def layout(self):
+        """List of ``(name, shape, offset)`` giving each block's place in ``theta``."""
+        V, k, d, H = self.vocab_size, self.context, self.embed_dim, self.hidden
+        shapes = [("E", (V + 1, d)), ("W1", (k * d, H)), ("b1", (H,)),
+                  ("W2", (H, V)), ("b2", (V,))]
+        out, off = [], 0
+        for name, shape in shapes:
+            out.append((name, shape, off))
+            off += int(np.prod(shape))
+        return out
+
+    @property
+    def num_params(self):
+        name, shape, off = self.layout()[-1]
+        return off + int(np.prod(shape))
+
+    def to_json(self):
+        return {"vocab_size": self.vocab_size, "context": self.context,
+                "embed_dim": self.embed_dim, "hidden": self.hidden, "eos": self.eos,
+                "init_seed": self.init_seed, "init_scale": self.init_scale}
+
+
+class MLPModel:
+    """The DESIGN §2 MLP over a window of the last ``k`` tokens.
+
+    Example:
+        >>> m = MLPModel(ModelSpec(vocab_size=5, context=2, embed_dim=3, hidden=8))
+        >>> m.num_params, m.bos
+        (103, 5)
+        >>> m.logits(m.init_params(), np.array([[5, 1]])).shape
+        (1, 5)
+    """
+
+    name = "mlp_window"
+
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+        self.vocab_size = spec.vocab_size
+        self.context = spec.context
+        self.eos = bool(spec.eos)
+        self.bos = spec.bos
+        self.num_params = spec.num_params
+
+    def layout(self):
+        return self.spec.layout()
+
+    def unpack(self, theta):
+        """Named views ``{E, W1, b1, W2, b2}`` of ``theta`` (works under autograd)."""
+        out = {}
+        for name, shape, off in self.spec.layout():
+            n = int(np.prod(shape))
+            out[name] = anp.reshape(theta[off:off + n], shape)
+        return out
+
+    def init_params(self):
+        rng = np.random.default_rng(self.spec.init_seed)
+        return self.spec.init_scale * rng.standard_normal(self.num_params)
+
+    def hidden(self, theta, windows):
+        """``(e, hid)`` for a batch of windows: ``(B, k*d)`` and ``(B, H)``."""
+        p = self.unpack(theta)
+        B = windows.shape[0]
+        e = anp.reshape(p["E"][windows], (B, -1))  # (B, k*d)
+        hid = anp.tanh(anp.dot(e, p["W1"]) + p["b1"])  # (B, H)
+        return e, hid
+
+    def logits(self, theta, windows):
+        """``z = tanh(e W1 + b1) W2 + b2``: ``(B, k)`` windows -> ``(B, V)`` logits."""
+        p = self.unpack(theta)
+        _, hid = self.hidden(theta, windows)
+        return anp.dot(hid, p["W2"]) + p["b2"]  # (B, V)
+
+    def describe(self):
+        d = dict(self.spec.to_json())
+        d.update({"arch": self.name, "bos": self.bos})
+        return d
+
+
+class TabularModel:
+    r"""Logits are the parameters: one row of ``V`` logits per possible window.
+
+    ``theta`` reshaped to ``((V+1)^k, V)``; the row of a window
+    ``c_1..c_k`` is :math:`\sum_p c_p (V+1)^{k-p}`. Its token Fisher is
+    :math:`f = p(1-p)` for the visited row and 0 elsewhere.
+    """
+
+    name = "tabular"
+
+    def __init__(self, vocab_size, context=1, eos=True, init_seed=0, init_scale=1.0):
+        if vocab_size < 1 or context < 1:
+            raise ValueError("vocab_size and context must be positive")
+        self.vocab_size = int(vocab_size)
+        self.context = int(context)
+        self.eos = bool(eos)
+        self.bos = self.vocab_size
+        self.rows = (self.vocab_size + 1) ** self.context
+        self.num_params = self.rows * self.vocab_size
+        self.init_seed, self.init_scale = init_seed, init_scale
+
+    def layout(self):
+        return [("table", (self.rows, self.vocab_size), 0)]
+
+    def init_params(self):
+        rng = np.random.default_rng(self.init_seed)
+        return self.init_scale * rng.standard_normal(self.num_params)
+
+    def row_index(self, windows):
+        base = (self.vocab_size + 1) ** np.arange(self.context - 1, -1, -1)
+        return windows @ base  # (B,)
+
+    def logits(self, theta, windows):
+        table = anp.reshape(theta, (self.rows, self.vocab_size))
+        return table[self.row_index(windows)]  # (B, V)
+
+    def describe(self):
+        return {"arch": self.name, "vocab_size": self.vocab_size, "context": self.context,
+                "eos": self.eos, "bos": self.bos, "init_seed": self.init_seed,
+                "init_scale": self.init_scale}
+
+
+class FunctionModel:
+    """Wrap any autograd-differentiable ``logits_fn(theta, windows) -> (B, V)``.
+
+    Args:
+        logits_fn: batched logits function, differentiable by autograd in theta.
+        num_params: length of theta.
+        vocab_size: ``V``.
+        context: window length ``k`` (use the longest state length for a model
+            that reads its whole history).
+        eos: whether id 0 is EOS.
+        name: a label for reports.
+    """
+
+    def __init__(self, logits_fn, num_params, vocab_size, context, eos=True, name="custom"):
+        self._fn = logits_fn
+        self.num_params = int(num_params)
+        self.vocab_size = int(vocab_size)
+        self.context = int(context)
+        self.eos = bool(eos)
+        self.bos = self.vocab_size
+        self.name = name
+
+    def layout(self):
+        return [("theta", (self.num_params,), 0)]
+
+    def logits(self, theta, windows):
+        return self._fn(theta, windows)
+
+    def describe(self):
+        return {"arch": self.name, "vocab_size": self.vocab_size, "context": self.context,
+                "eos": self.eos, "bos": self.bos}
+
+
+def make_model(spec):
+    """Build a model from a JSON-like dict (task file ``model``) or a ModelSpec."""
+    if isinstance(spec, ModelSpec):
+        return MLPModel(spec)
+    if not isinstance(spec, dict):
+        raise TypeError(f"model spec must be a dict or ModelSpec, got {type(spec).__name__}")
+    spec = dict(spec)
+    arch = spec.pop("arch", "mlp_window")
+    spec.pop("bos", None)
+    if arch == "mlp_window":
+        allowed = {"vocab_size", "context", "embed_dim", "hidden", "eos", "init_seed",
+                   "init_scale"}
+        extra = set(spec) - allowed
+        if extra:
+            raise ValueError(f"unknown model keys {sorted(extra)}; allowed: {sorted(allowed)}")
+        if "vocab_size" not in spec:
+            raise ValueError("model.vocab_size is required")
+        return MLPModel(ModelSpec(**spec))
+    if arch == "tabular":
+        return TabularModel(**spec)
+    raise ValueError(f"unknown model arch {arch!r}; known: 'mlp_window', 'tabular'")

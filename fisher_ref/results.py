@@ -1,0 +1,239 @@
+r"""Accumulated moments of one stream and the exact results built from them.
+
+A :class:`Moments` accumulates, over complete responses ``y`` drawn with
+probability ``w(y)`` and over states ``s`` reached with probability
+:math:`\pi(s)`:
+
+- :math:`E[h]`, :math:`E[h^2]`, :math:`E[h^4]` (response level);
+- :math:`E[R]`, :math:`E[R^2]`, :math:`E[Rh]`, :math:`E[Rh^2]`, :math:`E[R^2h^2]`;
+- :math:`C_{u,t} = E[\xi_u\xi_t]` and :math:`E[\xi_u^2\xi_t^2]` (``T x T x P``);
+- the token sum :math:`\sum_s \pi(s) m(s)` by states, and :math:`E[g]`,
+  :math:`E[g^2]` for the per-response path sum :math:`g = \sum_t m(s_t)`;
+- the largest conditional score mean :math:`\max_s |E[\xi | s]|`.
+
+:func:`finish_stream` turns them into gradients, covariances, the bound, the
+correlation and the exact variances the Monte Carlo z-tests use.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["Moments", "StreamResult", "ExactResult", "finish_stream", "topk_overlap"]
+
+
+class Moments:
+    """Running sums for one stream (see module docstring)."""
+
+    def __init__(self, P, T):
+        self.mass = 0.0
+        self.R = self.R2 = 0.0
+        self.h, self.h2, self.h4 = np.zeros(P), np.zeros(P), np.zeros(P)
+        self.Rh, self.Rh2, self.R2h2 = np.zeros(P), np.zeros(P), np.zeros(P)
+        self.cross, self.cross4 = np.zeros((T, T, P)), np.zeros((T, T, P))
+        self.token_sum = np.zeros(P)
+        self.token_sum_by_depth = np.zeros((T, P))
+        self.g, self.g2 = np.zeros(P), np.zeros(P)
+        self.cond_mean_max = np.zeros(P)
+        self.is_Rh = np.zeros(P)
+        self.is_h = np.zeros(P)
+
+    def add_states(self, reach, m, cond_mean, depth):
+        """States of one depth: reach ``(B,)``, second moments ``m`` and ``E[xi|s]`` ``(B, P)``."""
+        contrib = reach @ m  # (P,)
+        self.token_sum += contrib
+        self.token_sum_by_depth[depth] += contrib
+        live = reach > 0
+        if live.any():
+            self.cond_mean_max = np.maximum(self.cond_mean_max,
+                                            np.abs(cond_mean[live]).max(axis=0))
+
+    def add_responses(self, w, R, hist, g, w_policy):
+        """Responses: weights ``w (M,)``, rewards ``R (M,)``, scores ``hist (M, T, P)``,
+        path sums ``g (M, P)``, policy probabilities ``w_policy (M,)`` (importance weights)."""
+        h = hist.sum(axis=1)  # (M, P)
+        h2 = h * h
+        self.mass += w.sum()
+        self.R += w @ R
+        self.R2 += w @ (R * R)
+        self.h += w @ h
+        self.h2 += w @ h2
+        self.h4 += w @ (h2 * h2)
+        self.Rh += (w * R) @ h
+        self.Rh2 += (w * R) @ h2
+        self.R2h2 += (w * R * R) @ h2
+        self.cross += np.einsum("m,mup,mtp->utp", w, hist, hist)
+        sq = hist * hist
+        self.cross4 += np.einsum("m,mup,mtp->utp", w, sq, sq)
+        self.g += w @ g
+        self.g2 += w @ (g * g)
+        pos = w > 0
+        rho_w = np.where(pos, w_policy, 0.0)  # w * (w_policy / w) where w > 0
+        self.is_Rh += (rho_w * R) @ h
+        self.is_h += rho_w @ h
+
+
+@dataclass
+class StreamResult:
+    r"""Exact quantities of one stream (all ``(P,)`` unless noted).
+
+    Attributes:
+        score_mean: :math:`E[h]`.
+        sequence_fisher: :math:`E[h^2]` (the sequence Fisher when centered on the
+            drawing distribution).
+        token_fisher_sum: :math:`\sum_s \pi(s) m(s)` (by states).
+        token_fisher_sum_paths: :math:`E[\sum_t m(s_t)]` (by responses).
+        cross_terms: ``(T, T, P)`` :math:`E[\xi_u\xi_t]`; the diagonal holds
+            :math:`E[\xi_t^2]`.
+        cond_score_max: :math:`\max_s |E[\xi|s]|` over reachable states.
+        expected_reward, reward_std: scalars; ``reward_std`` is ``std(A)``.
+        baseline: the constant ``b`` in ``A = R - b``.
+        gradient: :math:`E[A h]`; covariance: :math:`E[Ah] - E[A]E[h]`.
+        gradient_shift: :math:`dE[(A+c)h]/dc = E[h]`.
+        bound: :math:`std(A)\sqrt{E[h^2]}`; correlation: ``|covariance| / bound``.
+        importance_gradient: :math:`E[\rho A h]` with :math:`\rho = P(y)/w(y)`.
+        variances: exact variances of the per-response estimands, for z-tests.
+    """
+
+    score_mean: np.ndarray
+    sequence_fisher: np.ndarray
+    token_fisher_sum: np.ndarray
+    token_fisher_sum_paths: np.ndarray
+    token_fisher_by_depth: np.ndarray
+    cross_terms: np.ndarray
+    cond_score_max: np.ndarray
+    mass: float
+    expected_reward: float
+    reward_std: float
+    baseline: float
+    gradient: np.ndarray
+    covariance: np.ndarray
+    gradient_shift: np.ndarray
+    bound: np.ndarray
+    correlation: np.ndarray
+    importance_gradient: np.ndarray
+    variances: dict = field(repr=False)
+
+    def gradient_with_constant(self, c):
+        r""":math:`E[(A + c) h]`: the gradient after adding ``c`` to every advantage."""
+        return self.gradient + c * self.gradient_shift
+
+
+def finish_stream(m, baseline):
+    """Derived quantities of one stream; ``baseline`` is a number or ``"mean"``."""
+    ER = m.R / m.mass
+    b = ER if baseline == "mean" else float(baseline)
+    var_R = max(m.R2 / m.mass - ER * ER, 0.0)
+    std_A = np.sqrt(var_R)
+    G = m.Rh - b * m.h
+    cov = m.Rh - ER * m.h
+    bound = std_A * np.sqrt(m.h2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        corr = np.where(bound > 0, np.abs(cov) / np.where(bound > 0, bound, 1.0), 0.0)
+    A2h2 = m.R2h2 - 2 * b * m.Rh2 + b * b * m.h2
+    variances = {
+        "h": m.h2 - m.h ** 2,
+        "h2": m.h4 - m.h2 ** 2,
+        "token_sum": m.g2 - m.g ** 2,
+        "Ah": A2h2 - G ** 2,
+        "cross": m.cross4 - m.cross ** 2,
+        "reward": var_R,
+    }
+    return StreamResult(
+        score_mean=m.h, sequence_fisher=m.h2, token_fisher_sum=m.token_sum,
+        token_fisher_sum_paths=m.g, token_fisher_by_depth=m.token_sum_by_depth,
+        cross_terms=m.cross, cond_score_max=m.cond_mean_max, mass=float(m.mass),
+        expected_reward=float(ER), reward_std=float(std_A), baseline=float(b), gradient=G,
+        covariance=cov, gradient_shift=m.h.copy(), bound=bound, correlation=corr,
+        importance_gradient=m.is_Rh - b * m.is_h, variances=variances)
+
+
+def topk_overlap(G, F, fractions=(0.01, 0.05, 0.1, 0.25)):
+    """Share of the top-k% parameters by ``|G|`` that are also top-k% by ``F``.
+
+    Returns a list of ``(fraction, n, overlap, random)`` where ``random = n / P``
+    is the expected share for a random choice of ``n`` parameters.
+
+    Example:
+        >>> topk_overlap(np.array([3., 1., 2., 0.]), np.array([9., 0., 1., 5.]), (0.5,))
+        [(0.5, 2, 0.5, 0.5)]
+    """
+    P = len(G)
+    out = []
+    for frac in fractions:
+        n = max(1, int(round(frac * P)))
+        top_g = set(np.argsort(-np.abs(G), kind="stable")[:n].tolist())
+        top_f = set(np.argsort(-np.asarray(F), kind="stable")[:n].tolist())
+        out.append((frac, n, len(top_g & top_f) / n, n / P))
+    return out
+
+
+def _concat(records, key):
+    return np.concatenate([r[key] for r in records]) if records else None
+
+
+class ExactResult:
+    """Everything the exact engine computed for one task.
+
+    On-policy quantities are attributes (``sequence_fisher``, ``token_fisher_sum``,
+    ``cross_terms``, ``score_mean``, ``gradient``, ``covariance``,
+    ``gradient_autodiff``, ``bound``, ``correlation``, ``reward_std``, ...) taken
+    from ``streams["policy"]``. With a sampler, ``streams["raw"]``,
+    ``streams["centered"]`` and ``streams["top{k}"]`` hold the off-policy ones.
+    ``states`` and ``sequences`` hold the per-state and per-response arrays
+    (sorted by prompt, depth, tokens) when they were kept.
+    """
+
+    @classmethod
+    def build(cls, task, cost, streams, grad_ad, states, seqs):
+        self = cls()
+        self.task, self.cost, self.streams = task, cost, streams
+        self.gradient_autodiff = grad_ad
+        on = streams["policy"]
+        for name in ("score_mean", "sequence_fisher", "token_fisher_sum",
+                     "token_fisher_sum_paths", "cross_terms", "expected_reward", "reward_std",
+                     "baseline", "gradient", "covariance", "bound", "correlation"):
+            setattr(self, name, getattr(on, name))
+        self.states = cls._sorted_states(states)
+        self.sequences = cls._sorted_seqs(seqs, on.baseline, streams)
+        return self
+
+    @staticmethod
+    def _sorted_states(states):
+        if not states:
+            return None
+        out = {k: _concat(states, k) for k in states[0]}
+        keys = [out["tokens"][:, c] for c in range(out["tokens"].shape[1] - 1, -1, -1)]
+        order = np.lexsort(keys + [out["depth"], out["prompt"]])
+        return {k: v[order] for k, v in out.items()}
+
+    @staticmethod
+    def _sorted_seqs(seqs, baseline, streams):
+        if not seqs:
+            return None
+        out = {k: _concat(seqs, k) for k in seqs[0]}
+        keys = [out["tokens"][:, c] for c in range(out["tokens"].shape[1] - 1, -1, -1)]
+        order = np.lexsort(keys + [out["prompt"]])
+        out = {k: v[order] for k, v in out.items()}
+        out["advantage"] = out["reward"] - baseline
+        if "centered" in streams:
+            out["sampler_advantage"] = out["reward"] - streams["centered"].baseline
+        return out
+
+    @property
+    def offpolicy(self):
+        """The ``raw`` and ``centered`` streams (``None`` on-policy)."""
+        return None if "centered" not in self.streams else self.streams
+
+    def topk_overlap(self, fractions=(0.01, 0.05, 0.1, 0.25)):
+        """:func:`topk_overlap` of the on-policy gradient and sequence Fisher."""
+        return topk_overlap(self.gradient, self.sequence_fisher, fractions)
+
+    @property
+    def n_states(self):
+        return self.cost.n_states
+
+    @property
+    def n_responses(self):
+        return self.cost.n_responses

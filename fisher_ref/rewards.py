@@ -1,0 +1,139 @@
+"""Rewards ``R(prompt, response)`` of a whole response.
+
+``response`` is the tuple of generated tokens, the EOS included when the
+response ended with it. Built-in rewards are named and serialisable; any Python
+callable of ``(prompt, response)`` returning a finite float may be used too.
+"""
+from __future__ import annotations
+
+import math
+
+__all__ = ["Reward", "CountReward", "MatchReward", "LengthReward", "FunctionReward",
+           "make_reward", "evaluate_reward"]
+
+
+class Reward:
+    """Base class: ``__call__(prompt, response) -> float`` and ``to_json()``."""
+
+    name = "reward"
+
+    def __call__(self, prompt, response):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def to_json(self):
+        return {"name": self.name}
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.to_json()})"
+
+
+def _strip_eos(response, eos):
+    return tuple(response[:-1]) if eos and response and response[-1] == 0 else tuple(response)
+
+
+class CountReward(Reward):
+    """Number of times ``token`` appears among the generated tokens.
+
+    Example:
+        >>> CountReward(2)((1,), (2, 3, 2, 0))
+        2.0
+    """
+
+    name = "count"
+
+    def __init__(self, token):
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ValueError(f"reward 'count' needs a non-negative integer token, got {token!r}")
+        self.token = token
+
+    def __call__(self, prompt, response):
+        return float(sum(1 for t in response if t == self.token))
+
+    def to_json(self):
+        return {"name": self.name, "token": self.token}
+
+
+class MatchReward(Reward):
+    """1 if the response (its final EOS removed) equals ``target`` exactly, else 0."""
+
+    name = "match"
+
+    def __init__(self, target, eos=True):
+        if not isinstance(target, (list, tuple)) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in target):
+            raise ValueError(f"reward 'match' needs a list of integer tokens, got {target!r}")
+        self.target = tuple(target)
+        self.eos = eos
+
+    def __call__(self, prompt, response):
+        return float(_strip_eos(response, self.eos) == self.target)
+
+    def to_json(self):
+        return {"name": self.name, "target": list(self.target)}
+
+
+class LengthReward(Reward):
+    """Number of generated tokens, the final EOS not counted."""
+
+    name = "length"
+
+    def __init__(self, eos=True):
+        self.eos = eos
+
+    def __call__(self, prompt, response):
+        return float(len(_strip_eos(response, self.eos)))
+
+
+class FunctionReward(Reward):
+    """Wrap a user callable ``fn(prompt, response) -> float``."""
+
+    name = "custom"
+
+    def __init__(self, fn):
+        if not callable(fn):
+            raise TypeError(f"a custom reward must be callable, got {type(fn).__name__}")
+        self.fn = fn
+
+    def __call__(self, prompt, response):
+        return self.fn(prompt, response)
+
+    def to_json(self):
+        return {"name": self.name, "function": getattr(self.fn, "__name__", repr(self.fn))}
+
+
+def make_reward(spec, eos=True):
+    """Build a reward from a task-file dict, a Reward, or a callable."""
+    if isinstance(spec, Reward):
+        return spec
+    if callable(spec):
+        return FunctionReward(spec)
+    if not isinstance(spec, dict) or "name" not in spec:
+        raise ValueError(f"reward must be a dict with a 'name', got {spec!r}")
+    spec = dict(spec)
+    name = spec.pop("name")
+    try:
+        if name == "count":
+            return CountReward(**spec)
+        if name == "match":
+            return MatchReward(eos=eos, **spec)
+        if name == "length":
+            return LengthReward(eos=eos, **spec)
+    except TypeError as exc:
+        raise ValueError(f"bad arguments for reward {name!r}: {exc}") from None
+    raise ValueError(f"unknown reward {name!r}; known: 'count', 'match', 'length'")
+
+
+def evaluate_reward(reward, prompt, response):
+    """``float(reward(prompt, response))``, raising if it is not a finite number."""
+    value = reward(tuple(prompt), tuple(response))
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"reward returned {value!r} (not a number) for prompt {list(prompt)} "
+            f"and response {list(response)}") from None
+    if not math.isfinite(value):
+        raise ValueError(
+            f"reward returned a non-finite value {value} for prompt {list(prompt)} "
+            f"and response {list(response)}")
+    return value

@@ -1,0 +1,125 @@
+r"""Samplers :math:`\mu` for off-policy sampling.
+
+A sampler gives the full next-token distribution :math:`\mu(\cdot|s)` at every
+state, as logits (no derivative is taken through it)::
+
+    sampler.logits(model, theta, windows) -> (B, V)
+
+Shipped kinds: a temperature, a perturbed copy of the parameters, and logits
+rounded to a number of decimals (an inference engine of low precision).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["Sampler", "TemperatureSampler", "PerturbedSampler", "RoundedSampler",
+           "LogitsSampler", "make_sampler"]
+
+
+class Sampler:
+    """Base class for a fixed next-token distribution ``mu`` given as logits."""
+
+    kind = "sampler"
+
+    def logits(self, model, theta, windows):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def params(self, model, theta):
+        """The parameters the sampler runs with (``theta`` unless it changes them)."""
+        return np.asarray(theta, dtype=float)
+
+    def to_json(self):
+        return {"kind": self.kind}
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.to_json()})"
+
+
+class TemperatureSampler(Sampler):
+    r""":math:`\mu = \mathrm{softmax}(z / \tau)`."""
+
+    kind = "temperature"
+
+    def __init__(self, temperature):
+        t = float(temperature)
+        if not np.isfinite(t) or t <= 0:
+            raise ValueError(f"sampler temperature must be a positive finite number, got {temperature!r}")
+        self.temperature = t
+
+    def logits(self, model, theta, windows):
+        return np.asarray(model.logits(theta, windows)) / self.temperature
+
+    def to_json(self):
+        return {"kind": self.kind, "temperature": self.temperature}
+
+
+class PerturbedSampler(Sampler):
+    r"""A stale copy: :math:`\theta_\mu = \theta + \sigma\,\varepsilon`,
+    :math:`\varepsilon \sim N(0, I)` from ``default_rng(seed)``."""
+
+    kind = "perturbed"
+
+    def __init__(self, scale, seed=0):
+        s = float(scale)
+        if not np.isfinite(s) or s < 0:
+            raise ValueError(f"sampler scale must be a non-negative finite number, got {scale!r}")
+        self.scale, self.seed = s, int(seed)
+
+    def params(self, model, theta):
+        rng = np.random.default_rng(self.seed)
+        return np.asarray(theta, dtype=float) + self.scale * rng.standard_normal(len(theta))
+
+    def logits(self, model, theta, windows):
+        return np.asarray(model.logits(self.params(model, theta), windows))
+
+    def to_json(self):
+        return {"kind": self.kind, "scale": self.scale, "seed": self.seed}
+
+
+class RoundedSampler(Sampler):
+    """The policy's logits rounded to ``decimals`` decimals (a coarse inference engine)."""
+
+    kind = "rounded"
+
+    def __init__(self, decimals):
+        if isinstance(decimals, bool) or not isinstance(decimals, (int, np.integer)):
+            raise ValueError(f"sampler decimals must be an integer, got {decimals!r}")
+        self.decimals = int(decimals)
+
+    def logits(self, model, theta, windows):
+        return np.round(np.asarray(model.logits(theta, windows)), self.decimals)
+
+    def to_json(self):
+        return {"kind": self.kind, "decimals": self.decimals}
+
+
+class LogitsSampler(Sampler):
+    """A user sampler: ``fn(windows) -> (B, V)`` logits (``-inf`` allowed)."""
+
+    kind = "custom"
+
+    def __init__(self, fn):
+        if not callable(fn):
+            raise TypeError("LogitsSampler needs a callable fn(windows) -> logits")
+        self.fn = fn
+
+    def logits(self, model, theta, windows):
+        return np.asarray(self.fn(windows), dtype=float)
+
+
+def make_sampler(spec):
+    """Build a sampler from a task-file dict (``kind`` plus its arguments), or pass one through."""
+    if spec is None or isinstance(spec, Sampler):
+        return spec
+    if not isinstance(spec, dict) or "kind" not in spec:
+        raise ValueError(f"sampler must be a dict with a 'kind', got {spec!r}")
+    spec = dict(spec)
+    kind = spec.pop("kind")
+    kinds = {"temperature": TemperatureSampler, "perturbed": PerturbedSampler,
+             "rounded": RoundedSampler}
+    if kind not in kinds:
+        raise ValueError(f"unknown sampler kind {kind!r}; known: {sorted(kinds)}")
+    try:
+        return kinds[kind](**spec)
+    except TypeError as exc:
+        raise ValueError(f"bad arguments for sampler {kind!r}: {exc}") from None

@@ -1,0 +1,69 @@
+r"""Logit sensitivities :math:`j_{i,a}(s) = \partial z_a(s) / \partial\theta_i`.
+
+Two routes: :func:`sensitivities_autograd` (any model, by autograd) and
+:func:`mlp_sensitivities` (the DESIGN §2 MLP in closed form, using that
+per-example derivatives of a linear layer are outer products). The tests hold
+them against each other and against central finite differences.
+"""
+from __future__ import annotations
+
+import numpy as np
+from autograd import jacobian
+
+from .model import MLPModel
+
+__all__ = ["sensitivities", "sensitivities_autograd", "mlp_sensitivities",
+           "finite_difference_sensitivities"]
+
+
+def sensitivities_autograd(model, theta, windows):
+    """``j`` by autograd: the Jacobian of each state's logits, ``(B, P, V)``."""
+    jac = jacobian(lambda th: model.logits(th, windows))(theta)  # (B, V, P)
+    return np.ascontiguousarray(np.transpose(jac, (0, 2, 1)))  # (B, P, V)
+
+
+def mlp_sensitivities(model, theta, windows):
+    r"""Closed-form ``j`` for :class:`MLPModel`, ``(B, P, V)``.
+
+    With :math:`g_{h,a} = (1-\mathrm{hid}_h^2) W2_{h,a}`:
+    :math:`\partial z_a/\partial b2_c = \delta_{ca}`,
+    :math:`\partial z_a/\partial W2_{h,c} = \mathrm{hid}_h\delta_{ca}`,
+    :math:`\partial z_a/\partial b1_h = g_{h,a}`,
+    :math:`\partial z_a/\partial W1_{m,h} = e_m g_{h,a}`,
+    :math:`\partial z_a/\partial E_{v,r} = \sum_{p: c_p=v}\sum_h W1_{pd+r,h} g_{h,a}`.
+    """
+    spec = model.spec
+    V, k, d, H = spec.vocab_size, spec.context, spec.embed_dim, spec.hidden
+    p = model.unpack(theta)
+    e, hid = model.hidden(theta, windows)  # (B, k*d), (B, H)
+    B = windows.shape[0]
+    g = (1.0 - hid ** 2)[:, :, None] * p["W2"][None]  # (B, H, V)
+    q = np.einsum("pdh,bha->bpda", p["W1"].reshape(k, d, H), g)  # (B, k, d, V)
+    onehot = (windows[:, :, None] == np.arange(V + 1)[None, None]).astype(float)  # (B, k, V+1)
+    jE = np.einsum("bpv,bpda->bvda", onehot, q).reshape(B, (V + 1) * d, V)
+    jW1 = (e[:, :, None, None] * g[:, None]).reshape(B, k * d * H, V)
+    eye = np.eye(V)
+    jW2 = (hid[:, :, None, None] * eye[None, None]).reshape(B, H * V, V)
+    jb2 = np.broadcast_to(eye, (B, V, V))
+    return np.concatenate([jE, jW1, g, jW2, jb2], axis=1)  # (B, P, V)
+
+
+def sensitivities(model, theta, windows):
+    """``j`` for a batch of windows, ``(B, P, V)``: closed form for the MLP, else autograd."""
+    if isinstance(model, MLPModel):
+        return mlp_sensitivities(model, theta, windows)
+    return sensitivities_autograd(model, theta, windows)
+
+
+def finite_difference_sensitivities(model, theta, windows, step=1e-6):
+    """Central differences ``(z(theta + h e_i) - z(theta - h e_i)) / 2h``, ``(B, P, V)``."""
+    theta = np.asarray(theta, dtype=float)
+    B = windows.shape[0]
+    out = np.empty((B, theta.size, model.vocab_size))
+    for i in range(theta.size):
+        tp, tm = theta.copy(), theta.copy()
+        tp[i] += step
+        tm[i] -= step
+        out[:, i, :] = (np.asarray(model.logits(tp, windows))
+                        - np.asarray(model.logits(tm, windows))) / (2 * step)
+    return out
