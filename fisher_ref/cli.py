@@ -1,0 +1,66 @@
+"""Command line: ``python -m fisher_ref {verify,export,compare,bench} ...``.
+
+Each subcommand lives in the module of its concept, which provides
+``add_arguments(parser)`` and ``run(args) -> exit code``; this module only
+wires them together and resolves ``--config NAME`` / ``--task FILE``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["main", "build_parser", "task_from_args"]
+
+SUBCOMMANDS = {
+    "verify": ("fisher_ref.verify", "check every identity of DESIGN §1, exactly and by Monte Carlo"),
+    "export": ("fisher_ref.golden", "write the golden .npz file of a task"),
+    "compare": ("fisher_ref.compare", "compare the torch implementation with fisher_ref"),
+    "bench": ("fisher_ref.bench", "time the exact engine against torch doing the same work"),
+}
+
+
+def add_task_arguments(parser, default_config="default"):
+    """``--config NAME`` or ``--task FILE`` (mutually exclusive)."""
+    g = parser.add_mutually_exclusive_group()
+    g.add_argument("--config", default=None,
+                   help=f"a named config shipped with fisher_ref (default: {default_config!r})")
+    g.add_argument("--task", default=None, help="a task file in the JSON format of DESIGN §5")
+    parser.set_defaults(_default_config=default_config)
+
+
+def task_from_args(args):
+    """Load the task named by ``--task`` or ``--config`` (default config otherwise)."""
+    from .tasks import load_config, load_task
+    if getattr(args, "task", None):
+        return load_task(args.task)
+    return load_config(args.config or args._default_config)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m fisher_ref",
+        description="Exact float64 Fisher information of sampling from a tiny softmax LM.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (modname, help_) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        add_task_arguments(p)
+        mod = importlib.import_module(modname)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except (ValueError, FileNotFoundError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
