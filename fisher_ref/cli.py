@@ -37,7 +37,8 @@ def task_from_args(args):
     return load_config(args.config or args._default_config)
 
 
-def build_parser():
+def build_parser(command=None):
+    """The argument parser; only ``command``'s module is imported (all when ``None``)."""
     parser = argparse.ArgumentParser(
         prog="python -m fisher_ref",
         description="Exact float64 Fisher information of sampling from a tiny softmax LM.")
@@ -45,6 +46,8 @@ def build_parser():
     sub.required = True
     for name, (modname, help_) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
+        if command is not None and name != command:
+            continue
         add_task_arguments(p)
         mod = importlib.import_module(modname)
         mod.add_arguments(p)
@@ -53,7 +56,9 @@ def build_parser():
 
 
 def main(argv=None):
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in SUBCOMMANDS else "")
     args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)

@@ -187,20 +187,21 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         xis, ms = [], []
         for s, (name, wname, cname) in enumerate(streams):
             center = jbar[cname] if isinstance(cname, str) else topk_center(q, J, cname)
+            xi = J - center[:, :, None]  # (B, P, V): the score of every candidate token
             m = token_second_moment(dist[wname], J, center)  # (B, P)
-            cond_mean = jbar[wname] - center  # (B, P): E[xi | s] under the drawing dist
+            cond_mean = np.einsum("bv,bpv->bp", dist[wname], xi)  # (B, P): E[xi | s], summed
             moments[name].add_states(reach[wname], m, cond_mean, depth)
-            xis.append(J - center[:, :, None])  # (B, P, V)
+            xis.append(xi)
             ms.append(m)
         if keep_states:
             rec = {"tokens": block["tokens"][:, :L - 1].copy(), "prompt": block["prompt"],
                    "depth": np.full(n, depth), "reach": block["rp"], "probs": p,
                    "token_fisher": token_fisher(p, J), "uniform": uniform_token_fisher(J),
-                   "score_mean": jbar["p"] - jbar["p"]}
+                   "score_mean": np.einsum("bv,bpv->bp", p, xis[0])}
             if task.sampler is not None:
                 rec.update({"sampler_reach": block["rq"], "sampler_probs": q,
                             "sampler_token_fisher": token_fisher(q, J),
-                            "raw_score_mean": jbar["q"] - jbar["p"]})
+                            "raw_score_mean": np.einsum("bv,bpv->bp", q, xis[0])})
             states.append(rec)
         bar.update(n)
         # children: row b*V + a is state b followed by token a

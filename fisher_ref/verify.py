@@ -1,0 +1,212 @@
+r"""Check every identity of DESIGN §1 on a task and print it as a table.
+
+Each row compares two routes to one quantity, or a quantity that must vanish
+with its natural scale:
+
+- ``equal`` rows: relative error :math:`\max|a-b| / \max(\max|a|, \max|b|)`;
+- ``zero`` rows: :math:`\max|x|` over the natural scale — :math:`\max_i F_i` for
+  products of two scores (cross terms), :math:`\sqrt{\max_i F_i}` for scores;
+- ``bound`` rows: the largest excess of the left side over the right, scaled
+  the same way (must be :math:`\le` the tolerance);
+- ``info`` rows report a diagnostic (overlap, alignment) and always pass;
+- ``z`` rows (Monte Carlo) report the largest :math:`|z|` against the
+  Bonferroni threshold for a false-failure rate of 1e-6 per row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .enumeration import state_windows
+from .sensitivities import sensitivities
+from .token_fisher import token_fisher, token_fisher_pairwise, uniform_token_fisher
+
+__all__ = ["Check", "exact_checks", "format_table", "verify_task", "add_arguments", "run",
+           "EXACT_RTOL"]
+
+EXACT_RTOL = 1e-10  # exact identities in float64 (DESIGN §7)
+_SHIFT_STATES = 256  # states on which the pairwise form and the logit shift are re-derived
+
+
+@dataclass
+class Check:
+    """One row of the verify table."""
+
+    identity: str
+    stream: str
+    check: str
+    value: float
+    tol: float
+    kind: str = "equal"
+    note: str = ""
+
+    @property
+    def passed(self):
+        if self.kind == "info":
+            return True
+        if self.kind == "nonzero":
+            return bool(self.value > self.tol)
+        return bool(np.isfinite(self.value) and self.value <= self.tol)
+
+
+def rel_err(a, b):
+    """``max|a-b| / max(max|a|, max|b|)`` (0 when both are 0)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    scale = max(np.abs(a).max(initial=0.0), np.abs(b).max(initial=0.0))
+    diff = np.abs(a - b).max(initial=0.0)
+    return 0.0 if diff == 0 else float(diff / scale) if scale > 0 else float("inf")
+
+
+def _scale(F):
+    return max(float(np.max(F)), np.finfo(float).tiny)
+
+
+def _stream_checks(name, s, T, centered):
+    """Identities 1-3 and 7 for one stream whose score is centered on its drawing distribution."""
+    F = s.sequence_fisher
+    sF, rF = _scale(F), np.sqrt(_scale(F))
+    off = s.cross_terms[~np.eye(T, dtype=bool)]
+    rows = [
+        Check("1 zero-mean score", name, "max_s |E[xi|s]| / sqrt(max F)",
+              float(s.cond_score_max.max() / rF), EXACT_RTOL, "zero"),
+        Check("1 zero-mean score", name, "max |E[h]| / sqrt(max F)",
+              float(np.abs(s.score_mean).max() / rF), EXACT_RTOL, "zero"),
+        Check("2 cross terms vanish", name, "max_{u!=t} |C[u,t]| / max F",
+              float(np.abs(off).max(initial=0.0) / sF), EXACT_RTOL, "zero"),
+        Check("2 cross terms vanish", name, "sum_{u,t} C[u,t] = F",
+              rel_err(s.cross_terms.sum(axis=(0, 1)), F), EXACT_RTOL),
+        Check("3 sequence -> token", name, "F = sum_s pi(s) f(s)",
+              rel_err(F, s.token_fisher_sum), EXACT_RTOL),
+        Check("3 sequence -> token", name, "F = E[sum_t f(s_t)] (by responses)",
+              rel_err(F, s.token_fisher_sum_paths), EXACT_RTOL),
+        Check("7 covariance", name, "E[A h] = Cov(A, h)", rel_err(s.gradient, s.covariance),
+              EXACT_RTOL),
+        Check("7 covariance", name, "E[(A+1) h] = E[A h]",
+              rel_err(s.gradient_with_constant(1.0), s.gradient), EXACT_RTOL),
+        Check("7 bound", name, "max(|G| - std(A) sqrt(F)) / max|G|",
+              float(np.max(np.abs(s.covariance) - s.bound)
+                    / max(np.abs(s.covariance).max(), np.finfo(float).tiny)),
+              EXACT_RTOL, "bound"),
+        Check("7 bound", name, "max |corr(A, h)| <= 1", float(s.correlation.max()),
+              1.0 + EXACT_RTOL, "bound"),
+    ]
+    return rows if centered else []
+
+
+def _state_form_checks(result):
+    """Identities 4 and 5 re-derived on up to ``_SHIFT_STATES`` states."""
+    task, st = result.task, result.states
+    if st is None:
+        return []
+    n = min(len(st["depth"]), _SHIFT_STATES)
+    tokens = st["tokens"][:n]
+    lengths = (tokens >= 0).sum(axis=1)
+    W = state_windows(tokens, lengths, task.model.context, task.model.bos)
+    J = sensitivities(task.model, task.theta, W)  # (n, P, V)
+    p = st["probs"][:n]
+    f = token_fisher(p, J)
+    shift = np.random.default_rng(0).standard_normal(J.shape[:2])[:, :, None]  # (n, P, 1)
+    f_unif = uniform_token_fisher(J)
+    V = J.shape[-1]
+    ratio = f / np.where(f_unif > 0, f_unif, np.nan)
+    below = float(np.nanmean(ratio < 1)) if np.isfinite(ratio).any() else float("nan")
+    return [
+        Check("4 pairwise identity", "policy", "centered f = pairwise f",
+              rel_err(f, token_fisher_pairwise(p, J)), EXACT_RTOL),
+        Check("4 pairwise identity", "policy", "f(j + c) = f(j), c per parameter",
+              rel_err(token_fisher(p, J + 10 * shift), f), EXACT_RTOL),
+        Check("4 pairwise identity", "policy", "stored f(s) = recomputed f(s)",
+              rel_err(st["token_fisher"][:n], f), EXACT_RTOL),
+        Check("5 alignment", "policy", "f_unif = pairwise form at p = 1/V",
+              rel_err(f_unif, token_fisher_pairwise(np.full_like(p, 1.0 / V), J)), EXACT_RTOL),
+        Check("5 alignment", "policy", "share of (state, param) with f/f_unif < 1",
+              below, 0.0, "info", f"median ratio {np.nanmedian(ratio):.3g}"),
+    ]
+
+
+def exact_checks(result):
+    """All exact rows for an :class:`~fisher_ref.results.ExactResult`."""
+    T = result.task.max_len
+    on = result.streams["policy"]
+    rows = _stream_checks("policy", on, T, True)
+    rows.insert(0, Check("-", "policy", "total probability = 1", abs(on.mass - 1.0), EXACT_RTOL))
+    rows += _state_form_checks(result)
+    rows.append(Check("6 policy gradient", "policy", "E[A h] = autograd of E[R]",
+                      rel_err(result.gradient, result.gradient_autodiff), EXACT_RTOL))
+    for frac, n, ov, rnd in result.topk_overlap((0.01, 0.05, 0.1, 0.25)):
+        rows.append(Check("8 Fisher meets gradient", "policy",
+                          f"top {100 * frac:g}% by |G| also top by F (n={n})", ov, 0.0, "info",
+                          f"random: {rnd:.3f}"))
+    if "centered" in result.streams:
+        c, raw = result.streams["centered"], result.streams["raw"]
+        rows += _stream_checks("centered", c, T, True)
+        rF = np.sqrt(_scale(c.sequence_fisher))
+        rows.append(Check("off-policy", "raw", "max |E_mu[h]| / sqrt(max F_mu) (must be > 0)",
+                          float(np.abs(raw.score_mean).max() / rF), 1e-8, "nonzero"))
+        rows.append(Check("off-policy", "raw", "E_mu[rho A h] = on-policy E[A h]",
+                          rel_err(raw.importance_gradient, result.gradient), EXACT_RTOL))
+        c_break = constant_breaking_bound(raw, c)
+        rows.append(Check("off-policy", "raw", "smallest |c| with |E_mu[(A+c)h]| > bound",
+                          c_break, 0.0, "info", "uncentered: bound fails past this constant"))
+    return rows
+
+
+def constant_breaking_bound(raw, centered):
+    r"""Smallest :math:`|c|` for which the uncentered gradient
+    :math:`|E_\mu[(A+c) h]|` exceeds the centered bound :math:`std_\mu(A)\sqrt{F_\mu}`
+    for some parameter (``inf`` if the raw score mean is 0 everywhere)."""
+    m, g0, B = raw.score_mean, raw.gradient, centered.bound
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c_pos = np.where(np.abs(m) > 0, (B - np.sign(m) * g0) / np.abs(m), np.inf)
+        c_neg = np.where(np.abs(m) > 0, (B + np.sign(m) * g0) / np.abs(m), np.inf)
+    return float(np.min(np.abs(np.concatenate([c_pos, c_neg]))))
+
+
+def verify_task(task, mc=0, seed=0, progress=True):
+    """Exact rows, plus Monte Carlo rows with ``mc`` samples (0: none)."""
+    from .exact import exact
+    result = exact(task, progress=progress)
+    rows = exact_checks(result)
+    if mc:
+        from .monte_carlo import check_monte_carlo
+        for r in check_monte_carlo(task, result, mc, seed):
+            rows.append(r)
+    return result, rows
+
+
+def format_table(rows):
+    """Render rows as a fixed-width text table."""
+    head = ("identity", "stream", "check", "value", "tolerance", "result")
+    body = []
+    for r in rows:
+        res = {True: "PASS", False: "FAIL"}[r.passed] if r.kind != "info" else "info"
+        tol = {"info": "-", "nonzero": f"> {r.tol:.0e}", "z": f"|z| <= {r.tol:.2f}"}.get(
+            r.kind, f"<= {r.tol:.0e}")
+        check = r.check + (f"  [{r.note}]" if r.note else "")
+        body.append((r.identity, r.stream, check, f"{r.value:.3g}", tol, res))
+    widths = [max(len(x[i]) for x in body + [head]) for i in range(len(head))]
+    line = lambda x: "  ".join(s.ljust(w) for s, w in zip(x, widths)).rstrip()
+    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(x) for x in body])
+
+
+def add_arguments(parser):
+    parser.add_argument("--mc", type=int, default=20000,
+                        help="Monte Carlo samples for the z-tests (0: exact checks only)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the Monte Carlo generator")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args):
+    from .cli import task_from_args
+    task = task_from_args(args)
+    result, rows = verify_task(task, mc=args.mc, seed=args.seed, progress=not args.quiet)
+    c = result.cost
+    print(f"task {task.name}: V={c.vocab_size}, T={c.max_len}, P={c.num_params}, "
+          f"{c.n_states} states, {c.n_responses} responses, prompts={len(task.prompts)}, "
+          f"sampler={'none' if task.sampler is None else task.sampler.to_json()}")
+    print(format_table(rows))
+    failed = [r for r in rows if not r.passed]
+    print(f"\n{len(rows) - len(failed)} of {len(rows)} checks passed"
+          + (f"; FAILED: {', '.join(r.check for r in failed)}" if failed else ""))
+    return 1 if failed else 0
