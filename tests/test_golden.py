@@ -1,0 +1,299 @@
+"""Golden files: held against an independent implementation, reproducible byte for
+byte, loadable with plain numpy, and refused with a clear error when damaged."""
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fisher_ref import cli, load_config, task_from_json
+from fisher_ref.golden import (GOLDEN_CONFIGS, SCHEMA_VERSION, GoldenFileError, _read_members,
+                               _write_npz, array_sha256, compare_golden, export_golden,
+                               golden_arrays, load_golden, regenerate_golden_files)
+
+import independent_reference as indep
+
+RTOL = 1e-10  # exact float64 agreement (DESIGN §7)
+MAX_FILE_BYTES = 2 ** 20  # committed golden files stay small
+GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
+# Arrays that are 0 in exact arithmetic, measured against the score's scale sqrt(F).
+ZERO_SCALE = {"score_mean": "sequence_fisher", "offpolicy_score_mean": "offpolicy_sequence_fisher"}
+TASK_FILE_MODEL_KEYS = {"vocab_size", "context", "eos"}
+
+
+def rel_error(key, gold, ours, arrays):
+    err = float(np.max(np.abs(gold - ours))) if gold.size else 0.0
+    if key in ZERO_SCALE:
+        scale = float(np.sqrt(np.max(arrays[ZERO_SCALE[key]])))
+    else:
+        scale = float(max(np.max(np.abs(gold)), np.max(np.abs(ours)))) if gold.size else 0.0
+    return err / scale if scale > 0 else err
+
+
+@pytest.fixture(params=GOLDEN_CONFIGS)
+def committed(request):
+    return load_golden(GOLDEN_DIR / f"{request.param}.npz")
+
+
+def test_golden_files_match_independent_reference(committed):
+    ref = indep.reference(committed.meta, committed["theta"])
+    assert set(ref) == set(committed.keys())
+    bad, worst = [], {}
+    for key in sorted(committed.keys()):
+        gold, ours = committed[key], ref[key]
+        assert gold.shape == np.shape(ours), key
+        if gold.dtype.kind == "i":
+            if not np.array_equal(gold, ours):
+                bad.append(f"{key}: integer arrays differ")
+            continue
+        worst[key] = rel_error(key, gold, np.asarray(ours), committed.arrays)
+        if not worst[key] <= RTOL:
+            bad.append(f"{key}: relative error {worst[key]:.3e} > {RTOL}")
+    print(f"{committed.meta['name']}: largest error {max(worst.values()):.2e} "
+          f"({max(worst, key=worst.get)})")
+    assert not bad, "\n".join(bad)
+
+
+def test_theta_is_the_specified_initialisation(committed):
+    m, theta = committed.meta["model"], committed["theta"]
+    np.testing.assert_array_equal(theta, indep.init_theta(m, theta.size))
+
+
+def test_committed_files_regenerate_byte_identical(tmp_path):
+    paths = regenerate_golden_files(tmp_path)
+    for path in paths:
+        committed = GOLDEN_DIR / path.name
+        new, old = path.read_bytes(), committed.read_bytes()
+        if new != old:
+            diff = [row for row in compare_golden(committed, path, rtol=0.0) if not row[3]]
+            pytest.fail(f"{path.name} regenerates to different bytes; arrays that differ "
+                        f"(key, abs, rel, ok): {diff}. If the change is intended, run "
+                        "`python -m fisher_ref.golden --regenerate golden/` and bump "
+                        "SCHEMA_VERSION if keys or meanings changed.")
+
+
+def test_files_are_small_and_every_config_is_committed():
+    for name in GOLDEN_CONFIGS:
+        size = (GOLDEN_DIR / f"{name}.npz").stat().st_size
+        assert size < MAX_FILE_BYTES, (name, size)
+
+
+def test_plain_numpy_reads_the_file_and_hashes_match():
+    path = GOLDEN_DIR / "offpolicy_temperature.npz"
+    with np.load(path, allow_pickle=False) as f:
+        meta = json.loads(str(f["meta"]))
+        for key in f.files:
+            if key != "meta":
+                got = hashlib.sha256(f[key].tobytes()).hexdigest()
+                assert got == meta["sha256"][key], key
+        assert set(f.files) - {"meta"} == set(meta["sha256"])
+
+
+def test_meta_holds_schema_model_task_layout(committed):
+    meta = committed.meta
+    assert meta["schema"] == "fisher_ref.golden"
+    assert meta["schema_version"] == SCHEMA_VERSION and isinstance(meta["schema_version"], int)
+    assert meta["generator"].startswith("fisher_ref ")
+    assert TASK_FILE_MODEL_KEYS | {"arch", "bos"} <= set(meta["model"])
+    assert meta["model"]["bos"] == meta["model"]["vocab_size"]
+    assert {"prompts", "prompt_weights", "max_len", "reward", "baseline", "sampler"} <= set(
+        meta["task"])
+    off = 0
+    for block in meta["layout"]:
+        assert block["offset"] == off
+        off += int(np.prod(block["shape"]))
+    assert off == committed["theta"].size == meta["sizes"]["P"]
+
+
+def test_meta_task_rebuilds_the_same_arrays(committed):
+    data = dict(committed.meta["task"], theta=committed["theta"].tolist())
+    arrays = golden_arrays(task_from_json(data))
+    assert compare_golden(committed, arrays, rtol=0.0) == [
+        (k, 0.0, 0.0, True) for k in sorted(committed.keys())]
+
+
+def test_custom_reward_is_recorded_and_loads(tmp_path):
+    def longer_is_better(prompt, response):
+        return 0.5 * len(response)
+    task = load_config("default").with_(reward=longer_is_better)
+    g = load_golden(export_golden(task, tmp_path / "custom.npz"))
+    assert g.meta["task"]["reward"] == {"name": "custom", "function": "longer_is_better"}
+    np.testing.assert_allclose(g["seq_reward"], 0.5 * (g["seq_tokens"] >= 0).sum(axis=1))
+
+
+def test_export_command_through_cli_main(tmp_path, capsys):
+    out = tmp_path / "X.npz"
+    assert cli.main(["export", "--config", "default", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()
+    assert str(out) in text and digest in text and f"{out.stat().st_size:,} bytes" in text
+    assert out.read_bytes() == (GOLDEN_DIR / "default.npz").read_bytes()
+
+
+def test_export_command_in_a_subprocess(tmp_path):
+    out = tmp_path / "X.npz"
+    proc = subprocess.run([sys.executable, "-m", "fisher_ref", "export", "--config", "tabular",
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "arrays" in proc.stdout and hashlib.sha256(out.read_bytes()).hexdigest() in proc.stdout
+    assert out.read_bytes() == (GOLDEN_DIR / "tabular.npz").read_bytes()
+
+
+def test_export_command_requires_out():
+    with pytest.raises(SystemExit):
+        cli.main(["export", "--config", "default"])
+
+
+# --- compare_golden ------------------------------------------------------------------------
+
+def test_compare_golden_passes_itself_and_names_a_perturbed_key():
+    g = load_golden(GOLDEN_DIR / "default.npz")
+    assert all(row[3] for row in compare_golden(g, g))
+    other = dict(g.arrays)
+    other["sequence_fisher"] = other["sequence_fisher"] * (1 + 1e-8)
+    del other["bound"]
+    failed = {row[0]: row for row in compare_golden(g, other) if not row[3]}
+    assert set(failed) == {"sequence_fisher", "bound"}
+    assert failed["sequence_fisher"][2] == pytest.approx(1e-8, rel=1e-3)
+    assert np.isnan(failed["bound"][1])
+
+
+# --- loader errors -------------------------------------------------------------------------
+
+SOURCE = GOLDEN_DIR / "offpolicy_temperature.npz"
+
+
+def rewrite(tmp_path, change, rehash=True):
+    """Copy SOURCE with ``change(meta, arrays)`` applied; hashes recomputed if ``rehash``."""
+    members = _read_members(SOURCE)
+    meta = json.loads(str(members.pop("meta")))
+    change(meta, members)
+    if rehash:
+        meta["sha256"] = {k: array_sha256(v) for k, v in members.items()}
+    path = tmp_path / "bad.npz"
+    _write_npz(path, meta, members)
+    return path
+
+
+def expect_error(path, *needles):
+    with pytest.raises(GoldenFileError) as info:
+        load_golden(path)
+    for needle in needles:
+        assert needle in str(info.value), (needle, str(info.value))
+    assert isinstance(info.value, ValueError)
+
+
+def test_altered_array_is_caught_by_its_hash(tmp_path):
+    def change(meta, arrays):
+        arrays["offpolicy_gradient"] = arrays["offpolicy_gradient"] + 1e-12
+    expect_error(rewrite(tmp_path, change, rehash=False), "SHA-256 mismatch",
+                 "'offpolicy_gradient'")
+
+
+def test_flipped_bytes_in_the_archive_name_the_array(tmp_path):
+    raw = bytearray(SOURCE.read_bytes())
+    with zipfile.ZipFile(io.BytesIO(bytes(raw))) as zf:
+        info = zf.getinfo("state_probs.npy")
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra) + 200
+    raw[start] ^= 0xFF
+    path = tmp_path / "flipped.npz"
+    path.write_bytes(bytes(raw))
+    expect_error(path, "'state_probs'", "corrupted")
+
+
+def test_truncated_file(tmp_path):
+    path = tmp_path / "short.npz"
+    path.write_bytes(SOURCE.read_bytes()[: SOURCE.stat().st_size // 2])
+    expect_error(path, "not a valid .npz", "truncated")
+
+
+def test_garbage_file(tmp_path):
+    path = tmp_path / "garbage.npz"
+    path.write_bytes(b"this is not an npz file\n" * 10)
+    expect_error(path, "not a valid .npz")
+
+
+def test_missing_file(tmp_path):
+    expect_error(tmp_path / "absent.npz", "cannot read")
+
+
+def test_missing_meta(tmp_path):
+    path = tmp_path / "plain.npz"
+    np.savez(path, theta=np.zeros(3))
+    expect_error(path, "no 'meta' key")
+
+
+def test_meta_not_json(tmp_path):
+    path = tmp_path / "badmeta.npz"
+    np.savez(path, meta=np.array("{not json"), theta=np.zeros(3))
+    expect_error(path, "'meta' is not valid JSON")
+
+
+def test_wrong_schema(tmp_path):
+    def change(meta, arrays):
+        meta["schema"] = "something.else"
+    expect_error(rewrite(tmp_path, change), "schema is 'something.else'", "fisher_ref.golden")
+
+
+@pytest.mark.parametrize("version,needle", [(SCHEMA_VERSION + 1, "newer than this reader"),
+                                            (0, "older than the oldest"),
+                                            ("1", "must be an integer")])
+def test_wrong_version(tmp_path, version, needle):
+    def change(meta, arrays):
+        meta["schema_version"] = version
+    expect_error(rewrite(tmp_path, change), needle)
+
+
+def test_schema_is_checked_before_hashes(tmp_path):
+    def change(meta, arrays):
+        meta["schema"] = "other"
+        arrays["theta"] = arrays["theta"] * 2
+    expect_error(rewrite(tmp_path, change, rehash=False), "schema is 'other'")
+
+
+def test_missing_key(tmp_path):
+    def change(meta, arrays):
+        del arrays["offpolicy_cross_terms"]
+    expect_error(rewrite(tmp_path, change), "missing", "offpolicy_cross_terms")
+
+
+def test_unexpected_key(tmp_path):
+    def change(meta, arrays):
+        arrays["my_extra"] = np.zeros(2)
+    expect_error(rewrite(tmp_path, change), "unexpected", "my_extra")
+
+
+def test_array_without_hash(tmp_path):
+    def change(meta, arrays):
+        arrays["my_extra"] = np.zeros(2)
+    expect_error(rewrite(tmp_path, change, rehash=False), "'my_extra'", "no SHA-256")
+
+
+def test_wrong_dtype(tmp_path):
+    def change(meta, arrays):
+        arrays["state_reach"] = arrays["state_reach"].astype(np.float32)
+    expect_error(rewrite(tmp_path, change), "'state_reach'", "dtype <f4", "expected <f8")
+
+
+def test_wrong_integer_dtype(tmp_path):
+    def change(meta, arrays):
+        arrays["seq_tokens"] = arrays["seq_tokens"].astype(np.int32)
+    expect_error(rewrite(tmp_path, change), "'seq_tokens'", "dtype <i4")
+
+
+def test_wrong_shape(tmp_path):
+    def change(meta, arrays):
+        arrays["state_token_fisher"] = arrays["state_token_fisher"][:, :-1]
+    expect_error(rewrite(tmp_path, change), "'state_token_fisher'", "shape (42, 118)",
+                 "expected (42, 119)")
+
+
+def test_sizes_inconsistent_with_theta(tmp_path):
+    def change(meta, arrays):
+        arrays["theta"] = arrays["theta"][:-1]
+    expect_error(rewrite(tmp_path, change), "P=119", "theta gives 118")
