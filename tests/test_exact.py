@@ -17,9 +17,11 @@ from fisher_ref.token_fisher import token_fisher, token_fisher_pairwise, uniform
 
 
 def natural_gradient_scale(r, b):
-    """sqrt(E[A^2]) * max sqrt(F): the Cauchy–Schwarz size of the terms of E[A h]."""
+    """sqrt(max(E[A^2], E[R^2])) * max sqrt(F): the Cauchy–Schwarz size of the terms
+    of E[A h] and of autograd's sum_y P(y) R(y) d log P(y) — what rounding scales with."""
     A = b["R"] - r.baseline
-    return float(np.sqrt(b["P"] @ A ** 2) * np.sqrt(r.sequence_fisher.max())) or 1.0
+    m2 = max(b["P"] @ A ** 2, b["P"] @ b["R"] ** 2)
+    return float(np.sqrt(m2) * np.sqrt(r.sequence_fisher.max())) or 1.0
 
 
 def state_sensitivities(task, states):
