@@ -47,6 +47,18 @@ def topk_center(q, sens, k):
     return mean_sensitivity(qk, sens)
 
 
+def _check_topk(topk):
+    """``topk`` as a tuple of positive integers (``k >= V`` means full centering)."""
+    try:
+        ks = tuple(topk)
+    except TypeError:
+        raise ValueError(f"topk must be a sequence of positive integers, got {topk!r}") from None
+    for k in ks:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"topk entries must be positive integers, got {k!r} in {topk!r}")
+    return tuple(int(k) for k in ks)
+
+
 def _streams(task, topk):
     if task.sampler is None:
         return [("policy", "p", "p")]
@@ -76,8 +88,15 @@ def _take(block, sl):
     return out
 
 
+def _check_logits(z, W, V, who):
+    if z.shape != (W.shape[0], V):
+        raise ValueError(f"the {who} returned logits of shape {z.shape} for {W.shape[0]} "
+                         f"windows; expected ({W.shape[0]}, {V}) (V={V})")
+
+
 def _probs(task, theta, W):
     z = np.asarray(task.model.logits(theta, W), dtype=float)  # (B, V)
+    _check_logits(z, W, task.model.vocab_size, "model")
     if np.isnan(z).any() or np.isposinf(z).any():
         raise ValueError("the model returned NaN or +inf logits")
     if np.isneginf(z).all(axis=-1).any():
@@ -86,6 +105,7 @@ def _probs(task, theta, W):
     if task.sampler is None:
         return p, p
     zq = np.asarray(task.sampler.logits(task.model, theta, W), dtype=float)
+    _check_logits(zq, W, task.model.vocab_size, "sampler")
     if np.isnan(zq).any() or np.isposinf(zq).any() or np.isneginf(zq).all(axis=-1).any():
         raise ValueError("the sampler returned NaN, +inf or all -inf logits")
     return p, np.exp(log_softmax(zq))
@@ -148,7 +168,12 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     """
     model, theta, T = task.model, task.theta, task.max_len
     V, P = model.vocab_size, model.num_params
-    streams = _streams(task, tuple(topk))
+    topk = _check_topk(topk)
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer))
+                              or chunk < 1):
+        raise ValueError(f"chunk must be a positive integer (states per block) or None, "
+                         f"got {chunk!r}")
+    streams = _streams(task, topk)
     S = len(streams)
     cost = estimate_cost(task, n_streams=S, chunk=chunk)
     if keep_states == "auto":

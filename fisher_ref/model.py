@@ -80,6 +80,20 @@ def check_theta(theta, num_params):
     return arr
 
 
+def _check_common(vocab_size, eos, init_seed, init_scale):
+    """Validate the fields every model spec shares; raise ``ValueError`` naming the field."""
+    if not isinstance(eos, (bool, np.bool_)):
+        raise ValueError(f"model.eos must be true or false, got {eos!r}")
+    if eos and vocab_size < 2:
+        raise ValueError("model.vocab_size must be at least 2 when eos is on")
+    if isinstance(init_seed, bool) or not isinstance(init_seed, (int, np.integer)) \
+            or init_seed < 0:
+        raise ValueError(f"model.init_seed must be a non-negative integer, got {init_seed!r}")
+    if isinstance(init_scale, bool) or not isinstance(init_scale, (int, float, np.number)) \
+            or not np.isfinite(init_scale):
+        raise ValueError(f"model.init_scale must be a finite number, got {init_scale!r}")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """The MLP language model of DESIGN §2, fully specified.
@@ -104,10 +118,7 @@ class ModelSpec:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"model.{name} must be a positive integer, got {v!r}")
-        if self.eos and self.vocab_size < 2:
-            raise ValueError("model.vocab_size must be at least 2 when eos is on")
-        if not np.isfinite(self.init_scale):
-            raise ValueError(f"model.init_scale must be finite, got {self.init_scale!r}")
+        _check_common(self.vocab_size, self.eos, self.init_seed, self.init_scale)
 
     @property
     def bos(self):
@@ -202,8 +213,10 @@ class TabularModel:
     name = "tabular"
 
     def __init__(self, vocab_size, context=1, eos=True, init_seed=0, init_scale=1.0):
-        if vocab_size < 1 or context < 1:
-            raise ValueError("vocab_size and context must be positive")
+        for name, v in (("vocab_size", vocab_size), ("context", context)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"model.{name} must be a positive integer, got {v!r}")
+        _check_common(vocab_size, eos, init_seed, init_scale)
         self.vocab_size = int(vocab_size)
         self.context = int(context)
         self.eos = bool(eos)
@@ -285,5 +298,12 @@ def make_model(spec):
             raise ValueError("model.vocab_size is required")
         return MLPModel(ModelSpec(**spec))
     if arch == "tabular":
+        allowed = {"vocab_size", "context", "eos", "init_seed", "init_scale"}
+        extra = set(spec) - allowed
+        if extra:
+            raise ValueError(f"unknown model keys {sorted(extra)} for arch 'tabular'; "
+                             f"allowed: {sorted(allowed)}")
+        if "vocab_size" not in spec:
+            raise ValueError("model.vocab_size is required")
         return TabularModel(**spec)
     raise ValueError(f"unknown model arch {arch!r}; known: 'mlp_window', 'tabular'")

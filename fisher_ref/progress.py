@@ -13,17 +13,20 @@ class Progress:
     Args:
         total: units of work expected.
         label: what is being done.
-        enabled: ``False`` silences it; ``None`` shows it only on a terminal or
-            when ``force`` is set.
+        enabled: ``False`` silences it; ``None`` shows it only when ``stream``
+            is a terminal.
         delay: seconds before the first line appears (quick jobs print nothing).
     """
 
     def __init__(self, total, label="working", enabled=True, delay=2.0, stream=None):
         self.total = max(1, int(total))
         self.label = label
-        self.enabled = enabled
         self.delay = delay
         self.stream = stream or sys.stderr
+        if enabled is None:
+            isatty = getattr(self.stream, "isatty", None)
+            enabled = bool(isatty and isatty())
+        self.enabled = bool(enabled)
         self.done = 0
         self.start = time.perf_counter()
         self._last = 0.0
