@@ -106,6 +106,8 @@ def state_windows(tokens, lengths, context, bos):
         tokens: ``(B, L)`` int, ``-1`` padded.
         lengths: ``(B,)`` number of real tokens in each row.
     """
+    if tokens.shape[1] == 0:  # only empty states (empty prompts, nothing generated)
+        return np.full((tokens.shape[0], context), bos, dtype=np.int64)
     idx = lengths[:, None] - context + np.arange(context)[None, :]  # (B, k)
     rows = np.arange(tokens.shape[0])[:, None]
     win = tokens[rows, np.clip(idx, 0, None)]

@@ -26,6 +26,8 @@ __all__ = ["Check", "exact_checks", "format_table", "verify_task", "add_argument
            "EXACT_RTOL"]
 
 EXACT_RTOL = 1e-10  # exact identities in float64 (DESIGN §7)
+GRADIENT_FLOOR = 1e-4  # relative errors of gradients never divide by less than this
+#                        fraction of the natural scale (see gradient_scale)
 _SHIFT_STATES = 256  # states on which the pairwise form and the logit shift are re-derived
 
 
@@ -50,10 +52,15 @@ class Check:
         return bool(np.isfinite(self.value) and self.value <= self.tol)
 
 
-def rel_err(a, b):
-    """``max|a-b| / max(max|a|, max|b|)`` (0 when both are 0)."""
+def rel_err(a, b, floor=0.0):
+    """``max|a-b| / max(max|a|, max|b|, floor)`` (0 when they are equal).
+
+    ``floor`` keeps a quantity that is exactly 0 in exact arithmetic from being
+    divided by its own rounding noise; callers pass a small fraction of the
+    quantity's natural scale.
+    """
     a, b = np.asarray(a, float), np.asarray(b, float)
-    scale = max(np.abs(a).max(initial=0.0), np.abs(b).max(initial=0.0))
+    scale = max(np.abs(a).max(initial=0.0), np.abs(b).max(initial=0.0), floor)
     diff = np.abs(a - b).max(initial=0.0)
     return 0.0 if diff == 0 else float(diff / scale) if scale > 0 else float("inf")
 
@@ -62,10 +69,18 @@ def _scale(F):
     return max(float(np.max(F)), np.finfo(float).tiny)
 
 
+def gradient_scale(s, extra=0.0):
+    r"""Natural scale of a gradient :math:`E[A h]`: :math:`(\sqrt{E[R^2]} + |b| + extra)
+    \sqrt{\max_i F_i}`, a Cauchy–Schwarz bound on its size."""
+    rms_R = np.sqrt(s.reward_std ** 2 + s.expected_reward ** 2)
+    return float((rms_R + abs(s.baseline) + extra) * np.sqrt(max(np.max(s.sequence_fisher), 0.0)))
+
+
 def _stream_checks(name, s, T, centered):
     """Identities 1-3 and 7 for one stream whose score is centered on its drawing distribution."""
     F = s.sequence_fisher
     sF, rF = _scale(F), np.sqrt(_scale(F))
+    gfloor = GRADIENT_FLOOR * gradient_scale(s)
     off = s.cross_terms[~np.eye(T, dtype=bool)]
     rows = [
         Check("1 zero-mean score", name, "max_s |E[xi|s]| / sqrt(max F)",
@@ -80,10 +95,11 @@ def _stream_checks(name, s, T, centered):
               rel_err(F, s.token_fisher_sum), EXACT_RTOL),
         Check("3 sequence -> token", name, "F = E[sum_t f(s_t)] (by responses)",
               rel_err(F, s.token_fisher_sum_paths), EXACT_RTOL),
-        Check("7 covariance", name, "E[A h] = Cov(A, h)", rel_err(s.gradient, s.covariance),
-              EXACT_RTOL),
+        Check("7 covariance", name, "E[A h] = Cov(A, h)",
+              rel_err(s.gradient, s.covariance, gfloor), EXACT_RTOL),
         Check("7 covariance", name, "E[(A+1) h] = E[A h]",
-              rel_err(s.gradient_with_constant(1.0), s.gradient), EXACT_RTOL),
+              rel_err(s.gradient_with_constant(1.0), s.gradient,
+                      GRADIENT_FLOOR * gradient_scale(s, 1.0)), EXACT_RTOL),
         Check("7 bound", name, "max(|G| - std(A) sqrt(F)) / max|G|",
               float(np.max(np.abs(s.covariance) - s.bound)
                     / max(np.abs(s.covariance).max(), np.finfo(float).tiny)),
@@ -133,7 +149,8 @@ def exact_checks(result):
     rows.insert(0, Check("-", "policy", "total probability = 1", abs(on.mass - 1.0), EXACT_RTOL))
     rows += _state_form_checks(result)
     rows.append(Check("6 policy gradient", "policy", "E[A h] = autograd of E[R]",
-                      rel_err(result.gradient, result.gradient_autodiff), EXACT_RTOL))
+                      rel_err(result.gradient, result.gradient_autodiff,
+                              GRADIENT_FLOOR * gradient_scale(on)), EXACT_RTOL))
     for frac, n, ov, rnd in result.topk_overlap((0.01, 0.05, 0.1, 0.25)):
         rows.append(Check("8 Fisher meets gradient", "policy",
                           f"top {100 * frac:g}% by |G| also top by F (n={n})", ov, 0.0, "info",
@@ -145,7 +162,8 @@ def exact_checks(result):
         rows.append(Check("off-policy", "raw", "max |E_mu[h]| / sqrt(max F_mu) (must be > 0)",
                           float(np.abs(raw.score_mean).max() / rF), 1e-8, "nonzero"))
         rows.append(Check("off-policy", "raw", "E_mu[rho A h] = on-policy E[A h]",
-                          rel_err(raw.importance_gradient, result.gradient), EXACT_RTOL))
+                          rel_err(raw.importance_gradient, result.gradient,
+                                  GRADIENT_FLOOR * gradient_scale(on)), EXACT_RTOL))
         c_break = constant_breaking_bound(raw, c)
         rows.append(Check("off-policy", "raw", "smallest |c| with |E_mu[(A+c)h]| > bound",
                           c_break, 0.0, "info", "uncentered: bound fails past this constant"))
