@@ -152,7 +152,7 @@ class MLPModel:
     Example:
         >>> m = MLPModel(ModelSpec(vocab_size=5, context=2, embed_dim=3, hidden=8))
         >>> m.num_params, m.bos
-        (103, 5)
+        (119, 5)
         >>> m.logits(m.init_params(), np.array([[5, 1]])).shape
         (1, 5)
     """
