@@ -1,0 +1,387 @@
+r"""The Monte Carlo engine: ancestral sampling and estimators with standard errors.
+
+:func:`sample` draws responses token by token from the policy ``p`` (or from a
+task's sampler ``mu``) with a passed-in ``numpy.random.Generator``;
+:func:`estimate` turns ``n`` draws into an :class:`MCResult` whose streams
+mirror :func:`fisher_ref.exact.exact`:
+
+- drawn from ``p``: ``"policy"`` (score centered at :math:`\bar j_p`);
+- drawn from ``mu``: ``"raw"`` (centered at :math:`\bar j_p`, the raw score)
+  and ``"centered"`` (centered at :math:`\bar j_\mu`). The ``"policy"`` stream
+  is not an average of draws from ``mu`` and is left out; its gradient comes
+  back as the raw stream's ``importance_gradient``
+  :math:`\overline{\rho A h}`, :math:`\rho = P_p(y)/P_\mu(y)`.
+
+Per stream and per sample: :math:`h = \sum_t \xi_t`, :math:`h^2`, the
+Rao–Blackwellised :math:`g = \sum_t m(s_t)` with
+:math:`m(s) = \sum_a w_a (j_a - c)^2` (``w`` the drawing distribution, ``c``
+the centering; the token Fisher ``f`` on the policy stream), :math:`\xi_u\xi_t`,
+:math:`A h` and ``R``. ``A = R - b`` for a constant baseline; for ``"mean"``,
+:math:`A_k = R_k - \frac{1}{n-1}\sum_{l\ne k} R_l` (leave-one-out), so that
+:math:`E[A_k h_k] = E[Rh] - E[R]E[h]` exactly — the exact engine's gradient with
+the exact mean as baseline — with no :math:`O(1/n)` bias.
+
+Sensitivities depend on a state only through its window, so they are computed
+once per distinct window visited, in blocks of ``chunk`` windows.
+"""
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from .enumeration import state_windows
+from .mc_stats import (EXACT_VARIANCE, Estimate, advantage_estimates, bonferroni_z,
+                       cross_estimate,
+                       exact_variance_reduction, mean_estimate, running_estimates,
+                       stream_z_scores, variance_reduction)
+from .model import log_softmax
+from .rewards import evaluate_reward
+from .sensitivities import sensitivities
+from .token_fisher import mean_sensitivity, token_second_moment
+
+__all__ = ["sample", "estimate", "sample_values", "MCResult", "Estimate", "bonferroni_z", "variance_reduction",
+           "exact_variance_reduction", "running_estimates", "check_monte_carlo", "CheckRow",
+           "EXACT_VARIANCE"]
+
+_CHUNK_BYTES = 64 * 2 ** 20
+
+
+def _check_args(task, n, rng, use_sampler):
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n (the number of samples) must be an integer >= 1, got {n!r}")
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError("rng must be a numpy.random.Generator (e.g. np.random.default_rng(0)), "
+                        f"got {type(rng).__name__}; global random state is never used")
+    if use_sampler and task.sampler is None:
+        raise ValueError(f"use_sampler=True but task {task.name!r} has no sampler")
+
+
+def _draw(probs, rng):
+    """One token per row by inverse CDF: first ``a`` with ``cdf[a] >= u * cdf[-1]``, u in (0, 1]."""
+    cdf = np.cumsum(probs, axis=1)  # (B, V)
+    u = (1.0 - rng.random(probs.shape[0])) * cdf[:, -1]  # (B,)
+    return np.minimum((cdf < u[:, None]).sum(axis=1), probs.shape[1] - 1)
+
+
+def _logits(task, W, use_sampler):
+    if use_sampler:
+        z = task.sampler.logits(task.model, task.theta, W)
+    else:
+        z = task.model.logits(task.theta, W)
+    z = np.asarray(z, dtype=float)  # (B, V)
+    if np.isnan(z).any() or np.isposinf(z).any() or np.isneginf(z).all(axis=-1).any():
+        who = "sampler" if use_sampler else "model"
+        raise ValueError(f"the {who} returned NaN, +inf or all -inf logits")
+    return z
+
+
+def _template(task, n_rows):
+    plen = np.array([len(p) for p in task.prompts], dtype=np.int64)
+    full = np.full((len(task.prompts), plen.max() + task.max_len), -1, dtype=np.int64)
+    for i, pr in enumerate(task.prompts):
+        full[i, :len(pr)] = pr
+    return full, plen
+
+
+def sample(task, n, rng, use_sampler=False):
+    r"""Draw ``n`` responses by ancestral sampling.
+
+    Prompt :math:`x \sim w`, then :math:`y_t \sim p(\cdot|s_t)` (or
+    :math:`\mu(\cdot|s_t)` with ``use_sampler``) for ``t = 1..T``, vectorised over
+    the ``n`` samples; a sample stops after EOS (``task.model.eos``) or at ``max_len``.
+
+    Args:
+        task: a :class:`fisher_ref.tasks.Task`.
+        n: number of samples (``>= 1``).
+        rng: a ``numpy.random.Generator`` (the only source of randomness).
+        use_sampler: draw from the task's sampler ``mu`` instead of ``p``.
+
+    Returns:
+        dict: ``tokens`` ``(n, T)`` int, ``-1`` padded (the EOS included), ``prompt`` ``(n,)``.
+
+    Example:
+        >>> from fisher_ref import load_config
+        >>> d = sample(load_config("default"), 4, np.random.default_rng(0))
+        >>> d["tokens"].shape, d["prompt"].shape
+        ((4, 3), (4,))
+    """
+    _check_args(task, n, rng, use_sampler)
+    w = np.cumsum(task.prompt_weights)
+    u = 1.0 - rng.random(n)  # (n,) in (0, 1]
+    prompt = np.minimum(np.searchsorted(w, u * w[-1], side="left"), len(w) - 1)  # (n,)
+    full, plen = _template(task, n)
+    full = full[prompt]  # (n, Lp + T)
+    length = plen[prompt].copy()  # (n,)
+    tokens = np.full((n, task.max_len), -1, dtype=np.int64)  # (n, T)
+    live = np.ones(n, dtype=bool)
+    m = task.model
+    for t in range(task.max_len):
+        rows = np.flatnonzero(live)
+        if rows.size == 0:
+            break
+        W = state_windows(full[rows], length[rows], m.context, m.bos)  # (B, k)
+        probs = np.exp(log_softmax(_logits(task, W, use_sampler)))  # (B, V)
+        y = _draw(probs, rng)  # (B,)
+        tokens[rows, t] = y
+        full[rows, length[rows]] = y
+        length[rows] += 1
+        if m.eos:
+            live[rows[y == 0]] = False
+    return {"tokens": tokens, "prompt": prompt}
+
+
+def _rewards(task, draws):
+    keys = np.concatenate([draws["prompt"][:, None], draws["tokens"]], axis=1)  # (n, 1+T)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    vals = np.array([evaluate_reward(task.reward, task.prompts[k[0]],
+                                     [int(t) for t in k[1:] if t >= 0]) for k in uniq])
+    return vals[inv.reshape(-1)]  # (n,)
+
+
+def _occurrences(task, draws):
+    """Every visited (sample, position): windows, next token, sample row, position."""
+    toks, prompt = draws["tokens"], draws["prompt"]
+    n, T = toks.shape
+    full, plen = _template(task, n)
+    full = full[prompt]  # (n, Lp + T)
+    pl = plen[prompt]  # (n,)
+    valid = toks >= 0  # (n, T)
+    rows, ts = np.nonzero(valid)  # (K,), (K,)
+    full[rows, pl[rows] + ts] = toks[rows, ts]
+    W = state_windows(full[rows], pl[rows] + ts, task.model.context, task.model.bos)  # (K, k)
+    return W, toks[rows, ts], rows, ts
+
+
+def _per_state(task, from_mu, W, y, rows, ts, n, chunk):
+    """Scores xi (n, T, P) and path sums g (n, P) per stream, and log rho (n,).
+
+    Work is done once per distinct (window, next token) pair: ``xi`` and ``m`` are
+    tables over pairs and windows, gathered back to the samples at the end.
+    """
+    m = task.model
+    P, V, T, k = m.num_params, m.vocab_size, task.max_len, W.shape[1]
+    names = [("raw", "p"), ("centered", "q")] if from_mu else [("policy", "p")]
+    w = "q" if from_mu else "p"
+    pairs, pinv = np.unique(np.concatenate([W, y[:, None]], axis=1), axis=0,
+                            return_inverse=True)  # sorted by window, then token
+    pinv = pinv.reshape(-1)  # (K,)
+    uw, winv = np.unique(pairs[:, :k], axis=0, return_inverse=True)
+    winv = winv.reshape(-1)  # (Q,) nondecreasing
+    Q, U = len(pairs), len(uw)
+    chunk = chunk or max(1, _CHUNK_BYTES // (8 * P * V * 4))
+    xi_tab = {s: np.zeros((Q + 1, P)) for s, _ in names}  # last row: positions after the end
+    m_tab = {s: np.zeros((U + 1, P)) for s, _ in names}
+    lr_tab = np.zeros(Q + 1)  # log p(y|s) - log mu(y|s) per pair
+    for a in range(0, U, chunk):
+        Wu = uw[a:a + chunk]  # (C, k)
+        q0, q1 = np.searchsorted(winv, [a, a + len(Wu)])
+        lu, yq = winv[q0:q1] - a, pairs[q0:q1, k]  # (Q_c,)
+        lp = log_softmax(_logits(task, Wu, False))  # (C, V)
+        dist = {"p": np.exp(lp)}
+        J = np.asarray(sensitivities(m, task.theta, Wu), dtype=float)  # (C, P, V)
+        if not np.isfinite(J).all():
+            raise ValueError("non-finite logit sensitivities (check the model's derivatives)")
+        center = {"p": mean_sensitivity(dist["p"], J)}  # (C, P)
+        if from_mu:
+            lq = log_softmax(_logits(task, Wu, True))  # (C, V)
+            dist["q"] = np.exp(lq)
+            bad = (dist["p"] > 0) & (dist["q"] == 0)
+            if bad.any():
+                b, tok = map(int, np.argwhere(bad)[0])
+                raise ValueError(
+                    f"the sampler gives probability 0 to token {tok} at window {Wu[b].tolist()}, "
+                    "which the policy can emit; importance weights p/mu are undefined")
+            center["q"] = mean_sensitivity(dist["q"], J)
+            lr_tab[q0:q1] = lp[lu, yq] - lq[lu, yq]
+        jy = np.ascontiguousarray(J.transpose(0, 2, 1))[lu, yq]  # (Q_c, P)
+        for s, cname in names:
+            xi_tab[s][q0:q1] = jy - center[cname][lu]
+            m_tab[s][a:a + len(Wu)] = token_second_moment(dist[w], J, center[cname])  # (C, P)
+    pk = np.full((n, T), Q)  # pair of each (sample, position); Q = past the end
+    pk[rows, ts] = pinv
+    wk = np.full((n, T), U)
+    wk[rows, ts] = winv[pinv]
+    xi = {s: xi_tab[s][pk] for s, _ in names}  # (n, T, P)
+    g = {s: m_tab[s][wk].sum(axis=1) for s, _ in names}  # (n, P)
+    return xi, g, lr_tab[pk].sum(axis=1)
+
+
+def sample_values(task, draws, from_sampler, chunk=None):
+    r"""Per-sample values of given responses (no randomness): the core of :func:`estimate`.
+
+    Args:
+        task: the task the responses belong to.
+        draws: dict ``tokens`` ``(n, T)`` (``-1`` padded) and ``prompt`` ``(n,)``, as
+            :func:`sample` returns (or every response of ``exact(...).sequences``).
+        from_sampler: the responses come from ``mu`` (streams ``raw``, ``centered``)
+            rather than ``p`` (stream ``policy``).
+        chunk: distinct windows per sensitivity block.
+
+    Returns:
+        dict: ``reward`` ``(n,)``; ``rho`` ``(n,)`` :math:`P_p(y)/P_\mu(y)` (``None``
+        from ``p``); per stream a dict ``xi`` ``(n, T, P)`` (0 past the end), ``h``,
+        ``h2``, ``token_sum`` :math:`\sum_t m(s_t)` ``(n, P)``.
+    """
+    n = draws["tokens"].shape[0]
+    W, y, rows, ts = _occurrences(task, draws)
+    xi, g, log_rho = _per_state(task, from_sampler, W, y, rows, ts, n, chunk)
+    out = {"reward": _rewards(task, draws), "rho": np.exp(log_rho) if from_sampler else None}
+    for s in xi:
+        h = xi[s].sum(axis=1)  # (n, P)
+        out[s] = {"xi": xi[s], "h": h, "h2": h * h, "token_sum": g[s]}
+    return out
+
+
+def _advantages(R, baseline):
+    if baseline != "mean":
+        return R - float(baseline)
+    n = R.shape[0]
+    if n < 2:
+        raise ValueError("baseline 'mean' uses the leave-one-out mean of the other samples' "
+                         "rewards, which needs n >= 2")
+    return R - (R.sum() - R) / (n - 1)  # (n,)
+
+
+def estimate(task, n, rng, use_sampler=None, keep_samples=False, chunk=None):
+    r"""Monte Carlo estimates, with standard errors, of the exact engine's quantities.
+
+    Args:
+        task: a :class:`fisher_ref.tasks.Task`.
+        n: number of sampled responses (``>= 1``; ``>= 2`` for baseline ``"mean"``).
+        rng: a ``numpy.random.Generator``.
+        use_sampler: draw from ``mu`` (streams ``"raw"``, ``"centered"``) or from ``p``
+            (stream ``"policy"``); ``None``: from ``mu`` when the task has a sampler.
+        keep_samples: keep the per-sample arrays in ``MCResult.samples``.
+        chunk: distinct windows per sensitivity block (default: about 64 MiB of ``j``).
+
+    Returns:
+        :class:`MCResult`.
+
+    Example:
+        >>> from fisher_ref import load_config
+        >>> mc = estimate(load_config("default"), 2000, np.random.default_rng(0))
+        >>> mc.sequence_fisher.mean.shape, mc.n
+        ((119,), 2000)
+    """
+    if use_sampler is None:
+        use_sampler = task.sampler is not None
+    _check_args(task, n, rng, use_sampler)
+    t0 = time.perf_counter()
+    draws = sample(task, n, rng, use_sampler)
+    values = sample_values(task, draws, use_sampler, chunk)
+    R = values.pop("reward")  # (n,)
+    rho = values.pop("rho")  # (n,) or None
+    A = _advantages(R, task.baseline)  # (n,)
+    streams, samples = {}, {}
+    for s, per in values.items():
+        h, h2 = per["h"], per["h2"]  # (n, P)
+        Ah = A[:, None] * h  # (n, P)
+        est = {"score_mean": mean_estimate(h), "sequence_fisher": mean_estimate(h2),
+               "token_fisher_sum": mean_estimate(per["token_sum"]),
+               "cross_terms": cross_estimate(per["xi"]), "gradient": mean_estimate(Ah),
+               "expected_reward": mean_estimate(R), **advantage_estimates(R, h, h2)}
+        per.update(Ah=Ah, reward=R, advantage=A)
+        if s == "raw":
+            est["importance_gradient"] = mean_estimate(rho[:, None] * Ah)
+            per.update(rho=rho, rhoAh=rho[:, None] * Ah)
+        streams[s] = est
+        samples[s] = per
+    return MCResult(task=task, n=int(n), from_sampler=bool(use_sampler), streams=streams,
+                    draws=draws, samples=samples if keep_samples else None,
+                    seconds=time.perf_counter() - t0)
+
+
+class MCResult:
+    """Monte Carlo estimates of one run.
+
+    Attributes:
+        streams: ``{stream: {quantity: Estimate}}``; streams ``"policy"`` (drawn from
+            ``p``) or ``"raw"`` and ``"centered"`` (drawn from ``mu``); quantities
+            ``score_mean``, ``sequence_fisher``, ``token_fisher_sum``, ``cross_terms``
+            ``(T, T, P)``, ``gradient``, ``covariance``, ``bound``, ``correlation``
+            (``(P,)``), ``expected_reward`` (scalar) and, on ``"raw"``,
+            ``importance_gradient``.
+        samples: with ``keep_samples``, ``{stream: {"h", "h2", "token_sum", "Ah" (n, P),
+            "xi" (n, T, P), "reward", "advantage" (n,)}}`` (``"rho"``, ``"rhoAh"`` on raw).
+        draws: the sampled ``tokens`` ``(n, T)`` and ``prompt`` ``(n,)``.
+        n, from_sampler, seconds, task.
+    """
+
+    def __init__(self, task, n, from_sampler, streams, draws, samples, seconds):
+        self.task, self.n, self.from_sampler = task, n, from_sampler
+        self.streams, self.draws, self.samples, self.seconds = streams, draws, samples, seconds
+
+    def _policy(self, name):
+        if "policy" not in self.streams:
+            raise AttributeError(
+                f"{name}: this run drew from the sampler mu, so it has no 'policy' stream "
+                "(use streams['raw'] / streams['centered'], or estimate(..., use_sampler=False))")
+        return self.streams["policy"][name]
+
+    score_mean = property(lambda self: self._policy("score_mean"))
+    sequence_fisher = property(lambda self: self._policy("sequence_fisher"))
+    token_fisher_sum = property(lambda self: self._policy("token_fisher_sum"))
+    cross_terms = property(lambda self: self._policy("cross_terms"))
+    gradient = property(lambda self: self._policy("gradient"))
+    covariance = property(lambda self: self._policy("covariance"))
+    bound = property(lambda self: self._policy("bound"))
+    correlation = property(lambda self: self._policy("correlation"))
+    expected_reward = property(lambda self: self._policy("expected_reward"))
+
+    def z_scores(self, exact_result):
+        r"""``{(stream, quantity): z}`` against ``exact_result`` (same task).
+
+        :math:`z = (\text{mean} - \text{exact}) / \sqrt{\mathrm{Var}/n}` with the exact
+        per-sample variance (:data:`EXACT_VARIANCE`; for ``gradient`` only with a
+        constant baseline). ``covariance``, ``bound``, ``importance_gradient`` and
+        ``gradient`` under baseline ``"mean"`` have no exact variance and use the
+        sample se instead (:math:`z \approx t_{n-1}`). Zero variance: see
+        :func:`fisher_ref.mc_stats.z_score`.
+        """
+        return stream_z_scores(self.streams, exact_result, self.n,
+                               mean_baseline=self.task.baseline == "mean")
+
+
+class CheckRow(NamedTuple):
+    """One row of :func:`check_monte_carlo`."""
+
+    quantity: str
+    stream: str
+    max_abs_z: float
+    threshold: float
+    passed: bool
+
+
+def check_monte_carlo(task, exact_result, n, seed, alpha=1e-6):
+    r"""z-test every Monte Carlo estimator of ``task`` against ``exact_result``.
+
+    Draws ``n`` responses from ``p`` (and, with a sampler, ``n`` more from ``mu``,
+    from independent child seeds of ``seed``); the threshold is
+    ``bonferroni_z(alpha, m)`` over all ``m`` z-scores, so the whole check fails
+    falsely with probability about ``alpha``.
+
+    Returns:
+        list of :class:`CheckRow` ``(quantity, stream, max_abs_z, threshold, passed)``.
+
+    Example:
+        >>> from fisher_ref import load_config, exact
+        >>> t = load_config("tabular")
+        >>> rows = check_monte_carlo(t, exact(t, progress=False), 2000, seed=0)
+        >>> all(r.passed for r in rows)
+        True
+    """
+    seeds = np.random.SeedSequence(seed).spawn(2)
+    runs = [estimate(task, n, np.random.default_rng(seeds[0]), use_sampler=False)]
+    if task.sampler is not None:
+        runs.append(estimate(task, n, np.random.default_rng(seeds[1]), use_sampler=True))
+    zs = {}
+    for mc in runs:
+        zs.update(mc.z_scores(exact_result))
+    thr = bonferroni_z(alpha, sum(np.size(z) for z in zs.values()))
+    rows = []
+    for (s, q), z in zs.items():
+        worst = float(np.max(np.abs(z), initial=0.0))
+        rows.append(CheckRow(q, s, worst, thr, bool(worst <= thr)))
+    return rows
