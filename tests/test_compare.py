@@ -1,0 +1,108 @@
+"""The compare harness and its command line (fisher_ref.compare)."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import fisher_ref.torch_exact as tex
+from fisher_ref import load_config
+from fisher_ref.cli import main
+from fisher_ref.compare import (TOL_BFLOAT16, TOL_FLOAT32, TOL_FLOAT64, TOLERANCES, _dtype_list,
+                                compare, format_table, highest_matmul_precision, rel_error)
+
+pytestmark = pytest.mark.torch
+
+
+def test_cli_compare_passes_and_writes_json(tmp_path, capsys):
+    path = tmp_path / "cmp.json"
+    rc = main(["compare", "--config", "default", "--device", "cpu", "--mc", "2000",
+               "--json", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    data = json.loads(path.read_text())
+    assert data["task"] == "default" and data["device"] == "cpu"
+    assert data["dtypes"] == ["float64", "float32"]
+    assert data["relative_error"] == "max|torch - exact| / max|exact|"
+    rows = data["rows"]
+    names = {r["quantity"] for r in rows}
+    assert {"sensitivities", "sequence_fisher", "token_fisher_sum", "cross_terms", "gradient",
+            "gradient_autodiff", "bound", "correlation", "states.token_fisher"} <= names
+    assert any(n.startswith("mc.sequence_fisher") for n in names)
+    assert all(r["passed"] for r in rows)
+    for r in rows:
+        if r["test"] == "rel":
+            assert r["tolerance"] == TOLERANCES[r["dtype"]]
+            assert r["max_rel_error"] <= r["tolerance"]
+    assert "max rel err" in out and "rows pass" in out
+
+
+def test_perturbed_torch_value_makes_run_fail(tmp_path, monkeypatch, capsys):
+    real = tex.torch_exact
+
+    def broken(task, device="cpu", dtype="float64", levels=None):
+        out = real(task, device, dtype, levels)
+        F = out["streams"]["policy"]["sequence_fisher"]
+        F[np.argmax(F)] *= 1 + 1e-8  # far inside float32's tolerance, far outside float64's
+        return out
+
+    monkeypatch.setattr(tex, "torch_exact", broken)
+    path = tmp_path / "cmp.json"
+    rc = main(["compare", "--config", "no_eos", "--device", "cpu", "--mc", "0",
+               "--json", str(path)])
+    assert rc == 1
+    failed = [r for r in json.loads(path.read_text())["rows"] if not r["passed"]]
+    assert [(r["quantity"], r["dtype"]) for r in failed] == [("sequence_fisher", "float64")]
+    assert "FAILED: sequence_fisher float64" in capsys.readouterr().out
+
+
+def test_bfloat16_rows_within_their_tolerance():
+    rows = compare(load_config("default"), device="cpu", dtypes=["bfloat16"], mc=0)
+    assert rows and all(r["dtype"] == "bfloat16" for r in rows)
+    worst = max(r["max_rel_error"] for r in rows)
+    assert worst <= TOL_BFLOAT16, format_table(rows)
+    assert worst > TOL_FLOAT32  # bf16 really ran in bf16
+
+
+def test_tabular_config_exits_with_clear_error(capsys):
+    rc = main(["compare", "--config", "tabular", "--device", "cpu", "--mc", "0"])
+    assert rc == 2
+    assert "arch 'tabular'" in capsys.readouterr().err
+
+
+def test_dtype_option_is_repeatable_and_comma_separated():
+    assert _dtype_list(None) == ["float64", "float32"]
+    assert _dtype_list(["float64,bfloat16", "float32", "float64"]) == \
+        ["float64", "bfloat16", "float32"]
+    with pytest.raises(ValueError, match="unknown dtype 'float16'"):
+        _dtype_list(["float16"])
+
+
+def test_unknown_dtype_on_command_line_exits_2(capsys):
+    assert main(["compare", "--config", "default", "--dtype", "half", "--mc", "0"]) == 2
+    assert "unknown dtype 'half'" in capsys.readouterr().err
+
+
+def test_rel_error_uses_largest_exact_entry():
+    assert rel_error(np.array([1.0, 2.5]), np.array([1.0, 2.0])) == (0.5, 0.25)
+    assert rel_error(np.zeros(3), np.zeros(3)) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        rel_error(np.zeros(3), np.zeros(4))
+
+
+def test_tolerances_are_ordered_by_precision():
+    assert TOL_FLOAT64 == 1e-10 < TOL_FLOAT32 < TOL_BFLOAT16
+    assert TOL_FLOAT32 > 100 * torch.finfo(torch.float32).eps
+    assert TOL_BFLOAT16 > 10 * torch.finfo(torch.bfloat16).eps
+
+
+def test_matmul_precision_is_highest_inside_and_restored():
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        with highest_matmul_precision():
+            assert torch.get_float32_matmul_precision() == "highest"
+            assert torch.backends.cuda.matmul.allow_tf32 is False
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
