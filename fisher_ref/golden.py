@@ -75,7 +75,12 @@ class GoldenFileError(ValueError):
 
 
 def array_sha256(a):
-    """SHA-256 (hex) of an array's raw bytes in C order, as stored (little-endian)."""
+    """SHA-256 (hex) of an array's raw bytes in C order, as stored (little-endian).
+
+    Example:
+        >>> array_sha256(np.zeros(2))[:16]
+        '374708fff7719dd5'
+    """
     return hashlib.sha256(np.asarray(a).tobytes(order="C")).hexdigest()
 
 
@@ -310,6 +315,14 @@ def load_golden(path):
     Raises:
         GoldenFileError: naming the first thing that is wrong, in that order.
 
+    Example:
+        >>> import tempfile
+        >>> from fisher_ref import load_config
+        >>> path = Path(tempfile.mkdtemp()) / "tabular.npz"
+        >>> g = load_golden(export_golden(load_config("tabular"), path))
+        >>> g["sequence_fisher"].shape, g.meta["schema_version"]
+        ((12,), 1)
+
     Returns:
         :class:`Golden` with ``meta`` and ``arrays``.
     """
@@ -339,6 +352,10 @@ def compare_golden(a, b, rtol=RTOL_COMPARE):
 
     Returns:
         list of ``(key, max_abs_err, max_rel_err, passed)`` for every key of ``a``.
+
+    Example:
+        >>> compare_golden({"theta": np.array([1.0, 2.0])}, {"theta": np.array([1.0, 2.5])})
+        [('theta', 0.5, 0.2, False)]
     """
     A, B = _as_arrays(a), _as_arrays(b)
     out = []

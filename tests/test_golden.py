@@ -297,3 +297,40 @@ def test_sizes_inconsistent_with_theta(tmp_path):
     def change(meta, arrays):
         arrays["theta"] = arrays["theta"][:-1]
     expect_error(rewrite(tmp_path, change), "P=119", "theta gives 118")
+
+
+def test_doctests():
+    import doctest
+    import fisher_ref.golden
+    assert doctest.testmod(fisher_ref.golden).failed == 0
+
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "golden_format.md"
+
+
+def test_numpy_only_example_in_the_docs_runs(capsys):
+    text = DOC.read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.strip().splitlines()) <= 16
+    namespace = {}
+    exec(code, namespace)
+    g = load_golden(GOLDEN_DIR / "default.npz")
+    namespace["check"](GOLDEN_DIR / "default.npz",
+                       {"state_token_fisher": g["state_token_fisher"] * (1 + 1e-13),
+                        "gradient": g["gradient"] * 1.01})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("state_token_fisher") and out[0].endswith("ok")
+    assert out[1].startswith("gradient") and out[1].endswith("FAIL")
+
+
+def test_docs_list_every_key_and_the_committed_sizes():
+    from fisher_ref.golden import _OFF, _ON
+    text = DOC.read_text()
+    for key in {**_ON, **_OFF}:
+        assert f"| `{key}` |" in text, key
+    for name in GOLDEN_CONFIGS:
+        g = load_golden(GOLDEN_DIR / f"{name}.npz")
+        s = g.sizes
+        row = (f"| `{name}.npz` | {s['P']} | {s['V']} | {s['T']} | {s['N']} | {s['M']} | "
+               f"{len(g.arrays)} | {(GOLDEN_DIR / f'{name}.npz').stat().st_size:,} |")
+        assert row in text, row
