@@ -1,0 +1,99 @@
+"""ExactResult: per-state and per-response arrays, sorting, mass, advantages,
+variances, and the on-policy attributes taken from the policy stream."""
+import numpy as np
+
+from cases import RTOL, get_brute, get_result, get_task, rel
+from fisher_ref import exact, load_config
+
+
+def test_sequence_probabilities_sum_to_one(case):
+    r = get_result(case)
+    assert abs(r.sequences["prob"].sum() - 1) <= RTOL
+    assert abs(r.sequences["sampler_prob"].sum() - 1) <= RTOL
+    assert abs(r.streams["policy"].mass - 1) <= RTOL
+
+
+def test_sequences_match_brute_force(case):
+    r, b = get_result(case), get_brute(case)
+    task = get_task(case)
+    T = task.max_len
+    # brute force visits prompts in order and tokens lexicographically: same order
+    resp = np.full((len(b["P"]), T), -1)
+    for i, y in enumerate(b["response"]):
+        resp[i, :len(y)] = y
+    order = np.lexsort([resp[:, c] for c in range(T - 1, -1, -1)] + [b["prompt"]])
+    s = r.sequences
+    assert np.array_equal(s["tokens"], resp[order])
+    assert np.array_equal(s["prompt"], b["prompt"][order])
+    assert rel(s["prob"], b["P"][order]) <= RTOL
+    assert rel(s["sampler_prob"], b["Pmu"][order]) <= RTOL
+    assert np.array_equal(s["reward"], b["R"][order])
+    assert np.array_equal(s["advantage"], s["reward"] - r.baseline)
+
+
+def test_states_are_sorted_and_match_brute_force(case):
+    r, b = get_result(case), get_brute(case)
+    st = r.states
+    keys = np.lexsort([st["tokens"][:, c] for c in range(st["tokens"].shape[1] - 1, -1, -1)]
+                      + [st["depth"], st["prompt"]])
+    assert np.array_equal(keys, np.arange(len(keys)))
+    L = st["tokens"].shape[1]
+    bt = np.full((len(b["tokens"]), L), -1)
+    for i, t in enumerate(b["tokens"]):
+        bt[i, :len(t)] = t
+    order = np.lexsort([bt[:, c] for c in range(L - 1, -1, -1)] + [b["depth"]]
+                       + [_prompt_of_states(b)])
+    assert np.array_equal(st["tokens"], bt[order])
+    assert rel(st["reach"], b["reach"][order]) <= RTOL
+    assert rel(st["probs"], b["p"][order]) <= RTOL
+    f = np.einsum("nv,nvp->np", b["p"], b["scores"] ** 2)[order]
+    assert rel(st["token_fisher"], f) <= RTOL
+    if "sampler_probs" in st:
+        assert rel(st["sampler_probs"], b["q"][order]) <= RTOL
+        assert rel(st["sampler_reach"], b["reach_mu"][order]) <= RTOL
+
+
+def _prompt_of_states(b):
+    """Prompt index of each brute-force state (states are visited prompt by prompt,
+    depth 0 first)."""
+    starts = np.flatnonzero(b["depth"] == 0)
+    out = np.zeros(len(b["depth"]), dtype=int)
+    for i, s in enumerate(starts):
+        out[s:] = i
+    return out
+
+
+def test_on_policy_attributes_are_the_policy_stream(case):
+    r = get_result(case)
+    pol = r.streams["policy"]
+    for name in ("sequence_fisher", "token_fisher_sum", "gradient", "bound", "cross_terms"):
+        assert getattr(r, name) is getattr(pol, name)
+    assert (r.offpolicy is None) == (get_task(case).sampler is None)
+
+
+def test_exact_variances_match_brute_force(case):
+    r, b = get_result(case), get_brute(case)
+    pol = r.streams["policy"]
+    h = b["xi"].sum(axis=1)
+    P = b["P"]
+    A = b["R"] - r.baseline
+    for key, x in (("h", h), ("h2", h ** 2), ("Ah", A[:, None] * h)):
+        var = P @ x ** 2 - (P @ x) ** 2
+        assert rel(pol.variances[key], var, (P @ x ** 2).max()) <= 1e-9, key
+    assert abs(pol.variances["reward"] - (P @ b["R"] ** 2 - (P @ b["R"]) ** 2)) <= \
+        RTOL * max(1.0, P @ b["R"] ** 2)
+
+
+def test_baseline_mean_is_exact_mean_reward():
+    task = load_config("weighted_prompts")
+    r = exact(task, progress=False)
+    s = r.sequences
+    assert abs(r.baseline - s["prob"] @ s["reward"]) <= RTOL * r.baseline
+    assert abs(s["prob"] @ s["advantage"]) <= RTOL * r.baseline
+
+
+def test_gradient_with_constant_adds_c_times_score_mean():
+    r = exact(load_config("offpolicy_stale"), progress=False)
+    raw = r.streams["raw"]
+    assert np.array_equal(raw.gradient_with_constant(0.0), raw.gradient)
+    assert rel(raw.gradient_with_constant(2.0), raw.gradient + 2.0 * raw.score_mean) <= RTOL
