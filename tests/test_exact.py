@@ -289,3 +289,53 @@ def test_identities_hold_on_random_small_tasks(task):
         assert rel(c.score_mean, 0, np.sqrt(c.sequence_fisher.max())) <= RTOL
         hc = b["xc"].sum(axis=1)
         assert rel(c.sequence_fisher, b["Pmu"] @ hc ** 2) <= RTOL
+
+
+# ---------------------------------------------------------------- extreme and bad logits
+
+def _all_arrays(r):
+    for s, stream in r.streams.items():
+        for k, v in vars(stream).items():
+            if k != "variances":
+                yield f"{s}.{k}", np.asarray(v, dtype=float)
+        for k, v in stream.variances.items():
+            yield f"{s}.variances.{k}", np.asarray(v, dtype=float)
+    yield "gradient_autodiff", r.gradient_autodiff
+    for k, v in (r.states or {}).items():
+        yield f"states.{k}", np.asarray(v, dtype=float)
+
+
+def test_results_are_finite(case):
+    for name, arr in _all_arrays(get_result(case)):
+        assert np.isfinite(arr).all(), name
+
+
+def test_extreme_and_masked_cases_are_extreme():
+    """The 'extreme_logits' case reaches |z| ~ 1e3 and probabilities that underflow to 0;
+    the masked cases hold -inf logits."""
+    for name in ("extreme_logits", "masked_logits", "masked_rounded_sampler"):
+        task = get_task(name)
+        toks = [tuple(int(t) for t in row if t >= 0) for row in get_result(name).states["tokens"]]
+        z = task.model.logits(task.theta, windows_for(toks, task.model.context, task.model.bos))
+        if name == "extreme_logits":
+            assert np.abs(z).max() > 500 and (get_result(name).states["probs"] == 0).any()
+        else:
+            assert np.isneginf(z).any()
+
+
+def _function_task(fn, V=3):
+    from fisher_ref import FunctionModel
+    model = FunctionModel(fn, 1, V, 1, eos=True)
+    return Task(model=model, theta=np.zeros(1), prompts=[(1,)], prompt_weights=[1.0],
+                max_len=2, reward=CountReward(1))
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda th, w: np.full((w.shape[0], 3), np.nan) + th[0], "NaN or \\+inf logits"),
+    (lambda th, w: np.full((w.shape[0], 3), np.inf) + th[0], "NaN or \\+inf logits"),
+    (lambda th, w: np.full((w.shape[0], 3), -np.inf) + th[0], "logits are all -inf"),
+    (lambda th, w: np.zeros((w.shape[0], 2)) + th[0], "logits of shape \\(1, 2\\).*expected"),
+], ids=["nan", "pos-inf", "all-neg-inf", "wrong-shape"])
+def test_bad_model_logits_are_refused(fn, words):
+    with pytest.raises(ValueError, match=words):
+        exact(_function_task(fn), progress=False)
