@@ -1,0 +1,125 @@
+"""Lesson 1: the sequence Fisher is a sum of token Fishers (on-policy)."""
+from ._cells import IMPORTS, code, md, quiz
+
+STEM = "01_sequence_to_tokens"
+
+CELLS = [
+    md(r"""
+# 1. From sequences to tokens
+
+A response $y = (y_1, \dots, y_T)$ is generated one token at a time; the state $s_t$ is the
+prompt plus the tokens before $y_t$. For a parameter $\theta_i$ the **token score** is
+$\xi_{t,i} = \partial_i \log p(y_t \mid s_t)$ and the **sequence score** is their sum,
+$h_i = \sum_t \xi_{t,i}$ (the log-probability of a response is a sum over its tokens).
+The diagonal **sequence Fisher** is $F_i = E[h_i^2]$, over prompts and responses the model
+itself samples.
+
+**Claim.** Squaring $h_i$ gives squares $\xi_{t,i}^2$ and cross terms $\xi_{u,i}\xi_{t,i}$
+($u \ne t$). The cross terms are not zero on a single response, but their *expectation* is
+zero, because each later score averages to zero given its history:
+$E[\xi_{t,i} \mid s_t] = \sum_a p_a\, \partial_i \log p_a = \partial_i \sum_a p_a = 0$, and
+$\xi_{u,i}$ for $u < t$ is already fixed by $s_t$. What is left is
+
+$$F_i = E\Big[\sum_t f_i(s_t)\Big], \qquad f_i(s) = E_{a \sim p(\cdot|s)}\big[(\partial_i \log p_a)^2\big],$$
+
+the token Fisher summed along the generated prefixes. We check every step on a tiny model
+whose responses can all be listed.
+"""),
+    code(IMPORTS + """
+from fisher_ref.alignment import response_token_scores
+
+task = load_config("default")
+r = exact(task, progress=False)
+seqs = r.sequences
+P, T = task.model.num_params, task.max_len
+print(f"vocabulary {task.model.vocab_size} (token 0 = EOS), prompts {task.prompts}, "
+      f"responses up to {T} tokens")
+print(f"{r.n_responses} responses, {r.n_states} states, {P} parameters")
+layout = {name: (shape, offset) for name, shape, offset in task.model.layout()}
+(nb2,), off = layout["b2"]                                # output biases: move every state's logits
+i = off + int(np.argmax(r.sequence_fisher[off:off + nb2]))  # the parameter we look at
+print(f"parameter {i} = b2[{i - off}] (bias of token {i - off}'s logit), F = {r.sequence_fisher[i]:.4f}")"""),
+    md(r"""
+## Cross terms on single responses
+
+The five most likely full-length responses, and the products of their token scores for
+parameter $i$:
+"""),
+    code("""
+full = np.flatnonzero((seqs["tokens"] >= 0).sum(axis=1) == T)
+top = full[np.argsort(-seqs["prob"][full])[:5]]
+print(f"{'prompt':>8} {'response':>12} {'prob':>8} {'xi1*xi2':>9} {'xi1*xi3':>9} {'xi2*xi3':>9}")
+for m in top:
+    xi = response_token_scores(task, seqs["prompt"][m], seqs["tokens"][m])[:, i]  # (T,)
+    print(f"{str(task.prompts[seqs['prompt'][m]]):>8} {str(seqs['tokens'][m].tolist()):>12} "
+          f"{seqs['prob'][m]:8.4f} {xi[0] * xi[1]:9.4f} {xi[0] * xi[2]:9.4f} {xi[1] * xi[2]:9.4f}")"""),
+    *quiz("cross-term-single"),
+    md(r"""
+## ... and over all responses
+
+Now every response, each weighted by its probability. By hand: the token scores of all
+responses, the probability-weighted mean of $\xi_{1,i}\xi_{2,i}$, and $E[h_i^2]$. The engine's
+`cross_terms[u, t]` holds the same expectations for every pair of positions.
+"""),
+    code("""
+XI = np.stack([response_token_scores(task, pr, tk)                       # (M, T, P)
+               for pr, tk in zip(seqs["prompt"], seqs["tokens"])])
+w = seqs["prob"]                                                         # (M,)
+prod12 = XI[:, 0, i] * XI[:, 1, i]                                       # (M,)
+print(f"probabilities sum to {w.sum():.15f}")
+print(f"E[xi1 xi2] by hand   = {w @ prod12: .2e}   (single responses range "
+      f"{prod12.min():.2f} .. {prod12.max():.2f})")
+print(f"engine, all u != t: max |E[xi_u xi_t]| = "
+      f"{max(np.abs(r.cross_terms[u, t]).max() for u in range(T) for t in range(T) if u != t):.1e}")
+print(f"largest |E[xi_t | s_t]| over states and parameters = "
+      f"{r.streams['policy'].cond_score_max.max():.1e}")
+H = XI.sum(axis=1)                                                       # (M, P)
+F_hand = w @ H ** 2
+print(f"E[h^2] by hand vs engine: max relative difference "
+      f"{np.abs(F_hand - r.sequence_fisher).max() / r.sequence_fisher.max():.1e}")
+print(f"F = E[h^2] vs E[sum_t f(s_t)]: max relative difference "
+      f"{np.abs(r.sequence_fisher - r.token_fisher_sum).max() / r.sequence_fisher.max():.1e}")
+
+fig, ax = plt.subplots(figsize=(7, 3.6), constrained_layout=True)
+ax.hist(prod12, bins=40, weights=w, color="tab:orange", alpha=0.8)
+ax.axvline(w @ prod12, color="k", lw=2, label=f"exact mean = {w @ prod12:.1e}")
+ax.set_xlabel(r"$\\xi_{1,i}\\,\\xi_{2,i}$ of one response")
+ax.set_ylabel("probability")
+ax.set_title(f"Cross terms of single responses (parameter {i}) average to zero")
+ax.legend()
+plt.show()"""),
+    md(r"""
+The cross terms spread on both sides of zero and cancel exactly in the mean; the sequence
+Fisher equals the token-sum Fisher to rounding. Note where the argument used *on-policy*
+sampling: $E[\xi_t \mid s_t] = 0$ holds because the next token is drawn from the same $p$
+whose log is differentiated (lesson 5 shows what breaks when it is not).
+
+## Sampling instead of listing
+
+A real model cannot list its responses; it samples them. The average of $h_i^2$ over sampled
+responses converges to $F_i$. Running estimate, with a band of ±2 standard errors, against the
+exact value:
+"""),
+    code("""
+from fisher_ref.monte_carlo import estimate
+from fisher_ref.mc_stats import running_estimates
+
+rng = np.random.default_rng(1)
+mc = estimate(task, 4000, rng, keep_samples=True)
+run = running_estimates(mc.samples["policy"]["h2"][:, i], exact=r.sequence_fisher[i])
+n = run["n"]
+fig, ax = plt.subplots(figsize=(7, 3.8), constrained_layout=True)
+ax.plot(n, run["mean"], color="tab:blue", label=r"running mean of $h_i^2$")
+ax.fill_between(n[1:], (run["mean"] - 2 * run["se"])[1:], (run["mean"] + 2 * run["se"])[1:],
+                color="tab:blue", alpha=0.25, label="± 2 se")
+ax.axhline(r.sequence_fisher[i], color="k", ls="--", label=f"exact F = {r.sequence_fisher[i]:.4f}")
+ax.set_xscale("log")
+ax.set_xlabel("number of sampled responses")
+ax.set_ylabel(rf"estimate of $F_{{{i}}}$")
+ax.set_title("Monte Carlo sequence Fisher converging to the exact value")
+ax.legend()
+plt.show()
+print(f"after {n[-1]} responses: {run['mean'][-1]:.4f} ± {run['se'][-1]:.4f} "
+      f"(z = {run['z'][-1]:.2f})")"""),
+    *quiz("seq-to-token"),
+]
