@@ -292,6 +292,9 @@ def _check_arrays(path, meta, arrays):
             raise GoldenFileError(f"{path}: array {key!r} has dtype {arrays[key].dtype.str}, "
                                   f"expected {np.dtype('<' + dt).str}")
     sizes = dict(meta["sizes"])
+    for sym in "PVTNMLX":
+        if isinstance(sizes.get(sym), bool) or not isinstance(sizes.get(sym), int):
+            raise GoldenFileError(f"{path}: meta sizes lack an integer {sym!r} (got {sizes})")
     P = int(np.sum([np.prod(e["shape"]) for e in meta["layout"]]))
     checks = [("P", P, "the parameter layout"), ("P", arrays["theta"].shape[0], "theta"),
               ("V", meta["model"].get("vocab_size"), "model.vocab_size"),

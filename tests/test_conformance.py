@@ -45,10 +45,14 @@ def torch_softmax_without_max(logits, sens):
     return (probs * centered.square()).sum(dim=-1)
 
 
-def torch_pairwise_missing_half(logits, sens):
+def torch_pairwise_missing_half(logits, sens, chunk=256):
+    """sum_{a,b} p_a p_b (j_a - j_b)^2 without the 1/2, over chunks of a (memory O(P V chunk))."""
     p = logits.softmax(dim=-1)
-    diff2 = (sens.unsqueeze(-1) - sens.unsqueeze(-2)).square()  # (..., P, V, V)
-    return torch.einsum("...a,...b,...pab->...p", p, p, diff2)
+    out = 0.0
+    for lo in range(0, p.shape[-1], chunk):
+        diff2 = (sens[..., lo:lo + chunk, None] - sens[..., None, :]).square()  # (..., P, c, V)
+        out = out + torch.einsum("...a,...b,...pab->...p", p[..., lo:lo + chunk], p, diff2)
+    return out
 
 
 def run_torch(fn, dtype):

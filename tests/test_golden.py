@@ -334,3 +334,9 @@ def test_docs_list_every_key_and_the_committed_sizes():
         row = (f"| `{name}.npz` | {s['P']} | {s['V']} | {s['T']} | {s['N']} | {s['M']} | "
                f"{len(g.arrays)} | {(GOLDEN_DIR / f'{name}.npz').stat().st_size:,} |")
         assert row in text, row
+
+
+def test_meta_sizes_incomplete(tmp_path):
+    def change(meta, arrays):
+        del meta["sizes"]["N"]
+    expect_error(rewrite(tmp_path, change), "meta sizes lack an integer 'N'")
