@@ -71,3 +71,20 @@ def test_output_layer_blocks_in_closed_form():
     assert np.array_equal(jW2, hid[:, :, None, None] * np.eye(V)[None, None])
     _, o = lay["b2"]
     assert np.array_equal(J[:, o:o + V], np.broadcast_to(np.eye(V), (len(W), V, V)))
+
+
+def test_custom_architecture_autograd_matches_central_differences():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cases import masked_mlp, sine_model
+    for model, th in (sine_model(), masked_mlp(vocab_size=4, context=2, embed_dim=2, hidden=3)):
+        W = _windows(model.vocab_size, model.context)
+        a = sensitivities(model, th, W)
+        assert np.isfinite(a).all()  # -inf masks are constants: finite derivatives
+        # masked (-inf) logits have no finite differences; they carry probability 0
+        live = np.broadcast_to(~np.isneginf(np.asarray(model.logits(th, W)))[:, None, :],
+                               a.shape)
+        with np.errstate(invalid="ignore"):
+            fd = finite_difference_sensitivities(model, th, W, FD_STEP)
+        assert np.max(np.abs(a - fd)[live]) <= FD_RTOL * np.max(np.abs(a[live]))
