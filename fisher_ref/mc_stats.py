@@ -23,7 +23,7 @@ import numpy as np
 from scipy.stats import norm
 
 __all__ = ["Estimate", "bonferroni_z", "mean_estimate", "cross_estimate", "advantage_estimates", "z_score",
-           "running_estimates", "stream_z_scores", "variance_reduction",
+           "running_estimates", "stream_z_scores", "bernstein_z", "linearised_values", "variance_reduction",
            "exact_variance_reduction", "EXACT_VARIANCE", "SAMPLE_SE", "ZERO_VAR_RTOL",
            "ROUNDING_RTOL"]
 
@@ -263,3 +263,68 @@ def exact_variance_reduction(exact_result, stream="policy"):
     v = exact_result.streams[stream].variances
     with np.errstate(divide="ignore", invalid="ignore"):
         return v["h2"] / v["token_sum"]
+
+
+def bernstein_z(n, var, dev, delta):
+    r"""A z threshold that holds at any ``n`` for a mean of bounded values (Bernstein).
+
+    :math:`P(|\bar x - \mu| \ge \varepsilon) \le 2\exp\!\big(-n\varepsilon^2 /
+    (2\sigma^2 + 2M\varepsilon/3)\big)` with :math:`M = \max|x - \mu|`; solved for
+    the :math:`\varepsilon` that gives ``delta``, returned as :math:`\varepsilon / (\sigma/\sqrt n)`
+    (0 where :math:`\sigma = 0`). Near :math:`\sqrt{2\log(2/\delta)}` for light tails;
+    much larger for a value that is rarely non-zero (a skewed, spiky distribution,
+    where the normal tail would be optimistic).
+
+    Example:
+        >>> round(float(bernstein_z(10**6, 1.0, 1.0, 1e-6)), 2)
+        5.39
+    """
+    L = np.log(2.0 / delta)
+    b = 2.0 * L * np.asarray(dev, dtype=float) / 3.0
+    var = np.asarray(var, dtype=float)
+    eps = (b + np.sqrt(b * b + 8.0 * n * L * np.maximum(var, 0.0))) / (2.0 * n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(var > 0, eps / np.sqrt(np.where(var > 0, var, 1.0) / n), 0.0)
+
+
+def linearised_values(values, w, baseline):
+    r"""Per-response values whose mean under ``w`` is each estimand and whose variance
+    is its estimator's (leading-order) per-sample variance.
+
+    Linear estimands are their own values (:math:`h`, :math:`h^2`, :math:`\sum_t m`,
+    :math:`\xi_u\xi_t`, ``R``, :math:`Ah`, :math:`\rho Ah`); the covariance, the
+    leave-one-out gradient of baseline ``"mean"`` (a sample covariance) and the
+    plug-in bound are replaced by their influence values (delta method; the remainder
+    is :math:`O(1/n)`).
+
+    Args:
+        values: :func:`fisher_ref.monte_carlo.sample_values` of every response.
+        w: ``(M,)`` probability of each response under the drawing distribution.
+        baseline: the task's baseline (a number or ``"mean"``).
+
+    Returns:
+        dict ``{(stream, quantity): x}`` with ``x`` of shape ``(M, ...)``.
+    """
+    R, rho = values["reward"], values["rho"]
+    dR = R - w @ R  # (M,)
+    s2 = w @ (dR * dR)
+    out = {}
+    for s, v in values.items():
+        if s in ("reward", "rho"):
+            continue
+        h, h2, xi = v["h"], v["h2"], v["xi"]  # (M, P), (M, P), (M, T, P)
+        F = w @ h2  # (P,)
+        cov = dR[:, None] * (h - w @ h)  # (M, P)
+        A = dR if baseline == "mean" else R - float(baseline)  # (M,)
+        a = np.where(s2 > 0, np.sqrt(F) / (2 * np.sqrt(s2) if s2 > 0 else 1.0), 0.0)  # (P,)
+        c = np.where(F > 0, np.sqrt(s2) / (2 * np.sqrt(np.where(F > 0, F, 1.0))), 0.0)  # (P,)
+        out.update({
+            (s, "score_mean"): h, (s, "sequence_fisher"): h2,
+            (s, "token_fisher_sum"): v["token_sum"],
+            (s, "cross_terms"): xi[:, :, None, :] * xi[:, None, :, :],  # (M, T, T, P)
+            (s, "expected_reward"): R,
+            (s, "gradient"): cov if baseline == "mean" else A[:, None] * h,
+            (s, "covariance"): cov, (s, "bound"): a * (dR * dR - s2)[:, None] + c * h2})
+        if s == "raw":
+            out[(s, "importance_gradient")] = (rho * A)[:, None] * h
+    return out

@@ -32,8 +32,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .enumeration import state_windows
-from .mc_stats import (EXACT_VARIANCE, Estimate, advantage_estimates, bonferroni_z,
-                       cross_estimate,
+from .mc_stats import (EXACT_VARIANCE, Estimate, advantage_estimates, bernstein_z, bonferroni_z,
+                       cross_estimate, linearised_values, z_score,
                        exact_variance_reduction, mean_estimate, running_estimates,
                        stream_z_scores, variance_reduction)
 from .model import log_softmax
@@ -345,7 +345,7 @@ class MCResult:
 
 
 class CheckRow(NamedTuple):
-    """One row of :func:`check_monte_carlo`."""
+    """One row of :func:`check_monte_carlo`: the entry nearest its threshold."""
 
     quantity: str
     stream: str
@@ -354,16 +354,36 @@ class CheckRow(NamedTuple):
     passed: bool
 
 
+def _exact_spread(task, exact_result, from_mu):
+    """{(stream, quantity): (variance, max |x - E x|)} from every response, or {}."""
+    seq = exact_result.sequences
+    if seq is None:
+        return {}
+    vals = sample_values(task, {"tokens": seq["tokens"], "prompt": seq["prompt"]}, from_mu)
+    w = seq["sampler_prob"] if from_mu else seq["prob"]
+    out = {}
+    for key, x in linearised_values(vals, w, task.baseline).items():
+        mean = np.tensordot(w, x, axes=1)
+        out[key] = (np.tensordot(w, (x - mean) ** 2, axes=1),
+                    np.max(np.abs(x[w > 0] - mean), axis=0))
+    return out
+
+
 def check_monte_carlo(task, exact_result, n, seed, alpha=1e-6):
     r"""z-test every Monte Carlo estimator of ``task`` against ``exact_result``.
 
     Draws ``n`` responses from ``p`` (and, with a sampler, ``n`` more from ``mu``,
-    from independent child seeds of ``seed``); the threshold is
-    ``bonferroni_z(alpha, m)`` over all ``m`` z-scores, so the whole check fails
-    falsely with probability about ``alpha``.
+    from independent child seeds of ``seed``). Each entry's z uses the exact
+    variance of its (linearised) per-sample value, computed from every response
+    when ``exact_result.sequences`` was kept (else :meth:`MCResult.z_scores`). Its
+    threshold is ``bonferroni_z(alpha, m)`` over all ``m`` entries, raised to
+    :func:`fisher_ref.mc_stats.bernstein_z` where that is larger (very skewed values
+    that are rarely non-zero), so the whole check fails falsely with probability at
+    most about ``alpha`` whatever the tails.
 
     Returns:
-        list of :class:`CheckRow` ``(quantity, stream, max_abs_z, threshold, passed)``.
+        list of :class:`CheckRow` ``(quantity, stream, max_abs_z, threshold, passed)``,
+        one per (stream, quantity), for its entry with the largest ``|z| / threshold``.
 
     Example:
         >>> from fisher_ref import load_config, exact
@@ -373,15 +393,24 @@ def check_monte_carlo(task, exact_result, n, seed, alpha=1e-6):
         True
     """
     seeds = np.random.SeedSequence(seed).spawn(2)
-    runs = [estimate(task, n, np.random.default_rng(seeds[0]), use_sampler=False)]
-    if task.sampler is not None:
-        runs.append(estimate(task, n, np.random.default_rng(seeds[1]), use_sampler=True))
-    zs = {}
-    for mc in runs:
+    draws = [False] + ([True] if task.sampler is not None else [])
+    zs, spread = {}, {}
+    for k, from_mu in enumerate(draws):
+        mc = estimate(task, n, np.random.default_rng(seeds[k]), use_sampler=from_mu)
         zs.update(mc.z_scores(exact_result))
-    thr = bonferroni_z(alpha, sum(np.size(z) for z in zs.values()))
+        sp = _exact_spread(task, exact_result, from_mu)
+        spread.update(sp)
+        for key in sp:
+            zs[key] = z_score(mc.streams[key[0]][key[1]].mean,
+                              getattr(exact_result.streams[key[0]], key[1]), sp[key][0], n)
+    m = sum(np.size(z) for z in zs.values())
+    zb = bonferroni_z(alpha, m)
     rows = []
     for (s, q), z in zs.items():
-        worst = float(np.max(np.abs(z), initial=0.0))
-        rows.append(CheckRow(q, s, worst, thr, bool(worst <= thr)))
+        thr = np.full(np.shape(z), zb)
+        if (s, q) in spread:
+            thr = np.maximum(thr, bernstein_z(n, *spread[(s, q)], alpha / m))
+        i = np.unravel_index(np.argmax(np.abs(z) / thr), np.shape(z)) if np.ndim(z) else ()
+        worst, t = float(np.abs(z[i])), float(thr[i])
+        rows.append(CheckRow(q, s, worst, t, bool(np.all(np.abs(z) <= thr))))
     return rows
