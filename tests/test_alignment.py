@@ -1,0 +1,80 @@
+"""Per-response scores, pair terms and the f/f_unif ratio (fisher_ref.alignment)."""
+import doctest
+
+import numpy as np
+import pytest
+
+import fisher_ref.alignment as alignment
+from fisher_ref import exact, load_config, token_fisher
+from fisher_ref.alignment import entropy, fisher_ratio, pairwise_terms, response_token_scores
+
+RTOL = 1e-10
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    return np.abs(a - b).max() / max(np.abs(a).max(), np.abs(b).max(), np.finfo(float).tiny)
+
+
+@pytest.mark.parametrize("name", ["default", "no_eos", "tabular"])
+def test_response_scores_reproduce_exact_moments(name):
+    """Summing prob * (per-response value) over all responses gives the engine's values."""
+    task = load_config(name)
+    r = exact(task, progress=False)
+    s = r.sequences
+    XI = np.stack([response_token_scores(task, p, t) for p, t in zip(s["prompt"], s["tokens"])])
+    H = XI.sum(axis=1)  # (M, P)
+    assert rel_err(s["prob"] @ H ** 2, r.sequence_fisher) <= RTOL
+    assert rel_err(np.einsum("m,mp,m->p", s["prob"], H, s["advantage"]), r.gradient) <= RTOL
+    cross = np.einsum("m,mup,mtp->utp", s["prob"], XI, XI)
+    assert rel_err(cross, r.cross_terms) <= RTOL
+    # padding: positions past the response's end hold 0
+    lengths = (s["tokens"] >= 0).sum(axis=1)
+    for m in np.flatnonzero(lengths < task.max_len)[:5]:
+        assert np.all(XI[m, lengths[m]:] == 0)
+
+
+@pytest.mark.parametrize("prompt, response, match", [
+    (5, [1], "prompt index 5 out of range"),
+    (0, [], "needs 1..3 tokens"),
+    (0, [1, 1, 1, 1], "needs 1..3 tokens"),
+    (0, [7], "outside 0..4"),
+    (0, [0, 2], "continues after EOS"),
+])
+def test_bad_response_is_named(prompt, response, match):
+    with pytest.raises(ValueError, match=match):
+        response_token_scores(load_config("default"), prompt, response)
+
+
+def test_pairwise_terms_sum_to_token_fisher():
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(6))
+    J = rng.normal(size=(4, 6))
+    T = pairwise_terms(p, J)
+    assert T.shape == (4, 6, 6) and np.allclose(T, T.transpose(0, 2, 1))
+    assert rel_err(T.sum(axis=(1, 2)), token_fisher(p, J)) <= RTOL
+    with pytest.raises(ValueError, match="need probs"):
+        pairwise_terms(p, J.T)
+
+
+def test_fisher_ratio_matches_stored_arrays():
+    r = exact(load_config("default"), progress=False)
+    ratio = fisher_ratio(r)
+    f, fu = r.states["token_fisher"], r.states["uniform"]
+    ok = np.isfinite(ratio)
+    assert rel_err(ratio[ok], f[ok] / fu[ok]) <= RTOL
+    assert np.all(fu[~ok] <= alignment.RATIO_FLOOR * fu.max())
+    assert (~ok).any()  # the EOS embedding never enters a window
+    r_no = exact(load_config("default"), keep_states=False, progress=False)
+    with pytest.raises(ValueError, match="keep_states=True"):
+        fisher_ratio(r_no)
+
+
+def test_entropy_of_uniform_and_point_mass():
+    assert np.isclose(entropy(np.full(7, 1 / 7)), np.log(7), rtol=RTOL)
+    assert entropy(np.array([1.0, 0.0, 0.0])) == 0.0
+
+
+def test_alignment_docstring_examples():
+    res = doctest.testmod(alignment, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert res.attempted > 0 and res.failed == 0
