@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import norm
 
-__all__ = ["Estimate", "bonferroni_z", "mean_estimate", "cross_estimate", "advantage_estimates", "z_score",
-           "running_estimates", "stream_z_scores", "bernstein_z", "linearised_values", "variance_reduction",
-           "exact_variance_reduction", "EXACT_VARIANCE", "SAMPLE_SE", "ZERO_VAR_RTOL",
-           "ROUNDING_RTOL"]
+__all__ = ["Estimate", "MCResult", "bonferroni_z", "mean_estimate", "cross_estimate",
+           "advantage_estimates", "z_score", "running_estimates", "stream_z_scores",
+           "bernstein_z", "linearised_values", "variance_reduction", "exact_variance_reduction",
+           "EXACT_VARIANCE", "SAMPLE_SE", "ZERO_VAR_RTOL", "ROUNDING_RTOL"]
 
 # quantity -> key of StreamResult.variances giving the exact per-sample variance.
 EXACT_VARIANCE = {"score_mean": "h", "sequence_fisher": "h2", "token_fisher_sum": "token_sum",
@@ -136,8 +136,8 @@ def advantage_estimates(R, h, h2):
     Example:
         >>> R = np.array([0.0, 1.0, 0.0, 1.0]); h = np.array([[-1.0], [1.0], [-1.0], [1.0]])
         >>> e = advantage_estimates(R, h, h * h)
-        >>> float(e["covariance"].mean[0]), float(e["bound"].mean[0]), float(e["correlation"].mean[0])
-        (0.6666666666666666, 0.5, 1.0)
+        >>> [float(e[k].mean[0]) for k in ("covariance", "bound", "correlation")]
+        [0.6666666666666666, 0.5, 1.0]
     """
     n = R.shape[0]
     dR = R - R.mean()  # (n,)
@@ -221,6 +221,57 @@ def running_estimates(samples, exact=None):
         with np.errstate(divide="ignore", invalid="ignore"):
             out["z"] = out["error"] / se
     return out
+
+
+class MCResult:
+    """Monte Carlo estimates of one run.
+
+    Attributes:
+        streams: ``{stream: {quantity: Estimate}}``; streams ``"policy"`` (drawn from
+            ``p``) or ``"raw"`` and ``"centered"`` (drawn from ``mu``); quantities
+            ``score_mean``, ``sequence_fisher``, ``token_fisher_sum``, ``cross_terms``
+            ``(T, T, P)``, ``gradient``, ``covariance``, ``bound``, ``correlation``
+            (``(P,)``), ``expected_reward`` (scalar) and, on ``"raw"``,
+            ``importance_gradient``.
+        samples: with ``keep_samples``, ``{stream: {"h", "h2", "token_sum", "Ah" (n, P),
+            "xi" (n, T, P), "reward", "advantage" (n,)}}`` (``"rho"``, ``"rhoAh"`` on raw).
+        draws: the sampled ``tokens`` ``(n, T)`` and ``prompt`` ``(n,)``.
+        n, from_sampler, seconds, task.
+    """
+
+    def __init__(self, task, n, from_sampler, streams, draws, samples, seconds):
+        self.task, self.n, self.from_sampler = task, n, from_sampler
+        self.streams, self.draws, self.samples, self.seconds = streams, draws, samples, seconds
+
+    def _policy(self, name):
+        if "policy" not in self.streams:
+            raise AttributeError(
+                f"{name}: this run drew from the sampler mu, so it has no 'policy' stream "
+                "(use streams['raw'] / streams['centered'], or estimate(..., use_sampler=False))")
+        return self.streams["policy"][name]
+
+    score_mean = property(lambda self: self._policy("score_mean"))
+    sequence_fisher = property(lambda self: self._policy("sequence_fisher"))
+    token_fisher_sum = property(lambda self: self._policy("token_fisher_sum"))
+    cross_terms = property(lambda self: self._policy("cross_terms"))
+    gradient = property(lambda self: self._policy("gradient"))
+    covariance = property(lambda self: self._policy("covariance"))
+    bound = property(lambda self: self._policy("bound"))
+    correlation = property(lambda self: self._policy("correlation"))
+    expected_reward = property(lambda self: self._policy("expected_reward"))
+
+    def z_scores(self, exact_result):
+        r"""``{(stream, quantity): z}`` against ``exact_result`` (same task).
+
+        :math:`z = (\text{mean} - \text{exact}) / \sqrt{\mathrm{Var}/n}` with the exact
+        per-sample variance (:data:`EXACT_VARIANCE`; for ``gradient`` only with a
+        constant baseline). ``covariance``, ``bound``, ``importance_gradient`` and
+        ``gradient`` under baseline ``"mean"`` have no exact variance and use the
+        sample se instead (:math:`z \approx t_{n-1}`). Zero variance: see
+        :func:`fisher_ref.mc_stats.z_score`.
+        """
+        return stream_z_scores(self.streams, exact_result, self.n,
+                               mean_baseline=self.task.baseline == "mean")
 
 
 def stream_z_scores(streams, exact_result, n, mean_baseline=False):

@@ -32,18 +32,18 @@ from typing import NamedTuple
 import numpy as np
 
 from .enumeration import state_windows
-from .mc_stats import (EXACT_VARIANCE, Estimate, advantage_estimates, bernstein_z, bonferroni_z,
-                       cross_estimate, linearised_values, z_score,
-                       exact_variance_reduction, mean_estimate, running_estimates,
-                       stream_z_scores, variance_reduction)
+from .mc_stats import (EXACT_VARIANCE, Estimate, MCResult, advantage_estimates, bernstein_z,
+                       bonferroni_z, cross_estimate, exact_variance_reduction,
+                       linearised_values, mean_estimate, running_estimates, variance_reduction,
+                       z_score)
 from .model import log_softmax
 from .rewards import evaluate_reward
 from .sensitivities import sensitivities
 from .token_fisher import mean_sensitivity, token_second_moment
 
-__all__ = ["sample", "estimate", "sample_values", "MCResult", "Estimate", "bonferroni_z", "variance_reduction",
-           "exact_variance_reduction", "running_estimates", "check_monte_carlo", "CheckRow",
-           "EXACT_VARIANCE"]
+__all__ = ["sample", "estimate", "sample_values", "MCResult", "Estimate", "bonferroni_z",
+           "variance_reduction", "exact_variance_reduction", "running_estimates",
+           "check_monte_carlo", "CheckRow", "EXACT_VARIANCE"]
 
 _CHUNK_BYTES = 64 * 2 ** 20
 
@@ -291,57 +291,6 @@ def estimate(task, n, rng, use_sampler=None, keep_samples=False, chunk=None):
     return MCResult(task=task, n=int(n), from_sampler=bool(use_sampler), streams=streams,
                     draws=draws, samples=samples if keep_samples else None,
                     seconds=time.perf_counter() - t0)
-
-
-class MCResult:
-    """Monte Carlo estimates of one run.
-
-    Attributes:
-        streams: ``{stream: {quantity: Estimate}}``; streams ``"policy"`` (drawn from
-            ``p``) or ``"raw"`` and ``"centered"`` (drawn from ``mu``); quantities
-            ``score_mean``, ``sequence_fisher``, ``token_fisher_sum``, ``cross_terms``
-            ``(T, T, P)``, ``gradient``, ``covariance``, ``bound``, ``correlation``
-            (``(P,)``), ``expected_reward`` (scalar) and, on ``"raw"``,
-            ``importance_gradient``.
-        samples: with ``keep_samples``, ``{stream: {"h", "h2", "token_sum", "Ah" (n, P),
-            "xi" (n, T, P), "reward", "advantage" (n,)}}`` (``"rho"``, ``"rhoAh"`` on raw).
-        draws: the sampled ``tokens`` ``(n, T)`` and ``prompt`` ``(n,)``.
-        n, from_sampler, seconds, task.
-    """
-
-    def __init__(self, task, n, from_sampler, streams, draws, samples, seconds):
-        self.task, self.n, self.from_sampler = task, n, from_sampler
-        self.streams, self.draws, self.samples, self.seconds = streams, draws, samples, seconds
-
-    def _policy(self, name):
-        if "policy" not in self.streams:
-            raise AttributeError(
-                f"{name}: this run drew from the sampler mu, so it has no 'policy' stream "
-                "(use streams['raw'] / streams['centered'], or estimate(..., use_sampler=False))")
-        return self.streams["policy"][name]
-
-    score_mean = property(lambda self: self._policy("score_mean"))
-    sequence_fisher = property(lambda self: self._policy("sequence_fisher"))
-    token_fisher_sum = property(lambda self: self._policy("token_fisher_sum"))
-    cross_terms = property(lambda self: self._policy("cross_terms"))
-    gradient = property(lambda self: self._policy("gradient"))
-    covariance = property(lambda self: self._policy("covariance"))
-    bound = property(lambda self: self._policy("bound"))
-    correlation = property(lambda self: self._policy("correlation"))
-    expected_reward = property(lambda self: self._policy("expected_reward"))
-
-    def z_scores(self, exact_result):
-        r"""``{(stream, quantity): z}`` against ``exact_result`` (same task).
-
-        :math:`z = (\text{mean} - \text{exact}) / \sqrt{\mathrm{Var}/n}` with the exact
-        per-sample variance (:data:`EXACT_VARIANCE`; for ``gradient`` only with a
-        constant baseline). ``covariance``, ``bound``, ``importance_gradient`` and
-        ``gradient`` under baseline ``"mean"`` have no exact variance and use the
-        sample se instead (:math:`z \approx t_{n-1}`). Zero variance: see
-        :func:`fisher_ref.mc_stats.z_score`.
-        """
-        return stream_z_scores(self.streams, exact_result, self.n,
-                               mean_baseline=self.task.baseline == "mean")
 
 
 class CheckRow(NamedTuple):

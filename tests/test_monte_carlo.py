@@ -30,8 +30,9 @@ import pytest
 from scipy.stats import binom, chi2, norm
 
 from fisher_ref import exact, list_configs, load_config
-from fisher_ref.mc_stats import (EXACT_VARIANCE, bernstein_z, bonferroni_z, exact_variance_reduction,
-                                linearised_values, variance_reduction, z_score)
+from fisher_ref.mc_stats import (EXACT_VARIANCE, bernstein_z, bonferroni_z,
+                                exact_variance_reduction, linearised_values, variance_reduction,
+                                z_score)
 from fisher_ref.monte_carlo import check_monte_carlo, estimate, sample, sample_values
 
 RTOL = 1e-10  # exact float64 identities
@@ -113,7 +114,8 @@ def test_linearised_values_have_the_exact_means_and_variances(name):
                 assert rel(mean, target, max(np.sqrt(m2), 1e-300)) < RTOL, (name, s, q)
             if q in EXACT_VARIANCE and not (q == "gradient" and task.baseline == "mean"):
                 var = np.tensordot(w, (x - mean) ** 2, axes=1)
-                assert rel(var, st.variances[EXACT_VARIANCE[q]], max(m2, 1e-300)) < RTOL, (name, s, q)
+                exact_var = st.variances[EXACT_VARIANCE[q]]
+                assert rel(var, exact_var, max(m2, 1e-300)) < RTOL, (name, s, q)
 
 
 def test_sample_values_match_a_direct_computation():
@@ -188,7 +190,8 @@ def test_z_scores_of_every_estimator(name):
             exact_value = getattr(ex.streams[s], q)
             zs[(s, q)] = z_score(mc.streams[s][q].mean, exact_value, var, N_Z)
             thr[(s, q)] = np.maximum(zb, bernstein_z(N_Z, var, dev, ALPHA / m))
-    bad = {k: float(np.max(np.abs(z) - thr[k])) for k, z in zs.items() if np.any(np.abs(z) > thr[k])}
+    bad = {k: float(np.max(np.abs(z) - thr[k]))
+           for k, z in zs.items() if np.any(np.abs(z) > thr[k])}
     for (s, q), z in zs.items():
         WORST_Z[q] = max(WORST_Z.get(q, 0.0), float(np.max(np.abs(z))))
     assert not bad, (f"config {name}, seed {seed}: z past threshold (excess) {bad}; "
@@ -207,7 +210,8 @@ def test_sampled_frequencies_match_exact_probabilities(name):
         seed = 777 + CONFIGS.index(name)
         n = 20000
         d = sample(task, n, np.random.default_rng(seed), use_sampler=from_mu)
-        idx = [keys[(int(p),) + tuple(int(t) for t in tk)] for p, tk in zip(d["prompt"], d["tokens"])]
+        idx = [keys[(int(p),) + tuple(int(t) for t in tk)]
+               for p, tk in zip(d["prompt"], d["tokens"])]
         counts = np.bincount(idx, minlength=len(keys))
         prob = seq["sampler_prob"] if from_mu else seq["prob"]
         assert counts[prob == 0].sum() == 0, "sampled a response of probability 0"
@@ -304,7 +308,8 @@ def test_offpolicy_raw_score_is_biased_centered_is_not(name):
         thr = np.maximum(zb, bernstein_z(N_Z, var, dev, ALPHA / (len(keys) * len(var))))
         assert np.all(np.abs(z) <= thr), (name, s, q, "seed 41", np.max(np.abs(z) - thr))
     # the importance-weighted raw gradient targets the on-policy gradient
-    assert rel(ex.streams["raw"].importance_gradient, ex.gradient, np.max(np.abs(ex.gradient))) < RTOL
+    ig = ex.streams["raw"].importance_gradient
+    assert rel(ig, ex.gradient, np.max(np.abs(ex.gradient))) < RTOL
 
 
 def test_check_monte_carlo_passes_and_is_fast():
