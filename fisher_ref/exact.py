@@ -169,6 +169,9 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     model, theta, T = task.model, task.theta, task.max_len
     V, P = model.vocab_size, model.num_params
     topk = _check_topk(topk)
+    if topk and task.sampler is None:
+        raise ValueError("topk centering needs a sampler mu; this task is on-policy "
+                         "(add a 'sampler' to the task)")
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer))
                               or chunk < 1):
         raise ValueError(f"chunk must be a positive integer (states per block) or None, "

@@ -26,8 +26,9 @@ __all__ = ["Check", "exact_checks", "format_table", "verify_task", "add_argument
            "EXACT_RTOL"]
 
 EXACT_RTOL = 1e-10  # exact identities in float64 (DESIGN §7)
-GRADIENT_FLOOR = 1e-4  # relative errors of gradients never divide by less than this
-#                        fraction of the natural scale (see gradient_scale)
+GRADIENT_FLOOR = 1.0  # relative errors of gradients are taken against at least their
+#                       natural scale (see gradient_scale): the size of the summands of
+#                       E[A h], since a gradient near 0 is a cancellation of such terms
 _SHIFT_STATES = 256  # states on which the pairwise form and the logit shift are re-derived
 
 
@@ -181,6 +182,11 @@ def constant_breaking_bound(raw, centered):
     return float(np.min(np.abs(np.concatenate([c_pos, c_neg]))))
 
 
+_MC_IDENTITY = {"score_mean": "1", "cross_terms": "2", "sequence_fisher": "3",
+                "token_fisher_sum": "3", "gradient": "6", "covariance": "7",
+                "importance_gradient": "off"}
+
+
 def verify_task(task, mc=0, seed=0, progress=True):
     """Exact rows, plus Monte Carlo rows with ``mc`` samples (0: none)."""
     from .exact import exact
@@ -189,7 +195,9 @@ def verify_task(task, mc=0, seed=0, progress=True):
     if mc:
         from .monte_carlo import check_monte_carlo
         for r in check_monte_carlo(task, result, mc, seed):
-            rows.append(r)
+            rows.append(Check("mc " + _MC_IDENTITY.get(r.quantity, ""), r.stream,
+                              f"{r.quantity}: max |z| over entries (n={mc}, seed={seed})",
+                              float(r.max_abs_z), float(r.threshold), "z"))
     return result, rows
 
 

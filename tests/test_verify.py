@@ -123,3 +123,18 @@ def test_verify_passes_on_unseen_task_files(d, rnd):
         # a precision the logits already have); nothing else may fail
         failed = [f for f in failed if "must be > 0" not in f[1]]
     assert not failed, f"task {data}: {failed}"
+
+
+def test_topk_without_sampler_is_refused():
+    with pytest.raises(ValueError, match="topk centering needs a sampler"):
+        exact(load_config("default"), topk=(2,), progress=False)
+
+
+def test_reward_token_outside_vocabulary_is_refused():
+    data = {"model": {"vocab_size": 3}, "prompts": [[1]], "max_len": 2,
+            "reward": {"name": "count", "token": 3}}
+    with pytest.raises(ValueError, match="token id 3, out of range 0..2"):
+        task_from_json(data)
+    data["reward"] = {"name": "match", "target": [1, 5]}
+    with pytest.raises(ValueError, match="token id 5"):
+        task_from_json(data)
