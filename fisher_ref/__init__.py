@@ -10,7 +10,9 @@ Example:
     True
 """
 from .enumeration import EnumerationTooLarge, estimate_cost
+from .conformance import check_token_fisher
 from .exact import exact
+from .golden import GoldenFileError, compare_golden, export_golden, load_golden
 from .model import FunctionModel, MLPModel, ModelSpec, TabularModel, make_model
 from .results import ExactResult, topk_overlap
 from .rewards import CountReward, FunctionReward, LengthReward, MatchReward
@@ -27,4 +29,5 @@ __all__ = [
     "TemperatureSampler", "PerturbedSampler", "RoundedSampler", "LogitsSampler",
     "Task", "task_from_json", "load_task", "load_config", "list_configs",
     "token_fisher", "token_fisher_pairwise", "uniform_token_fisher", "__version__",
+    "export_golden", "load_golden", "compare_golden", "GoldenFileError", "check_token_fisher",
 ]
