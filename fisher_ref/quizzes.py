@@ -118,8 +118,8 @@ _Q = [
           "is large.")),
     # ---- lesson 3 -------------------------------------------------------------
     Quiz("likely-alike", "03_where_mass_lands",
-         "A parameter shifts the logits of several high-probability candidate tokens by almost "
-         "the same amount. What does the pairwise form of the token Fisher predict?",
+         "Suppose one parameter raises every likely next token's logit by roughly equal "
+         "amounts. According to the pairwise form of the token Fisher, what follows?",
          ("A large token Fisher, since every logit movement adds to it.",
           "A small token Fisher, since the sensitivity differences among the likely tokens "
           "are small.",
