@@ -28,11 +28,14 @@ exact array is judged by the absolute error). A row passes when
   (``centered.cross_terms`` of ``offpolicy_stale``; about 4 eps);
   :data:`TOL_BFLOAT16` = 0.1 (about 13 eps, a 3x margin).
 
-A Monte Carlo row per quantity draws ``--mc`` responses with the torch sampler
-(float64, ``torch.Generator`` seeded with ``--seed``) and passes when every
-:math:`|z| = |\hat m - m|/\sqrt{\mathrm{Var}/n}` (exact variance from
-fisher_ref) is below the Bonferroni threshold for a false-failure rate of
-:data:`MC_ALPHA` across all its parameters.
+A Monte Carlo row per quantity (``E[h^2]`` and the token sum) draws ``--mc``
+responses with the torch sampler (float64, ``torch.Generator`` seeded with
+``--seed``) and passes when every parameter's :math:`|\hat m - m|` is below
+the Bernstein half-width :func:`bernstein_threshold` (exact variance from
+fisher_ref; range ``b`` from the float64 torch enumeration) for a
+false-failure rate of :data:`MC_ALPHA` per row (Bonferroni over parameters).
+The ``statistic`` is the largest :math:`|\hat m - m| / t` (pass: <= 1); the JSON
+row also holds ``max_abs_z`` (:math:`|\hat m - m|/\sqrt{\mathrm{Var}/n}`).
 """
 from __future__ import annotations
 
@@ -43,7 +46,7 @@ import sys
 import numpy as np
 
 __all__ = ["TOLERANCES", "TOL_FLOAT64", "TOL_FLOAT32", "TOL_BFLOAT16", "MC_ALPHA",
-           "DEFAULT_MC", "compare", "rel_error", "add_arguments", "run", "format_table"]
+           "DEFAULT_MC", "bernstein_threshold", "compare", "rel_error", "add_arguments", "run", "format_table"]
 
 TOL_FLOAT64 = 1e-10  # same arithmetic, other order: measured ~1e-14
 TOL_FLOAT32 = 2e-5  # eps32 1.2e-7 x conditioning ~170 (measured worst 2.2e-6)
@@ -125,25 +128,53 @@ def _row(quantity, dtype, device, abs_err, rel_err, test, stat, tol):
             "statistic": stat, "tolerance": tol, "passed": bool(stat <= tol)}
 
 
+def bernstein_threshold(var, b, n, alpha=MC_ALPHA, m=1):
+    r"""Half-width ``t`` with :math:`P(|\bar X - \mu| \ge t) \le \alpha/m` for each of ``m`` means.
+
+    Bernstein's inequality for ``n`` i.i.d. draws with variance :math:`\sigma^2`
+    and :math:`|X - \mu| \le b`:
+    :math:`P(|\bar X-\mu| \ge t) \le 2\exp(-n t^2 / (2\sigma^2 + 2bt/3))`; with
+    :math:`L = \ln(2m/\alpha)` it solves :math:`n t^2 = L(2\sigma^2 + 2bt/3)`:
+
+    .. math:: t = \frac{2bL/3 + \sqrt{(2bL/3)^2 + 8 n \sigma^2 L}}{2n}.
+
+    Unlike a normal z-threshold it needs no central limit theorem, which fails in
+    the far tail for the skewed :math:`h^2` (measured on ``default``, n = 4000:
+    max|z| over parameters reached 5.1 in 40 seeds and 6.3 on a GPU, past the
+    Bonferroni-normal 5.8).
+
+    Example:
+        >>> round(float(bernstein_threshold(1.0, 0.0, 100, alpha=2 * np.exp(-2.0))), 6)
+        0.2
+    """
+    L = np.log(2.0 * m / alpha)
+    a = 2.0 * np.asarray(b, dtype=float) * L / 3.0
+    return (a + np.sqrt(a * a + 8.0 * n * np.asarray(var, dtype=float) * L)) / (2.0 * n)
+
+
 def _mc_rows(task, ref, device, n, seed):
     import torch
-    from scipy.stats import norm
+    from . import torch_exact as tex
     from .torch_mc import torch_monte_carlo
     gen = torch.Generator(device=device).manual_seed(int(seed))
     est = torch_monte_carlo(task, n, gen, device=device, dtype="float64")
+    ranges = tex.torch_exact(task, device=device, dtype="float64")["ranges"]
     pol = ref.streams["policy"]
     rows = []
     for q, var_key in (("sequence_fisher", "h2"), ("token_fisher_sum", "token_sum")):
         mean, _ = est[q]
         exact, var = getattr(pol, q), np.clip(pol.variances[var_key], 0.0, None)
-        thresh = float(norm.isf(MC_ALPHA / (2 * exact.size)))
-        diff = mean - exact  # (P,)
+        diff = np.abs(mean - exact)  # (P,)
+        t = bernstein_threshold(var, ranges[q], n, MC_ALPHA, exact.size)  # (P,)
         tiny = 1e-12 * max(float(np.max(np.abs(exact))), 1.0)
         with np.errstate(divide="ignore", invalid="ignore"):
-            z = np.where(var > 0, diff / np.sqrt(var / n), np.where(np.abs(diff) <= tiny, 0.0, np.inf))
+            stat = np.where(t > 0, diff / t, np.where(diff <= tiny, 0.0, np.inf))
+            z = np.where(var > 0, diff / np.sqrt(var / n), 0.0)
         abs_err, rel_err = rel_error(mean, exact)
-        rows.append(_row(f"mc.{q} (n={n}, seed={seed})", "float64", device, abs_err, rel_err,
-                         "|z|", float(np.max(np.abs(z))), thresh))
+        row = _row(f"mc.{q} (n={n}, seed={seed})", "float64", device, abs_err, rel_err,
+                   "bern", float(np.max(stat)), 1.0)
+        row["max_abs_z"] = float(np.max(z))
+        rows.append(row)
     return rows
 
 

@@ -120,7 +120,10 @@ def torch_exact(task, device="cpu", dtype="float64", levels=None):
         (``tokens (N, L-1)``, ``prompt``, ``depth``, ``reach``, ``probs (N, V)``,
         ``token_fisher (N, P)``, ``uniform (N, P)``; sorted by prompt, depth,
         tokens as in fisher_ref) and ``sequences`` (``tokens (M, T)``,
-        ``prompt``, ``prob``, ``sampler_prob``, ``reward``; sorted by prompt, tokens).
+        ``prompt``, ``prob``, ``sampler_prob``, ``reward``; sorted by prompt, tokens);
+        ``ranges`` {``"sequence_fisher"``, ``"token_fisher_sum"``: ``(P,)``}, the largest
+        :math:`|x(y) - E[x]|` over on-policy responses of :math:`x = h^2` and
+        :math:`x = \sum_t f(s_t)` (the bound ``b`` of a Bernstein test).
 
     Example:
         >>> from fisher_ref import load_config
@@ -190,7 +193,11 @@ def torch_exact(task, device="cpu", dtype="float64", levels=None):
         res = _finish(wp if wname == "p" else wq, wp, R, H[s], G[s], task.baseline)
         res["token_fisher_sum"] = token_sum[s]
         out_streams[name] = {k: _np(v) for k, v in res.items()}
-    return {"streams": out_streams, "gradient_autodiff": _np(grad_ad),
+    live = wp > 0  # responses the policy can produce
+    h0 = H[0].sum(dim=1)  # (M, P)
+    ranges = {q: _np((x[live] - x[live].T.matmul(wp[live]) / wp[live].sum()).abs().amax(0))
+              for q, x in (("sequence_fisher", h0 * h0), ("token_fisher_sum", G[0]))}
+    return {"streams": out_streams, "gradient_autodiff": _np(grad_ad), "ranges": ranges,
             "states": _sorted_states(states),
             "sequences": _sorted_sequences(levels, wp, wq, R, T)}
 

@@ -8,7 +8,7 @@ import torch
 import fisher_ref.torch_exact as tex
 from fisher_ref import load_config
 from fisher_ref.cli import main
-from fisher_ref.compare import (TOL_BFLOAT16, TOL_FLOAT32, TOL_FLOAT64, TOLERANCES, _dtype_list,
+from fisher_ref.compare import (TOL_BFLOAT16, bernstein_threshold, TOL_FLOAT32, TOL_FLOAT64, TOLERANCES, _dtype_list,
                                 compare, format_table, highest_matmul_precision, rel_error)
 
 pytestmark = pytest.mark.torch
@@ -28,7 +28,9 @@ def test_cli_compare_passes_and_writes_json(tmp_path, capsys):
     names = {r["quantity"] for r in rows}
     assert {"sensitivities", "sequence_fisher", "token_fisher_sum", "cross_terms", "gradient",
             "gradient_autodiff", "bound", "correlation", "states.token_fisher"} <= names
-    assert any(n.startswith("mc.sequence_fisher") for n in names)
+    mc = [r for r in rows if r["quantity"].startswith("mc.")]
+    assert len(mc) == 2 and all(r["test"] == "bern" and r["tolerance"] == 1.0 for r in mc)
+    assert all(r["max_abs_z"] >= 0 for r in mc)
     assert all(r["passed"] for r in rows)
     for r in rows:
         if r["test"] == "rel":
@@ -81,6 +83,13 @@ def test_dtype_option_is_repeatable_and_comma_separated():
 def test_unknown_dtype_on_command_line_exits_2(capsys):
     assert main(["compare", "--config", "default", "--dtype", "half", "--mc", "0"]) == 2
     assert "unknown dtype 'half'" in capsys.readouterr().err
+
+
+def test_bernstein_threshold_reduces_to_clt_scale_without_range():
+    # b = 0: t = sqrt(2 var L / n), L = ln(2m/alpha)
+    t = bernstein_threshold(4.0, 0.0, 50, alpha=1e-6, m=10)
+    assert t == pytest.approx(np.sqrt(2 * 4.0 * np.log(2e7) / 50), rel=1e-12)
+    assert bernstein_threshold(4.0, 10.0, 50, alpha=1e-6, m=10) > t
 
 
 def test_rel_error_uses_largest_exact_entry():

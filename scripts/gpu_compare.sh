@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Compare the torch implementation with fisher_ref on a CUDA machine.
+#
+# Run from the repository root of a copy of the working tree:
+#     OUT=/some/dir bash scripts/gpu_compare.sh
+# For every shipped MLP config it runs
+#     python -m fisher_ref compare --config NAME --device cuda --dtype float64,float32,bfloat16
+# and writes NAME.txt (the table) and NAME.json (the rows) to $OUT, then the
+# benchmark of the default config (bench_default.txt/json), and prints the GPU name.
+# Installs nothing that is already there: torch must be importable with CUDA;
+# fisher_ref's own dependencies (numpy, scipy, autograd; all pure Python but
+# numpy/scipy) are looked for first on PYTHONPATH and in ./.gpu_site (a folder
+# of copied packages, for a machine without network: e.g.
+#     mkdir -p .gpu_site && cp -r $(python -c 'import autograd,os;print(os.path.dirname(autograd.__file__))') .gpu_site/
+# ), and installed from PyPI with pip only when still missing (that step needs
+# network access to PyPI).
+# Exit status: 1 if any compare row failed, 0 otherwise.
+set -u
+OUT="${OUT:-./gpu_compare_out}"
+PY="${PYTHON:-python3}"
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name --format=csv
+"$PY" - <<'PYEOF' || exit 3
+import torch, sys
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+sys.exit(0 if torch.cuda.is_available() else 1)
+PYEOF
+[ -d .gpu_site ] && export PYTHONPATH="$PWD/.gpu_site${PYTHONPATH:+:$PYTHONPATH}"
+for mod in numpy scipy autograd; do
+  "$PY" -c "import $mod" 2>/dev/null || "$PY" -m pip install --quiet "$mod" || exit 3
+done
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+status=0
+for cfg in $("$PY" -c "from fisher_ref import list_configs; print(' '.join(c for c in list_configs() if c != 'tabular'))"); do
+  echo "=== $cfg"
+  "$PY" -m fisher_ref compare --config "$cfg" --device cuda --dtype float64,float32,bfloat16 \
+      --json "$OUT/$cfg.json" > "$OUT/$cfg.txt" 2>&1
+  rc=$?
+  tail -n 1 "$OUT/$cfg.txt"
+  [ "$rc" -eq 0 ] || { status=1; grep -E "FAIL|error" "$OUT/$cfg.txt"; }
+done
+"$PY" -m fisher_ref bench --config default --device cuda --repeats 5 \
+    --json "$OUT/bench_default.json" > "$OUT/bench_default.txt" 2>&1
+cat "$OUT/bench_default.txt"
+nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu_name.txt"
+exit "$status"
