@@ -24,7 +24,7 @@ from scipy.stats import norm
 
 __all__ = ["Estimate", "MCResult", "bonferroni_z", "mean_estimate", "cross_estimate",
            "advantage_estimates", "z_score", "running_estimates", "stream_z_scores",
-           "bernstein_z", "linearised_values", "variance_reduction", "exact_variance_reduction",
+           "bernstein_z", "linearised_values", "spread", "cross_spread", "variance_reduction", "exact_variance_reduction",
            "EXACT_VARIANCE", "SAMPLE_SE", "ZERO_VAR_RTOL", "ROUNDING_RTOL"]
 
 # quantity -> key of StreamResult.variances giving the exact per-sample variance.
@@ -345,7 +345,8 @@ def linearised_values(values, w, baseline):
     is its estimator's (leading-order) per-sample variance.
 
     Linear estimands are their own values (:math:`h`, :math:`h^2`, :math:`\sum_t m`,
-    :math:`\xi_u\xi_t`, ``R``, :math:`Ah`, :math:`\rho Ah`); the covariance, the
+    ``R``, :math:`Ah`, :math:`\rho Ah`; the cross terms, ``(M, T, T, P)``, are left to
+    :func:`cross_spread`, which never holds them all at once); the covariance, the
     leave-one-out gradient of baseline ``"mean"`` (a sample covariance) and the
     plug-in bound are replaced by their influence values (delta method; the remainder
     is :math:`O(1/n)`).
@@ -374,10 +375,33 @@ def linearised_values(values, w, baseline):
         out.update({
             (s, "score_mean"): h, (s, "sequence_fisher"): h2,
             (s, "token_fisher_sum"): v["token_sum"],
-            (s, "cross_terms"): xi[:, :, None, :] * xi[:, None, :, :],  # (M, T, T, P)
             (s, "expected_reward"): R,
             (s, "gradient"): cov if baseline == "mean" else A[:, None] * h,
             (s, "covariance"): cov, (s, "bound"): a * (dR * dR - s2)[:, None] + c * h2})
         if s == "raw":
             out[(s, "importance_gradient")] = (rho * A)[:, None] * h
     return out
+
+
+def spread(x, w):
+    r"""Mean, variance and largest deviation :math:`\max_{w>0}|x - E x|` of values ``x``
+    ``(M, ...)`` under probabilities ``w`` ``(M,)``: a tuple of ``(...)`` arrays."""
+    mean = np.tensordot(w, x, axes=1)
+    d = x - mean  # (M, ...)
+    var = np.tensordot(w, d * d, axes=1)
+    pos = w > 0
+    if not pos.all():
+        d = d[pos]
+    return mean, var, np.maximum(d.max(axis=0), -d.min(axis=0))
+
+
+def cross_spread(xi, w):
+    r""":func:`spread` of :math:`\xi_u\xi_t` from scores ``xi`` ``(M, T, P)``, one
+    pair ``(u, t)`` at a time: three ``(T, T, P)`` arrays."""
+    T = xi.shape[1]
+    out = [np.empty((T, T) + xi.shape[2:]) for _ in range(3)]
+    for u in range(T):
+        for t in range(u, T):
+            for arr, val in zip(out, spread(xi[:, u] * xi[:, t], w)):
+                arr[u, t] = arr[t, u] = val
+    return tuple(out)

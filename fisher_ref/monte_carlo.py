@@ -34,8 +34,8 @@ import numpy as np
 from .enumeration import state_windows
 from .mc_stats import (EXACT_VARIANCE, Estimate, MCResult, advantage_estimates, bernstein_z,
                        bonferroni_z, cross_estimate, exact_variance_reduction,
-                       linearised_values, mean_estimate, running_estimates, variance_reduction,
-                       z_score)
+                       linearised_values, mean_estimate, running_estimates, spread,
+                       variance_reduction, z_score, cross_spread)
 from .model import log_softmax
 from .rewards import evaluate_reward
 from .sensitivities import sensitivities
@@ -310,11 +310,10 @@ def _exact_spread(task, exact_result, from_mu):
         return {}
     vals = sample_values(task, {"tokens": seq["tokens"], "prompt": seq["prompt"]}, from_mu)
     w = seq["sampler_prob"] if from_mu else seq["prob"]
-    out = {}
-    for key, x in linearised_values(vals, w, task.baseline).items():
-        mean = np.tensordot(w, x, axes=1)
-        out[key] = (np.tensordot(w, (x - mean) ** 2, axes=1),
-                    np.max(np.abs(x[w > 0] - mean), axis=0))
+    out = {key: spread(x, w)[1:] for key, x in linearised_values(vals, w, task.baseline).items()}
+    for s in ("policy", "raw", "centered"):
+        if s in vals:
+            out[(s, "cross_terms")] = cross_spread(vals[s]["xi"], w)[1:]
     return out
 
 
