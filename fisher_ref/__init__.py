@@ -13,6 +13,8 @@ from .enumeration import EnumerationTooLarge, estimate_cost
 from .conformance import check_token_fisher
 from .exact import exact
 from .golden import GoldenFileError, compare_golden, export_golden, load_golden
+from .monte_carlo import (CheckRow, Estimate, MCResult, bonferroni_z, check_monte_carlo,
+                          estimate, sample)
 from .model import FunctionModel, MLPModel, ModelSpec, TabularModel, make_model
 from .results import ExactResult, topk_overlap
 from .rewards import CountReward, FunctionReward, LengthReward, MatchReward
@@ -29,5 +31,6 @@ __all__ = [
     "TemperatureSampler", "PerturbedSampler", "RoundedSampler", "LogitsSampler",
     "Task", "task_from_json", "load_task", "load_config", "list_configs",
     "token_fisher", "token_fisher_pairwise", "uniform_token_fisher", "__version__",
-    "export_golden", "load_golden", "compare_golden", "GoldenFileError", "check_token_fisher",
+    "sample", "estimate", "MCResult", "Estimate", "bonferroni_z", "check_monte_carlo",
+    "CheckRow", "export_golden", "load_golden", "compare_golden", "GoldenFileError", "check_token_fisher",
 ]

@@ -9,8 +9,10 @@ with its natural scale:
 - ``bound`` rows: the largest excess of the left side over the right, scaled
   the same way (must be :math:`\le` the tolerance);
 - ``info`` rows report a diagnostic (overlap, alignment) and always pass;
-- ``z`` rows (Monte Carlo) report the largest :math:`|z|` against the
-  Bonferroni threshold for a false-failure rate of 1e-6 per row.
+- ``z`` rows (Monte Carlo) report, for each estimator, the :math:`|z|` of the
+  entry (parameter) nearest its threshold; thresholds are per entry, the larger
+  of the Bonferroni normal one and a Bernstein bound, for a false-failure rate
+  of at most 1e-6 per row (see :func:`fisher_ref.monte_carlo.check_monte_carlo`).
 """
 from __future__ import annotations
 
@@ -196,7 +198,7 @@ def verify_task(task, mc=0, seed=0, progress=True):
         from .monte_carlo import check_monte_carlo
         for r in check_monte_carlo(task, result, mc, seed):
             rows.append(Check("mc " + _MC_IDENTITY.get(r.quantity, ""), r.stream,
-                              f"{r.quantity}: max |z| over entries (n={mc}, seed={seed})",
+                              f"{r.quantity}: |z| of the entry nearest its threshold (n={mc}, seed={seed})",
                               float(r.max_abs_z), float(r.threshold), "z"))
     return result, rows
 
