@@ -22,9 +22,13 @@ __all__ = ["Cost", "EnumerationTooLarge", "estimate_cost", "check_cost", "count_
 DEFAULT_MAX_SECONDS = 900.0
 DEFAULT_MAX_BYTES = 8 * 2 ** 30
 # Throughput assumed by the estimate (floating-point operations per second of
-# vectorised numpy on one core, and seconds of Python work per response).
+# vectorised numpy on one core, and seconds of Python work per response: the
+# reward call). Calibrated on the 2-core x86_64 development machine against
+# measured exact() times (python -m fisher_ref.scaling); the estimate errs high.
 _FLOPS = 1.0e9
-_SECONDS_PER_RESPONSE = 2.0e-5
+_SECONDS_PER_RESPONSE = 1.0e-5
+# Per-window arrays kept between blocks (fisher_ref.exact.WINDOW_CACHE_BYTES).
+_WINDOW_CACHE_BYTES = 256 * 2 ** 20
 
 
 class EnumerationTooLarge(ValueError):
@@ -76,9 +80,13 @@ def estimate_cost(task, n_streams=None, chunk=None, keep_states=False, keep_sequ
     S = n_streams if n_streams is not None else (1 if task.sampler is None else 3)
     chunk = chunk or default_chunk(P, V, T, S)
     N, M = count_states(V, T, m.eos, len(task.prompts))
-    flops = N * P * V * (12 + 6 * S) + M * P * S * (4 * T * T + 16)
-    seconds = flops / _FLOPS + M * _SECONDS_PER_RESPONSE * (1 + T)
-    block = 8 * chunk * V * P * (S * (T + 2) + 4)
+    # per state: sensitivities and centering; per response: h, h^2, h^4, A h (about
+    # 24 passes over P) and the score history of open children (T + 1 slots)
+    flops = N * P * V * (12 + 6 * S) + M * P * S * (24 + T)
+    seconds = flops / _FLOPS + M * _SECONDS_PER_RESPONSE
+    windows = min(N, (V + 1) ** m.context)
+    cache = min(_WINDOW_CACHE_BYTES, 8 * windows * P * V * S * 2)
+    block = 8 * chunk * V * P * (S * (T + 2) + 4) + cache
     kept = (8 * N * (3 * P + 2 * V + 8) if keep_states else 0) + \
         (8 * M * (T + 6) if keep_sequences else 0)
     return Cost(N, M, P, V, T, S, chunk, float(seconds), int(block + kept + 8 * S * T * T * P * 2))

@@ -14,6 +14,23 @@ probability times the response's own value (:math:`h`, :math:`h^2`,
 :math:`\xi_u\xi_t`, :math:`A h`); every token-level one is a sum over states
 of reach probability times the state's value. The identities of §1 relate the
 two routes; nothing here assumes them.
+
+Speed without changing what is summed (the plain engine,
+:func:`fisher_ref.exact_reference.exact_reference`, is the judge at 1e-10):
+
+- everything a state computes (logits, ``j``, centers, scores) depends on the
+  state only through its window of the last ``k`` tokens, so it is computed
+  once per distinct window of a block and gathered;
+- each open state carries its running score sum ``H`` and its score history;
+  a complete response's ``h = H(parent) + xi(parent, a)`` is formed per
+  response, so :math:`E[h^2]`, :math:`E[h^4]`, :math:`E[Ah]` stay sums of each
+  response's own value;
+- cross terms are the same finite sum over responses, grouped by parent: the
+  responses ending at a block's children share the parent's history
+  :math:`\xi_u` for ``u < depth``, so
+  :math:`\sum_a w_a\,\xi_u\,\xi_t(a) = \xi_u \sum_a w_a\,\xi_t(a)`. This is
+  only the distributive law on a finite sum over enumerated responses; it does
+  not use that conditional score means vanish.
 """
 from __future__ import annotations
 
@@ -23,6 +40,8 @@ import autograd.numpy as anp
 
 from .enumeration import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, check_cost,
                           estimate_cost, state_windows)
+from .exact_reference import (_check_support, _check_topk, _probs, _streams,
+                              exact_reference, topk_center)
 from .model import log_softmax
 from .progress import Progress
 from .results import ExactResult, Moments, finish_stream
@@ -30,121 +49,155 @@ from .rewards import evaluate_reward
 from .sensitivities import sensitivities
 from .token_fisher import mean_sensitivity, token_fisher, token_second_moment, uniform_token_fisher
 
-__all__ = ["exact", "topk_center"]
+__all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES"]
+
+# Bytes of per-window arrays kept between blocks (speed only; results do not depend on it).
+WINDOW_CACHE_BYTES = 256 * 2 ** 20
 
 
-def topk_center(q, sens, k):
-    r"""Mean sensitivity under the top-``k`` tokens of ``q``, renormalised: ``(B, P)``."""
-    if k >= q.shape[-1]:
-        return mean_sensitivity(q, sens)
-    thresh = -np.sort(-q, axis=-1)[:, k - 1:k]  # (B, 1)
-    order = np.argsort(-q, axis=-1, kind="stable")
-    keep = np.zeros_like(q, dtype=bool)
-    np.put_along_axis(keep, order[:, :k], True, axis=-1)
-    del thresh
-    qk = np.where(keep, q, 0.0)
-    qk = qk / qk.sum(axis=-1, keepdims=True)
-    return mean_sensitivity(qk, sens)
+class _WindowCache:
+    """Per-window arrays (probabilities, centered scores, token moments), computed
+    once per distinct window of ``k`` tokens and reused by every state ending in it.
+
+    Holds at most ``budget`` bytes: when a block's new windows would not fit, it
+    is emptied first (memory stays bounded; only speed depends on the budget).
+    """
+
+    def __init__(self, task, streams, keep_states, budget=None):
+        self.task, self.streams, self.keep = task, streams, keep_states
+        V, P = task.model.vocab_size, task.model.num_params
+        self.centers = list(dict.fromkeys(c for _, _, c in streams))
+        per = 8 * (len(self.centers) * V * P + (2 * len(streams) + 6) * P + 2 * V)
+        budget = WINDOW_CACHE_BYTES if budget is None else budget
+        self.capacity = max(1, budget // per)
+        self.base = (V + 1) ** np.arange(task.model.context, dtype=object)
+        self.exact_keys = (V + 1) ** task.model.context < 2 ** 62
+        self.clear()
+
+    def clear(self):
+        self.index, self.parts, self.n = {}, [], 0
+        self.arrays = None
+
+    def _keys(self, W):
+        if self.exact_keys:
+            return (W * self.base.astype(np.int64)).sum(axis=1).tolist()  # (B,)
+        return [tuple(r) for r in W.tolist()]
+
+    def rows(self, W):
+        """Row of each window of ``W (B, k)`` in :attr:`arrays` (computing new ones)."""
+        keys = self._keys(W)
+        new = {}
+        for i, key in enumerate(keys):
+            if key not in self.index and key not in new:
+                new[key] = i
+        if new:
+            if self.n + len(new) > self.capacity:
+                self.clear()
+                return self.rows(W) if len(set(keys)) <= self.capacity else self._uncached(W)
+            for key in new:
+                self.index[key] = self.n
+                self.n += 1
+            self.parts.append(self._compute(W[list(new.values())]))
+            self.arrays = None
+        if self.arrays is None:
+            self.parts = [{k: np.concatenate([p[k] for p in self.parts]) for k in self.parts[0]}]
+            self.arrays = self.parts[0]
+        return self.arrays, np.array([self.index[k] for k in keys], dtype=np.int64)
+
+    def _uncached(self, W):
+        Wu, inv = np.unique(W, axis=0, return_inverse=True)
+        return self._compute(Wu), inv.ravel()
+
+    def _compute(self, Wu):
+        """Arrays of distinct windows ``Wu (U, k)``."""
+        task, theta = self.task, self.task.theta
+        pu, qu = _probs(task, theta, Wu)  # (U, V) each
+        J = sensitivities(task.model, theta, Wu)  # (U, P, V)
+        if not np.isfinite(J).all():
+            raise ValueError("non-finite logit sensitivities (check the model's derivatives)")
+        jbar = {"p": mean_sensitivity(pu, J), "q": mean_sensitivity(qu, J)}  # (U, P)
+        dist = {"p": pu, "q": qu}
+        out = {"p": pu, "q": qu}
+        for c in self.centers:
+            center = jbar[c] if isinstance(c, str) else topk_center(qu, J, c)  # (U, P)
+            xi = J - center[:, :, None]  # (U, P, V): the score of every candidate token
+            out[f"xiT{c}"] = np.ascontiguousarray(xi.transpose(0, 2, 1))  # (U, V, P)
+            out[f"center{c}"] = center
+        for s, (_, wname, c) in enumerate(self.streams):
+            out[f"m{s}"] = token_second_moment(dist[wname], J, out[f"center{c}"])  # (U, P)
+            out[f"cond{s}"] = np.einsum("uv,uvp->up", dist[wname], out[f"xiT{c}"])  # E[xi|s]
+        if self.keep:
+            out["token_fisher"] = token_fisher(pu, J)
+            out["uniform"] = uniform_token_fisher(J)
+            out["score_mean"] = np.einsum("uv,uvp->up", pu, out["xiTp"])
+            if task.sampler is not None:
+                out["sampler_token_fisher"] = token_fisher(qu, J)
+                out["raw_score_mean"] = np.einsum("uv,uvp->up", qu, out["xiTp"])
+        return out
 
 
-def _check_topk(topk):
-    """``topk`` as a tuple of positive integers (``k >= V`` means full centering)."""
-    try:
-        ks = tuple(topk)
-    except TypeError:
-        raise ValueError(f"topk must be a sequence of positive integers, got {topk!r}") from None
-    for k in ks:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"topk entries must be positive integers, got {k!r} in {topk!r}")
-    return tuple(int(k) for k in ks)
-
-
-def _streams(task, topk):
-    if task.sampler is None:
-        return [("policy", "p", "p")]
-    out = [("policy", "p", "p"), ("raw", "q", "p"), ("centered", "q", "q")]
-    out += [(f"top{k}", "q", k) for k in topk]
-    return out
-
-
-def _roots(task, n_streams, P, L):
+def _roots(task, S, P, L):
     n = len(task.prompts)
     tokens = np.full((n, L + 1), -1, dtype=np.int64)
     for i, pr in enumerate(task.prompts):
         tokens[i, :len(pr)] = pr
-    lengths = np.array([len(p) for p in task.prompts], dtype=np.int64)
     w = task.prompt_weights.astype(float)
-    return {"prompt": np.arange(n), "tokens": tokens, "length": lengths, "depth": 0,
+    return {"prompt": np.arange(n), "tokens": tokens,
+            "length": np.array([len(p) for p in task.prompts], dtype=np.int64), "depth": 0,
             "rp": w.copy(), "rq": w.copy(),
-            "hist": np.zeros((n_streams, n, task.max_len, P)),
-            "g": np.zeros((n_streams, n, P))}
+            "hist": np.zeros((S, n, task.max_len, P)),  # (S, n, T, P) scores so far
+            "H": np.zeros((S, n, P)),  # running score sum
+            "G": np.zeros((S, n, P))}  # running path sum of m
 
 
-def _take(block, sl):
-    out = {k: (v[sl] if isinstance(v, np.ndarray) and k not in ("hist", "g") else v)
-           for k, v in block.items()}
-    out["hist"] = block["hist"][:, sl]
-    out["g"] = block["g"][:, sl]
+def _take(block, idx):
+    """Rows ``idx`` (slice or index array) of a block."""
+    out = {k: (v[idx] if isinstance(v, np.ndarray) and v.ndim and k not in ("hist", "H", "G")
+               else v) for k, v in block.items()}
+    for k in ("hist", "H", "G"):
+        out[k] = block[k][:, idx]
     return out
 
 
-def _check_logits(z, W, V, who):
-    if z.shape != (W.shape[0], V):
-        raise ValueError(f"the {who} returned logits of shape {z.shape} for {W.shape[0]} "
-                         f"windows; expected ({W.shape[0]}, {V}) (V={V})")
-
-
-def _probs(task, theta, W):
-    z = np.asarray(task.model.logits(theta, W), dtype=float)  # (B, V)
-    _check_logits(z, W, task.model.vocab_size, "model")
-    if np.isnan(z).any() or np.isposinf(z).any():
-        raise ValueError("the model returned NaN or +inf logits")
-    if np.isneginf(z).all(axis=-1).any():
-        raise ValueError("the model returned a state whose logits are all -inf")
-    p = np.exp(log_softmax(z))  # (B, V)
-    if task.sampler is None:
-        return p, p
-    zq = np.asarray(task.sampler.logits(task.model, theta, W), dtype=float)
-    _check_logits(zq, W, task.model.vocab_size, "sampler")
-    if np.isnan(zq).any() or np.isposinf(zq).any() or np.isneginf(zq).all(axis=-1).any():
-        raise ValueError("the sampler returned NaN, +inf or all -inf logits")
-    return p, np.exp(log_softmax(zq))
-
-
-def _check_support(block, p, q):
-    bad = (p > 0) & (q == 0) & (block["rp"][:, None] > 0)
-    if bad.any():
-        b, a = map(int, np.argwhere(bad)[0])
-        state = block["tokens"][b, :block["length"][b]].tolist()
-        raise ValueError(
-            f"the sampler gives probability 0 to token {a} at state {state} (prompt "
-            f"{int(block['prompt'][b])}), which the policy emits with probability {p[b, a]:.3g}; "
-            "responses the policy can produce would never be sampled, so importance "
-            "weights p/mu are undefined there")
-
-
 def _autodiff_gradient(task, theta, tokens, lengths, prompt_len, weights, R):
-    """grad_theta of sum_m w_m prod_t p(y_t|s_t) R_m over a block of responses (autograd)."""
+    r"""grad_theta of :math:`\sum_m w_m \prod_t p(y_t|s_t) R_m` over responses (autograd).
+
+    The logits of each distinct window are evaluated once and gathered (the same
+    function of theta, without repeated rows)."""
     M, T = tokens.shape[0], task.max_len
     t = np.arange(T)[None, :]
-    resp_len = lengths - prompt_len  # (M,)
-    mask = (t < resp_len[:, None]).astype(float)  # (M, T)
+    mask = (t < (lengths - prompt_len)[:, None]).astype(float)  # (M, T)
     state_len = np.minimum(prompt_len[:, None] + t, lengths[:, None] - 1)  # (M, T)
-    flat_tokens = np.repeat(tokens, T, axis=0)
-    W = state_windows(flat_tokens, state_len.ravel(), task.model.context, task.model.bos)
+    W = state_windows(np.repeat(tokens, T, axis=0), state_len.ravel(), task.model.context,
+                      task.model.bos)  # (M*T, k)
+    Wu, inv = np.unique(W, axis=0, return_inverse=True)  # (U, k), (M*T,)
     nxt = tokens[np.arange(M)[:, None], state_len].ravel()  # (M*T,)
-    rows = np.arange(M * T)
+    flat = inv.ravel() * task.model.vocab_size + nxt  # (M*T,) into the (U*V,) log-probs
 
     def expected_reward(th):
-        lp = log_softmax(task.model.logits(th, W))[rows, nxt]  # (M*T,)
+        lp = anp.reshape(log_softmax(task.model.logits(th, Wu)), (-1,))[flat]  # (M*T,)
         logP = anp.sum(anp.reshape(lp, (M, T)) * mask, axis=1)  # (M,)
         return anp.sum(weights * anp.exp(logP) * R)
 
     return grad(expected_reward)(theta)
 
 
+def _responses(task, done, plen):
+    """Response tokens ``(M, T)`` (-1 padded) and rewards ``(M,)`` of complete rows."""
+    T = task.max_len
+    M = done["tokens"].shape[0]
+    n_resp = done["length"] - plen  # (M,)
+    col = plen[:, None] + np.arange(T)[None, :]  # (M, T)
+    resp = done["tokens"][np.arange(M)[:, None], np.minimum(col, done["tokens"].shape[1] - 1)]
+    resp = np.where(np.arange(T)[None, :] < n_resp[:, None], resp, -1)  # (M, T)
+    R = np.array([evaluate_reward(task.reward, task.prompts[pi], r[:k].tolist())
+                  for pi, r, k in zip(done["prompt"], resp, n_resp)], dtype=float)
+    return resp, R
+
+
 def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
-          max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES, progress=True):
+          max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES, progress=True,
+          reference=False):
     r"""Every quantity of DESIGN §1 for ``task``, exactly, in float64.
 
     Args:
@@ -156,6 +209,8 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
             (``"auto"``: when they fit in about 1 GiB).
         max_seconds, max_bytes: refuse (:class:`EnumerationTooLarge`) past these.
         progress: show a progress bar on stderr once the run exceeds 2 s.
+        reference: run the plain engine
+            (:func:`fisher_ref.exact_reference.exact_reference`) instead.
 
     Returns:
         :class:`fisher_ref.results.ExactResult`.
@@ -166,6 +221,10 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         >>> bool(np.allclose(r.sequence_fisher, r.token_fisher_sum, rtol=1e-10, atol=0))
         True
     """
+    if reference:
+        return exact_reference(task, topk=topk, chunk=chunk, keep_states=keep_states,
+                               keep_sequences=keep_sequences, max_seconds=max_seconds,
+                               max_bytes=max_bytes, progress=progress)
     model, theta, T = task.model, task.theta, task.max_len
     V, P = model.vocab_size, model.num_params
     topk = _check_topk(topk)
@@ -193,6 +252,7 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     states, seqs = [], []
     prompt_len_all = np.array([len(p) for p in task.prompts], dtype=np.int64)
     bar = Progress(cost.n_states, "exact enumeration", enabled=progress)
+    cache = _WindowCache(task, streams, keep_states)
     stack = [_roots(task, S, P, L)]
     while stack:
         block = stack.pop()
@@ -203,73 +263,71 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
             n = chunk
         depth = block["depth"]
         W = state_windows(block["tokens"], block["length"], model.context, model.bos)  # (B, k)
-        p, q = _probs(task, theta, W)  # (B, V) each
+        arr, inv = cache.rows(W)  # per-window arrays, (B,) row of each state
+        p, q = arr["p"][inv], arr["q"][inv]  # (B, V)
         if task.sampler is not None:
             _check_support(block, p, q)
-        J = sensitivities(model, theta, W)  # (B, P, V)
-        if not np.isfinite(J).all():
-            raise ValueError("non-finite logit sensitivities (check the model's derivatives)")
-        jbar = {"p": mean_sensitivity(p, J), "q": mean_sensitivity(q, J)}  # (B, P)
-        dist = {"p": p, "q": q}
         reach = {"p": block["rp"], "q": block["rq"]}
-        xis, ms = [], []
+        xiT, ms = [], []
         for s, (name, wname, cname) in enumerate(streams):
-            center = jbar[cname] if isinstance(cname, str) else topk_center(q, J, cname)
-            xi = J - center[:, :, None]  # (B, P, V): the score of every candidate token
-            m = token_second_moment(dist[wname], J, center)  # (B, P)
-            cond_mean = np.einsum("bv,bpv->bp", dist[wname], xi)  # (B, P): E[xi | s], summed
-            moments[name].add_states(reach[wname], m, cond_mean, depth)
-            xis.append(xi)
+            m = arr[f"m{s}"][inv]  # (B, P)
+            moments[name].add_states(reach[wname], m, arr[f"cond{s}"][inv], depth)
+            xiT.append(arr[f"xiT{cname}"])  # (U, V, P)
             ms.append(m)
         if keep_states:
             rec = {"tokens": block["tokens"][:, :L - 1].copy(), "prompt": block["prompt"],
-                   "depth": np.full(n, depth), "reach": block["rp"], "probs": p,
-                   "token_fisher": token_fisher(p, J), "uniform": uniform_token_fisher(J),
-                   "score_mean": np.einsum("bv,bpv->bp", p, xis[0])}
+                   "depth": np.full(n, depth), "reach": block["rp"], "probs": p}
+            rec.update({k: arr[k][inv] for k in ("token_fisher", "uniform", "score_mean")})
             if task.sampler is not None:
-                rec.update({"sampler_reach": block["rq"], "sampler_probs": q,
-                            "sampler_token_fisher": token_fisher(q, J),
-                            "raw_score_mean": np.einsum("bv,bpv->bp", q, xis[0])})
+                rec.update({"sampler_reach": block["rq"], "sampler_probs": q})
+                rec.update({k: arr[k][inv] for k in ("sampler_token_fisher", "raw_score_mean")})
             states.append(rec)
         bar.update(n)
         # children: row b*V + a is state b followed by token a
         a_tok = np.tile(np.arange(V), n)  # (B*V,)
-        tokens = np.repeat(block["tokens"], V, axis=0)
-        lengths = np.repeat(block["length"], V)
-        tokens[np.arange(n * V), lengths] = a_tok
-        lengths = lengths + 1
-        hist = np.repeat(block["hist"], V, axis=1)  # (S, B*V, T, P)
-        for s in range(S):
-            hist[s, :, depth, :] = xis[s].transpose(0, 2, 1).reshape(n * V, P)
-        g = np.repeat(block["g"] + np.stack(ms), V, axis=1)  # (S, B*V, P)
-        child = {"prompt": np.repeat(block["prompt"], V), "tokens": tokens, "length": lengths,
-                 "depth": depth + 1, "rp": (block["rp"][:, None] * p).ravel(),
-                 "rq": (block["rq"][:, None] * q).ravel(), "hist": hist, "g": g}
         term = (depth + 1 == T) | ((a_tok == 0) & model.eos)  # (B*V,)
+        rp_c = (block["rp"][:, None] * p).ravel()  # (B*V,)
+        rq_c = (block["rq"][:, None] * q).ravel()
+        G = block["G"] + np.stack(ms)  # (S, B, P): path sums of m including this state
+
+        def children(idx):
+            par, tok = idx // V, idx % V  # (C,)
+            tokens = block["tokens"][par]  # (C, L+1)
+            tokens[np.arange(len(idx)), block["length"][par]] = tok
+            rows = inv[par]
+            xi_c = [x[rows, tok] for x in xiT]  # S arrays (C, P)
+            return par, xi_c, {"prompt": block["prompt"][par], "tokens": tokens,
+                               "length": block["length"][par] + 1, "depth": depth + 1,
+                               "rp": rp_c[idx], "rq": rq_c[idx]}
+
         if term.any():
-            done = _take(child, term)
+            idx = np.flatnonzero(term)
+            par, xi_c, done = children(idx)
             plen = prompt_len_all[done["prompt"]]
-            R = np.array([evaluate_reward(task.reward, task.prompts[pi],
-                                          tk[pl:ln].tolist())
-                          for pi, tk, pl, ln in zip(done["prompt"], done["tokens"], plen,
-                                                    done["length"])])
+            resp, R = _responses(task, done, plen)
+            starts = np.flatnonzero(np.r_[True, par[1:] != par[:-1]])  # parent groups
+            pg = par[starts]  # (Pn,) parents with complete children
             for s, (name, wname, _) in enumerate(streams):
-                moments[name].add_responses(done["rp" if wname == "p" else "rq"], R,
-                                            done["hist"][s], done["g"][s], done["rp"])
-            w_x = task.prompt_weights[done["prompt"]]
+                w = done["rp" if wname == "p" else "rq"]  # (C,)
+                h = block["H"][s, par] + xi_c[s]  # (C, P): each response's own h
+                moments[name].add_responses_grouped(
+                    w, R, h, done["rp"], starts, G[s, pg], block["hist"][s, pg, :depth],
+                    xi_c[s], depth)
             grad_ad += _autodiff_gradient(task, theta, done["tokens"], done["length"], plen,
-                                          w_x, R)
+                                          task.prompt_weights[done["prompt"]], R)
             if keep_sequences:
-                resp = np.full((len(R), T), -1, dtype=np.int64)
-                for i, (tk, pl, ln) in enumerate(zip(done["tokens"], plen, done["length"])):
-                    resp[i, :ln - pl] = tk[pl:ln]
                 seqs.append({"tokens": resp, "prompt": done["prompt"], "prob": done["rp"],
                              "sampler_prob": done["rq"], "reward": R})
-        if (~term).any():
-            stack.append(_take(child, ~term))
+        if not term.all():
+            idx = np.flatnonzero(~term)
+            par, xi_c, child = children(idx)
+            hist = block["hist"][:, par]  # (S, C, T, P)
+            Hc = block["H"][:, par]  # (S, C, P)
+            for s in range(S):
+                hist[s, :, depth, :] = xi_c[s]
+                Hc[s] += xi_c[s]
+            child.update({"hist": hist, "H": Hc, "G": G[:, par]})
+            stack.append(child)
     bar.close()
-    baseline = task.baseline
-    results = {}
-    for name, wname, _ in streams:
-        results[name] = finish_stream(moments[name], baseline)
+    results = {name: finish_stream(moments[name], task.baseline) for name, _, _ in streams}
     return ExactResult.build(task, cost, results, grad_ad, states, seqs)

@@ -73,6 +73,85 @@ class Moments:
         self.is_Rh += (rho_w * R) @ h
         self.is_h += rho_w @ h
 
+    def add_responses_grouped(self, w, R, h, w_policy, starts, g_par, hist_par, xi, depth):
+        r"""Responses ending at one block's children (rows sorted by parent).
+
+        Args:
+            w, R, w_policy: ``(C,)`` weights, rewards, policy probabilities.
+            h: ``(C, P)`` each response's own score sum.
+            starts: ``(Pn,)`` first row of each parent's group.
+            g_par: ``(Pn, P)`` path sum of ``m``, shared by a parent's responses.
+            hist_par: ``(Pn, depth, P)`` scores :math:`\xi_u`, ``u < depth``, shared
+                by a parent's responses.
+            xi: ``(C, P)`` score of each response's last token (slot ``depth``).
+
+        :math:`h`, :math:`h^2`, :math:`h^4`, :math:`Ah` are summed response by
+        response. Path sums and cross terms use the distributive law on the same
+        finite sum: :math:`\sum_{a} w_a \xi_u\xi_t(a) = \xi_u \sum_a w_a\xi_t(a)`
+        when every response of the group shares :math:`\xi_u` (and ``g``).
+        """
+        wR = w * R
+        rho_w = np.where(w > 0, w_policy, 0.0)  # w * (w_policy / w) where w > 0
+        self.mass += w.sum()
+        self.R += w @ R
+        self.R2 += wR @ R
+        # one pass over h for four weighted sums (a (4, C) @ (C, P) product)
+        Eh, ERh, Erh, ErRh = np.stack([w, wR, rho_w, rho_w * R]) @ h  # (P,) each
+        self.h += Eh
+        self.Rh += ERh
+        self.is_h += Erh
+        self.is_Rh += ErRh
+        h2 = h * h  # (C, P)
+        Eh2, ERh2, ER2h2 = np.stack([w, wR, wR * R]) @ h2  # (P,) each
+        self.h2 += Eh2
+        self.Rh2 += ERh2
+        self.R2h2 += ER2h2
+        self.h4 += _wsum(w, h2, h2)
+        del h2
+        G, k = len(starts), len(w) // len(starts)
+        equal = k * G == len(w) and np.array_equal(starts, np.arange(G) * k)
+        if equal:  # every group has k rows: sums over a group are a batched contraction
+            wg, xg = w.reshape(G, k), xi.reshape(G, k, -1)  # (G, k), (G, k, P)
+            Wg = wg.sum(axis=1)  # (G,) group weights
+        else:
+            Wg = np.add.reduceat(w, starts)  # (G,)
+        self.g += Wg @ g_par
+        self.g2 += _wsum(Wg, g_par, g_par)
+        d = depth
+        xi2 = xi * xi  # (C, P)
+        self.cross[d, d] += w @ xi2
+        self.cross4[d, d] += _wsum(w, xi2, xi2)
+        if d == 0:
+            return
+        if equal:
+            X1 = np.einsum("gk,gkp->gp", wg, xg)  # (G, P): sum_a w_a xi_d(a) per group
+            X2 = np.einsum("gk,gkp->gp", wg, xi2.reshape(G, k, -1))  # sum_a w_a xi_d(a)^2
+        else:
+            X1 = np.add.reduceat(w[:, None] * xi, starts)  # (G, P)
+            X2 = np.add.reduceat(w[:, None] * xi2, starts)  # (G, P)
+        for u in range(d):
+            hu = hist_par[:, u]  # (G, P)
+            c, c4 = np.einsum("gp,gp->p", hu, X1), _wsum(None, hu * hu, X2)
+            self.cross[u, d] += c
+            self.cross[d, u] += c
+            self.cross4[u, d] += c4
+            self.cross4[d, u] += c4
+            for t in range(u, d):
+                ht = hist_par[:, t]  # (G, P)
+                c, c4 = _wsum(Wg, hu, ht), _wsum(Wg, hu * hu, ht * ht)
+                self.cross[u, t] += c
+                self.cross4[u, t] += c4
+                if t != u:
+                    self.cross[t, u] += c
+                    self.cross4[t, u] += c4
+
+
+def _wsum(w, a, b):
+    r""":math:`\sum_c w_c a_{c,p} b_{c,p}` (``w=None``: unweighted) without a ``(C, P)`` temporary."""
+    if w is None:
+        return np.einsum("cp,cp->p", a, b)
+    return np.einsum("c,cp,cp->p", w, a, b, optimize=False)
+
 
 @dataclass
 class StreamResult:

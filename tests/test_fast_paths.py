@@ -1,0 +1,150 @@
+"""The fast exact engine against the plain reference engine, quantity by quantity.
+
+:func:`fisher_ref.exact.exact` regroups the finite sums over responses (per
+parent), reuses per-window arrays between states and dedups windows in the
+autodiff gradient; :func:`fisher_ref.exact_reference.exact_reference` sums
+response by response. Every array of the result must agree at 1e-10 relative
+on every case of ``tests/cases.py``, on hypothesis-generated tasks, for small
+chunks (block splitting) and for a window cache too small to hold a block.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+import importlib
+from fisher_ref import load_config
+from fisher_ref.exact import exact
+from fisher_ref.exact_reference import exact_reference
+from fisher_ref.scaling import load_scale_config
+
+from cases import CASES, RTOL, rel
+
+exact_mod = importlib.import_module("fisher_ref.exact")  # the module (the package exports the function)
+from test_exact import small_tasks
+
+SCALARS = ("mass", "expected_reward", "reward_std", "baseline")
+# Quantities that are 0 in exact arithmetic on a centered stream: measured against the
+# score's natural scale sqrt(max E[h^2]) (their own size is roundoff).
+ZERO_IN_EXACT = ("score_mean", "cond_score_max", "gradient_shift")
+# Sums of R h-type terms cancel (extreme logits): measured, as in test_exact, against the
+# Cauchy-Schwarz size of their summands sqrt(max(E[A^2], E[R^2])) * sqrt(max F).
+GRADIENT_LIKE = ("gradient", "covariance", "importance_gradient")
+
+
+def natural_scale(s):
+    """Cauchy-Schwarz size of the summands of E[A h] for a StreamResult ``s``."""
+    ER2 = s.reward_std ** 2 + s.expected_reward ** 2
+    EA2 = s.reward_std ** 2 + (s.expected_reward - s.baseline) ** 2
+    return float(np.sqrt(max(ER2, EA2)) * np.sqrt(s.sequence_fisher.max())) or 1.0
+
+
+def stream_errors(a, b):
+    """Largest relative error of every array of two StreamResults."""
+    scale = np.sqrt(max(a.sequence_fisher.max(), b.sequence_fisher.max()))
+    out = {}
+    for key, va in vars(a).items():
+        vb = getattr(b, key)
+        if key == "variances":
+            # Var X = E[X^2] - E[X]^2 cancels against E[X]^2: measured on that scale
+            mean_sq = {"h": b.sequence_fisher, "h2": b.sequence_fisher ** 2,
+                       "token_sum": b.token_fisher_sum_paths ** 2, "Ah": b.gradient ** 2,
+                       "cross": b.cross_terms ** 2, "reward": b.expected_reward ** 2}
+            for k in va:
+                s = max(np.abs(va[k]).max(), np.abs(vb[k]).max(), np.abs(mean_sq[k]).max())
+                out[f"variances.{k}"] = rel(va[k], vb[k], s)
+        elif key in GRADIENT_LIKE:
+            out[key] = rel(va, vb, max(natural_scale(b), np.abs(va).max(), np.abs(vb).max()))
+        elif key == "correlation":  # |covariance| / bound: checked through both parts
+            continue
+        elif key in ZERO_IN_EXACT:
+            out[key] = rel(va, vb, max(scale, np.abs(va).max(), np.abs(vb).max()))
+        else:
+            out[key] = rel(va, vb)
+    return out
+
+
+def result_errors(fast, ref):
+    errs = {}
+    assert fast.streams.keys() == ref.streams.keys()
+    for name in ref.streams:
+        for k, e in stream_errors(fast.streams[name], ref.streams[name]).items():
+            errs[f"{name}.{k}"] = e
+    on = ref.streams["policy"]
+    errs["gradient_autodiff"] = rel(fast.gradient_autodiff, ref.gradient_autodiff,
+                                    max(natural_scale(on), np.abs(ref.gradient_autodiff).max()))
+    scale = np.sqrt(ref.sequence_fisher.max())
+    for part in ("states", "sequences"):
+        fa, ra = getattr(fast, part), getattr(ref, part)
+        assert (fa is None) == (ra is None), part
+        if ra is None:
+            continue
+        assert fa.keys() == ra.keys(), part
+        for k in ra:
+            assert fa[k].shape == ra[k].shape, (part, k)
+            if fa[k].dtype.kind in "iub":
+                errs[f"{part}.{k}"] = 0.0 if np.array_equal(fa[k], ra[k]) else np.inf
+            else:
+                s = scale if k in ("score_mean",) else None
+                errs[f"{part}.{k}"] = rel(fa[k], ra[k], s and max(s, np.abs(ra[k]).max()))
+    return errs
+
+
+def assert_same(fast, ref, label):
+    errs = result_errors(fast, ref)
+    bad = {k: e for k, e in errs.items() if not e <= RTOL}
+    worst = max(errs, key=errs.get)
+    assert not bad, f"{label}: fast vs reference differ: {bad} (largest: {worst})"
+
+
+def run_both(task, **kw):
+    kw.setdefault("progress", False)
+    if task.sampler is not None:
+        kw.setdefault("topk", (1, 2))
+    return exact(task, **kw), exact_reference(task, **kw)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))  # every shipped config and hand-made case
+def test_fast_engine_matches_reference(case):
+    assert_same(*run_both(CASES[case]()), case)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 7])
+def test_fast_engine_matches_reference_in_small_blocks(chunk):
+    for name in ("default", "offpolicy_temperature"):
+        assert_same(*run_both(load_config(name), chunk=chunk), f"{name} chunk={chunk}")
+
+
+@pytest.mark.parametrize("budget", [1, 40_000])
+def test_window_cache_overflow_changes_nothing(monkeypatch, budget):
+    """A cache too small for one window (or a few) is emptied and refilled; same results."""
+    task = load_config("weighted_prompts")
+    ref = exact_reference(task, progress=False)
+    monkeypatch.setattr(exact_mod, "WINDOW_CACHE_BYTES", budget)
+    assert_same(exact(task, progress=False, chunk=5), ref, f"cache budget {budget}")
+
+
+def test_reference_flag_runs_the_plain_engine():
+    task = load_config("no_eos")
+    a = exact(task, reference=True, progress=False)
+    b = exact_reference(task, progress=False)
+    assert np.array_equal(a.sequence_fisher, b.sequence_fisher)
+    assert np.array_equal(a.cross_terms, b.cross_terms)
+
+
+def test_medium_config_matches_reference_on_a_slice():
+    """The medium scaling config (P=1,044), cut to T=2 to keep the test fast."""
+    task = load_scale_config("medium").with_(max_len=2)
+    assert_same(*run_both(task), "medium, T=2")
+
+
+def test_kept_arrays_off_still_match():
+    task = load_config("offpolicy_stale")
+    fast, ref = run_both(task, keep_states=False, keep_sequences=False)
+    assert fast.states is None and fast.sequences is None
+    assert_same(fast, ref, "offpolicy_stale, nothing kept")
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=30)
+@given(small_tasks())
+def test_fast_engine_matches_reference_on_random_tasks(task):
+    assert_same(*run_both(task), repr(task.model.spec))
