@@ -83,6 +83,12 @@ def _streams(task):
     return [("policy", "p", "p"), ("raw", "q", "p"), ("centered", "q", "q")]
 
 
+def _cross(w, hist):
+    """:math:`C_{ut} = \\sum_y w\\,\\xi_u\\xi_t`, one row ``u`` at a time: ``(T, T, P)``."""
+    X = hist * w[:, None, None]  # (M, T, P)
+    return torch.stack([(X[:, u, None, :] * hist).sum(0) for u in range(hist.shape[1])])
+
+
 def _finish(w, wp, R, hist, g, baseline):
     """Stream quantities from response weights ``w (M,)``, policy probs ``wp (M,)``,
     rewards ``R (M,)``, scores ``hist (M, T, P)`` and path sums ``g (M, P)``."""
@@ -98,7 +104,7 @@ def _finish(w, wp, R, hist, g, baseline):
     corr = torch.where(bound > 0, cov.abs() / torch.where(bound > 0, bound, 1.0),
                        torch.zeros_like(bound))
     return {"score_mean": Eh, "sequence_fisher": F, "token_fisher_sum_paths": w @ g,
-            "cross_terms": torch.einsum("m,mup,mtp->utp", w, hist, hist),
+            "cross_terms": _cross(w, hist),
             "gradient": Rh - b * Eh, "covariance": cov, "bound": bound,
             "correlation": corr, "expected_reward": ER, "reward_std": std_A,
             "baseline": b, "importance_gradient": (wp * R) @ h - b * (wp @ h)}
