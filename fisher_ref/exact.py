@@ -51,8 +51,16 @@ from .token_fisher import mean_sensitivity, token_fisher, token_second_moment, u
 
 __all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES"]
 
+# Response-state rows gathered before one autodiff call (fewer calls, bounded memory).
+_AUTODIFF_ROWS = 2 ** 16
 # Bytes of per-window arrays kept between blocks (speed only; results do not depend on it).
 WINDOW_CACHE_BYTES = 256 * 2 ** 20
+
+
+def _softmax(z):
+    """Row-wise softmax ``exp(z - max z) / sum`` of checked logits (``-inf`` gives 0)."""
+    e = np.exp(z - z.max(axis=-1, keepdims=True))  # (B, V)
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 class _WindowCache:
@@ -111,7 +119,7 @@ class _WindowCache:
     def _compute(self, Wu):
         """Arrays of distinct windows ``Wu (U, k)``."""
         task, theta = self.task, self.task.theta
-        pu, qu = _probs(task, theta, Wu)  # (U, V) each
+        pu, qu = _probs(task, theta, Wu, softmax=_softmax)  # (U, V) each
         J = sensitivities(task.model, theta, Wu)  # (U, P, V)
         if not np.isfinite(J).all():
             raise ValueError("non-finite logit sensitivities (check the model's derivatives)")
@@ -180,6 +188,15 @@ def _autodiff_gradient(task, theta, tokens, lengths, prompt_len, weights, R):
         return anp.sum(weights * anp.exp(logP) * R)
 
     return grad(expected_reward)(theta)
+
+
+def _flush_autodiff(task, pending):
+    """:func:`_autodiff_gradient` of the pending responses in one call; empties ``pending``."""
+    if not pending:
+        return 0.0
+    parts = [np.concatenate(a) for a in zip(*pending)]
+    pending.clear()
+    return _autodiff_gradient(task, task.theta, *parts)
 
 
 def _responses(task, done, plen):
@@ -253,6 +270,7 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     prompt_len_all = np.array([len(p) for p in task.prompts], dtype=np.int64)
     bar = Progress(cost.n_states, "exact enumeration", enabled=progress)
     cache = _WindowCache(task, streams, keep_states)
+    pending, n_pending = [], 0  # complete responses awaiting one autodiff call
     stack = [_roots(task, S, P, L)]
     while stack:
         block = stack.pop()
@@ -313,8 +331,12 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
                 moments[name].add_responses_grouped(
                     w, R, h, done["rp"], starts, G[s, pg], block["hist"][s, pg, :depth],
                     xi_c[s], depth)
-            grad_ad += _autodiff_gradient(task, theta, done["tokens"], done["length"], plen,
-                                          task.prompt_weights[done["prompt"]], R)
+            pending.append((done["tokens"], done["length"], plen,
+                            task.prompt_weights[done["prompt"]], R))
+            n_pending += len(R)
+            if n_pending * T >= _AUTODIFF_ROWS:
+                grad_ad += _flush_autodiff(task, pending)
+                n_pending = 0
             if keep_sequences:
                 seqs.append({"tokens": resp, "prompt": done["prompt"], "prob": done["rp"],
                              "sampler_prob": done["rq"], "reward": R})
@@ -328,6 +350,7 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
                 Hc[s] += xi_c[s]
             child.update({"hist": hist, "H": Hc, "G": G[:, par]})
             stack.append(child)
+    grad_ad += _flush_autodiff(task, pending)
     bar.close()
     results = {name: finish_stream(moments[name], task.baseline) for name, _, _ in streams}
     return ExactResult.build(task, cost, results, grad_ad, states, seqs)

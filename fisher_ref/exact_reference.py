@@ -98,21 +98,26 @@ def _check_logits(z, W, V, who):
                          f"windows; expected ({W.shape[0]}, {V}) (V={V})")
 
 
-def _probs(task, theta, W):
+def _softmax_via_log(z):
+    return np.exp(log_softmax(z))
+
+
+def _probs(task, theta, W, softmax=_softmax_via_log):
+    """Policy and sampler probabilities ``(B, V)`` each, with the logits checked."""
     z = np.asarray(task.model.logits(theta, W), dtype=float)  # (B, V)
     _check_logits(z, W, task.model.vocab_size, "model")
     if np.isnan(z).any() or np.isposinf(z).any():
         raise ValueError("the model returned NaN or +inf logits")
     if np.isneginf(z).all(axis=-1).any():
         raise ValueError("the model returned a state whose logits are all -inf")
-    p = np.exp(log_softmax(z))  # (B, V)
+    p = softmax(z)  # (B, V)
     if task.sampler is None:
         return p, p
     zq = np.asarray(task.sampler.logits(task.model, theta, W), dtype=float)
     _check_logits(zq, W, task.model.vocab_size, "sampler")
     if np.isnan(zq).any() or np.isposinf(zq).any() or np.isneginf(zq).all(axis=-1).any():
         raise ValueError("the sampler returned NaN, +inf or all -inf logits")
-    return p, np.exp(log_softmax(zq))
+    return p, softmax(zq)
 
 
 def _check_support(block, p, q):
