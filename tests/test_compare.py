@@ -115,3 +115,12 @@ def test_matmul_precision_is_highest_inside_and_restored():
         assert torch.get_float32_matmul_precision() == "high"
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_gpu_script_is_valid_bash():
+    import pathlib
+    import subprocess
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "gpu_compare.sh"
+    res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "--device cuda --dtype float64,float32,bfloat16" in script.read_text()
