@@ -86,7 +86,11 @@ def estimate_cost(task, n_streams=None, chunk=None, keep_states=False, keep_sequ
     seconds = flops / _FLOPS + M * _SECONDS_PER_RESPONSE
     windows = min(N, (V + 1) ** m.context)
     cache = min(_WINDOW_CACHE_BYTES, 8 * windows * P * V * S * 2)
-    block = 8 * chunk * V * P * (S * (T + 2) + 4) + cache
+    # one block's work arrays, plus the children (score histories) of up to T - 1
+    # partly expanded blocks waiting on the depth-first stack
+    rows = min(chunk, N)  # a block never holds more states than the tree has
+    block = 8 * rows * V * P * (S * (T + 2) + 4) + cache
+    block += max(T - 1, 0) * 8 * rows * V * P * S * (T + 2)
     kept = (8 * N * (3 * P + 2 * V + 8) if keep_states else 0) + \
         (8 * M * (T + 6) if keep_sequences else 0)
     return Cost(N, M, P, V, T, S, chunk, float(seconds), int(block + kept + 8 * S * T * T * P * 2))

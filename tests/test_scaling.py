@@ -78,3 +78,10 @@ def test_peak_memory_grows_with_chunk_not_with_the_tree():
     assert big["n_states"] >= 5 * small["n_states"]
     assert big["peak_bytes"] < 1.6 * small["peak_bytes"], (small, big)
     assert np.isfinite(big["seconds"])
+
+
+def test_main_writes_csv_markdown_and_plot(tmp_path, capsys):
+    from fisher_ref.scaling import main
+    assert main(["--out", str(tmp_path), "--quick"]) == 0
+    assert {p.name for p in tmp_path.iterdir()} == {"scaling.csv", "scaling.md", "scaling.png"}
+    assert "| V | T | P |" in capsys.readouterr().out
