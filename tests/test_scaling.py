@@ -84,4 +84,7 @@ def test_main_writes_csv_markdown_and_plot(tmp_path, capsys):
     from fisher_ref.scaling import main
     assert main(["--out", str(tmp_path), "--quick"]) == 0
     assert {p.name for p in tmp_path.iterdir()} == {"scaling.csv", "scaling.md", "scaling.png"}
+    budget = {"NPV": 1e5, "seconds": 0.1, "peak_bytes": 2 ** 20, "budget_bytes": 2 ** 30}
+    plot([], tmp_path / "b.png", budget)
+    assert (tmp_path / "b.png").stat().st_size > 0
     assert "| V | T | P |" in capsys.readouterr().out
