@@ -137,10 +137,18 @@ def add_arguments(parser):
                         help="cpu: torch on the CPU only; cuda: also on CUDA "
                              "(default: also CUDA when present)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the timings as JSON")
+    parser.add_argument("--scaling", nargs="?", const="docs", default=None, metavar="DIR",
+                        help="instead: time and peak memory of exact() over a grid of task "
+                             "sizes (fisher_ref.scaling); writes DIR/scaling.csv, .md, .png "
+                             "(DIR default: docs)")
 
 
 def run(args):
-    """Print the timing table and the ratio; exit code 0."""
+    """Print the timing table and the ratio (or, with ``--scaling``, the scaling
+    table); exit code 0."""
+    if getattr(args, "scaling", None):
+        from .scaling import main as scaling_main
+        return scaling_main(["--out", args.scaling])
     from .cli import task_from_args
     task = task_from_args(args)
     try:

@@ -88,3 +88,15 @@ def test_main_writes_csv_markdown_and_plot(tmp_path, capsys):
     plot([], tmp_path / "b.png", budget)
     assert (tmp_path / "b.png").stat().st_size > 0
     assert "| V | T | P |" in capsys.readouterr().out
+
+
+def test_bench_scaling_flag_delegates_to_scaling(monkeypatch):
+    """``python -m fisher_ref bench --scaling DIR`` runs fisher_ref.scaling.main."""
+    import fisher_ref.scaling as scaling
+    from fisher_ref import cli
+    calls = []
+    monkeypatch.setattr(scaling, "main", lambda argv: calls.append(argv) or 0)
+    assert cli.main(["bench", "--scaling", "somewhere"]) == 0
+    assert calls == [["--out", "somewhere"]]
+    args = cli.build_parser("bench").parse_args(["bench", "--scaling"])
+    assert args.scaling == "docs"
