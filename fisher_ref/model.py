@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import autograd.numpy as anp
 import numpy as np
-from autograd.scipy.special import logsumexp
+from autograd.tracer import getval
 
 __all__ = [
     "ModelSpec", "MLPModel", "TabularModel", "FunctionModel", "make_model",
@@ -34,7 +34,13 @@ def log_softmax(z):
         >>> np.round(np.exp(log_softmax(np.array([[0.0, np.log(3.0)]]))), 6)
         array([[0.25, 0.75]])
     """
-    return z - logsumexp(z, axis=-1, keepdims=True)
+    # Shift by the row maximum taken on the plain value: log-softmax does not depend on
+    # the shift, so treating it as a constant leaves the derivative exact. A row that is
+    # all -inf keeps shift 0 and gives NaN, as logsumexp would (callers refuse such rows).
+    m = np.max(getval(z), axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    shifted = z - m
+    return shifted - anp.log(anp.sum(anp.exp(shifted), axis=-1, keepdims=True))
 
 
 def softmax(z):
