@@ -1,19 +1,11 @@
 r"""The exact engine: every quantity of DESIGN §1 by enumerating every response.
 
-One depth-first pass over the prefix tree feeds several *streams*. A stream is
-a pair (distribution the responses are drawn from, centering of the score):
-
-- ``"policy"`` — drawn from ``p``, centered at :math:`\bar j_p` (on-policy);
-- ``"raw"`` — drawn from ``mu``, centered at :math:`\bar j_p` (the raw score);
-- ``"centered"`` — drawn from ``mu``, centered at :math:`\bar j_\mu`;
-- ``"top{k}"`` — drawn from ``mu``, centered with only the top-``k`` tokens of
-  ``mu`` known (renormalised).
-
-Every response-level expectation is a sum over complete responses of
-probability times the response's own value (:math:`h`, :math:`h^2`,
-:math:`\xi_u\xi_t`, :math:`A h`); every token-level one is a sum over states
-of reach probability times the state's value. The identities of §1 relate the
-two routes; nothing here assumes them.
+It computes what :func:`fisher_ref.exact_reference.exact_reference` computes
+— the same streams (``"policy"``; with a sampler ``"raw"``, ``"centered"``,
+``"top{k}"``; see that module), every response-level expectation as a sum over
+complete responses of probability times the response's own value, every
+token-level one as a sum over states of reach times the state's value —
+and nothing here assumes the identities of §1 that relate the two routes.
 
 Speed without changing what is summed (the plain engine,
 :func:`fisher_ref.exact_reference.exact_reference`, is the judge at 1e-10):
@@ -35,14 +27,10 @@ Speed without changing what is summed (the plain engine,
 from __future__ import annotations
 
 import numpy as np
-from autograd import grad
-import autograd.numpy as anp
 
-from .enumeration import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, check_cost,
-                          estimate_cost, state_windows)
-from .exact_reference import (_check_support, _check_topk, _probs, _streams,
+from .enumeration import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, state_windows
+from .exact_reference import (_autodiff_gradient, _check_support, _plan, _probs,
                               exact_reference, topk_center)
-from .model import log_softmax
 from .progress import Progress
 from .results import ExactResult, Moments, finish_stream
 from .rewards import evaluate_reward
@@ -167,29 +155,6 @@ def _take(block, idx):
     return out
 
 
-def _autodiff_gradient(task, theta, tokens, lengths, prompt_len, weights, R):
-    r"""grad_theta of :math:`\sum_m w_m \prod_t p(y_t|s_t) R_m` over responses (autograd).
-
-    The logits of each distinct window are evaluated once and gathered (the same
-    function of theta, without repeated rows)."""
-    M, T = tokens.shape[0], task.max_len
-    t = np.arange(T)[None, :]
-    mask = (t < (lengths - prompt_len)[:, None]).astype(float)  # (M, T)
-    state_len = np.minimum(prompt_len[:, None] + t, lengths[:, None] - 1)  # (M, T)
-    W = state_windows(np.repeat(tokens, T, axis=0), state_len.ravel(), task.model.context,
-                      task.model.bos)  # (M*T, k)
-    Wu, inv = np.unique(W, axis=0, return_inverse=True)  # (U, k), (M*T,)
-    nxt = tokens[np.arange(M)[:, None], state_len].ravel()  # (M*T,)
-    flat = inv.ravel() * task.model.vocab_size + nxt  # (M*T,) into the (U*V,) log-probs
-
-    def expected_reward(th):
-        lp = anp.reshape(log_softmax(task.model.logits(th, Wu)), (-1,))[flat]  # (M*T,)
-        logP = anp.sum(anp.reshape(lp, (M, T)) * mask, axis=1)  # (M,)
-        return anp.sum(weights * anp.exp(logP) * R)
-
-    return grad(expected_reward)(theta)
-
-
 def _flush_autodiff(task, pending):
     """:func:`_autodiff_gradient` of the pending responses in one call; empties ``pending``."""
     if not pending:
@@ -242,27 +207,11 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         return exact_reference(task, topk=topk, chunk=chunk, keep_states=keep_states,
                                keep_sequences=keep_sequences, max_seconds=max_seconds,
                                max_bytes=max_bytes, progress=progress)
-    model, theta, T = task.model, task.theta, task.max_len
+    model, T = task.model, task.max_len
     V, P = model.vocab_size, model.num_params
-    topk = _check_topk(topk)
-    if topk and task.sampler is None:
-        raise ValueError("topk centering needs a sampler mu; this task is on-policy "
-                         "(add a 'sampler' to the task)")
-    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer))
-                              or chunk < 1):
-        raise ValueError(f"chunk must be a positive integer (states per block) or None, "
-                         f"got {chunk!r}")
-    streams = _streams(task, topk)
-    S = len(streams)
-    cost = estimate_cost(task, n_streams=S, chunk=chunk)
-    if keep_states == "auto":
-        keep_states = cost.n_states * P * 8 * 3 < 2 ** 30
-    if keep_sequences == "auto":
-        keep_sequences = cost.n_responses * (T + 6) * 8 < 2 ** 30
-    cost = estimate_cost(task, n_streams=S, chunk=chunk, keep_states=keep_states,
-                         keep_sequences=keep_sequences)
-    check_cost(cost, max_seconds, max_bytes)
-    chunk = cost.chunk
+    streams, cost, keep_states, keep_sequences = _plan(
+        task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes)
+    S, chunk = len(streams), cost.chunk
     L = max(len(p) for p in task.prompts) + T
     moments = {name: Moments(P, T) for name, _, _ in streams}
     grad_ad = np.zeros(P)

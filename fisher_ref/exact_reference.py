@@ -133,50 +133,36 @@ def _check_support(block, p, q):
 
 
 def _autodiff_gradient(task, theta, tokens, lengths, prompt_len, weights, R):
-    """grad_theta of sum_m w_m prod_t p(y_t|s_t) R_m over a block of responses (autograd)."""
+    r"""grad_theta of :math:`\sum_m w_m \prod_t p(y_t|s_t) R_m` over responses (autograd).
+
+    The logits of each distinct window are evaluated once and gathered (the same
+    function of theta, without repeated rows)."""
     M, T = tokens.shape[0], task.max_len
     t = np.arange(T)[None, :]
-    resp_len = lengths - prompt_len  # (M,)
-    mask = (t < resp_len[:, None]).astype(float)  # (M, T)
+    mask = (t < (lengths - prompt_len)[:, None]).astype(float)  # (M, T)
     state_len = np.minimum(prompt_len[:, None] + t, lengths[:, None] - 1)  # (M, T)
-    flat_tokens = np.repeat(tokens, T, axis=0)
-    W = state_windows(flat_tokens, state_len.ravel(), task.model.context, task.model.bos)
+    W = state_windows(np.repeat(tokens, T, axis=0), state_len.ravel(), task.model.context,
+                      task.model.bos)  # (M*T, k)
+    Wu, inv = np.unique(W, axis=0, return_inverse=True)  # (U, k), (M*T,)
     nxt = tokens[np.arange(M)[:, None], state_len].ravel()  # (M*T,)
-    rows = np.arange(M * T)
+    flat = inv.ravel() * task.model.vocab_size + nxt  # (M*T,) into the (U*V,) log-probs
 
     def expected_reward(th):
-        lp = log_softmax(task.model.logits(th, W))[rows, nxt]  # (M*T,)
+        lp = anp.reshape(log_softmax(task.model.logits(th, Wu)), (-1,))[flat]  # (M*T,)
         logP = anp.sum(anp.reshape(lp, (M, T)) * mask, axis=1)  # (M,)
         return anp.sum(weights * anp.exp(logP) * R)
 
     return grad(expected_reward)(theta)
 
 
-def exact_reference(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
-          max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES, progress=True):
-    r"""Every quantity of DESIGN §1 for ``task``, exactly, in float64.
-
-    Args:
-        task: a :class:`fisher_ref.tasks.Task`.
-        topk: with a sampler, also center with only the top-``k`` tokens of ``mu``
-            for each ``k`` here (what partial knowledge of ``mu`` costs).
-        chunk: states per block (default: sized to about 256 MiB of work arrays).
-        keep_states, keep_sequences: keep the per-state / per-response arrays
-            (``"auto"``: when they fit in about 1 GiB).
-        max_seconds, max_bytes: refuse (:class:`EnumerationTooLarge`) past these.
-        progress: show a progress bar on stderr once the run exceeds 2 s.
+def _plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes):
+    """Validate the engine's arguments, size the run and refuse it past the limits.
 
     Returns:
-        :class:`fisher_ref.results.ExactResult`.
-
-    Example:
-        >>> from fisher_ref import load_config
-        >>> r = exact_reference(load_config("default"))
-        >>> bool(np.allclose(r.sequence_fisher, r.token_fisher_sum, rtol=1e-10, atol=0))
-        True
+        ``(streams, cost, keep_states, keep_sequences)`` with the ``"auto"`` choices
+        resolved (keep the arrays when they fit in about 1 GiB).
     """
-    model, theta, T = task.model, task.theta, task.max_len
-    V, P = model.vocab_size, model.num_params
+    P, T = task.model.num_params, task.max_len
     topk = _check_topk(topk)
     if topk and task.sampler is None:
         raise ValueError("topk centering needs a sampler mu; this task is on-policy "
@@ -186,16 +172,35 @@ def exact_reference(task, *, topk=(), chunk=None, keep_states="auto", keep_seque
         raise ValueError(f"chunk must be a positive integer (states per block) or None, "
                          f"got {chunk!r}")
     streams = _streams(task, topk)
-    S = len(streams)
-    cost = estimate_cost(task, n_streams=S, chunk=chunk)
+    cost = estimate_cost(task, n_streams=len(streams), chunk=chunk)
     if keep_states == "auto":
         keep_states = cost.n_states * P * 8 * 3 < 2 ** 30
     if keep_sequences == "auto":
         keep_sequences = cost.n_responses * (T + 6) * 8 < 2 ** 30
-    cost = estimate_cost(task, n_streams=S, chunk=chunk, keep_states=keep_states,
+    cost = estimate_cost(task, n_streams=len(streams), chunk=chunk, keep_states=keep_states,
                          keep_sequences=keep_sequences)
     check_cost(cost, max_seconds, max_bytes)
-    chunk = cost.chunk
+    return streams, cost, keep_states, keep_sequences
+
+
+def exact_reference(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
+          max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES, progress=True):
+    r"""The plain engine: the arguments and result of :func:`fisher_ref.exact.exact`.
+
+    Every response carries its full score history and every response-level sum is
+    taken response by response; it is slow, and it is the judge of the fast engine.
+
+    Example:
+        >>> from fisher_ref import load_config
+        >>> r = exact_reference(load_config("default"))
+        >>> bool(np.allclose(r.sequence_fisher, r.token_fisher_sum, rtol=1e-10, atol=0))
+        True
+    """
+    model, theta, T = task.model, task.theta, task.max_len
+    V, P = model.vocab_size, model.num_params
+    streams, cost, keep_states, keep_sequences = _plan(
+        task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes)
+    S, chunk = len(streams), cost.chunk
     L = max(len(p) for p in task.prompts) + T
     moments = {name: Moments(P, T) for name, _, _ in streams}
     grad_ad = np.zeros(P)

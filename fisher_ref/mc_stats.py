@@ -366,7 +366,7 @@ def linearised_values(values, w, baseline):
     for s, v in values.items():
         if s in ("reward", "rho"):
             continue
-        h, h2, xi = v["h"], v["h2"], v["xi"]  # (M, P), (M, P), (M, T, P)
+        h, h2 = v["h"], v["h2"]  # (M, P), (M, P)
         F = w @ h2  # (P,)
         cov = dR[:, None] * (h - w @ h)  # (M, P)
         A = dR if baseline == "mean" else R - float(baseline)  # (M,)
