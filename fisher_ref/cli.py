@@ -56,6 +56,10 @@ def build_parser(command=None):
 
 
 def main(argv=None):
+    """Run the command line on ``argv`` (``sys.argv[1:]`` by default); return the exit code.
+
+    Exit codes: 0 success, 1 a check failed, 2 bad input (the message names it).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in SUBCOMMANDS else "")

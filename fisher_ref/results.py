@@ -23,6 +23,13 @@ import numpy as np
 __all__ = ["Moments", "StreamResult", "ExactResult", "finish_stream", "topk_overlap"]
 
 
+def importance_weighted(w, w_policy):
+    r""":math:`w\,\rho` with the importance weight :math:`\rho = P(y)/w(y)` formed
+    explicitly where :math:`w(y) > 0` (responses the sampler never draws get 0)."""
+    rho = np.divide(w_policy, w, out=np.zeros_like(w, dtype=float), where=w > 0)  # (M,)
+    return w * rho
+
+
 class Moments:
     """Running sums for one stream (see module docstring)."""
 
@@ -68,8 +75,7 @@ class Moments:
         self.cross4 += np.einsum("m,mup,mtp->utp", w, sq, sq)
         self.g += w @ g
         self.g2 += w @ (g * g)
-        pos = w > 0
-        rho_w = np.where(pos, w_policy, 0.0)  # w * (w_policy / w) where w > 0
+        rho_w = importance_weighted(w, w_policy)  # (M,)
         self.is_Rh += (rho_w * R) @ h
         self.is_h += rho_w @ h
 
@@ -91,7 +97,7 @@ class Moments:
         when every response of the group shares :math:`\xi_u` (and ``g``).
         """
         wR = w * R
-        rho_w = np.where(w > 0, w_policy, 0.0)  # w * (w_policy / w) where w > 0
+        rho_w = importance_weighted(w, w_policy)  # (C,)
         self.mass += w.sum()
         self.R += w @ R
         self.R2 += wR @ R

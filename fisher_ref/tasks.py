@@ -114,6 +114,11 @@ class Task:
         if bad:
             raise ValueError(f"reward {self.reward.to_json()} names token id {bad[0]}, out of "
                              f"range 0..{V - 1} (V={V}): it can never be generated")
+        target = getattr(self.reward, "target", ())
+        if self.model.eos and 0 in target:
+            raise ValueError(f"reward {self.reward.to_json()}: the target holds the EOS id 0, "
+                             "but a response ends at EOS and the match ignores that final "
+                             "EOS, so this target can never match")
 
     @property
     def eos(self):

@@ -138,3 +138,12 @@ def test_reward_token_outside_vocabulary_is_refused():
     data["reward"] = {"name": "match", "target": [1, 5]}
     with pytest.raises(ValueError, match="token id 5"):
         task_from_json(data)
+
+
+def test_match_target_holding_eos_is_refused():
+    data = {"model": {"vocab_size": 3, "eos": True}, "prompts": [[1]], "max_len": 2,
+            "reward": {"name": "match", "target": [1, 0]}}
+    with pytest.raises(ValueError, match="holds the EOS id 0"):
+        task_from_json(data)
+    data["model"]["eos"] = False  # without EOS, 0 is an ordinary token
+    assert task_from_json(data).reward.target == (1, 0)

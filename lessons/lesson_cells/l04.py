@@ -17,8 +17,9 @@ Cauchy–Schwarz then caps every coordinate of the gradient:
 
 $$|G_i| \le \mathrm{std}(A)\,\sqrt{F_i}.$$
 
-A large Fisher is *needed* for a large gradient, but not enough: the reward must also move with
-the parameter's score. Everything below is exact (every response enumerated).
+So a parameter with small $F_i$ cannot carry a big gradient coordinate, whatever the reward.
+The cap is reached only when $A$ and $h_i$ are perfectly correlated; how close each parameter
+comes is $|\mathrm{corr}(A, h_i)|$. Everything below is exact (every response enumerated).
 """),
     code(IMPORTS + """
 task = load_config("default")
