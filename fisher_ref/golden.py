@@ -1,8 +1,9 @@
 r"""Golden files (DESIGN §4): a task's exact values in a versioned ``.npz``.
 
 One file per task; key ``meta`` holds a JSON string (schema, version, model,
-task, parameter layout, sizes, a SHA-256 of every other array); every other
-key is a little-endian float64 or int64 array. The format is written out key
+task, parameter layout, sizes, a SHA-256 of every other array, and
+``meta_sha256``, the SHA-256 of the canonical JSON of the meta itself without
+that field); every other key is a little-endian float64 or int64 array. The format is written out key
 by key in ``docs/golden_format.md`` for readers who never run fisher_ref.
 
 Files are byte-for-byte reproducible: the zip is written by hand with fixed
@@ -24,12 +25,14 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "GoldenFileError", "Golden", "golden_arrays",
-           "export_golden", "load_golden", "compare_golden", "array_sha256",
+           "export_golden", "load_golden", "compare_golden", "array_sha256", "meta_sha256",
            "regenerate_golden_files", "GOLDEN_CONFIGS", "add_arguments", "run"]
 
 SCHEMA = "fisher_ref.golden"
-SCHEMA_VERSION = 1  # bump on ANY change of keys, dtypes, shapes or meaning
-OLDEST_READABLE_VERSION = 1
+# Bump on ANY change of keys, dtypes, shapes or meaning. History: 1 first format;
+# 2 adds meta["meta_sha256"] (meta was unprotected in 1, so 1 is no longer read).
+SCHEMA_VERSION = 2
+OLDEST_READABLE_VERSION = 2
 GOLDEN_CONFIGS = ("default", "no_eos", "offpolicy_temperature", "offpolicy_stale", "tabular",
                   "weighted_prompts")
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # the earliest date a zip entry can hold
@@ -82,6 +85,20 @@ def array_sha256(a):
         '374708fff7719dd5'
     """
     return hashlib.sha256(np.asarray(a).tobytes(order="C")).hexdigest()
+
+
+def meta_sha256(meta):
+    """SHA-256 (hex) of the canonical JSON of ``meta`` without its ``meta_sha256`` field.
+
+    Canonical JSON: ``json.dumps(meta, sort_keys=True, separators=(",", ":"),
+    ensure_ascii=True)`` (Python's defaults otherwise), encoded as ASCII.
+
+    Example:
+        >>> meta_sha256({"b": 1, "a": [2.5], "meta_sha256": "ignored"})[:16]
+        '11cf70519f8728b2'
+    """
+    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
+    return hashlib.sha256(_json(body).encode("ascii")).hexdigest()
 
 
 def golden_arrays(task, exact_result=None):
@@ -137,7 +154,7 @@ def _meta(task, arrays):
     if not isinstance(task.reward, Reward):  # a bare callable: record it by name
         task = task.with_(reward=make_reward(task.reward))
     st, sq = arrays["state_tokens"], arrays["seq_tokens"]
-    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+    meta = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
             "generator": f"fisher_ref {__version__}", "name": task.name,
             "model": task.model.describe(), "task": task.to_json(),
             "offpolicy": task.sampler is not None,
@@ -147,6 +164,8 @@ def _meta(task, arrays):
                       "T": int(task.max_len), "N": int(st.shape[0]), "M": int(sq.shape[0]),
                       "L": int(st.shape[1]), "X": len(task.prompts)},
             "sha256": {k: array_sha256(v) for k, v in sorted(arrays.items())}}
+    meta["meta_sha256"] = meta_sha256(meta)
+    return meta
 
 
 def _json(obj):
@@ -263,30 +282,64 @@ def _check_meta(path, members):
         raise GoldenFileError(
             f"{path}: schema_version {v} is older than the oldest supported "
             f"({OLDEST_READABLE_VERSION}); regenerate the file")
-    for key in ("sha256", "sizes", "model", "task", "layout"):
-        if not isinstance(meta.get(key), (dict, list)):
-            raise GoldenFileError(f"{path}: meta has no valid {key!r} entry")
+    claimed = meta.get("meta_sha256")
+    if not isinstance(claimed, str):
+        raise GoldenFileError(f"{path}: meta has no valid 'meta_sha256' entry (the SHA-256 of "
+                              f"the meta itself, required from schema_version 2), got {claimed!r}")
+    got = meta_sha256(meta)
+    if got != claimed:
+        raise GoldenFileError(
+            f"{path}: meta was modified: its SHA-256 is {got[:16]}..., but meta_sha256 says "
+            f"{claimed[:16]}... (a field of meta, e.g. the model, task, reward, baseline, "
+            "layout, sizes or array hashes, was edited or corrupted after export)")
+    for key, kind in (("sha256", dict), ("sizes", dict), ("model", dict), ("task", dict),
+                      ("layout", list)):
+        if not isinstance(meta.get(key), kind):
+            raise GoldenFileError(f"{path}: meta has no valid {key!r} entry "
+                                  f"(expected a JSON {'object' if kind is dict else 'array'})")
     return meta
 
 
-def _check_arrays(path, meta, arrays):
+def _check_hashes(path, meta, arrays):
+    """Hash stage: every array that has a recorded SHA-256 must match it."""
     hashes = meta["sha256"]
-    for key in sorted(arrays):
-        if key not in hashes:
-            raise GoldenFileError(f"{path}: array {key!r} has no SHA-256 in meta (unexpected key)")
+    for key in sorted(set(arrays) & set(hashes)):
         got = array_sha256(arrays[key])
         if got != hashes[key]:
             raise GoldenFileError(
-                f"{path}: SHA-256 mismatch for array {key!r}: meta says {hashes[key][:16]}..., "
-                f"the data hashes to {got[:16]}... (the array was altered or corrupted)")
+                f"{path}: SHA-256 mismatch for array {key!r}: meta says {str(hashes[key])[:16]}"
+                f"..., the data hashes to {got[:16]}... (the array was altered or corrupted)")
+
+
+def _check_keys(path, meta, arrays):
+    """Keys stage: exactly the expected arrays, each with exactly one recorded SHA-256."""
     expected = _expected_keys(bool(meta.get("offpolicy")))
-    missing = sorted(set(expected) - set(arrays))
+    present, hashed = set(arrays), set(meta["sha256"])
+    missing = sorted(set(expected) - present)
     if missing:
-        raise GoldenFileError(f"{path}: required key(s) missing: {missing}")
-    extra = sorted(set(arrays) - set(expected))
+        listed = [k for k in missing if k in hashed]
+        note = f" ({listed} still listed in meta.sha256)" if listed else ""
+        raise GoldenFileError(f"{path}: required key(s) missing: {missing}{note}")
+    extra = sorted(present - set(expected))
     if extra:
+        unhashed = [k for k in extra if k not in hashed]
+        note = f"; {unhashed} also have no SHA-256 in meta" if unhashed else ""
         raise GoldenFileError(f"{path}: unexpected key(s) {extra} for schema_version "
-                              f"{SCHEMA_VERSION}")
+                              f"{SCHEMA_VERSION}{note}")
+    unhashed = sorted(present - hashed)
+    if unhashed:
+        raise GoldenFileError(f"{path}: array(s) {unhashed} have no SHA-256 in meta "
+                              "(key(s) missing from meta.sha256)")
+    orphans = sorted(hashed - present)
+    if orphans:
+        raise GoldenFileError(f"{path}: meta.sha256 lists unexpected key(s) {orphans}: "
+                              "no such array is in the file")
+    return expected
+
+
+def _check_arrays(path, meta, arrays):
+    _check_hashes(path, meta, arrays)
+    expected = _check_keys(path, meta, arrays)
     for key, (dt, _) in expected.items():
         if arrays[key].dtype != np.dtype("<" + dt):
             raise GoldenFileError(f"{path}: array {key!r} has dtype {arrays[key].dtype.str}, "
@@ -313,7 +366,8 @@ def _check_arrays(path, meta, arrays):
 
 
 def load_golden(path):
-    """Load and check a golden file: zip, meta, schema, version, hashes, keys, dtypes, shapes.
+    """Load and check a golden file: zip, meta, schema, version, hashes (meta's own, then
+    the arrays'), keys, dtypes, shapes.
 
     Raises:
         GoldenFileError: naming the first thing that is wrong, in that order.
@@ -324,7 +378,7 @@ def load_golden(path):
         >>> path = Path(tempfile.mkdtemp()) / "tabular.npz"
         >>> g = load_golden(export_golden(load_config("tabular"), path))
         >>> g["sequence_fisher"].shape, g.meta["schema_version"]
-        ((12,), 1)
+        ((12,), 2)
 
     Returns:
         :class:`Golden` with ``meta`` and ``arrays``.

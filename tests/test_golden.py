@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from fisher_ref import cli, load_config, task_from_json
-from fisher_ref.golden import (GOLDEN_CONFIGS, SCHEMA_VERSION, GoldenFileError, _read_members,
-                               _write_npz, array_sha256, compare_golden, export_golden,
-                               golden_arrays, load_golden, regenerate_golden_files)
+from fisher_ref.golden import (GOLDEN_CONFIGS, OLDEST_READABLE_VERSION, SCHEMA_VERSION,
+                               GoldenFileError, _read_members, _write_npz, array_sha256,
+                               compare_golden, export_golden, golden_arrays, load_golden,
+                               meta_sha256, regenerate_golden_files)
 
 import independent_reference as indep
 
@@ -87,6 +88,9 @@ def test_plain_numpy_reads_the_file_and_hashes_match():
     path = GOLDEN_DIR / "offpolicy_temperature.npz"
     with np.load(path, allow_pickle=False) as f:
         meta = json.loads(str(f["meta"]))
+        claimed = meta.pop("meta_sha256")
+        canonical = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+        assert hashlib.sha256(canonical).hexdigest() == claimed
         for key in f.files:
             if key != "meta":
                 got = hashlib.sha256(f[key].tobytes()).hexdigest()
@@ -168,13 +172,16 @@ def test_compare_golden_passes_itself_and_names_a_perturbed_key():
 SOURCE = GOLDEN_DIR / "offpolicy_temperature.npz"
 
 
-def rewrite(tmp_path, change, rehash=True):
-    """Copy SOURCE with ``change(meta, arrays)`` applied; hashes recomputed if ``rehash``."""
+def rewrite(tmp_path, change, rehash=True, rehash_meta=True):
+    """Copy SOURCE with ``change(meta, arrays)`` applied; the arrays' hashes recomputed if
+    ``rehash``, then the meta's own hash if ``rehash_meta`` (a careful forger's file)."""
     members = _read_members(SOURCE)
     meta = json.loads(str(members.pop("meta")))
     change(meta, members)
     if rehash:
         meta["sha256"] = {k: array_sha256(v) for k, v in members.items()}
+    if rehash_meta and "meta_sha256" in meta:
+        meta["meta_sha256"] = meta_sha256(meta)
     path = tmp_path / "bad.npz"
     _write_npz(path, meta, members)
     return path
@@ -242,11 +249,82 @@ def test_wrong_schema(tmp_path):
 
 @pytest.mark.parametrize("version,needle", [(SCHEMA_VERSION + 1, "newer than this reader"),
                                             (0, "older than the oldest"),
+                                            (OLDEST_READABLE_VERSION - 1, "older than the oldest"),
                                             ("1", "must be an integer")])
 def test_wrong_version(tmp_path, version, needle):
     def change(meta, arrays):
         meta["schema_version"] = version
     expect_error(rewrite(tmp_path, change), needle)
+
+
+def test_version_1_file_gets_the_version_message(tmp_path):
+    # A file as schema_version 1 wrote it: no meta_sha256 (its meta was unprotected).
+    def change(meta, arrays):
+        meta["schema_version"] = 1
+        del meta["meta_sha256"]
+    expect_error(rewrite(tmp_path, change), "schema_version 1 is older than the oldest "
+                 f"supported ({OLDEST_READABLE_VERSION}); regenerate the file")
+
+
+def test_version_is_checked_before_the_meta_hash(tmp_path):
+    def change(meta, arrays):
+        meta["schema_version"] = SCHEMA_VERSION + 1
+        meta["task"]["baseline"] = 123.0
+    expect_error(rewrite(tmp_path, change, rehash_meta=False), "newer than this reader")
+
+
+def _set_init_seed(meta):
+    meta["model"]["init_seed"] += 1
+    meta["task"]["model"]["init_seed"] += 1
+
+
+def _set_baseline(meta):
+    meta["task"]["baseline"] = 0.25
+
+
+def _set_reward(meta):
+    meta["task"]["reward"] = {"name": "length"}
+
+
+def _set_array_hash(meta):  # an array and its hash both altered, meta_sha256 left alone
+    meta["sha256"]["theta"] = "0" * 64
+
+
+@pytest.mark.parametrize("edit", [_set_init_seed, _set_baseline, _set_reward, _set_array_hash],
+                         ids=["init_seed", "baseline", "reward", "array_hash"])
+def test_modified_meta_field_is_caught_by_the_meta_hash(tmp_path, edit):
+    before = json.loads(str(_read_members(SOURCE)["meta"]))
+    def change(meta, arrays):
+        edit(meta)
+        assert meta != before  # the edit really changed a field
+    expect_error(rewrite(tmp_path, change, rehash=False, rehash_meta=False),
+                 "meta was modified: its SHA-256 is", "meta_sha256 says",
+                 before["meta_sha256"][:16])
+
+
+def test_meta_hash_is_checked_before_array_hashes(tmp_path):
+    def change(meta, arrays):
+        meta["task"]["baseline"] = 0.25
+        arrays["theta"] = arrays["theta"] * 2
+    expect_error(rewrite(tmp_path, change, rehash=False, rehash_meta=False),
+                 "meta was modified")
+
+
+def test_missing_meta_hash(tmp_path):
+    def change(meta, arrays):
+        del meta["meta_sha256"]
+    expect_error(rewrite(tmp_path, change), "no valid 'meta_sha256' entry")
+
+
+def test_meta_hash_is_of_the_canonical_json_not_the_stored_text(tmp_path):
+    # Same meta, other key order and whitespace: still loads (the hash is of the content).
+    members = _read_members(SOURCE)
+    meta = json.loads(str(members.pop("meta")))
+    text = json.dumps(dict(reversed(list(meta.items()))), indent=2)
+    path = tmp_path / "pretty.npz"
+    np.savez(path, meta=np.array(text), **members)
+    assert load_golden(path).meta == meta
+    assert meta_sha256(meta) == meta["meta_sha256"]
 
 
 def test_schema_is_checked_before_hashes(tmp_path):
@@ -262,16 +340,47 @@ def test_missing_key(tmp_path):
     expect_error(rewrite(tmp_path, change), "missing", "offpolicy_cross_terms")
 
 
+def test_missing_key_with_its_hash_left_in_meta(tmp_path):
+    def change(meta, arrays):
+        del arrays["offpolicy_cross_terms"]
+    expect_error(rewrite(tmp_path, change, rehash=False),
+                 "required key(s) missing: ['offpolicy_cross_terms']", "still listed in meta.sha256")
+
+
 def test_unexpected_key(tmp_path):
     def change(meta, arrays):
         arrays["my_extra"] = np.zeros(2)
-    expect_error(rewrite(tmp_path, change), "unexpected", "my_extra")
+    expect_error(rewrite(tmp_path, change), "unexpected key(s) ['my_extra'] for schema_version")
 
 
-def test_array_without_hash(tmp_path):
+def test_stray_array_without_hash_is_an_unexpected_key(tmp_path):
+    # Reported by the keys stage (after every recorded hash was verified), not the hash stage.
     def change(meta, arrays):
         arrays["my_extra"] = np.zeros(2)
-    expect_error(rewrite(tmp_path, change, rehash=False), "'my_extra'", "no SHA-256")
+    expect_error(rewrite(tmp_path, change, rehash=False),
+                 "unexpected key(s) ['my_extra'] for schema_version",
+                 "['my_extra'] also have no SHA-256 in meta")
+
+
+def test_altered_array_is_reported_before_a_stray_array(tmp_path):
+    def change(meta, arrays):
+        arrays["my_extra"] = np.zeros(2)
+        arrays["gradient"] = arrays["gradient"] * 2
+    expect_error(rewrite(tmp_path, change, rehash=False), "SHA-256 mismatch", "'gradient'")
+
+
+def test_expected_array_without_hash(tmp_path):
+    def change(meta, arrays):
+        del meta["sha256"]["bound"]
+    expect_error(rewrite(tmp_path, change, rehash=False),
+                 "array(s) ['bound'] have no SHA-256 in meta", "missing from meta.sha256")
+
+
+def test_hash_for_an_array_that_is_not_there(tmp_path):
+    def change(meta, arrays):
+        meta["sha256"]["my_extra"] = array_sha256(np.zeros(2))
+    expect_error(rewrite(tmp_path, change, rehash=False),
+                 "meta.sha256 lists unexpected key(s) ['my_extra']", "no such array")
 
 
 def test_wrong_dtype(tmp_path):
@@ -311,7 +420,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "golden_format.md"
 def test_numpy_only_example_in_the_docs_runs(capsys):
     text = DOC.read_text()
     code = text.split("```python\n", 1)[1].split("```", 1)[0]
-    assert len(code.strip().splitlines()) <= 16
+    assert len(code.strip().splitlines()) <= 20
     namespace = {}
     exec(code, namespace)
     g = load_golden(GOLDEN_DIR / "default.npz")
@@ -321,6 +430,19 @@ def test_numpy_only_example_in_the_docs_runs(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("state_token_fisher") and out[0].endswith("ok")
     assert out[1].startswith("gradient") and out[1].endswith("FAIL")
+
+
+def test_numpy_only_example_refuses_a_modified_meta(tmp_path):
+    code = DOC.read_text().split("```python\n", 1)[1].split("```", 1)[0]
+    namespace = {}
+    exec(code, namespace)
+    members = _read_members(GOLDEN_DIR / "default.npz")
+    meta = json.loads(str(members.pop("meta")))
+    meta["task"]["baseline"] = 0.25
+    path = tmp_path / "edited.npz"
+    _write_npz(path, meta, members)
+    with pytest.raises(AssertionError, match="meta was modified"):
+        namespace["check"](path, {})
 
 
 def test_docs_list_every_key_and_the_committed_sizes():
