@@ -33,9 +33,13 @@ responses with the torch sampler (float64, ``torch.Generator`` seeded with
 ``--seed``) and passes when every parameter's :math:`|\hat m - m|` is below
 the Bernstein half-width :func:`bernstein_threshold` (exact variance from
 fisher_ref; range ``b`` from the float64 torch enumeration) for a
-false-failure rate of :data:`MC_ALPHA` per row (Bonferroni over parameters).
-The ``statistic`` is the largest :math:`|\hat m - m| / t` (pass: <= 1); the JSON
-row also holds ``max_abs_z`` (:math:`|\hat m - m|/\sqrt{\mathrm{Var}/n}`).
+false-failure rate of :data:`MC_ALPHA` per row (Bonferroni over parameters),
+floored at the rounding level of the quantity (a parameter whose per-response
+value is constant, such as the BOS embedding's token sum, has a variance and
+range that are rounding noise: it is compared to rounding,
+:func:`fisher_ref.mc_stats.bernstein_ratio`). The ``statistic`` is the largest
+:math:`|\hat m - m| / t` (pass: <= 1); the JSON row also holds ``max_abs_z``
+(:math:`|\hat m - m|/\sqrt{\mathrm{Var}/n}`, 0 where the variance is rounding noise).
 """
 from __future__ import annotations
 
@@ -131,12 +135,9 @@ def _row(quantity, dtype, device, abs_err, rel_err, test, stat, tol):
 def bernstein_threshold(var, b, n, alpha=MC_ALPHA, m=1):
     r"""Half-width ``t`` with :math:`P(|\bar X - \mu| \ge t) \le \alpha/m` for each of ``m`` means.
 
-    Bernstein's inequality for ``n`` i.i.d. draws with variance :math:`\sigma^2`
-    and :math:`|X - \mu| \le b`:
-    :math:`P(|\bar X-\mu| \ge t) \le 2\exp(-n t^2 / (2\sigma^2 + 2bt/3))`; with
-    :math:`L = \ln(2m/\alpha)` it solves :math:`n t^2 = L(2\sigma^2 + 2bt/3)`:
-
-    .. math:: t = \frac{2bL/3 + \sqrt{(2bL/3)^2 + 8 n \sigma^2 L}}{2n}.
+    :func:`fisher_ref.mc_stats.bernstein_halfwidth` (Bernstein's inequality, variance
+    ``var``, :math:`|X - \mu| \le b`) at :math:`\delta = \alpha/m`:
+    :math:`t = (2bL/3 + \sqrt{(2bL/3)^2 + 8 n \sigma^2 L}) / (2n)`, :math:`L = \ln(2m/\alpha)`.
 
     Unlike a normal z-threshold it needs no central limit theorem, which fails in
     the far tail for the skewed :math:`h^2` (measured on ``default``, n = 4000:
@@ -147,14 +148,14 @@ def bernstein_threshold(var, b, n, alpha=MC_ALPHA, m=1):
         >>> round(float(bernstein_threshold(1.0, 0.0, 100, alpha=2 * np.exp(-2.0))), 6)
         0.2
     """
-    L = np.log(2.0 * m / alpha)
-    a = 2.0 * np.asarray(b, dtype=float) * L / 3.0
-    return (a + np.sqrt(a * a + 8.0 * n * np.asarray(var, dtype=float) * L)) / (2.0 * n)
+    from .mc_stats import bernstein_halfwidth
+    return bernstein_halfwidth(n, var, b, alpha / m)
 
 
 def _mc_rows(task, ref, device, n, seed):
     import torch
     from . import torch_exact as tex
+    from .mc_stats import ZERO_VAR_RTOL, bernstein_ratio
     from .torch_mc import torch_monte_carlo
     gen = torch.Generator(device=device).manual_seed(int(seed))
     est = torch_monte_carlo(task, n, gen, device=device, dtype="float64")
@@ -163,13 +164,13 @@ def _mc_rows(task, ref, device, n, seed):
     rows = []
     for q, var_key in (("sequence_fisher", "h2"), ("token_fisher_sum", "token_sum")):
         mean, _ = est[q]
-        exact, var = getattr(pol, q), np.clip(pol.variances[var_key], 0.0, None)
-        diff = np.abs(mean - exact)  # (P,)
-        t = bernstein_threshold(var, ranges[q], n, MC_ALPHA, exact.size)  # (P,)
-        tiny = 1e-12 * max(float(np.max(np.abs(exact))), 1.0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            stat = np.where(t > 0, diff / t, np.where(diff <= tiny, 0.0, np.inf))
-            z = np.where(var > 0, diff / np.sqrt(var / n), 0.0)
+        exact, var = getattr(pol, q), pol.variances[var_key]  # (P,), (P,)
+        diff = mean - exact  # (P,)
+        # |diff| / max(Bernstein half-width, rounding level): a constant's noise-sized
+        # variance and range are judged to rounding (mc_stats.bernstein_ratio)
+        stat = bernstein_ratio(diff, n, var, ranges[q], MC_ALPHA / exact.size, exact)  # (P,)
+        live = var > ZERO_VAR_RTOL * (np.abs(var) + exact ** 2)  # (P,) not rounding noise
+        z = np.abs(diff) / np.sqrt(np.where(live, var, 1.0) / n) * live  # (P,)
         abs_err, rel_err = rel_error(mean, exact)
         row = _row(f"mc.{q} (n={n}, seed={seed})", "float64", device, abs_err, rel_err,
                    "bern", float(np.max(stat)), 1.0)

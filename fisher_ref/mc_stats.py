@@ -23,7 +23,8 @@ import numpy as np
 
 __all__ = ["Estimate", "MCResult", "bonferroni_z", "mean_estimate", "cross_estimate",
            "advantage_estimates", "z_score", "running_estimates", "stream_z_scores",
-           "bernstein_z", "linearised_values", "spread", "cross_spread", "variance_reduction", "exact_variance_reduction",
+           "bernstein_halfwidth", "bernstein_z", "bernstein_ratio",
+           "linearised_values", "spread", "cross_spread", "variance_reduction", "exact_variance_reduction",
            "EXACT_VARIANCE", "SAMPLE_SE", "ZERO_VAR_RTOL", "ROUNDING_RTOL"]
 
 # quantity -> key of StreamResult.variances giving the exact per-sample variance.
@@ -318,26 +319,102 @@ def exact_variance_reduction(exact_result, stream="policy"):
         return v["h2"] / v["token_sum"]
 
 
-def bernstein_z(n, var, dev, delta):
+def bernstein_halfwidth(n, var, dev, delta, second=None):
+    r"""Half-width :math:`\varepsilon` with :math:`P(|\bar x - \mu| \ge \varepsilon) \le \delta`
+    for the mean of ``n`` i.i.d. bounded values (Bernstein's inequality).
+
+    With :math:`\sigma^2 = \mathrm{Var}(x)`, :math:`M = \max|x - \mu|` (``dev``) and
+    :math:`L = \ln(2/\delta)`, solving
+    :math:`2\exp\!\big(-n\varepsilon^2 / (2\sigma^2 + 2M\varepsilon/3)\big) = \delta`:
+
+    .. math:: \varepsilon = \frac{2ML/3 + \sqrt{(2ML/3)^2 + 8nL\sigma^2}}{2n}.
+
+    No central limit theorem is needed, so it holds in the far tail of skewed,
+    spiky values. Rounding: an exact variance from :math:`E[x^2] - E[x]^2` is only
+    known to :data:`ZERO_VAR_RTOL` :math:`\cdot E[x^2]`. Given ``second`` (:math:`E[x^2]`),
+    the variance used is :math:`\min(\max(\sigma^2, 0) + \text{ZERO\_VAR\_RTOL}\,E[x^2],\ M^2)`
+    (:math:`\mathrm{Var} \le M^2` always), so a constant value (``dev`` at rounding level)
+    gets :math:`\varepsilon` at rounding level, whatever the sign of its rounded variance.
+    Without ``second`` a negative variance counts 0.
+
+    Args:
+        n: number of draws.
+        var: exact variance(s) :math:`\sigma^2`, any shape.
+        dev: largest deviation(s) :math:`M`, broadcastable to ``var``.
+        delta: false-failure probability of each entry.
+        second: optional :math:`E[x^2]`, broadcastable to ``var``.
+
+    Returns:
+        :math:`\varepsilon`, the broadcast shape of ``var`` and ``dev``.
+
+    Example:
+        >>> round(float(bernstein_halfwidth(100, 1.0, 0.0, 2 * np.exp(-2.0))), 6)
+        0.2
+    """
+    L = np.log(2.0 / delta)
+    dev = np.abs(np.asarray(dev, dtype=float))
+    var = np.maximum(np.asarray(var, dtype=float), 0.0)
+    if second is not None:
+        var = np.minimum(var + ZERO_VAR_RTOL * np.abs(np.asarray(second, dtype=float)), dev * dev)
+    b = 2.0 * L * dev / 3.0
+    return (b + np.sqrt(b * b + 8.0 * n * L * var)) / (2.0 * n)
+
+
+def bernstein_z(n, var, dev, delta, second=None):
     r"""A z threshold that holds at any ``n`` for a mean of bounded values (Bernstein).
 
-    :math:`P(|\bar x - \mu| \ge \varepsilon) \le 2\exp\!\big(-n\varepsilon^2 /
-    (2\sigma^2 + 2M\varepsilon/3)\big)` with :math:`M = \max|x - \mu|`; solved for
-    the :math:`\varepsilon` that gives ``delta``, returned as :math:`\varepsilon / (\sigma/\sqrt n)`
-    (0 where :math:`\sigma = 0`). Near :math:`\sqrt{2\log(2/\delta)}` for light tails;
-    much larger for a value that is rarely non-zero (a skewed, spiky distribution,
-    where the normal tail would be optimistic).
+    :func:`bernstein_halfwidth` in units of the z-score's denominator:
+    :math:`\varepsilon / \sqrt{\sigma^2/n}` with the caller's ``var`` (0 where
+    ``var <= 0``: a constant, which :func:`z_score` judges to rounding). Near
+    :math:`\sqrt{2\log(2/\delta)}` for light tails; much larger for a value that is
+    rarely non-zero (a skewed, spiky distribution, where the normal tail would be
+    optimistic).
 
     Example:
         >>> round(float(bernstein_z(10**6, 1.0, 1.0, 1e-6)), 2)
         5.39
     """
-    L = np.log(2.0 / delta)
-    b = 2.0 * L * np.asarray(dev, dtype=float) / 3.0
     var = np.asarray(var, dtype=float)
-    eps = (b + np.sqrt(b * b + 8.0 * n * L * np.maximum(var, 0.0))) / (2.0 * n)
+    eps = bernstein_halfwidth(n, var, dev, delta, second)
+    pos = var > 0
+    return np.where(pos, eps / np.sqrt(np.where(pos, var, 1.0) / n), 0.0)
+
+
+def bernstein_ratio(diff, n, var, dev, delta, mean):
+    r"""``|diff| / t`` for Monte Carlo errors ``diff`` of means of bounded values: pass where <= 1.
+
+    :math:`t = \max(\varepsilon, \text{ROUNDING\_RTOL}\cdot s)`: the Bernstein half-width
+    :func:`bernstein_halfwidth` (with :math:`E[x^2] = \sigma^2 + \mu^2`), floored at the
+    rounding level of the quantity, :math:`s = \max(|\mu| + M)` over the array (a bound
+    on the largest per-sample value). A value whose variance and range are rounding
+    noise (a constant) is thus compared to rounding, never divided by a noise-sized
+    :math:`\varepsilon`. Where :math:`t = 0` (all values exactly 0) the ratio is 0 if
+    ``diff == 0`` else ``inf``.
+
+    Args:
+        diff: estimate minus exact mean, any shape.
+        n: draws per estimate.
+        var, dev: exact variance and largest deviation :math:`M` of the per-sample value.
+        delta: false-failure probability of each entry.
+        mean: exact mean :math:`\mu`.
+
+    Returns:
+        array of ratios, the shape of ``diff``.
+
+    Example:
+        >>> bernstein_ratio(np.array([5e-16, 0.0]), 4000, np.array([-3e-18, 0.0]),
+        ...                 np.array([3e-17, 0.0]), 1e-6, np.array([0.5, 0.0])).tolist()
+        [0.001, 0.0]
+    """
+    diff = np.abs(np.asarray(diff, dtype=float))
+    mean = np.asarray(mean, dtype=float)
+    var = np.asarray(var, dtype=float)
+    dev = np.abs(np.asarray(dev, dtype=float))
+    eps = bernstein_halfwidth(n, var, dev, delta, second=np.maximum(var, 0.0) + mean * mean)
+    scale = float(np.max(np.abs(mean) + dev, initial=0.0))
+    t = np.maximum(eps, ROUNDING_RTOL * scale)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(var > 0, eps / np.sqrt(np.where(var > 0, var, 1.0) / n), 0.0)
+        return np.where(t > 0, diff / np.where(t > 0, t, 1.0), np.where(diff == 0, 0.0, np.inf))
 
 
 def linearised_values(values, w, baseline):

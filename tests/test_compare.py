@@ -92,6 +92,48 @@ def test_bernstein_threshold_reduces_to_clt_scale_without_range():
     assert bernstein_threshold(4.0, 10.0, 50, alpha=1e-6, m=10) > t
 
 
+# A tiny off-policy task whose BOS-embedding parameter only moves the root state: its
+# per-response token sum is constant, so its exact variance (-3.5e-18 or 0) and range
+# (~1e-16) are rounding noise. compare once divided the rounding-sized error by a
+# noise-sized Bernstein half-width and failed (statistic ~6e2).
+T4 = {"model": {"vocab_size": 5, "context": 2, "embed_dim": 3, "hidden": 8, "eos": True,
+                "init_seed": 0, "init_scale": 1.0},
+      "prompts": [[1]], "max_len": 3, "reward": {"name": "count", "token": 2}, "baseline": 0.0,
+      "sampler": {"kind": "rounded", "decimals": 1}}
+
+
+def test_constant_token_sum_is_judged_to_rounding_not_failed(tmp_path, capsys):
+    from fisher_ref import exact
+    from fisher_ref.tasks import task_from_json
+    task = task_from_json(T4)
+    pol = exact(task, progress=False).streams["policy"]
+    ranges = tex.torch_exact(task)["ranges"]["token_fisher_sum"]  # (P,)
+    exact_v = pol.token_fisher_sum
+    scale = np.max(np.abs(exact_v) + ranges)
+    const = (ranges <= 1e-12 * scale) & (exact_v != 0)  # constant, non-zero token sums
+    assert const.any() and np.all(np.abs(pol.variances["token_sum"][const]) <= 1e-12 * scale ** 2)
+    (tmp_path / "t4.json").write_text(json.dumps(T4))
+    path = tmp_path / "cmp.json"
+    seed = 0
+    rc = main(["compare", "--task", str(tmp_path / "t4.json"), "--device", "cpu",
+               "--dtype", "float64", "--mc", "4000", "--seed", str(seed), "--json", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0, f"seed={seed}\n{out}"
+    mc = {r["quantity"].split(" ")[0]: r for r in json.loads(path.read_text())["rows"]
+          if r["test"] == "bern"}
+    assert set(mc) == {"mc.sequence_fisher", "mc.token_fisher_sum"}
+    for r in mc.values():
+        assert np.isfinite(r["statistic"]) and r["statistic"] <= 1.0, (seed, r)
+        assert np.isfinite(r["max_abs_z"]), (seed, r)
+
+
+def test_bernstein_threshold_is_the_shared_mc_stats_halfwidth():
+    from fisher_ref.mc_stats import bernstein_halfwidth
+    var, b = np.array([0.0, 1e-3, 4.0]), np.array([1e-16, 0.5, 3.0])
+    np.testing.assert_array_equal(bernstein_threshold(var, b, 300, alpha=1e-6, m=7),
+                                  bernstein_halfwidth(300, var, b, 1e-6 / 7))
+
+
 def test_rel_error_uses_largest_exact_entry():
     assert rel_error(np.array([1.0, 2.5]), np.array([1.0, 2.0])) == (0.5, 0.25)
     assert rel_error(np.zeros(3), np.zeros(3)) == (0.0, 0.0)
