@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .model import log_softmax, windows_for
+from .model import softmax, windows_for
 from .sensitivities import sensitivities
 from .token_fisher import mean_sensitivity
 
@@ -61,7 +61,7 @@ def response_token_scores(task, prompt, response):
     pr = list(task.prompts[int(prompt)])
     states = [pr + resp[:t] for t in range(len(resp))]
     W = windows_for(states, model.context, model.bos)  # (n, k)
-    p = np.exp(log_softmax(np.asarray(model.logits(theta, W), dtype=float)))  # (n, V)
+    p = softmax(np.asarray(model.logits(theta, W), dtype=float))  # (n, V)
     J = sensitivities(model, theta, W)  # (n, P, V)
     jbar = mean_sensitivity(p, J)  # (n, P)
     xi = np.zeros((task.max_len, model.num_params))  # (T, P)

@@ -28,13 +28,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .enumeration import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, state_windows
-from .exact_reference import (_autodiff_gradient, _check_support, _plan, _probs,
-                              exact_reference, topk_center)
-from .progress import Progress
-from .results import ExactResult, Moments, finish_stream
-from .rewards import evaluate_reward
-from .sensitivities import sensitivities
+from .enumeration import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, responses, state_windows
+from .exact_reference import (_REACH, BlockArrays, _autodiff_gradient, _check_support, _probs,
+                              _Run, _sensitivities, exact_reference, topk_center)
 from .token_fisher import mean_sensitivity, token_fisher, token_second_moment, uniform_token_fisher
 
 __all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES"]
@@ -43,12 +39,9 @@ __all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES"]
 _AUTODIFF_ROWS = 2 ** 16
 # Bytes of per-window arrays kept between blocks (speed only; results do not depend on it).
 WINDOW_CACHE_BYTES = 256 * 2 ** 20
-
-
-def _softmax(z):
-    """Row-wise softmax ``exp(z - max z) / sum`` of checked logits (``-inf`` gives 0)."""
-    e = np.exp(z - z.max(axis=-1, keepdims=True))  # (B, V)
-    return e / e.sum(axis=-1, keepdims=True)
+# Per-state arrays kept for result.states (with a sampler, also _KEPT_SAMPLER).
+_KEPT = ("token_fisher", "uniform", "score_mean")
+_KEPT_SAMPLER = ("sampler_token_fisher", "raw_score_mean")
 
 
 class _WindowCache:
@@ -107,10 +100,8 @@ class _WindowCache:
     def _compute(self, Wu):
         """Arrays of distinct windows ``Wu (U, k)``."""
         task, theta = self.task, self.task.theta
-        pu, qu = _probs(task, theta, Wu, softmax=_softmax)  # (U, V) each
-        J = sensitivities(task.model, theta, Wu)  # (U, P, V)
-        if not np.isfinite(J).all():
-            raise ValueError("non-finite logit sensitivities (check the model's derivatives)")
+        pu, qu = _probs(task, theta, Wu)  # (U, V) each
+        J = _sensitivities(task, Wu)  # (U, P, V)
         jbar = {"p": mean_sensitivity(pu, J), "q": mean_sensitivity(qu, J)}  # (U, P)
         dist = {"p": pu, "q": qu}
         out = {"p": pu, "q": qu}
@@ -132,49 +123,68 @@ class _WindowCache:
         return out
 
 
-def _roots(task, S, P, L):
-    n = len(task.prompts)
-    tokens = np.full((n, L + 1), -1, dtype=np.int64)
-    for i, pr in enumerate(task.prompts):
-        tokens[i, :len(pr)] = pr
-    w = task.prompt_weights.astype(float)
-    return {"prompt": np.arange(n), "tokens": tokens,
-            "length": np.array([len(p) for p in task.prompts], dtype=np.int64), "depth": 0,
-            "rp": w.copy(), "rq": w.copy(),
-            "hist": np.zeros((S, n, task.max_len, P)),  # (S, n, T, P) scores so far
-            "H": np.zeros((S, n, P)),  # running score sum
-            "G": np.zeros((S, n, P))}  # running path sum of m
+class _AutodiffBatch:
+    """Complete responses gathered for one :func:`_autodiff_gradient` call."""
+
+    def __init__(self, task):
+        self.task, self.parts, self.rows = task, [], 0
+
+    def add(self, done, plen, R):
+        """Queue a block's responses; True once about ``_AUTODIFF_ROWS`` state rows wait."""
+        self.parts.append((done["tokens"], done["length"], plen,
+                           self.task.prompt_weights[done["prompt"]], R))
+        self.rows += len(R) * self.task.max_len
+        return self.rows >= _AUTODIFF_ROWS
+
+    def flush(self):
+        """Gradient ``(P,)`` of the queued responses' expected reward; empties the queue."""
+        if not self.parts:
+            return 0.0
+        args = [np.concatenate(a) for a in zip(*self.parts)]
+        self.parts, self.rows = [], 0
+        return _autodiff_gradient(self.task, self.task.theta, *args)
 
 
-def _take(block, idx):
-    """Rows ``idx`` (slice or index array) of a block."""
-    out = {k: (v[idx] if isinstance(v, np.ndarray) and v.ndim and k not in ("hist", "H", "G")
-               else v) for k, v in block.items()}
-    for k in ("hist", "H", "G"):
-        out[k] = block[k][:, idx]
-    return out
+def _block_arrays(run, cache, block):
+    """A block's per-state arrays, gathered from the per-window cache; adds its
+    token-level terms and keeps its state records."""
+    task, S = run.task, len(run.streams)
+    W = state_windows(block["tokens"], block["length"], task.model.context,
+                      task.model.bos)  # (B, k)
+    arr, inv = cache.rows(W)  # per-window arrays, (B,) row of each state
+    p, q = arr["p"][inv], arr["q"][inv]  # (B, V)
+    if task.sampler is not None:
+        _check_support(block, p, q)
+    ms = [arr[f"m{s}"][inv] for s in range(S)]  # S arrays (B, P)
+    run.add_states(block, ms, [arr[f"cond{s}"][inv] for s in range(S)])
+    if run.keep_states:
+        keys = _KEPT + (_KEPT_SAMPLER if task.sampler is not None else ())
+        run.keep_state_arrays(block, p, q, {k: arr[k][inv] for k in keys})
+    xiT = [arr[f"xiT{c}"] for _, _, c in run.streams]  # S arrays (U, V, P)
+    return BlockArrays(p, q, inv, xiT, block["G"] + np.stack(ms))  # G: (S, B, P)
 
 
-def _flush_autodiff(task, pending):
-    """:func:`_autodiff_gradient` of the pending responses in one call; empties ``pending``."""
-    if not pending:
-        return 0.0
-    parts = [np.concatenate(a) for a in zip(*pending)]
-    pending.clear()
-    return _autodiff_gradient(task, task.theta, *parts)
+def _complete(run, batch, block, arrs, par, xi, done):
+    r"""Complete responses: :math:`h = H(\text{parent}) + \xi` formed per response
+    (so :math:`h^2, h^4, Ah` are summed response by response); path sums and cross
+    terms grouped by parent, which shares :math:`\xi_u` for ``u < depth``.
 
-
-def _responses(task, done, plen):
-    """Response tokens ``(M, T)`` (-1 padded) and rewards ``(M,)`` of complete rows."""
-    T = task.max_len
-    M = done["tokens"].shape[0]
-    n_resp = done["length"] - plen  # (M,)
-    col = plen[:, None] + np.arange(T)[None, :]  # (M, T)
-    resp = done["tokens"][np.arange(M)[:, None], np.minimum(col, done["tokens"].shape[1] - 1)]
-    resp = np.where(np.arange(T)[None, :] < n_resp[:, None], resp, -1)  # (M, T)
-    R = np.array([evaluate_reward(task.reward, task.prompts[pi], r[:k].tolist())
-                  for pi, r, k in zip(done["prompt"], resp, n_resp)], dtype=float)
-    return resp, R
+    Args:
+        par: ``(C,)`` parent row of each response (sorted); ``xi``: ``S`` arrays
+            ``(C, P)``, the score of its last token; ``done``: the responses' block.
+    """
+    task, depth = run.task, block["depth"]
+    resp, R, plen = responses(task, done)
+    starts = np.flatnonzero(np.r_[True, par[1:] != par[:-1]])  # (Pn,) first row per parent
+    pg = par[starts]  # (Pn,) parents with complete children
+    for s, (name, wname, _) in enumerate(run.streams):
+        h = block["H"][s, par] + xi[s]  # (C, P): each response's own h
+        run.moments[name].add_responses_grouped(
+            done[_REACH[wname]], R, h, done["rp"], starts, arrs.G[s, pg],
+            block["hist"][s, pg, :depth], xi[s], depth)
+    if batch.add(done, plen, R):
+        run.grad_ad += batch.flush()
+    run.keep_responses(done, resp, R)
 
 
 def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
@@ -203,103 +213,14 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         >>> bool(np.allclose(r.sequence_fisher, r.token_fisher_sum, rtol=1e-10, atol=0))
         True
     """
+    kw = dict(topk=topk, chunk=chunk, keep_states=keep_states, keep_sequences=keep_sequences,
+              max_seconds=max_seconds, max_bytes=max_bytes, progress=progress)
     if reference:
-        return exact_reference(task, topk=topk, chunk=chunk, keep_states=keep_states,
-                               keep_sequences=keep_sequences, max_seconds=max_seconds,
-                               max_bytes=max_bytes, progress=progress)
-    model, T = task.model, task.max_len
-    V, P = model.vocab_size, model.num_params
-    streams, cost, keep_states, keep_sequences = _plan(
-        task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes)
-    S, chunk = len(streams), cost.chunk
-    L = max(len(p) for p in task.prompts) + T
-    moments = {name: Moments(P, T) for name, _, _ in streams}
-    grad_ad = np.zeros(P)
-    states, seqs = [], []
-    prompt_len_all = np.array([len(p) for p in task.prompts], dtype=np.int64)
-    bar = Progress(cost.n_states, "exact enumeration", enabled=progress)
-    cache = _WindowCache(task, streams, keep_states)
-    pending, n_pending = [], 0  # complete responses awaiting one autodiff call
-    stack = [_roots(task, S, P, L)]
-    while stack:
-        block = stack.pop()
-        n = block["tokens"].shape[0]
-        if n > chunk:
-            stack.append(_take(block, slice(0, n - chunk)))
-            block = _take(block, slice(n - chunk, n))
-            n = chunk
-        depth = block["depth"]
-        W = state_windows(block["tokens"], block["length"], model.context, model.bos)  # (B, k)
-        arr, inv = cache.rows(W)  # per-window arrays, (B,) row of each state
-        p, q = arr["p"][inv], arr["q"][inv]  # (B, V)
-        if task.sampler is not None:
-            _check_support(block, p, q)
-        reach = {"p": block["rp"], "q": block["rq"]}
-        xiT, ms = [], []
-        for s, (name, wname, cname) in enumerate(streams):
-            m = arr[f"m{s}"][inv]  # (B, P)
-            moments[name].add_states(reach[wname], m, arr[f"cond{s}"][inv], depth)
-            xiT.append(arr[f"xiT{cname}"])  # (U, V, P)
-            ms.append(m)
-        if keep_states:
-            rec = {"tokens": block["tokens"][:, :L - 1].copy(), "prompt": block["prompt"],
-                   "depth": np.full(n, depth), "reach": block["rp"], "probs": p}
-            rec.update({k: arr[k][inv] for k in ("token_fisher", "uniform", "score_mean")})
-            if task.sampler is not None:
-                rec.update({"sampler_reach": block["rq"], "sampler_probs": q})
-                rec.update({k: arr[k][inv] for k in ("sampler_token_fisher", "raw_score_mean")})
-            states.append(rec)
-        bar.update(n)
-        # children: row b*V + a is state b followed by token a
-        a_tok = np.tile(np.arange(V), n)  # (B*V,)
-        term = (depth + 1 == T) | ((a_tok == 0) & model.eos)  # (B*V,)
-        rp_c = (block["rp"][:, None] * p).ravel()  # (B*V,)
-        rq_c = (block["rq"][:, None] * q).ravel()
-        G = block["G"] + np.stack(ms)  # (S, B, P): path sums of m including this state
-
-        def children(idx):
-            par, tok = idx // V, idx % V  # (C,)
-            tokens = block["tokens"][par]  # (C, L+1)
-            tokens[np.arange(len(idx)), block["length"][par]] = tok
-            rows = inv[par]
-            xi_c = [x[rows, tok] for x in xiT]  # S arrays (C, P)
-            return par, xi_c, {"prompt": block["prompt"][par], "tokens": tokens,
-                               "length": block["length"][par] + 1, "depth": depth + 1,
-                               "rp": rp_c[idx], "rq": rq_c[idx]}
-
-        if term.any():
-            idx = np.flatnonzero(term)
-            par, xi_c, done = children(idx)
-            plen = prompt_len_all[done["prompt"]]
-            resp, R = _responses(task, done, plen)
-            starts = np.flatnonzero(np.r_[True, par[1:] != par[:-1]])  # parent groups
-            pg = par[starts]  # (Pn,) parents with complete children
-            for s, (name, wname, _) in enumerate(streams):
-                w = done["rp" if wname == "p" else "rq"]  # (C,)
-                h = block["H"][s, par] + xi_c[s]  # (C, P): each response's own h
-                moments[name].add_responses_grouped(
-                    w, R, h, done["rp"], starts, G[s, pg], block["hist"][s, pg, :depth],
-                    xi_c[s], depth)
-            pending.append((done["tokens"], done["length"], plen,
-                            task.prompt_weights[done["prompt"]], R))
-            n_pending += len(R)
-            if n_pending * T >= _AUTODIFF_ROWS:
-                grad_ad += _flush_autodiff(task, pending)
-                n_pending = 0
-            if keep_sequences:
-                seqs.append({"tokens": resp, "prompt": done["prompt"], "prob": done["rp"],
-                             "sampler_prob": done["rq"], "reward": R})
-        if not term.all():
-            idx = np.flatnonzero(~term)
-            par, xi_c, child = children(idx)
-            hist = block["hist"][:, par]  # (S, C, T, P)
-            Hc = block["H"][:, par]  # (S, C, P)
-            for s in range(S):
-                hist[s, :, depth, :] = xi_c[s]
-                Hc[s] += xi_c[s]
-            child.update({"hist": hist, "H": Hc, "G": G[:, par]})
-            stack.append(child)
-    grad_ad += _flush_autodiff(task, pending)
-    bar.close()
-    results = {name: finish_stream(moments[name], task.baseline) for name, _, _ in streams}
-    return ExactResult.build(task, cost, results, grad_ad, states, seqs)
+        return exact_reference(task, **kw)
+    run = _Run(task, **kw)
+    cache = _WindowCache(task, run.streams, run.keep_states)
+    batch = _AutodiffBatch(task)
+    run.walk(("hist", "H", "G"), lambda block: _block_arrays(run, cache, block),
+             lambda *args: _complete(run, batch, *args))
+    run.grad_ad += batch.flush()
+    return run.finish()

@@ -18,35 +18,56 @@ probability times the response's own value (:math:`h`, :math:`h^2`,
 :math:`\xi_u\xi_t`, :math:`A h`); every token-level one is a sum over states
 of reach probability times the state's value. The identities of §1 relate the
 two routes; nothing here assumes them.
+
+Both engines share what does not depend on how the sums are grouped: the
+argument checks and sizing (``_plan``), the checked probabilities (``_probs``)
+and ``_Run``, the depth-first walk over the prefix tree (built from
+:mod:`fisher_ref.enumeration`) with the accumulators it feeds.
 """
 from __future__ import annotations
+
+from collections import namedtuple
 
 import numpy as np
 from autograd import grad
 import autograd.numpy as anp
 
-from .enumeration import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, check_cost,
-                          estimate_cost, state_windows)
-from .model import log_softmax
+from .enumeration import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, carry, check_cost, depth_first,
+                          estimate_cost, expand, responses, root_block, terminal)
+from .model import log_softmax, softmax, state_windows
 from .progress import Progress
 from .results import ExactResult, Moments, finish_stream
-from .rewards import evaluate_reward
 from .sensitivities import sensitivities
 from .token_fisher import mean_sensitivity, token_fisher, token_second_moment, uniform_token_fisher
 
 __all__ = ["exact_reference", "topk_center"]
 
+# Block key of the reach probability under each distribution a stream draws from.
+_REACH = {"p": "rp", "q": "rq"}
+
+#: What a block's states pass on to their children: probabilities ``p, q (B, V)``,
+#: ``rows (B,)`` the row of each state in the ``xiT`` arrays, ``xiT`` one array
+#: ``(U, V, P)`` per stream (the score of every candidate token), and ``G (S, B, P)``
+#: the path sums of ``m`` including the states' own.
+BlockArrays = namedtuple("BlockArrays", "p q rows xiT G")
+
 
 def topk_center(q, sens, k):
-    r"""Mean sensitivity under the top-``k`` tokens of ``q``, renormalised: ``(B, P)``."""
+    r"""Mean sensitivity under the top-``k`` tokens of ``q``, renormalised: ``(B, P)``.
+
+    .. math:: c_i = \sum_{a \in K} q_a j_{i,a} / \sum_{a \in K} q_a,
+       \quad K = \text{the } k \text{ most likely tokens (ties: lowest id first)}
+
+    Example:
+        >>> topk_center(np.array([[0.5, 0.3, 0.2]]), np.array([[[1.0, 2.0, 4.0]]]), 2)
+        array([[1.375]])
+    """
     if k >= q.shape[-1]:
         return mean_sensitivity(q, sens)
-    thresh = -np.sort(-q, axis=-1)[:, k - 1:k]  # (B, 1)
-    order = np.argsort(-q, axis=-1, kind="stable")
+    order = np.argsort(-q, axis=-1, kind="stable")  # (B, V)
     keep = np.zeros_like(q, dtype=bool)
     np.put_along_axis(keep, order[:, :k], True, axis=-1)
-    del thresh
-    qk = np.where(keep, q, 0.0)
+    qk = np.where(keep, q, 0.0)  # (B, V)
     qk = qk / qk.sum(axis=-1, keepdims=True)
     return mean_sensitivity(qk, sens)
 
@@ -64,31 +85,11 @@ def _check_topk(topk):
 
 
 def _streams(task, topk):
+    """``(name, drawn from "p" | "q", centered at "p" | "q" | k)`` of every stream."""
     if task.sampler is None:
         return [("policy", "p", "p")]
     out = [("policy", "p", "p"), ("raw", "q", "p"), ("centered", "q", "q")]
     out += [(f"top{k}", "q", k) for k in topk]
-    return out
-
-
-def _roots(task, n_streams, P, L):
-    n = len(task.prompts)
-    tokens = np.full((n, L + 1), -1, dtype=np.int64)
-    for i, pr in enumerate(task.prompts):
-        tokens[i, :len(pr)] = pr
-    lengths = np.array([len(p) for p in task.prompts], dtype=np.int64)
-    w = task.prompt_weights.astype(float)
-    return {"prompt": np.arange(n), "tokens": tokens, "length": lengths, "depth": 0,
-            "rp": w.copy(), "rq": w.copy(),
-            "hist": np.zeros((n_streams, n, task.max_len, P)),
-            "g": np.zeros((n_streams, n, P))}
-
-
-def _take(block, sl):
-    out = {k: (v[sl] if isinstance(v, np.ndarray) and k not in ("hist", "g") else v)
-           for k, v in block.items()}
-    out["hist"] = block["hist"][:, sl]
-    out["g"] = block["g"][:, sl]
     return out
 
 
@@ -98,11 +99,7 @@ def _check_logits(z, W, V, who):
                          f"windows; expected ({W.shape[0]}, {V}) (V={V})")
 
 
-def _softmax_via_log(z):
-    return np.exp(log_softmax(z))
-
-
-def _probs(task, theta, W, softmax=_softmax_via_log):
+def _probs(task, theta, W):
     """Policy and sampler probabilities ``(B, V)`` each, with the logits checked."""
     z = np.asarray(task.model.logits(theta, W), dtype=float)  # (B, V)
     _check_logits(z, W, task.model.vocab_size, "model")
@@ -113,15 +110,23 @@ def _probs(task, theta, W, softmax=_softmax_via_log):
     p = softmax(z)  # (B, V)
     if task.sampler is None:
         return p, p
-    zq = np.asarray(task.sampler.logits(task.model, theta, W), dtype=float)
+    zq = np.asarray(task.sampler.logits(task.model, theta, W), dtype=float)  # (B, V)
     _check_logits(zq, W, task.model.vocab_size, "sampler")
     if np.isnan(zq).any() or np.isposinf(zq).any() or np.isneginf(zq).all(axis=-1).any():
         raise ValueError("the sampler returned NaN, +inf or all -inf logits")
     return p, softmax(zq)
 
 
+def _sensitivities(task, W):
+    """Logit sensitivities ``j (B, P, V)`` of windows ``W (B, k)``, checked finite."""
+    J = sensitivities(task.model, task.theta, W)  # (B, P, V)
+    if not np.isfinite(J).all():
+        raise ValueError("non-finite logit sensitivities (check the model's derivatives)")
+    return J
+
+
 def _check_support(block, p, q):
-    bad = (p > 0) & (q == 0) & (block["rp"][:, None] > 0)
+    bad = (p > 0) & (q == 0) & (block["rp"][:, None] > 0)  # (B, V)
     if bad.any():
         b, a = map(int, np.argwhere(bad)[0])
         state = block["tokens"][b, :block["length"][b]].tolist()
@@ -183,8 +188,134 @@ def _plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes
     return streams, cost, keep_states, keep_sequences
 
 
+def _children(task, block, idx, arrs):
+    """Children ``idx`` of a block with the score of each one's last token.
+
+    Returns:
+        ``(par, xi, child)``: parent rows ``(C,)``, ``S`` arrays ``(C, P)``, the child block
+        (without per-stream arrays).
+    """
+    par, tok, child = expand(task, block, idx, arrs.p, arrs.q)
+    return par, [x[arrs.rows[par], tok] for x in arrs.xiT], child
+
+
+class _Run:
+    """One enumeration, shared by both engines: the walk over the prefix tree and
+    what it accumulates (per-stream :class:`Moments`, the autodiff gradient, the
+    kept per-state and per-response records)."""
+
+    def __init__(self, task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes,
+                 progress):
+        self.task = task
+        self.streams, self.cost, self.keep_states, self.keep_sequences = _plan(
+            task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes)
+        P, T = task.model.num_params, task.max_len
+        self.moments = {name: Moments(P, T) for name, _, _ in self.streams}
+        self.grad_ad = np.zeros(P)  # (P,)
+        self.states, self.seqs = [], []
+        self.width = max(len(p) for p in task.prompts) + T - 1  # longest state
+        self.bar = Progress(self.cost.n_states, "exact enumeration", enabled=progress)
+
+    def walk(self, carried, block_arrays, complete):
+        """Visit every state depth-first (then call :meth:`finish`).
+
+        Args:
+            carried: per-stream arrays each state carries (names in ``PER_STREAM``).
+            block_arrays: ``block -> BlockArrays``; adds the block's token-level terms.
+            complete: ``(block, arrs, par, xi, done)`` adds the complete responses
+                ``done`` of a block (see :func:`_children`).
+        """
+        stack = [root_block(self.task, len(self.streams), carried)]
+        for block in depth_first(stack, self.cost.chunk):
+            arrs = block_arrays(block)
+            term = terminal(self.task, block)  # (B*V,)
+            if term.any():  # complete responses
+                par, xi, done = _children(self.task, block, np.flatnonzero(term), arrs)
+                complete(block, arrs, par, xi, done)
+            if not term.all():
+                par, xi, child = _children(self.task, block, np.flatnonzero(~term), arrs)
+                child.update(carry(block, par, xi, arrs.G))
+                stack.append(child)
+
+    def add_states(self, block, ms, conds):
+        """Token-level terms of a block: ``ms``, ``conds`` are ``S`` arrays ``(B, P)``,
+        the token second moment ``m`` and :math:`E[\\xi | s]` of each stream."""
+        for s, (name, wname, _) in enumerate(self.streams):
+            self.moments[name].add_states(block[_REACH[wname]], ms[s], conds[s], block["depth"])
+        self.bar.update(block["prompt"].shape[0])
+
+    def keep_state_arrays(self, block, p, q, values):
+        """Record a block's states (``values``: name -> ``(B, P)``) if states are kept."""
+        if not self.keep_states:
+            return
+        n = block["prompt"].shape[0]
+        rec = {"tokens": block["tokens"][:, :self.width].copy(), "prompt": block["prompt"],
+               "depth": np.full(n, block["depth"]), "reach": block["rp"], "probs": p}
+        if self.task.sampler is not None:
+            rec.update({"sampler_reach": block["rq"], "sampler_probs": q})
+        rec.update(values)
+        self.states.append(rec)
+
+    def keep_responses(self, done, resp, R):
+        """Record complete responses ``resp (M, T)`` with rewards ``R (M,)`` if kept."""
+        if self.keep_sequences:
+            self.seqs.append({"tokens": resp, "prompt": done["prompt"], "prob": done["rp"],
+                              "sampler_prob": done["rq"], "reward": R})
+
+    def finish(self):
+        """Close the progress bar; the :class:`ExactResult` of the accumulated sums."""
+        self.bar.close()
+        results = {name: finish_stream(self.moments[name], self.task.baseline)
+                   for name, _, _ in self.streams}
+        return ExactResult.build(self.task, self.cost, results, self.grad_ad, self.states,
+                                 self.seqs)
+
+
+def _block_arrays(run, block):
+    """Every state's probabilities, sensitivities and scores, computed per state."""
+    task = run.task
+    W = state_windows(block["tokens"], block["length"], task.model.context,
+                      task.model.bos)  # (B, k)
+    p, q = _probs(task, task.theta, W)  # (B, V) each
+    if task.sampler is not None:
+        _check_support(block, p, q)
+    J = _sensitivities(task, W)  # (B, P, V)
+    jbar = {"p": mean_sensitivity(p, J), "q": mean_sensitivity(q, J)}  # (B, P)
+    dist = {"p": p, "q": q}
+    xiT, ms, conds = [], [], []
+    for _, wname, cname in run.streams:
+        center = jbar[cname] if isinstance(cname, str) else topk_center(q, J, cname)  # (B, P)
+        xi = J - center[:, :, None]  # (B, P, V): the score of every candidate token
+        ms.append(token_second_moment(dist[wname], J, center))  # (B, P)
+        conds.append(np.einsum("bv,bpv->bp", dist[wname], xi))  # (B, P): E[xi | s]
+        xiT.append(xi.transpose(0, 2, 1))  # (B, V, P)
+    run.add_states(block, ms, conds)
+    if run.keep_states:
+        kept = {"token_fisher": token_fisher(p, J), "uniform": uniform_token_fisher(J),
+                "score_mean": np.einsum("bv,bvp->bp", p, xiT[0])}
+        if task.sampler is not None:
+            kept.update({"sampler_token_fisher": token_fisher(q, J),
+                         "raw_score_mean": np.einsum("bv,bvp->bp", q, xiT[0])})
+        run.keep_state_arrays(block, p, q, kept)
+    return BlockArrays(p, q, np.arange(p.shape[0]), xiT, block["G"] + np.stack(ms))
+
+
+def _complete(run, block, arrs, par, xi, done):
+    """Complete responses: every response-level sum taken response by response
+    over each response's full score history ``(M, T, P)``."""
+    task = run.task
+    done.update(carry(block, par, xi, arrs.G))
+    resp, R, plen = responses(task, done)
+    for s, (name, wname, _) in enumerate(run.streams):
+        run.moments[name].add_responses(done[_REACH[wname]], R, done["hist"][s], done["G"][s],
+                                        done["rp"])
+    run.grad_ad += _autodiff_gradient(task, task.theta, done["tokens"], done["length"], plen,
+                                      task.prompt_weights[done["prompt"]], R)
+    run.keep_responses(done, resp, R)
+
+
 def exact_reference(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
-          max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES, progress=True):
+                    max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES, progress=True):
     r"""The plain engine: the arguments and result of :func:`fisher_ref.exact.exact`.
 
     Every response carries its full score history and every response-level sum is
@@ -196,94 +327,7 @@ def exact_reference(task, *, topk=(), chunk=None, keep_states="auto", keep_seque
         >>> bool(np.allclose(r.sequence_fisher, r.token_fisher_sum, rtol=1e-10, atol=0))
         True
     """
-    model, theta, T = task.model, task.theta, task.max_len
-    V, P = model.vocab_size, model.num_params
-    streams, cost, keep_states, keep_sequences = _plan(
-        task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes)
-    S, chunk = len(streams), cost.chunk
-    L = max(len(p) for p in task.prompts) + T
-    moments = {name: Moments(P, T) for name, _, _ in streams}
-    grad_ad = np.zeros(P)
-    states, seqs = [], []
-    prompt_len_all = np.array([len(p) for p in task.prompts], dtype=np.int64)
-    bar = Progress(cost.n_states, "exact enumeration", enabled=progress)
-    stack = [_roots(task, S, P, L)]
-    while stack:
-        block = stack.pop()
-        n = block["tokens"].shape[0]
-        if n > chunk:
-            stack.append(_take(block, slice(0, n - chunk)))
-            block = _take(block, slice(n - chunk, n))
-            n = chunk
-        depth = block["depth"]
-        W = state_windows(block["tokens"], block["length"], model.context, model.bos)  # (B, k)
-        p, q = _probs(task, theta, W)  # (B, V) each
-        if task.sampler is not None:
-            _check_support(block, p, q)
-        J = sensitivities(model, theta, W)  # (B, P, V)
-        if not np.isfinite(J).all():
-            raise ValueError("non-finite logit sensitivities (check the model's derivatives)")
-        jbar = {"p": mean_sensitivity(p, J), "q": mean_sensitivity(q, J)}  # (B, P)
-        dist = {"p": p, "q": q}
-        reach = {"p": block["rp"], "q": block["rq"]}
-        xis, ms = [], []
-        for s, (name, wname, cname) in enumerate(streams):
-            center = jbar[cname] if isinstance(cname, str) else topk_center(q, J, cname)
-            xi = J - center[:, :, None]  # (B, P, V): the score of every candidate token
-            m = token_second_moment(dist[wname], J, center)  # (B, P)
-            cond_mean = np.einsum("bv,bpv->bp", dist[wname], xi)  # (B, P): E[xi | s], summed
-            moments[name].add_states(reach[wname], m, cond_mean, depth)
-            xis.append(xi)
-            ms.append(m)
-        if keep_states:
-            rec = {"tokens": block["tokens"][:, :L - 1].copy(), "prompt": block["prompt"],
-                   "depth": np.full(n, depth), "reach": block["rp"], "probs": p,
-                   "token_fisher": token_fisher(p, J), "uniform": uniform_token_fisher(J),
-                   "score_mean": np.einsum("bv,bpv->bp", p, xis[0])}
-            if task.sampler is not None:
-                rec.update({"sampler_reach": block["rq"], "sampler_probs": q,
-                            "sampler_token_fisher": token_fisher(q, J),
-                            "raw_score_mean": np.einsum("bv,bpv->bp", q, xis[0])})
-            states.append(rec)
-        bar.update(n)
-        # children: row b*V + a is state b followed by token a
-        a_tok = np.tile(np.arange(V), n)  # (B*V,)
-        tokens = np.repeat(block["tokens"], V, axis=0)
-        lengths = np.repeat(block["length"], V)
-        tokens[np.arange(n * V), lengths] = a_tok
-        lengths = lengths + 1
-        hist = np.repeat(block["hist"], V, axis=1)  # (S, B*V, T, P)
-        for s in range(S):
-            hist[s, :, depth, :] = xis[s].transpose(0, 2, 1).reshape(n * V, P)
-        g = np.repeat(block["g"] + np.stack(ms), V, axis=1)  # (S, B*V, P)
-        child = {"prompt": np.repeat(block["prompt"], V), "tokens": tokens, "length": lengths,
-                 "depth": depth + 1, "rp": (block["rp"][:, None] * p).ravel(),
-                 "rq": (block["rq"][:, None] * q).ravel(), "hist": hist, "g": g}
-        term = (depth + 1 == T) | ((a_tok == 0) & model.eos)  # (B*V,)
-        if term.any():
-            done = _take(child, term)
-            plen = prompt_len_all[done["prompt"]]
-            R = np.array([evaluate_reward(task.reward, task.prompts[pi],
-                                          tk[pl:ln].tolist())
-                          for pi, tk, pl, ln in zip(done["prompt"], done["tokens"], plen,
-                                                    done["length"])])
-            for s, (name, wname, _) in enumerate(streams):
-                moments[name].add_responses(done["rp" if wname == "p" else "rq"], R,
-                                            done["hist"][s], done["g"][s], done["rp"])
-            w_x = task.prompt_weights[done["prompt"]]
-            grad_ad += _autodiff_gradient(task, theta, done["tokens"], done["length"], plen,
-                                          w_x, R)
-            if keep_sequences:
-                resp = np.full((len(R), T), -1, dtype=np.int64)
-                for i, (tk, pl, ln) in enumerate(zip(done["tokens"], plen, done["length"])):
-                    resp[i, :ln - pl] = tk[pl:ln]
-                seqs.append({"tokens": resp, "prompt": done["prompt"], "prob": done["rp"],
-                             "sampler_prob": done["rq"], "reward": R})
-        if (~term).any():
-            stack.append(_take(child, ~term))
-    bar.close()
-    baseline = task.baseline
-    results = {}
-    for name, wname, _ in streams:
-        results[name] = finish_stream(moments[name], baseline)
-    return ExactResult.build(task, cost, results, grad_ad, states, seqs)
+    run = _Run(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes, progress)
+    run.walk(("hist", "G"), lambda block: _block_arrays(run, block),
+             lambda *args: _complete(run, *args))
+    return run.finish()

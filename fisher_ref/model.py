@@ -22,34 +22,74 @@ from autograd.tracer import getval
 
 __all__ = [
     "ModelSpec", "MLPModel", "TabularModel", "FunctionModel", "make_model",
-    "log_softmax", "softmax", "windows_for", "check_theta",
+    "log_softmax", "softmax", "state_windows", "windows_for", "check_theta",
 ]
+
+
+def _row_shift(z):
+    """Row maximum of the plain value of ``z`` (0 for a row that is all ``-inf``): ``(B, 1)``.
+
+    Softmax and log-softmax do not depend on the shift, so treating it as a
+    constant under autograd leaves their derivatives exact.
+    """
+    m = np.max(getval(z), axis=-1, keepdims=True)  # (B, 1)
+    return np.where(np.isfinite(m), m, 0.0)
 
 
 def log_softmax(z):
     r"""Row-wise :math:`\log p = z - \operatorname{logsumexp}(z)` (autograd-safe).
+
+    A row that is all ``-inf`` gives NaN, as logsumexp would (callers refuse such rows).
 
     Example:
         >>> import numpy as np
         >>> np.round(np.exp(log_softmax(np.array([[0.0, np.log(3.0)]]))), 6)
         array([[0.25, 0.75]])
     """
-    # Shift by the row maximum taken on the plain value: log-softmax does not depend on
-    # the shift, so treating it as a constant leaves the derivative exact. A row that is
-    # all -inf keeps shift 0 and gives NaN, as logsumexp would (callers refuse such rows).
-    m = np.max(getval(z), axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    shifted = z - m
+    shifted = z - _row_shift(z)  # (B, V), at most 0 on a finite row
     return shifted - anp.log(anp.sum(anp.exp(shifted), axis=-1, keepdims=True))
 
 
 def softmax(z):
-    """Row-wise softmax through :func:`log_softmax` (finite for |z| ~ 1e3)."""
-    return anp.exp(log_softmax(z))
+    r"""Row-wise :math:`p = e^{z - \max z} / \sum e^{z - \max z}` (autograd-safe).
+
+    Finite for :math:`|z| \sim 10^3`; a ``-inf`` logit gives probability 0.
+
+    Example:
+        >>> import numpy as np
+        >>> softmax(np.array([[1e3, 1e3 + np.log(3.0), -np.inf]])).round(6)
+        array([[0.25, 0.75, 0.  ]])
+    """
+    e = anp.exp(z - _row_shift(z))  # (B, V)
+    return e / anp.sum(e, axis=-1, keepdims=True)
+
+
+def state_windows(tokens, lengths, context, bos):
+    """Windows of the last ``context`` tokens of each state, BOS-padded: ``(B, k)``.
+
+    Args:
+        tokens: ``(B, L)`` int, ``-1`` padded.
+        lengths: ``(B,)`` number of real tokens in each row.
+        context: window length ``k``.
+        bos: the BOS id (``V``).
+
+    Returns:
+        int64 ``(B, k)``, oldest token first.
+
+    Example:
+        >>> state_windows(np.array([[1, 2, 3], [4, -1, -1]]), np.array([3, 1]), 2, 9).tolist()
+        [[2, 3], [9, 4]]
+    """
+    if tokens.shape[1] == 0:  # only empty states (empty prompts, nothing generated)
+        return np.full((tokens.shape[0], context), bos, dtype=np.int64)
+    idx = lengths[:, None] - context + np.arange(context)[None, :]  # (B, k)
+    rows = np.arange(tokens.shape[0])[:, None]  # (B, 1)
+    win = tokens[rows, np.clip(idx, 0, None)]  # (B, k)
+    return np.where(idx >= 0, win, bos).astype(np.int64)  # (B, k)
 
 
 def windows_for(states, context, bos):
-    """The last ``context`` tokens of each state, left-padded with ``bos``.
+    """:func:`state_windows` of a list of states given as token sequences.
 
     Args:
         states: sequence of token lists (prompt plus generated tokens).
@@ -58,13 +98,16 @@ def windows_for(states, context, bos):
 
     Returns:
         int64 array of shape ``(len(states), context)``, oldest token first.
+
+    Example:
+        >>> windows_for([(), (1,), (1, 2, 3)], 2, 9).tolist()
+        [[9, 9], [9, 1], [2, 3]]
     """
-    out = np.full((len(states), context), bos, dtype=np.int64)  # (B, k)
+    lengths = np.array([len(s) for s in states], dtype=np.int64)  # (B,)
+    tokens = np.full((len(states), int(lengths.max(initial=0))), -1, dtype=np.int64)  # (B, L)
     for b, s in enumerate(states):
-        tail = list(s)[-context:] if context > 0 else []
-        if tail:
-            out[b, context - len(tail):] = tail
-    return out
+        tokens[b, :lengths[b]] = list(s)
+    return state_windows(tokens, lengths, context, bos)
 
 
 def check_theta(theta, num_params):
