@@ -108,7 +108,7 @@ def golden_arrays(task, exact_result=None):
         dict key -> ndarray (float64 ``<f8`` or int64 ``<i8``), see ``docs/golden_format.md``.
     """
     from .exact import exact
-    r = exact_result if exact_result is not None else exact(task, progress=False)
+    r = exact_result if exact_result is not None else exact(task)  # bar after 2 s
     if r.states is None or r.sequences is None:
         raise ValueError("golden files need the per-state and per-response arrays; "
                          "run exact(..., keep_states=True, keep_sequences=True)")

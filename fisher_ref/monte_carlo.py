@@ -37,6 +37,7 @@ from .mc_stats import (EXACT_VARIANCE, Estimate, MCResult, advantage_estimates, 
                        linearised_values, mean_estimate, running_estimates, spread,
                        variance_reduction, z_score, cross_spread)
 from .model import log_softmax
+from .progress import Progress
 from .rewards import evaluate_reward
 from .sensitivities import sensitivities
 from .token_fisher import mean_sensitivity, token_second_moment
@@ -269,8 +270,11 @@ def estimate(task, n, rng, use_sampler=None, keep_samples=False, chunk=None):
         use_sampler = task.sampler is not None
     _check_args(task, n, rng, use_sampler)
     t0 = time.perf_counter()
+    bar = Progress(2 + 3 * (2 if use_sampler else 1), "Monte Carlo estimate")  # after 2 s
     draws = sample(task, n, rng, use_sampler)
+    bar.update()
     values = sample_values(task, draws, use_sampler, chunk)
+    bar.update()
     R = values.pop("reward")  # (n,)
     rho = values.pop("rho")  # (n,) or None
     A = _advantages(R, task.baseline)  # (n,)
@@ -280,14 +284,19 @@ def estimate(task, n, rng, use_sampler=None, keep_samples=False, chunk=None):
         Ah = A[:, None] * h  # (n, P)
         est = {"score_mean": mean_estimate(h), "sequence_fisher": mean_estimate(h2),
                "token_fisher_sum": mean_estimate(per["token_sum"]),
-               "cross_terms": cross_estimate(per["xi"]), "gradient": mean_estimate(Ah),
-               "expected_reward": mean_estimate(R), **advantage_estimates(R, h, h2)}
+               "gradient": mean_estimate(Ah), "expected_reward": mean_estimate(R)}
+        bar.update()
+        est["cross_terms"] = cross_estimate(per["xi"])
+        bar.update()
+        est.update(advantage_estimates(R, h, h2))
+        bar.update()
         per.update(Ah=Ah, reward=R, advantage=A)
         if s == "raw":
             est["importance_gradient"] = mean_estimate(rho[:, None] * Ah)
             per.update(rho=rho, rhoAh=rho[:, None] * Ah)
         streams[s] = est
         samples[s] = per
+    bar.close()
     return MCResult(task=task, n=int(n), from_sampler=bool(use_sampler), streams=streams,
                     draws=draws, samples=samples if keep_samples else None,
                     seconds=time.perf_counter() - t0)
