@@ -6,9 +6,10 @@ task, parameter layout, sizes, a SHA-256 of every other array, and
 that field); every other key is a little-endian float64 or int64 array. The format is written out key
 by key in ``docs/golden_format.md`` for readers who never run fisher_ref.
 
-Files are byte-for-byte reproducible: the zip is written by hand with fixed
-timestamps, no compression and sorted keys, and the JSON with sorted keys and
-``repr`` floats, so regenerating a committed file gives the same bytes.
+Files are byte-for-byte reproducible on one machine: the zip is written by hand
+with fixed timestamps, no compression and sorted keys, and the JSON with sorted
+keys and ``repr`` floats. (Another CPU class may make BLAS sum in another order
+and change floats in the last bits, and so the bytes.)
 
     python -m fisher_ref export --config default --out default.npz
     python -m fisher_ref.golden --regenerate golden/

@@ -20,6 +20,9 @@ from fisher_ref.golden import (GOLDEN_CONFIGS, OLDEST_READABLE_VERSION, SCHEMA_V
 import independent_reference as indep
 
 RTOL = 1e-10  # exact float64 agreement (DESIGN §7)
+# Regenerated on another CPU class (another OpenBLAS kernel: another summation order),
+# arrays differ from the committed ones in the last bits (~1e-16 seen); bytes then differ.
+CROSS_MACHINE_RTOL = 1e-13
 MAX_FILE_BYTES = 2 ** 20  # committed golden files stay small
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 # Arrays that are 0 in exact arithmetic, measured against the score's scale sqrt(F).
@@ -65,17 +68,33 @@ def test_theta_is_the_specified_initialisation(committed):
     np.testing.assert_array_equal(theta, indep.init_theta(m, theta.size))
 
 
-def test_committed_files_regenerate_byte_identical(tmp_path):
-    paths = regenerate_golden_files(tmp_path)
-    for path in paths:
-        committed = GOLDEN_DIR / path.name
-        new, old = path.read_bytes(), committed.read_bytes()
-        if new != old:
-            diff = [row for row in compare_golden(committed, path, rtol=0.0) if not row[3]]
-            pytest.fail(f"{path.name} regenerates to different bytes; arrays that differ "
-                        f"(key, abs, rel, ok): {diff}. If the change is intended, run "
-                        "`python -m fisher_ref.golden --regenerate golden/` and bump "
-                        "SCHEMA_VERSION if keys or meanings changed.")
+def test_regeneration_is_byte_for_byte_reproducible(tmp_path):
+    """The generator is deterministic: no timestamps, fixed key order, fixed JSON."""
+    first = regenerate_golden_files(tmp_path / "a")
+    second = regenerate_golden_files(tmp_path / "b")
+    for p, q in zip(first, second):
+        assert p.read_bytes() == q.read_bytes(), f"{p.name} differs between two regenerations"
+
+
+def assert_matches_committed(path, committed_path):
+    """``path`` equals the committed file byte for byte, or (another CPU class, whose
+    BLAS kernel sums in another order) array by array within ``CROSS_MACHINE_RTOL``
+    with an identical meta apart from the hashes."""
+    new, old = path.read_bytes(), committed_path.read_bytes()
+    if new == old:
+        return
+    a, b = load_golden(committed_path), load_golden(path)
+    strip = lambda m: {k: v for k, v in m.items() if k not in ("sha256", "meta_sha256")}
+    assert strip(a.meta) == strip(b.meta), f"{path.name}: meta differs beyond the hashes"
+    bad = [row for row in compare_golden(a, b, rtol=CROSS_MACHINE_RTOL) if not row[3]]
+    assert not bad, (f"{path.name} regenerates to different arrays (key, abs, rel, ok): {bad}. "
+                     "If the change is intended, run `python -m fisher_ref.golden --regenerate "
+                     "golden/` and bump SCHEMA_VERSION if keys or meanings changed.")
+
+
+def test_committed_files_match_regeneration(tmp_path):
+    for path in regenerate_golden_files(tmp_path):
+        assert_matches_committed(path, GOLDEN_DIR / path.name)
 
 
 def test_files_are_small_and_every_config_is_committed():
@@ -117,8 +136,9 @@ def test_meta_holds_schema_model_task_layout(committed):
 def test_meta_task_rebuilds_the_same_arrays(committed):
     data = dict(committed.meta["task"], theta=committed["theta"].tolist())
     arrays = golden_arrays(task_from_json(data))
-    assert compare_golden(committed, arrays, rtol=0.0) == [
-        (k, 0.0, 0.0, True) for k in sorted(committed.keys())]
+    bad = [row for row in compare_golden(committed, arrays, rtol=CROSS_MACHINE_RTOL)
+           if not row[3]]
+    assert not bad and set(arrays) == set(committed.keys()), bad
 
 
 def test_custom_reward_is_recorded_and_loads(tmp_path):
@@ -136,7 +156,7 @@ def test_export_command_through_cli_main(tmp_path, capsys):
     text = capsys.readouterr().out
     digest = hashlib.sha256(out.read_bytes()).hexdigest()
     assert str(out) in text and digest in text and f"{out.stat().st_size:,} bytes" in text
-    assert out.read_bytes() == (GOLDEN_DIR / "default.npz").read_bytes()
+    assert_matches_committed(out, GOLDEN_DIR / "default.npz")
 
 
 def test_export_command_in_a_subprocess(tmp_path):
@@ -145,7 +165,7 @@ def test_export_command_in_a_subprocess(tmp_path):
                            "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "arrays" in proc.stdout and hashlib.sha256(out.read_bytes()).hexdigest() in proc.stdout
-    assert out.read_bytes() == (GOLDEN_DIR / "tabular.npz").read_bytes()
+    assert_matches_committed(out, GOLDEN_DIR / "tabular.npz")
 
 
 def test_export_command_requires_out():
