@@ -8,8 +8,11 @@ float64 exact engine. The error of a torch array ``a`` against the exact ``b``:
 
 (the denominator is the largest exact entry, so small entries are judged on
 the scale of the quantity; for ``score_mean``, exactly 0 on-policy, the scale
-is :math:`\max(\max|b|, \sqrt{\max F})`, the score's own spread; an all-zero
-exact array is judged by the absolute error). A row passes when
+is :math:`\max(\max|b|, \sqrt{\max F})`, the score's own spread; for the
+gradients :math:`E[Ah]`, a cancellation of terms as large as
+:math:`(\sqrt{E[R^2]} + |b|)\sqrt{\max F}` when the baseline ``b`` is large,
+the scale is at least that size (:func:`fisher_ref.verify.gradient_scale`); an
+all-zero exact array is judged by the absolute error). A row passes when
 ``rel <= tolerance`` of its dtype:
 
 - ``float64``: :data:`TOL_FLOAT64` = 1e-10 — both sides are float64 and run
@@ -94,12 +97,19 @@ def highest_matmul_precision():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old[1:]
 
 
+# E[A h] with A = R - b is a cancellation when |b| >> |E[A h]|: its rounding error
+# scales with the summands, so it is judged against their Cauchy–Schwarz size
+# (sqrt(E[R^2]) + |b|) sqrt(max F) — verify.gradient_scale, the same scale verify uses.
+GRADIENT_QUANTITIES = ("gradient", "importance_gradient")
+
+
 def _pairs(task, ref, out, tm, theta_t):
     """(name, torch array, exact array, scale) for every compared quantity."""
     import torch
     from .enumeration import state_windows
     from .sensitivities import sensitivities
     from .torch_exact import STREAM_QUANTITIES
+    from .verify import gradient_scale
     st = ref.states
     lengths = np.array([len(task.prompts[p]) for p in st["prompt"]]) + st["depth"]
     W = state_windows(st["tokens"], lengths, tm.context, tm.bos)  # (N, k)
@@ -122,8 +132,11 @@ def _pairs(task, ref, out, tm, theta_t):
             if q == "score_mean":
                 scale = max(float(np.max(np.abs(b))),
                             float(np.sqrt(np.max(exact_s.sequence_fisher))))
+            elif q in GRADIENT_QUANTITIES:
+                scale = max(float(np.max(np.abs(b))), gradient_scale(exact_s))
             yield prefix + q, d[q], b, scale
-    yield "gradient_autodiff", out["gradient_autodiff"], ref.gradient_autodiff, None
+    yield "gradient_autodiff", out["gradient_autodiff"], ref.gradient_autodiff, max(
+        float(np.max(np.abs(ref.gradient_autodiff))), gradient_scale(ref.streams["policy"]))
 
 
 def _row(quantity, dtype, device, abs_err, rel_err, test, stat, tol):

@@ -127,6 +127,35 @@ def test_constant_token_sum_is_judged_to_rounding_not_failed(tmp_path, capsys):
         assert np.isfinite(r["max_abs_z"]), (seed, r)
 
 
+T2 = {"model": {"vocab_size": 5, "context": 2, "embed_dim": 3, "hidden": 8, "eos": True,
+                "init_seed": 0, "init_scale": 1.0},
+      "prompts": [[], [4, 1]], "prompt_weights": [0.3, 0.7], "max_len": 3,
+      "reward": {"name": "match", "target": [3, 1]}, "baseline": 0.25,
+      "sampler": {"kind": "perturbed", "scale": 1.0, "seed": 0}}
+
+
+def test_gradient_under_a_large_baseline_is_judged_on_its_summands_scale(tmp_path, capsys):
+    """Under mu, E_mu[A h~] with b = 0.25 cancels b E[h~] against E[R h~]: its summands
+    are ~1000x larger than G_mu. Judged against max|G_mu| a correct float32 run read
+    2.6e-4 > 2e-5 and failed; against the summands' scale (sqrt(E[R^2]) + |b|)
+    sqrt(max F) it passes (test_perturbed_torch_value_makes_run_fail shows a wrong value
+    still fails)."""
+    from fisher_ref import exact
+    from fisher_ref.tasks import task_from_json
+    from fisher_ref.verify import gradient_scale
+    cen = exact(task_from_json(T2), progress=False).streams["centered"]
+    assert gradient_scale(cen) > 100 * np.max(np.abs(cen.gradient))  # really a cancellation
+    (tmp_path / "t2.json").write_text(json.dumps(T2))
+    path = tmp_path / "cmp.json"
+    rc = main(["compare", "--task", str(tmp_path / "t2.json"), "--device", "cpu",
+               "--dtype", "float64,float32", "--mc", "2000", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    rows = {(r["quantity"], r["dtype"]): r for r in json.loads(path.read_text())["rows"]}
+    for q in ("gradient", "importance_gradient", "centered.gradient", "gradient_autodiff"):
+        assert rows[(q, "float32")]["passed"] and rows[(q, "float64")]["passed"]
+
+
 def test_bernstein_threshold_is_the_shared_mc_stats_halfwidth():
     from fisher_ref.mc_stats import bernstein_halfwidth
     var, b = np.array([0.0, 1e-3, 4.0]), np.array([1e-16, 0.5, 3.0])
