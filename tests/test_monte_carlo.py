@@ -242,8 +242,11 @@ def test_sampled_frequencies_match_exact_probabilities(name):
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_rao_blackwellised_token_sum_has_lower_variance(name):
-    """Var(sum_t f(s_t)) < Var(h^2) for every parameter (exact), on the policy and
-    centered streams; and the sample ratio summed over parameters agrees."""
+    """Var(sum_t f(s_t)) < Var(h^2) for every parameter, exactly, on the policy and
+    centered streams of the shipped configs. This is a measured property of these
+    configs, not a theorem (the token sum is not a conditional expectation of h^2; on
+    the raw stream the ratio falls to 0.40). ``variance_reduction`` is the ratio of the
+    squared standard errors of the two estimates (deterministic given the draws)."""
     task, ex = get(name)
     for s in [s for s in ("policy", "centered") if s in ex.streams]:
         v = ex.streams[s].variances
@@ -251,11 +254,9 @@ def test_rao_blackwellised_token_sum_has_lower_variance(name):
         ratio = exact_variance_reduction(ex, s)[live]
         assert ratio.min() > 1.0, (name, s, ratio.min())
     mc = estimate(task, 4000, np.random.default_rng(11), use_sampler=False)
-    r = variance_reduction(mc)
-    sample_ratio = (mc.sequence_fisher.se ** 2).sum() / (mc.token_fisher_sum.se ** 2).sum()
-    exact_ratio = (ex.streams["policy"].variances["h2"].sum()
-                                        / ex.streams["policy"].variances["token_sum"].sum())
-    assert np.nanmedian(r) > 1.0 and sample_ratio > 1.0, (name, sample_ratio, exact_ratio)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        expected = mc.sequence_fisher.se ** 2 / mc.token_fisher_sum.se ** 2
+    np.testing.assert_array_equal(variance_reduction(mc), expected)
 
 
 def _coverage_p0(n, skew, exkurt, z=1.959963984540054):
@@ -271,7 +272,11 @@ def test_nominal_intervals_cover_at_the_predicted_rate():
     (sample se) covers the exact value, for four scalar estimands. The expected coverage
     p0 is 0.95 corrected by the O(1/n) Edgeworth term computed from the exact skewness and
     kurtosis (it is 0.9488-0.9493 here); the count must lie in the binomial
-    band of p0 -/+ 0.002 (the O(n^-2) remainder) at false-failure 1e-6 / 4."""
+    band of p0 -/+ 0.002 (the O(n^-2) remainder) at false-failure 1e-6 / 4.
+
+    The 1e-6 rate is exact for the binomial part; the 0.002 allowance for the Edgeworth
+    remainder is a judgement (the remainder at n = 400 is of order 1/n^2 ~ 6e-6 times
+    moment factors), not a proven bound."""
     task, ex = get("tabular")
     n, runs = 400, 1000
     w, lin = linearised(task, ex, False)
@@ -308,9 +313,16 @@ def test_offpolicy_raw_score_is_biased_centered_is_not(name):
     n = n_for(task)
     mc = estimate(task, n, np.random.default_rng(41))
     assert set(mc.streams) == {"raw", "centered"}
-    raw = mc.streams["raw"]["score_mean"]
-    z_raw0 = np.abs(raw.mean) / np.where(raw.se > 0, raw.se, np.inf)  # against 0
-    assert np.max(z_raw0) > 10, (name, np.max(z_raw0))
+    raw, ex_raw = mc.streams["raw"]["score_mean"], ex.streams["raw"]
+    # Detecting the raw score's bias: the entry with the largest expected |z| against 0,
+    # z_true = |E_mu[h]| / sqrt(Var(h)/n), must clear the Bonferroni threshold zb. By
+    # design z_true >= zb + 4.76, so a miss has probability <= Phi(-4.76) < 1e-6.
+    sd = np.sqrt(ex_raw.variances["h"] / n)  # (P,)
+    z_true = np.abs(ex_raw.score_mean) / np.where(sd > 0, sd, np.inf)
+    i, zb0 = int(np.argmax(z_true)), bonferroni_z(ALPHA, task.model.num_params)
+    assert z_true[i] >= zb0 + 4.76, (name, z_true[i], zb0)  # the test has the power it claims
+    z_obs = abs(raw.mean[i]) / sd[i]
+    assert z_obs > zb0, f"{name} seed=41: raw bias undetected, |z|={z_obs:.2f} <= {zb0:.2f}"
     assert np.max(np.abs(ex.streams["raw"].score_mean)) > 0.01
     assert np.max(np.abs(ex.streams["centered"].score_mean)) < 1e-12
     w, lin = linearised(task, ex, True)

@@ -65,6 +65,8 @@ for ax, n, t in zip(axes, names, terms):
     im = ax.imshow(t, vmin=0, vmax=vmax, cmap="viridis")
     ax.set_xticks(range(5), tokens, rotation=60)
     ax.set_yticks(range(5), tokens)
+    ax.set_xlabel("token $b$")
+    ax.set_ylabel("token $a$")
     ax.set_title(f"{n}: f = {t.sum():.3f}")
 fig.colorbar(im, ax=axes, label=r"$\\frac{1}{2}p_ap_b(j_a-j_b)^2$")
 fig.suptitle("Where each parameter's token Fisher comes from (pairs of tokens)")
