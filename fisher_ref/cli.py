@@ -66,6 +66,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        print(f"error: `{args.command}` needs torch; install it with "
+              "pip install -e \".[torch]\" (for example torch==2.13.0, the CPU build)",
+              file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

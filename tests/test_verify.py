@@ -147,3 +147,17 @@ def test_match_target_holding_eos_is_refused():
         task_from_json(data)
     data["model"]["eos"] = False  # without EOS, 0 is an ordinary token
     assert task_from_json(data).reward.target == (1, 0)
+
+
+def test_torch_commands_without_torch_exit_2_with_install_hint(monkeypatch, capsys):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_torch(name, *args, **kw):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError("No module named 'torch'", name="torch")
+        return real_import(name, *args, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    assert main(["bench", "--config", "default", "--repeats", "1"]) == 2
+    assert 'pip install -e ".[torch]"' in capsys.readouterr().err
