@@ -23,6 +23,15 @@ class Reward:
     def to_json(self):
         return {"name": self.name}
 
+    def check_vocabulary(self, vocab_size, eos):
+        """Raise ``ValueError`` if the reward names a token a response can never hold."""
+
+    def _check_ids(self, ids, vocab_size):
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"reward {self.to_json()} names token id {bad[0]}, out of range "
+                             f"0..{vocab_size - 1} (V={vocab_size}): it can never be generated")
+
     def __repr__(self):
         return f"{type(self).__name__}({self.to_json()})"
 
@@ -49,6 +58,9 @@ class CountReward(Reward):
     def __call__(self, prompt, response):
         return float(sum(1 for t in response if t == self.token))
 
+    def check_vocabulary(self, vocab_size, eos):
+        self._check_ids([self.token], vocab_size)
+
     def to_json(self):
         return {"name": self.name, "token": self.token}
 
@@ -67,6 +79,13 @@ class MatchReward(Reward):
 
     def __call__(self, prompt, response):
         return float(_strip_eos(response, self.eos) == self.target)
+
+    def check_vocabulary(self, vocab_size, eos):
+        self._check_ids(self.target, vocab_size)
+        if eos and 0 in self.target:
+            raise ValueError(f"reward {self.to_json()}: the target holds the EOS id 0, but a "
+                             "response ends at EOS and the match ignores that final EOS, so "
+                             "this target can never match")
 
     def to_json(self):
         return {"name": self.name, "target": list(self.target)}

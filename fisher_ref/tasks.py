@@ -96,7 +96,8 @@ class Task:
         if abs(w.sum() - 1.0) > WEIGHT_SUM_TOL:
             raise ValueError(f"prompt_weights must sum to 1, they sum to {w.sum():.12g}")
         self.prompt_weights = w
-        self._check_reward_tokens(V)
+        self.reward = make_reward(self.reward, eos=self.model.eos)  # a callable is wrapped
+        self.reward.check_vocabulary(V, self.model.eos)
         if isinstance(self.baseline, str):
             if self.baseline != "mean":
                 raise ValueError(f"baseline must be a number or 'mean', got {self.baseline!r}")
@@ -107,18 +108,6 @@ class Task:
             self.baseline = b
         if self.sampler is not None and not isinstance(self.sampler, Sampler):
             raise TypeError("sampler must be a fisher_ref.samplers.Sampler or None")
-
-    def _check_reward_tokens(self, V):
-        tokens = [getattr(self.reward, "token", 0)] + list(getattr(self.reward, "target", ()))
-        bad = [t for t in tokens if not 0 <= t < V]
-        if bad:
-            raise ValueError(f"reward {self.reward.to_json()} names token id {bad[0]}, out of "
-                             f"range 0..{V - 1} (V={V}): it can never be generated")
-        target = getattr(self.reward, "target", ())
-        if self.model.eos and 0 in target:
-            raise ValueError(f"reward {self.reward.to_json()}: the target holds the EOS id 0, "
-                             "but a response ends at EOS and the match ignores that final "
-                             "EOS, so this target can never match")
 
     @property
     def eos(self):

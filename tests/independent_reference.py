@@ -33,7 +33,7 @@ def mlp_blocks(model, theta):
 def mlp_logits_and_jacobian(model, theta, window):
     """Logits ``z (V,)`` and ``J (P, V)``, ``J[i, a] = dz_a/dtheta_i``, for one window."""
     E, W1, b1, W2, b2 = mlp_blocks(model, theta)
-    V, k, d, H = model["vocab_size"], model["context"], model["embed_dim"], model["hidden"]
+    V, d = model["vocab_size"], model["embed_dim"]
     e = np.concatenate([E[c] for c in window])  # (k d,)
     hid = np.tanh(e @ W1 + b1)  # (H,)
     z = hid @ W2 + b2  # (V,)
@@ -55,7 +55,7 @@ def mlp_logits_and_jacobian(model, theta, window):
 
 def tabular_logits_and_jacobian(model, theta, window):
     """Tabular model: theta is a ((V+1)^k, V) table, one row per window."""
-    V, k = model["vocab_size"], model["context"]
+    V = model["vocab_size"]
     row = 0
     for c in window:  # base V+1 digits, oldest first
         row = row * (V + 1) + c

@@ -7,13 +7,9 @@ import pytest
 import fisher_ref.alignment as alignment
 from fisher_ref import exact, load_config, token_fisher
 from fisher_ref.alignment import entropy, fisher_ratio, pairwise_terms, response_token_scores
+from fisher_ref.verify import rel_err
 
 RTOL = 1e-10
-
-
-def rel_err(a, b):
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    return np.abs(a - b).max() / max(np.abs(a).max(), np.abs(b).max(), np.finfo(float).tiny)
 
 
 @pytest.mark.parametrize("name", ["default", "no_eos", "tabular"])

@@ -16,6 +16,7 @@ from fisher_ref.enumeration import state_windows
 from fisher_ref.mc_stats import mean_estimate
 from fisher_ref.model import softmax
 from fisher_ref.quizzes import LETTERS, QUIZZES, Quiz, check
+from fisher_ref.verify import rel_err
 
 LESSONS = Path(__file__).resolve().parents[1] / "lessons"
 RTOL = 1e-10        # exact float64 identities
@@ -31,11 +32,6 @@ def result(name, topk=()):
     if key not in _CACHE:
         _CACHE[key] = exact(load_config(name), topk=topk, progress=False)
     return _CACHE[key]
-
-
-def rel_err(a, b):
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    return np.abs(a - b).max() / max(np.abs(a).max(), np.abs(b).max(), np.finfo(float).tiny)
 
 
 def correct_letter(quiz_id):

@@ -8,14 +8,10 @@ import torch
 import fisher_ref.training as training
 from fisher_ref import exact, load_config
 from fisher_ref.training import bf16_changed, bf16_round, policy_gradient
+from fisher_ref.verify import rel_err
 
 RTOL = 1e-10       # exact float64 identities
 ADAM_RTOL = 1e-12  # same float64 arithmetic as torch.optim.Adam, different order
-
-
-def rel_err(a, b):
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    return np.abs(a - b).max() / max(np.abs(a).max(), np.abs(b).max(), np.finfo(float).tiny)
 
 
 def torch_bf16(x):
