@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .model import softmax, windows_for
+from .model import model_windows, softmax
 from .sensitivities import sensitivities
 from .token_fisher import mean_sensitivity
 
@@ -60,7 +60,7 @@ def response_token_scores(task, prompt, response):
         raise ValueError(f"response {resp} continues after EOS (token 0)")
     pr = list(task.prompts[int(prompt)])
     states = [pr + resp[:t] for t in range(len(resp))]
-    W = windows_for(states, model.context, model.bos)  # (n, k)
+    W = model_windows(model, states)  # (n, k)
     p = softmax(np.asarray(model.logits(theta, W), dtype=float))  # (n, V)
     J = sensitivities(model, theta, W)  # (n, P, V)
     jbar = mean_sensitivity(p, J)  # (n, P)

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .enumeration import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, responses, state_windows
-from .exact_reference import (_REACH, BlockArrays, _autodiff_gradient, _check_support, _probs,
-                              _Run, _sensitivities, exact_reference, topk_center)
+from .enumeration import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, responses
+from .exact_reference import exact_reference
+from .walk import (REACH, BlockArrays, Run, autodiff_gradient, check_support, checked_sensitivities,
+                   model_probs, topk_center)
 from .token_fisher import mean_sensitivity, token_fisher, token_second_moment, uniform_token_fisher
 
 __all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES"]
@@ -59,8 +60,9 @@ class _WindowCache:
         per = 8 * (len(self.centers) * V * P + (2 * len(streams) + 6) * P + 2 * V)
         budget = WINDOW_CACHE_BYTES if budget is None else budget
         self.capacity = max(1, budget // per)
-        self.base = (V + 1) ** np.arange(task.model.context, dtype=object)
-        self.exact_keys = (V + 1) ** task.model.context < 2 ** 62
+        # window entries lie in -1..V (-1 pads a model's whole-history window)
+        self.base = (V + 2) ** np.arange(task.model.context, dtype=object)
+        self.exact_keys = (V + 2) ** task.model.context < 2 ** 62
         self.clear()
 
     def clear(self):
@@ -69,7 +71,7 @@ class _WindowCache:
 
     def _keys(self, W):
         if self.exact_keys:
-            return (W * self.base.astype(np.int64)).sum(axis=1).tolist()  # (B,)
+            return ((W + 1) * self.base.astype(np.int64)).sum(axis=1).tolist()  # (B,)
         return [tuple(r) for r in W.tolist()]
 
     def rows(self, W):
@@ -100,8 +102,8 @@ class _WindowCache:
     def _compute(self, Wu):
         """Arrays of distinct windows ``Wu (U, k)``."""
         task, theta = self.task, self.task.theta
-        pu, qu = _probs(task, theta, Wu)  # (U, V) each
-        J = _sensitivities(task, Wu)  # (U, P, V)
+        pu, qu = model_probs(task, theta, Wu)  # (U, V) each
+        J = checked_sensitivities(task, Wu)  # (U, P, V)
         jbar = {"p": mean_sensitivity(pu, J), "q": mean_sensitivity(qu, J)}  # (U, P)
         dist = {"p": pu, "q": qu}
         out = {"p": pu, "q": qu}
@@ -124,7 +126,7 @@ class _WindowCache:
 
 
 class _AutodiffBatch:
-    """Complete responses gathered for one :func:`_autodiff_gradient` call."""
+    """Complete responses gathered for one :func:`autodiff_gradient` call."""
 
     def __init__(self, task):
         self.task, self.parts, self.rows = task, [], 0
@@ -142,19 +144,18 @@ class _AutodiffBatch:
             return 0.0
         args = [np.concatenate(a) for a in zip(*self.parts)]
         self.parts, self.rows = [], 0
-        return _autodiff_gradient(self.task, self.task.theta, *args)
+        return autodiff_gradient(self.task, self.task.theta, *args)
 
 
 def _block_arrays(run, cache, block):
     """A block's per-state arrays, gathered from the per-window cache; adds its
     token-level terms and keeps its state records."""
     task, S = run.task, len(run.streams)
-    W = state_windows(block["tokens"], block["length"], task.model.context,
-                      task.model.bos)  # (B, k)
+    W = task.model.windows(block["tokens"], block["length"])  # (B, k)
     arr, inv = cache.rows(W)  # per-window arrays, (B,) row of each state
     p, q = arr["p"][inv], arr["q"][inv]  # (B, V)
     if task.sampler is not None:
-        _check_support(block, p, q)
+        check_support(block, p, q)
     ms = [arr[f"m{s}"][inv] for s in range(S)]  # S arrays (B, P)
     run.add_states(block, ms, [arr[f"cond{s}"][inv] for s in range(S)])
     if run.keep_states:
@@ -180,7 +181,7 @@ def _complete(run, batch, block, arrs, par, xi, done):
     for s, (name, wname, _) in enumerate(run.streams):
         h = block["H"][s, par] + xi[s]  # (C, P): each response's own h
         run.moments[name].add_responses_grouped(
-            done[_REACH[wname]], R, h, done["rp"], starts, arrs.G[s, pg],
+            done[REACH[wname]], R, h, done["rp"], starts, arrs.G[s, pg],
             block["hist"][s, pg, :depth], xi[s], depth)
     if batch.add(done, plen, R):
         run.grad_ad += batch.flush()
@@ -217,7 +218,7 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
               max_seconds=max_seconds, max_bytes=max_bytes, progress=progress)
     if reference:
         return exact_reference(task, **kw)
-    run = _Run(task, **kw)
+    run = Run(task, **kw)
     cache = _WindowCache(task, run.streams, run.keep_states)
     batch = _AutodiffBatch(task)
     run.walk(("hist", "H", "G"), lambda block: _block_arrays(run, cache, block),

@@ -16,270 +16,33 @@ a pair (distribution the responses are drawn from, centering of the score):
 Every response-level expectation is a sum over complete responses of
 probability times the response's own value (:math:`h`, :math:`h^2`,
 :math:`\xi_u\xi_t`, :math:`A h`); every token-level one is a sum over states
-of reach probability times the state's value. The identities of §1 relate the
+of reach probability times the state's value. The identities of docs/theory.md relate the
 two routes; nothing here assumes them.
 
-Both engines share what does not depend on how the sums are grouped: the
-argument checks and sizing (``_plan``), the checked probabilities (``_probs``)
-and ``_Run``, the depth-first walk over the prefix tree (built from
-:mod:`fisher_ref.enumeration`) with the accumulators it feeds.
+Both engines share what does not depend on how the sums are grouped (the
+argument checks and sizing, the checked probabilities, the depth-first walk and
+the accumulators it feeds): that lives in :mod:`fisher_ref.walk`.
 """
 from __future__ import annotations
 
-from collections import namedtuple
-
 import numpy as np
-from autograd import grad
-import autograd.numpy as anp
 
-from .enumeration import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, carry, check_cost, depth_first,
-                          estimate_cost, expand, responses, root_block, terminal)
-from .model import log_softmax, softmax, state_windows
-from .progress import Progress
-from .results import ExactResult, Moments, finish_stream
-from .sensitivities import sensitivities
+from .enumeration import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, carry, responses
 from .token_fisher import mean_sensitivity, token_fisher, token_second_moment, uniform_token_fisher
+from .walk import (REACH, BlockArrays, Run, autodiff_gradient, check_support, checked_sensitivities,
+                   model_probs, topk_center)
 
 __all__ = ["exact_reference", "topk_center"]
-
-# Block key of the reach probability under each distribution a stream draws from.
-_REACH = {"p": "rp", "q": "rq"}
-
-#: What a block's states pass on to their children: probabilities ``p, q (B, V)``,
-#: ``rows (B,)`` the row of each state in the ``xiT`` arrays, ``xiT`` one array
-#: ``(U, V, P)`` per stream (the score of every candidate token), and ``G (S, B, P)``
-#: the path sums of ``m`` including the states' own.
-BlockArrays = namedtuple("BlockArrays", "p q rows xiT G")
-
-
-def topk_center(q, sens, k):
-    r"""Mean sensitivity under the top-``k`` tokens of ``q``, renormalised: ``(B, P)``.
-
-    .. math:: c_i = \sum_{a \in K} q_a j_{i,a} / \sum_{a \in K} q_a,
-       \quad K = \text{the } k \text{ most likely tokens (ties: lowest id first)}
-
-    Example:
-        >>> topk_center(np.array([[0.5, 0.3, 0.2]]), np.array([[[1.0, 2.0, 4.0]]]), 2)
-        array([[1.375]])
-    """
-    if k >= q.shape[-1]:
-        return mean_sensitivity(q, sens)
-    order = np.argsort(-q, axis=-1, kind="stable")  # (B, V)
-    keep = np.zeros_like(q, dtype=bool)
-    np.put_along_axis(keep, order[:, :k], True, axis=-1)
-    qk = np.where(keep, q, 0.0)  # (B, V)
-    qk = qk / qk.sum(axis=-1, keepdims=True)
-    return mean_sensitivity(qk, sens)
-
-
-def _check_topk(topk):
-    """``topk`` as a tuple of positive integers (``k >= V`` means full centering)."""
-    try:
-        ks = tuple(topk)
-    except TypeError:
-        raise ValueError(f"topk must be a sequence of positive integers, got {topk!r}") from None
-    for k in ks:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"topk entries must be positive integers, got {k!r} in {topk!r}")
-    return tuple(int(k) for k in ks)
-
-
-def _streams(task, topk):
-    """``(name, drawn from "p" | "q", centered at "p" | "q" | k)`` of every stream."""
-    if task.sampler is None:
-        return [("policy", "p", "p")]
-    out = [("policy", "p", "p"), ("raw", "q", "p"), ("centered", "q", "q")]
-    out += [(f"top{k}", "q", k) for k in topk]
-    return out
-
-
-def _check_logits(z, W, V, who):
-    if z.shape != (W.shape[0], V):
-        raise ValueError(f"the {who} returned logits of shape {z.shape} for {W.shape[0]} "
-                         f"windows; expected ({W.shape[0]}, {V}) (V={V})")
-
-
-def _probs(task, theta, W):
-    """Policy and sampler probabilities ``(B, V)`` each, with the logits checked."""
-    z = np.asarray(task.model.logits(theta, W), dtype=float)  # (B, V)
-    _check_logits(z, W, task.model.vocab_size, "model")
-    if np.isnan(z).any() or np.isposinf(z).any():
-        raise ValueError("the model returned NaN or +inf logits")
-    if np.isneginf(z).all(axis=-1).any():
-        raise ValueError("the model returned a state whose logits are all -inf")
-    p = softmax(z)  # (B, V)
-    if task.sampler is None:
-        return p, p
-    zq = np.asarray(task.sampler.logits(task.model, theta, W), dtype=float)  # (B, V)
-    _check_logits(zq, W, task.model.vocab_size, "sampler")
-    if np.isnan(zq).any() or np.isposinf(zq).any() or np.isneginf(zq).all(axis=-1).any():
-        raise ValueError("the sampler returned NaN, +inf or all -inf logits")
-    return p, softmax(zq)
-
-
-def _sensitivities(task, W):
-    """Logit sensitivities ``j (B, P, V)`` of windows ``W (B, k)``, checked finite."""
-    J = sensitivities(task.model, task.theta, W)  # (B, P, V)
-    if not np.isfinite(J).all():
-        raise ValueError("non-finite logit sensitivities (check the model's derivatives)")
-    return J
-
-
-def _check_support(block, p, q):
-    bad = (p > 0) & (q == 0) & (block["rp"][:, None] > 0)  # (B, V)
-    if bad.any():
-        b, a = map(int, np.argwhere(bad)[0])
-        state = block["tokens"][b, :block["length"][b]].tolist()
-        raise ValueError(
-            f"the sampler gives probability 0 to token {a} at state {state} (prompt "
-            f"{int(block['prompt'][b])}), which the policy emits with probability {p[b, a]:.3g}; "
-            "responses the policy can produce would never be sampled, so importance "
-            "weights p/mu are undefined there")
-
-
-def _autodiff_gradient(task, theta, tokens, lengths, prompt_len, weights, R):
-    r"""grad_theta of :math:`\sum_m w_m \prod_t p(y_t|s_t) R_m` over responses (autograd).
-
-    The logits of each distinct window are evaluated once and gathered (the same
-    function of theta, without repeated rows)."""
-    M, T = tokens.shape[0], task.max_len
-    t = np.arange(T)[None, :]
-    mask = (t < (lengths - prompt_len)[:, None]).astype(float)  # (M, T)
-    state_len = np.minimum(prompt_len[:, None] + t, lengths[:, None] - 1)  # (M, T)
-    W = state_windows(np.repeat(tokens, T, axis=0), state_len.ravel(), task.model.context,
-                      task.model.bos)  # (M*T, k)
-    Wu, inv = np.unique(W, axis=0, return_inverse=True)  # (U, k), (M*T,)
-    nxt = tokens[np.arange(M)[:, None], state_len].ravel()  # (M*T,)
-    flat = inv.ravel() * task.model.vocab_size + nxt  # (M*T,) into the (U*V,) log-probs
-
-    def expected_reward(th):
-        lp = anp.reshape(log_softmax(task.model.logits(th, Wu)), (-1,))[flat]  # (M*T,)
-        logP = anp.sum(anp.reshape(lp, (M, T)) * mask, axis=1)  # (M,)
-        return anp.sum(weights * anp.exp(logP) * R)
-
-    return grad(expected_reward)(theta)
-
-
-def _plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes):
-    """Validate the engine's arguments, size the run and refuse it past the limits.
-
-    Returns:
-        ``(streams, cost, keep_states, keep_sequences)`` with the ``"auto"`` choices
-        resolved (keep the arrays when they fit in about 1 GiB).
-    """
-    P, T = task.model.num_params, task.max_len
-    topk = _check_topk(topk)
-    if topk and task.sampler is None:
-        raise ValueError("topk centering needs a sampler mu; this task is on-policy "
-                         "(add a 'sampler' to the task)")
-    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer))
-                              or chunk < 1):
-        raise ValueError(f"chunk must be a positive integer (states per block) or None, "
-                         f"got {chunk!r}")
-    streams = _streams(task, topk)
-    cost = estimate_cost(task, n_streams=len(streams), chunk=chunk)
-    if keep_states == "auto":
-        keep_states = cost.n_states * P * 8 * 3 < 2 ** 30
-    if keep_sequences == "auto":
-        keep_sequences = cost.n_responses * (T + 6) * 8 < 2 ** 30
-    cost = estimate_cost(task, n_streams=len(streams), chunk=chunk, keep_states=keep_states,
-                         keep_sequences=keep_sequences)
-    check_cost(cost, max_seconds, max_bytes)
-    return streams, cost, keep_states, keep_sequences
-
-
-def _children(task, block, idx, arrs):
-    """Children ``idx`` of a block with the score of each one's last token.
-
-    Returns:
-        ``(par, xi, child)``: parent rows ``(C,)``, ``S`` arrays ``(C, P)``, the child block
-        (without per-stream arrays).
-    """
-    par, tok, child = expand(task, block, idx, arrs.p, arrs.q)
-    return par, [x[arrs.rows[par], tok] for x in arrs.xiT], child
-
-
-class _Run:
-    """One enumeration, shared by both engines: the walk over the prefix tree and
-    what it accumulates (per-stream :class:`Moments`, the autodiff gradient, the
-    kept per-state and per-response records)."""
-
-    def __init__(self, task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes,
-                 progress):
-        self.task = task
-        self.streams, self.cost, self.keep_states, self.keep_sequences = _plan(
-            task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes)
-        P, T = task.model.num_params, task.max_len
-        self.moments = {name: Moments(P, T) for name, _, _ in self.streams}
-        self.grad_ad = np.zeros(P)  # (P,)
-        self.states, self.seqs = [], []
-        self.width = max(len(p) for p in task.prompts) + T - 1  # longest state
-        self.bar = Progress(self.cost.n_states, "exact enumeration", enabled=progress)
-
-    def walk(self, carried, block_arrays, complete):
-        """Visit every state depth-first (then call :meth:`finish`).
-
-        Args:
-            carried: per-stream arrays each state carries (names in ``PER_STREAM``).
-            block_arrays: ``block -> BlockArrays``; adds the block's token-level terms.
-            complete: ``(block, arrs, par, xi, done)`` adds the complete responses
-                ``done`` of a block (see :func:`_children`).
-        """
-        stack = [root_block(self.task, len(self.streams), carried)]
-        for block in depth_first(stack, self.cost.chunk):
-            arrs = block_arrays(block)
-            term = terminal(self.task, block)  # (B*V,)
-            if term.any():  # complete responses
-                par, xi, done = _children(self.task, block, np.flatnonzero(term), arrs)
-                complete(block, arrs, par, xi, done)
-            if not term.all():
-                par, xi, child = _children(self.task, block, np.flatnonzero(~term), arrs)
-                child.update(carry(block, par, xi, arrs.G))
-                stack.append(child)
-
-    def add_states(self, block, ms, conds):
-        """Token-level terms of a block: ``ms``, ``conds`` are ``S`` arrays ``(B, P)``,
-        the token second moment ``m`` and :math:`E[\\xi | s]` of each stream."""
-        for s, (name, wname, _) in enumerate(self.streams):
-            self.moments[name].add_states(block[_REACH[wname]], ms[s], conds[s], block["depth"])
-        self.bar.update(block["prompt"].shape[0])
-
-    def keep_state_arrays(self, block, p, q, values):
-        """Record a block's states (``values``: name -> ``(B, P)``) if states are kept."""
-        if not self.keep_states:
-            return
-        n = block["prompt"].shape[0]
-        rec = {"tokens": block["tokens"][:, :self.width].copy(), "prompt": block["prompt"],
-               "depth": np.full(n, block["depth"]), "reach": block["rp"], "probs": p}
-        if self.task.sampler is not None:
-            rec.update({"sampler_reach": block["rq"], "sampler_probs": q})
-        rec.update(values)
-        self.states.append(rec)
-
-    def keep_responses(self, done, resp, R):
-        """Record complete responses ``resp (M, T)`` with rewards ``R (M,)`` if kept."""
-        if self.keep_sequences:
-            self.seqs.append({"tokens": resp, "prompt": done["prompt"], "prob": done["rp"],
-                              "sampler_prob": done["rq"], "reward": R})
-
-    def finish(self):
-        """Close the progress bar; the :class:`ExactResult` of the accumulated sums."""
-        self.bar.close()
-        results = {name: finish_stream(self.moments[name], self.task.baseline)
-                   for name, _, _ in self.streams}
-        return ExactResult.build(self.task, self.cost, results, self.grad_ad, self.states,
-                                 self.seqs)
 
 
 def _block_arrays(run, block):
     """Every state's probabilities, sensitivities and scores, computed per state."""
     task = run.task
-    W = state_windows(block["tokens"], block["length"], task.model.context,
-                      task.model.bos)  # (B, k)
-    p, q = _probs(task, task.theta, W)  # (B, V) each
+    W = task.model.windows(block["tokens"], block["length"])  # (B, k)
+    p, q = model_probs(task, task.theta, W)  # (B, V) each
     if task.sampler is not None:
-        _check_support(block, p, q)
-    J = _sensitivities(task, W)  # (B, P, V)
+        check_support(block, p, q)
+    J = checked_sensitivities(task, W)  # (B, P, V)
     jbar = {"p": mean_sensitivity(p, J), "q": mean_sensitivity(q, J)}  # (B, P)
     dist = {"p": p, "q": q}
     xiT, ms, conds = [], [], []
@@ -307,9 +70,9 @@ def _complete(run, block, arrs, par, xi, done):
     done.update(carry(block, par, xi, arrs.G))
     resp, R, plen = responses(task, done)
     for s, (name, wname, _) in enumerate(run.streams):
-        run.moments[name].add_responses(done[_REACH[wname]], R, done["hist"][s], done["G"][s],
+        run.moments[name].add_responses(done[REACH[wname]], R, done["hist"][s], done["G"][s],
                                         done["rp"])
-    run.grad_ad += _autodiff_gradient(task, task.theta, done["tokens"], done["length"], plen,
+    run.grad_ad += autodiff_gradient(task, task.theta, done["tokens"], done["length"], plen,
                                       task.prompt_weights[done["prompt"]], R)
     run.keep_responses(done, resp, R)
 
@@ -327,7 +90,7 @@ def exact_reference(task, *, topk=(), chunk=None, keep_states="auto", keep_seque
         >>> bool(np.allclose(r.sequence_fisher, r.token_fisher_sum, rtol=1e-10, atol=0))
         True
     """
-    run = _Run(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes, progress)
+    run = Run(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes, progress)
     run.walk(("hist", "G"), lambda block: _block_arrays(run, block),
              lambda *args: _complete(run, *args))
     return run.finish()

@@ -1,9 +1,16 @@
 r"""Softmax language models over a flat float64 parameter vector ``theta``.
 
-A model maps a batch of *windows* (the last ``context`` tokens of each state,
-oldest first, left-padded with the BOS id ``V``) to next-token logits::
+A model reads each state through a fixed-width integer *window* and maps a
+batch of windows to next-token logits::
 
-    logits(theta, windows) -> z          # (B, k) int -> (B, V) float
+    windows(tokens, lengths) -> W        # (B, L) int, (B,) -> (B, k) int
+    logits(theta, W) -> z                # (B, k) int -> (B, V) float
+
+For the window models here the window is the last ``context`` tokens of the
+state, oldest first, left-padded with the BOS id ``V`` (:func:`state_windows`);
+a model that reads its whole history (the transformer of
+:mod:`fisher_ref.gpt2`) defines its own ``windows``. The engines compute
+everything a state needs once per distinct window.
 
 Any autograd-differentiable function of that shape can be wrapped with
 :class:`FunctionModel`; :class:`MLPModel` (DESIGN §2) and :class:`TabularModel`
@@ -22,7 +29,8 @@ from autograd.tracer import getval
 
 __all__ = [
     "ModelSpec", "MLPModel", "TabularModel", "FunctionModel", "make_model",
-    "log_softmax", "softmax", "state_windows", "windows_for", "check_theta",
+    "log_softmax", "softmax", "state_windows", "windows_for", "model_windows", "check_theta",
+    "WindowModel",
 ]
 
 
@@ -110,6 +118,29 @@ def windows_for(states, context, bos):
     return state_windows(tokens, lengths, context, bos)
 
 
+class WindowModel:
+    """Mixin: a model that reads the last ``context`` tokens of a state (BOS-padded)."""
+
+    def windows(self, tokens, lengths):
+        """:func:`state_windows` of each state: ``(B, L)`` tokens, ``(B,)`` lengths -> ``(B, k)``."""
+        return state_windows(tokens, lengths, self.context, self.bos)
+
+
+def model_windows(model, states):
+    """``model.windows`` of a list of states given as token sequences: ``(len(states), k)``.
+
+    Example:
+        >>> m = TabularModel(3, context=2)
+        >>> model_windows(m, [(), (1, 2, 0)]).tolist()
+        [[3, 3], [2, 0]]
+    """
+    lengths = np.array([len(s) for s in states], dtype=np.int64)  # (B,)
+    tokens = np.full((len(states), int(lengths.max(initial=0)) + 1), -1, dtype=np.int64)  # (B, L)
+    for b, s in enumerate(states):
+        tokens[b, :lengths[b]] = list(s)
+    return model.windows(tokens, lengths)
+
+
 def check_theta(theta, num_params):
     """Return ``theta`` as a float64 vector of length ``num_params`` or raise."""
     arr = np.asarray(theta)
@@ -195,7 +226,7 @@ class ModelSpec:
                 "init_seed": self.init_seed, "init_scale": self.init_scale}
 
 
-class MLPModel:
+class MLPModel(WindowModel):
     """The DESIGN §2 MLP over a window of the last ``k`` tokens.
 
     Example:
@@ -251,7 +282,7 @@ class MLPModel:
         return d
 
 
-class TabularModel:
+class TabularModel(WindowModel):
     r"""Logits are the parameters: one row of ``V`` logits per possible window.
 
     ``theta`` reshaped to ``((V+1)^k, V)``; the row of a window
@@ -295,7 +326,7 @@ class TabularModel:
                 "init_scale": self.init_scale}
 
 
-class FunctionModel:
+class FunctionModel(WindowModel):
     """Wrap any autograd-differentiable ``logits_fn(theta, windows) -> (B, V)``.
 
     Args:

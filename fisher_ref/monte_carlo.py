@@ -31,7 +31,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .enumeration import state_windows
 from .mc_stats import (EXACT_VARIANCE, Estimate, MCResult, advantage_estimates, bernstein_z,
                        bonferroni_z, cross_estimate, exact_variance_reduction,
                        linearised_values, mean_estimate, running_estimates, spread,
@@ -122,7 +121,7 @@ def sample(task, n, rng, use_sampler=False):
         rows = np.flatnonzero(live)
         if rows.size == 0:
             break
-        W = state_windows(full[rows], length[rows], m.context, m.bos)  # (B, k)
+        W = m.windows(full[rows], length[rows])  # (B, k)
         probs = np.exp(log_softmax(_logits(task, W, use_sampler)))  # (B, V)
         y = _draw(probs, rng)  # (B,)
         tokens[rows, t] = y
@@ -151,7 +150,7 @@ def _occurrences(task, draws):
     valid = toks >= 0  # (n, T)
     rows, ts = np.nonzero(valid)  # (K,), (K,)
     full[rows, pl[rows] + ts] = toks[rows, ts]
-    W = state_windows(full[rows], pl[rows] + ts, task.model.context, task.model.bos)  # (K, k)
+    W = task.model.windows(full[rows], pl[rows] + ts)  # (K, k)
     return W, toks[rows, ts], rows, ts
 
 

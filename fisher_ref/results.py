@@ -5,7 +5,10 @@ probability ``w(y)`` and over states ``s`` reached with probability
 :math:`\pi(s)`:
 
 - :math:`E[h]`, :math:`E[h^2]`, :math:`E[h^4]` (response level);
-- :math:`E[R]`, :math:`E[R^2]`, :math:`E[Rh]`, :math:`E[Rh^2]`, :math:`E[R^2h^2]`;
+- :math:`E[R]`, :math:`E[R^2]`, :math:`E[Rh]`, :math:`E[Rh^2]`, :math:`E[R^2h^2]`, each
+  with ``R`` taken relative to a reference reward ``r0`` (the first reward seen), so
+  that ``std(A)`` does not cancel catastrophically when rewards carry a large
+  offset (``1e8 + count``);
 - :math:`C_{u,t} = E[\xi_u\xi_t]` and :math:`E[\xi_u^2\xi_t^2]` (``T x T x P``);
 - the token sum :math:`\sum_s \pi(s) m(s)` by states, and :math:`E[g]`,
   :math:`E[g^2]` for the per-response path sum :math:`g = \sum_t m(s_t)`;
@@ -35,6 +38,7 @@ class Moments:
 
     def __init__(self, P, T):
         self.mass = 0.0
+        self.r0 = None  # reference reward: every R sum is of R - r0
         self.R = self.R2 = 0.0
         self.h, self.h2, self.h4 = np.zeros(P), np.zeros(P), np.zeros(P)
         self.Rh, self.Rh2, self.R2h2 = np.zeros(P), np.zeros(P), np.zeros(P)
@@ -56,10 +60,17 @@ class Moments:
             self.cond_mean_max = np.maximum(self.cond_mean_max,
                                             np.abs(cond_mean[live]).max(axis=0))
 
+    def _centered(self, R):
+        """``R - r0`` (fixing ``r0`` at the first reward seen)."""
+        if self.r0 is None and len(R):
+            self.r0 = float(R[0])
+        return R - (self.r0 or 0.0)
+
     def add_responses(self, w, R, hist, g, w_policy):
         """Responses: weights ``w (M,)``, rewards ``R (M,)``, scores ``hist (M, T, P)``,
         path sums ``g (M, P)``, policy probabilities ``w_policy (M,)`` (importance weights)."""
         h = hist.sum(axis=1)  # (M, P)
+        R = self._centered(R)
         h2 = h * h
         self.mass += w.sum()
         self.R += w @ R
@@ -96,6 +107,7 @@ class Moments:
         finite sum: :math:`\sum_{a} w_a \xi_u\xi_t(a) = \xi_u \sum_a w_a\xi_t(a)`
         when every response of the group shares :math:`\xi_u` (and ``g``).
         """
+        R = self._centered(R)
         wR = w * R
         rho_w = importance_weighted(w, w_policy)  # (C,)
         self.mass += w.sum()
@@ -207,16 +219,19 @@ class StreamResult:
 
 def finish_stream(m, baseline):
     """Derived quantities of one stream; ``baseline`` is a number or ``"mean"``."""
-    ER = m.R / m.mass
+    r0 = m.r0 or 0.0
+    ERc = m.R / m.mass  # E[R - r0]
+    ER = r0 + ERc
     b = ER if baseline == "mean" else float(baseline)
-    var_R = max(m.R2 / m.mass - ER * ER, 0.0)
+    var_R = max(m.R2 / m.mass - ERc * ERc, 0.0)  # of R - r0: no large offset to cancel
     std_A = np.sqrt(var_R)
-    G = m.Rh - b * m.h
-    cov = m.Rh - ER * m.h
+    d = r0 - b  # A = (R - r0) + d
+    G = m.Rh + d * m.h
+    cov = m.Rh - ERc * m.h
     bound = std_A * np.sqrt(m.h2)
     with np.errstate(invalid="ignore", divide="ignore"):
         corr = np.where(bound > 0, np.abs(cov) / np.where(bound > 0, bound, 1.0), 0.0)
-    A2h2 = m.R2h2 - 2 * b * m.Rh2 + b * b * m.h2
+    A2h2 = m.R2h2 + 2 * d * m.Rh2 + d * d * m.h2
     variances = {
         "h": m.h2 - m.h ** 2,
         "h2": m.h4 - m.h2 ** 2,
@@ -231,7 +246,7 @@ def finish_stream(m, baseline):
         cross_terms=m.cross, cond_score_max=m.cond_mean_max, mass=float(m.mass),
         expected_reward=float(ER), reward_std=float(std_A), baseline=float(b), gradient=G,
         covariance=cov, gradient_shift=m.h.copy(), bound=bound, correlation=corr,
-        importance_gradient=m.is_Rh - b * m.is_h, variances=variances)
+        importance_gradient=m.is_Rh + d * m.is_h, variances=variances)
 
 
 def topk_overlap(G, F, fractions=(0.01, 0.05, 0.1, 0.25)):

@@ -20,12 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .enumeration import state_windows
 from .sensitivities import sensitivities, sensitivities_autograd
 from .token_fisher import token_fisher, token_fisher_pairwise, uniform_token_fisher
 
 __all__ = ["Check", "exact_checks", "format_table", "verify_task", "add_arguments", "run",
-           "EXACT_RTOL"]
+           "EXACT_RTOL", "constant_breaking_bound", "bound_broken_at_zero"]
 
 EXACT_RTOL = 1e-10  # exact identities in float64 (DESIGN §7)
 MC_ALPHA = 1e-6  # false-failure rate of one Monte Carlo row
@@ -126,7 +125,7 @@ def _state_form_checks(result):
     n = min(len(st["depth"]), _SHIFT_STATES)
     tokens = st["tokens"][:n]
     lengths = (tokens >= 0).sum(axis=1)
-    W = state_windows(tokens, lengths, task.model.context, task.model.bos)
+    W = task.model.windows(tokens, lengths)  # (n, k)
     J = sensitivities(task.model, task.theta, W)  # (n, P, V)
     p = st["probs"][:n]
     f = token_fisher(p, J)
@@ -176,21 +175,68 @@ def exact_checks(result):
                           rel_err(raw.importance_gradient, result.gradient,
                                   GRADIENT_FLOOR * gradient_scale(on)), EXACT_RTOL, "equal",
                           "rho = P/mu formed per response; holds because mu covers p"))
-        c_break = constant_breaking_bound(raw, c)
-        rows.append(Check("off-policy", "raw", "smallest |c| with |E_mu[(A+c)h]| > bound",
-                          c_break, 0.0, "info", "uncentered: bound fails past this constant"))
+        rows += _constant_rows(raw, c)
     return rows
 
 
+def _constant_rows(raw, centered):
+    """Rows on the constant ``c`` past which the uncentered gradient breaks the bound:
+    the parameters already over it at ``c = 0``, and a check that the reported
+    ``c`` is where the crossing is (within bound just below, over it just above)."""
+    c_break, n0 = constant_breaking_bound(raw, centered), bound_broken_at_zero(raw, centered)
+    rows = [Check("off-policy", "raw", "parameters with |E_mu[A h]| > bound already at c = 0",
+                  float(n0), 0.0, "info", "the uncentered gradient need not respect the bound")]
+    if n0 or not np.isfinite(c_break):
+        rows.append(Check("off-policy", "raw", "smallest |c| with |E_mu[(A+c)h]| > bound",
+                          c_break, 0.0, "info",
+                          "broken at c = 0" if n0 else "E_mu[h] = 0: never broken"))
+        return rows
+    B = centered.bound
+    excess = [float(np.max(np.abs(raw.gradient_with_constant(s * k * c_break)) - B))
+              for s in (1, -1) for k in (1 - 1e-6, 1 + 1e-6)]
+    inside = max(excess[0], excess[2])  # just below |c|: within the bound on both signs
+    outside = max(excess[1], excess[3])  # just above: over it for some parameter and sign
+    rows.append(Check("off-policy", "raw",
+                      f"smallest |c| with |E_mu[(A+c)h]| > bound: c = {c_break:.6g}; "
+                      "max excess at 1.000001 c (must be > 0)", outside, 0.0, "nonzero",
+                      f"at 0.999999 c: {inside:.3g}"))
+    return rows
+
+
+def bound_broken_at_zero(raw, centered):
+    r"""Number of parameters whose uncentered gradient :math:`|E_\mu[A h]|` already
+    exceeds the centered bound :math:`std_\mu(A)\sqrt{F_\mu}` at ``c = 0``."""
+    return int(np.count_nonzero(np.abs(raw.gradient) > centered.bound))
+
+
 def constant_breaking_bound(raw, centered):
-    r"""Smallest :math:`|c|` for which the uncentered gradient
-    :math:`|E_\mu[(A+c) h]|` exceeds the centered bound :math:`std_\mu(A)\sqrt{F_\mu}`
-    for some parameter (``inf`` if the raw score mean is 0 everywhere)."""
+    r"""Smallest :math:`|c| \ge 0` past which :math:`|E_\mu[(A+c) h]|` exceeds the centered
+    bound :math:`B = std_\mu(A)\sqrt{F_\mu}` for some parameter.
+
+    :math:`E_\mu[(A+c)h_i] = g_i + c\,m_i` with :math:`m = E_\mu[h]`. It is ``0.0`` when
+    some parameter is over the bound already at ``c = 0`` (see
+    :func:`bound_broken_at_zero`). Otherwise every :math:`|g_i| \le B_i` and
+    parameter ``i`` stays within the bound for
+    :math:`c \in [-(B_i + s_i g_i)/|m_i|,\ (B_i - s_i g_i)/|m_i|]`, :math:`s_i =
+    \operatorname{sign} m_i` (both ends :math:`\ge 0` in size); the answer is the
+    smallest end over parameters, ``inf`` when :math:`E_\mu[h] = 0` everywhere.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> raw = NS(score_mean=np.array([0.5, -1.0]), gradient=np.array([0.1, 0.2]))
+        >>> constant_breaking_bound(raw, NS(bound=np.array([1.0, 1.0])))
+        0.8
+        >>> constant_breaking_bound(raw, NS(bound=np.array([0.05, 1.0])))
+        0.0
+    """
     m, g0, B = raw.score_mean, raw.gradient, centered.bound
+    if bound_broken_at_zero(raw, centered):
+        return 0.0
+    am, s = np.abs(m), np.sign(m)
     with np.errstate(divide="ignore", invalid="ignore"):
-        c_pos = np.where(np.abs(m) > 0, (B - np.sign(m) * g0) / np.abs(m), np.inf)
-        c_neg = np.where(np.abs(m) > 0, (B + np.sign(m) * g0) / np.abs(m), np.inf)
-    return float(np.min(np.abs(np.concatenate([c_pos, c_neg]))))
+        up = np.where(am > 0, (B - s * g0) / am, np.inf)  # (P,) c > 0 side (c * s_i > 0)
+        down = np.where(am > 0, (B + s * g0) / am, np.inf)  # (P,) |c| on the other side
+    return float(min(up.min(initial=np.inf), down.min(initial=np.inf)))
 
 
 _MC_IDENTITY = {"score_mean": "1", "cross_terms": "2", "sequence_fisher": "3",

@@ -97,3 +97,25 @@ def test_gradient_with_constant_adds_c_times_score_mean():
     raw = r.streams["raw"]
     assert np.array_equal(raw.gradient_with_constant(0.0), raw.gradient)
     assert rel(raw.gradient_with_constant(2.0), raw.gradient + 2.0 * raw.score_mean) <= RTOL
+
+
+def test_reward_std_has_no_cancellation_under_a_large_offset():
+    """std(A) and the bound are sums of (R - r0): a reward offset of 1e8 changes them by
+    rounding only (E[R^2] - E[R]^2 in float64 lost 6x on the bound at 1e8)."""
+    from fisher_ref import exact, load_config
+    base = load_config("default")
+    count = base.reward
+    shifted = base.with_(reward=lambda prompt, resp: 1e8 + count(prompt, resp))
+    a, b = exact(base, progress=False), exact(shifted, progress=False)
+    assert abs(b.reward_std - a.reward_std) <= 1e-8 * a.reward_std
+    np.testing.assert_allclose(b.bound, a.bound, rtol=1e-8, atol=0)
+    assert abs(b.expected_reward - 1e8 - a.expected_reward) <= 1e-7
+
+
+def test_constant_reward_has_zero_std_and_zero_covariance():
+    """A reward that is the same on every response: std(A) = 0 and Cov(A, h) = 0 exactly."""
+    from fisher_ref import exact, load_config
+    task = load_config("no_eos").with_(reward={"name": "length"}, baseline="mean")
+    r = exact(task, progress=False)
+    assert r.reward_std == 0.0
+    assert np.all(r.covariance == 0.0) and np.all(r.gradient == 0.0)

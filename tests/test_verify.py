@@ -161,3 +161,46 @@ def test_torch_commands_without_torch_exit_2_with_install_hint(monkeypatch, caps
     monkeypatch.setattr(builtins, "__import__", no_torch)
     assert main(["bench", "--config", "default", "--repeats", "1"]) == 2
     assert 'pip install -e ".[torch]"' in capsys.readouterr().err
+
+
+def _scan_breaking_constant(raw, centered, c_max, n=200001):
+    """Brute force: the smallest |c| on a grid of both signs at which some parameter's
+    |E_mu[(A+c)h]| exceeds the bound, by evaluating every grid point."""
+    c = np.linspace(0.0, c_max, n)  # (n,)
+    for sign in (1.0, -1.0):
+        g = raw.gradient[None, :] + sign * c[:, None] * raw.score_mean[None, :]  # (n, P)
+        over = (np.abs(g) > centered.bound[None, :]).any(axis=1)  # (n,)
+        yield c[np.argmax(over)] if over.any() else np.inf
+
+
+@pytest.mark.parametrize("temperature", [0.9, 0.98, 1.02])
+def test_constant_breaking_bound_matches_a_brute_force_scan(temperature):
+    """On a sampler close to the policy (bound intact at c = 0) the closed form agrees
+    with a grid scan over c of both signs to the grid step."""
+    from fisher_ref import exact, load_config
+    from fisher_ref.samplers import TemperatureSampler
+    from fisher_ref.verify import bound_broken_at_zero, constant_breaking_bound
+    task = load_config("default").with_(sampler=TemperatureSampler(temperature))
+    r = exact(task, progress=False)
+    raw, cen = r.streams["raw"], r.streams["centered"]
+    assert bound_broken_at_zero(raw, cen) == 0
+    c = constant_breaking_bound(raw, cen)
+    assert 0 < c < np.inf
+    c_max = 4 * c
+    step = c_max / 200000
+    scanned = min(_scan_breaking_constant(raw, cen, c_max))
+    assert abs(scanned - c) <= 2 * step, (scanned, c)
+
+
+def test_constant_breaking_bound_is_zero_when_already_broken():
+    """offpolicy_stale: parameters over the bound at c = 0 give c = 0 and a count that a
+    direct comparison reproduces; the verify table says so."""
+    from fisher_ref import exact, load_config
+    from fisher_ref.verify import bound_broken_at_zero, constant_breaking_bound, exact_checks
+    r = exact(load_config("offpolicy_stale"), progress=False)
+    raw, cen = r.streams["raw"], r.streams["centered"]
+    n0 = sum(abs(g) > b for g, b in zip(raw.gradient.tolist(), cen.bound.tolist()))
+    assert n0 > 0 and bound_broken_at_zero(raw, cen) == n0
+    assert constant_breaking_bound(raw, cen) == 0.0
+    rows = [row for row in exact_checks(r) if "already at c = 0" in row.check]
+    assert len(rows) == 1 and rows[0].value == n0

@@ -1,0 +1,269 @@
+r"""The walk over the prefix tree that both exact engines share, and what it feeds.
+
+Both numpy engines (:mod:`fisher_ref.exact_reference`, the plain judge, and
+:mod:`fisher_ref.exact`, the fast one) are thin strategies over this module:
+
+- :func:`plan` validates the engine arguments, sizes the run and refuses it past
+  the limits (:mod:`fisher_ref.enumeration` counts in closed form);
+- :func:`model_probs`, :func:`checked_sensitivities`, :func:`check_support` give
+  the checked per-state probabilities of the policy and the sampler and the logit
+  sensitivities :math:`j_{i,a}(s) = \partial z_a(s)/\partial\theta_i`;
+- :func:`stream_specs` names the streams (distribution drawn from, centering);
+- :class:`Run` walks every state depth-first in bounded blocks and accumulates
+  per-stream :class:`fisher_ref.results.Moments`, the autodiff gradient and the
+  kept per-state and per-response records;
+- :func:`autodiff_gradient` is the second route to the policy gradient:
+  autograd of the exact expected reward :math:`\sum_y P(y) R(y)`.
+
+Streams (see docs/theory.md): ``"policy"`` — drawn from ``p``, centered at
+:math:`\bar j_p`; with a sampler ``"raw"`` (from ``mu``, centered at
+:math:`\bar j_p`), ``"centered"`` (from ``mu``, at :math:`\bar j_\mu`) and
+``"top{k}"`` (from ``mu``, centered with only the top-``k`` tokens of ``mu``).
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+from autograd import grad
+import autograd.numpy as anp
+
+from .enumeration import carry, check_cost, depth_first, estimate_cost, expand, root_block, terminal
+from .model import log_softmax, softmax
+from .progress import Progress
+from .results import ExactResult, Moments, finish_stream
+from .sensitivities import sensitivities
+from .token_fisher import mean_sensitivity
+
+__all__ = ["REACH", "BlockArrays", "topk_center", "check_topk", "stream_specs", "check_logits",
+           "model_probs", "checked_sensitivities", "check_support", "autodiff_gradient", "plan",
+           "children", "Run"]
+
+# Block key of the reach probability under each distribution a stream draws from.
+REACH = {"p": "rp", "q": "rq"}
+
+#: What a block's states pass on to their children: probabilities ``p, q (B, V)``,
+#: ``rows (B,)`` the row of each state in the ``xiT`` arrays, ``xiT`` one array
+#: ``(U, V, P)`` per stream (the score of every candidate token), and ``G (S, B, P)``
+#: the path sums of ``m`` including the states' own.
+BlockArrays = namedtuple("BlockArrays", "p q rows xiT G")
+
+
+def topk_center(q, sens, k):
+    r"""Mean sensitivity under the top-``k`` tokens of ``q``, renormalised: ``(B, P)``.
+
+    .. math:: c_i = \sum_{a \in K} q_a j_{i,a} / \sum_{a \in K} q_a,
+       \quad K = \text{the } k \text{ most likely tokens (ties: lowest id first)}
+
+    Example:
+        >>> topk_center(np.array([[0.5, 0.3, 0.2]]), np.array([[[1.0, 2.0, 4.0]]]), 2)
+        array([[1.375]])
+    """
+    if k >= q.shape[-1]:
+        return mean_sensitivity(q, sens)
+    order = np.argsort(-q, axis=-1, kind="stable")  # (B, V)
+    keep = np.zeros_like(q, dtype=bool)
+    np.put_along_axis(keep, order[:, :k], True, axis=-1)
+    qk = np.where(keep, q, 0.0)  # (B, V)
+    qk = qk / qk.sum(axis=-1, keepdims=True)
+    return mean_sensitivity(qk, sens)
+
+
+def check_topk(topk):
+    """``topk`` as a tuple of positive integers (``k >= V`` means full centering)."""
+    try:
+        ks = tuple(topk)
+    except TypeError:
+        raise ValueError(f"topk must be a sequence of positive integers, got {topk!r}") from None
+    for k in ks:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"topk entries must be positive integers, got {k!r} in {topk!r}")
+    return tuple(int(k) for k in ks)
+
+
+def stream_specs(task, topk):
+    """``(name, drawn from "p" | "q", centered at "p" | "q" | k)`` of every stream."""
+    if task.sampler is None:
+        return [("policy", "p", "p")]
+    out = [("policy", "p", "p"), ("raw", "q", "p"), ("centered", "q", "q")]
+    out += [(f"top{k}", "q", k) for k in topk]
+    return out
+
+
+def check_logits(z, W, V, who):
+    if z.shape != (W.shape[0], V):
+        raise ValueError(f"the {who} returned logits of shape {z.shape} for {W.shape[0]} "
+                         f"windows; expected ({W.shape[0]}, {V}) (V={V})")
+
+
+def model_probs(task, theta, W):
+    """Policy and sampler probabilities ``(B, V)`` each, with the logits checked."""
+    z = np.asarray(task.model.logits(theta, W), dtype=float)  # (B, V)
+    check_logits(z, W, task.model.vocab_size, "model")
+    if np.isnan(z).any() or np.isposinf(z).any():
+        raise ValueError("the model returned NaN or +inf logits")
+    if np.isneginf(z).all(axis=-1).any():
+        raise ValueError("the model returned a state whose logits are all -inf")
+    p = softmax(z)  # (B, V)
+    if task.sampler is None:
+        return p, p
+    zq = np.asarray(task.sampler.logits(task.model, theta, W), dtype=float)  # (B, V)
+    check_logits(zq, W, task.model.vocab_size, "sampler")
+    if np.isnan(zq).any() or np.isposinf(zq).any() or np.isneginf(zq).all(axis=-1).any():
+        raise ValueError("the sampler returned NaN, +inf or all -inf logits")
+    return p, softmax(zq)
+
+
+def checked_sensitivities(task, W):
+    """Logit sensitivities ``j (B, P, V)`` of windows ``W (B, k)``, checked finite."""
+    J = sensitivities(task.model, task.theta, W)  # (B, P, V)
+    if not np.isfinite(J).all():
+        raise ValueError("non-finite logit sensitivities (check the model's derivatives)")
+    return J
+
+
+def check_support(block, p, q):
+    bad = (p > 0) & (q == 0) & (block["rp"][:, None] > 0)  # (B, V)
+    if bad.any():
+        b, a = map(int, np.argwhere(bad)[0])
+        state = block["tokens"][b, :block["length"][b]].tolist()
+        raise ValueError(
+            f"the sampler gives probability 0 to token {a} at state {state} (prompt "
+            f"{int(block['prompt'][b])}), which the policy emits with probability {p[b, a]:.3g}; "
+            "responses the policy can produce would never be sampled, so importance "
+            "weights p/mu are undefined there")
+
+
+def autodiff_gradient(task, theta, tokens, lengths, prompt_len, weights, R):
+    r"""grad_theta of :math:`\sum_m w_m \prod_t p(y_t|s_t) R_m` over responses (autograd).
+
+    The logits of each distinct window are evaluated once and gathered (the same
+    function of theta, without repeated rows). Slots past a response's end are
+    dropped with a ``where``, not multiplied by 0: a slot's log-probability may be
+    ``-inf`` (a masked token), and ``0 * -inf`` is NaN."""
+    M, T = tokens.shape[0], task.max_len
+    t = np.arange(T)[None, :]
+    live = t < (lengths - prompt_len)[:, None]  # (M, T) slots holding a generated token
+    state_len = np.minimum(prompt_len[:, None] + t, lengths[:, None] - 1)  # (M, T)
+    W = task.model.windows(np.repeat(tokens, T, axis=0), state_len.ravel())  # (M*T, k)
+    Wu, inv = np.unique(W, axis=0, return_inverse=True)  # (U, k), (M*T,)
+    nxt = tokens[np.arange(M)[:, None], state_len].ravel()  # (M*T,)
+    flat = inv.ravel() * task.model.vocab_size + nxt  # (M*T,) into the (U*V,) log-probs
+
+    def expected_reward(th):
+        lp = anp.reshape(log_softmax(task.model.logits(th, Wu)), (-1,))[flat]  # (M*T,)
+        logP = anp.sum(anp.where(live, anp.reshape(lp, (M, T)), 0.0), axis=1)  # (M,)
+        return anp.sum(weights * anp.exp(logP) * R)
+
+    return grad(expected_reward)(theta)
+
+
+def plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes):
+    """Validate the engine's arguments, size the run and refuse it past the limits.
+
+    Returns:
+        ``(streams, cost, keep_states, keep_sequences)`` with the ``"auto"`` choices
+        resolved (keep the arrays when they fit in about 1 GiB).
+    """
+    P, T = task.model.num_params, task.max_len
+    topk = check_topk(topk)
+    if topk and task.sampler is None:
+        raise ValueError("topk centering needs a sampler mu; this task is on-policy "
+                         "(add a 'sampler' to the task)")
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer))
+                              or chunk < 1):
+        raise ValueError(f"chunk must be a positive integer (states per block) or None, "
+                         f"got {chunk!r}")
+    streams = stream_specs(task, topk)
+    cost = estimate_cost(task, n_streams=len(streams), chunk=chunk)
+    if keep_states == "auto":
+        keep_states = cost.n_states * P * 8 * 3 < 2 ** 30
+    if keep_sequences == "auto":
+        keep_sequences = cost.n_responses * (T + 6) * 8 < 2 ** 30
+    cost = estimate_cost(task, n_streams=len(streams), chunk=chunk, keep_states=keep_states,
+                         keep_sequences=keep_sequences)
+    check_cost(cost, max_seconds, max_bytes)
+    return streams, cost, keep_states, keep_sequences
+
+
+def children(task, block, idx, arrs):
+    """Children ``idx`` of a block with the score of each one's last token.
+
+    Returns:
+        ``(par, xi, child)``: parent rows ``(C,)``, ``S`` arrays ``(C, P)``, the child block
+        (without per-stream arrays).
+    """
+    par, tok, child = expand(task, block, idx, arrs.p, arrs.q)
+    return par, [x[arrs.rows[par], tok] for x in arrs.xiT], child
+
+
+class Run:
+    """One enumeration, shared by both engines: the walk over the prefix tree and
+    what it accumulates (per-stream :class:`Moments`, the autodiff gradient, the
+    kept per-state and per-response records)."""
+
+    def __init__(self, task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes,
+                 progress):
+        self.task = task
+        self.streams, self.cost, self.keep_states, self.keep_sequences = plan(
+            task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes)
+        P, T = task.model.num_params, task.max_len
+        self.moments = {name: Moments(P, T) for name, _, _ in self.streams}
+        self.grad_ad = np.zeros(P)  # (P,)
+        self.states, self.seqs = [], []
+        self.width = max(len(p) for p in task.prompts) + T - 1  # longest state
+        self.bar = Progress(self.cost.n_states, "exact enumeration", enabled=progress)
+
+    def walk(self, carried, block_arrays, complete):
+        """Visit every state depth-first (then call :meth:`finish`).
+
+        Args:
+            carried: per-stream arrays each state carries (names in ``PER_STREAM``).
+            block_arrays: ``block -> BlockArrays``; adds the block's token-level terms.
+            complete: ``(block, arrs, par, xi, done)`` adds the complete responses
+                ``done`` of a block (see :func:`children`).
+        """
+        stack = [root_block(self.task, len(self.streams), carried)]
+        for block in depth_first(stack, self.cost.chunk):
+            arrs = block_arrays(block)
+            term = terminal(self.task, block)  # (B*V,)
+            if term.any():  # complete responses
+                par, xi, done = children(self.task, block, np.flatnonzero(term), arrs)
+                complete(block, arrs, par, xi, done)
+            if not term.all():
+                par, xi, child = children(self.task, block, np.flatnonzero(~term), arrs)
+                child.update(carry(block, par, xi, arrs.G))
+                stack.append(child)
+
+    def add_states(self, block, ms, conds):
+        """Token-level terms of a block: ``ms``, ``conds`` are ``S`` arrays ``(B, P)``,
+        the token second moment ``m`` and :math:`E[\\xi | s]` of each stream."""
+        for s, (name, wname, _) in enumerate(self.streams):
+            self.moments[name].add_states(block[REACH[wname]], ms[s], conds[s], block["depth"])
+        self.bar.update(block["prompt"].shape[0])
+
+    def keep_state_arrays(self, block, p, q, values):
+        """Record a block's states (``values``: name -> ``(B, P)``) if states are kept."""
+        if not self.keep_states:
+            return
+        n = block["prompt"].shape[0]
+        rec = {"tokens": block["tokens"][:, :self.width].copy(), "prompt": block["prompt"],
+               "depth": np.full(n, block["depth"]), "reach": block["rp"], "probs": p}
+        if self.task.sampler is not None:
+            rec.update({"sampler_reach": block["rq"], "sampler_probs": q})
+        rec.update(values)
+        self.states.append(rec)
+
+    def keep_responses(self, done, resp, R):
+        """Record complete responses ``resp (M, T)`` with rewards ``R (M,)`` if kept."""
+        if self.keep_sequences:
+            self.seqs.append({"tokens": resp, "prompt": done["prompt"], "prob": done["rp"],
+                              "sampler_prob": done["rq"], "reward": R})
+
+    def finish(self):
+        """Close the progress bar; the :class:`ExactResult` of the accumulated sums."""
+        self.bar.close()
+        results = {name: finish_stream(self.moments[name], self.task.baseline)
+                   for name, _, _ in self.streams}
+        return ExactResult.build(self.task, self.cost, results, self.grad_ad, self.states,
+                                 self.seqs)
