@@ -19,10 +19,10 @@ from .model import FunctionModel, MLPModel, ModelSpec, TabularModel, make_model
 from .results import ExactResult, topk_overlap
 from .rewards import CountReward, FunctionReward, LengthReward, MatchReward
 from .samplers import LogitsSampler, PerturbedSampler, RoundedSampler, TemperatureSampler
+from .version import __version__
 from .tasks import Task, list_configs, load_config, load_task, task_from_json
 from .token_fisher import token_fisher, token_fisher_pairwise, uniform_token_fisher
 
-__version__ = "0.1.0"
 
 __all__ = [
     "exact", "ExactResult", "EnumerationTooLarge", "estimate_cost", "topk_overlap",

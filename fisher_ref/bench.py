@@ -4,7 +4,7 @@ Measurements (each a function ``task -> zero-argument callable`` in
 :data:`MEASUREMENTS`, so a scaling sweep can reuse them per task size):
 
 - ``fisher_ref`` — :func:`fisher_ref.exact.exact` (numpy, CPU, float64);
-- ``torch_cpu_float64`` — :func:`fisher_ref.torch_exact.torch_exact` on the CPU
+- ``torch_cpu_float64`` — :func:`fisher_ref.torch.exact.torch_exact` on the CPU
   in float64: the same enumeration and the same quantities (every stream,
   cross terms, per-state arrays, the autograd gradient);
 - ``torch_cuda_float64`` — the same on CUDA, synchronised, when present.
@@ -20,6 +20,8 @@ import json
 import statistics
 import sys
 import time
+
+from .command import task_from_args
 
 __all__ = ["MEASUREMENTS", "measurements", "time_call", "bench", "format_table",
            "add_arguments", "run", "DEFAULT_REPEATS"]
@@ -37,7 +39,7 @@ def measure_fisher_ref(task):
 def _measure_torch(device):
     def make(task):
         import torch
-        from .torch_exact import torch_exact
+        from .torch.exact import torch_exact
 
         def call():
             out = torch_exact(task, device=device, dtype="float64")
@@ -149,7 +151,6 @@ def run(args):
     if getattr(args, "scaling", None):
         from .scaling import main as scaling_main
         return scaling_main(["--out", args.scaling])
-    from .cli import task_from_args
     task = task_from_args(args)
     try:
         res = bench(task, repeats=args.repeats, names=measurements(args.device))

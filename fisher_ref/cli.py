@@ -2,7 +2,8 @@
 
 Each subcommand lives in the module of its concept, which provides
 ``add_arguments(parser)`` and ``run(args) -> exit code``; this module only
-wires them together and resolves ``--config NAME`` / ``--task FILE``.
+wires them together; the task arguments every subcommand shares
+(``--config NAME`` / ``--task FILE``) live in :mod:`fisher_ref.command`.
 """
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import argparse
 import importlib
 import sys
 
-__all__ = ["main", "build_parser", "task_from_args"]
+from .command import add_task_arguments
+
+__all__ = ["main", "build_parser"]
 
 SUBCOMMANDS = {
     "verify": ("fisher_ref.verify", "check every identity of DESIGN §1, exactly and by Monte Carlo"),
@@ -18,23 +21,6 @@ SUBCOMMANDS = {
     "compare": ("fisher_ref.compare", "compare the torch implementation with fisher_ref"),
     "bench": ("fisher_ref.bench", "time the exact engine against torch doing the same work"),
 }
-
-
-def add_task_arguments(parser, default_config="default"):
-    """``--config NAME`` or ``--task FILE`` (mutually exclusive)."""
-    g = parser.add_mutually_exclusive_group()
-    g.add_argument("--config", default=None,
-                   help=f"a named config shipped with fisher_ref (default: {default_config!r})")
-    g.add_argument("--task", default=None, help="a task file in the JSON format of DESIGN §5")
-    parser.set_defaults(_default_config=default_config)
-
-
-def task_from_args(args):
-    """Load the task named by ``--task`` or ``--config`` (default config otherwise)."""
-    from .tasks import load_config, load_task
-    if getattr(args, "task", None):
-        return load_task(args.task)
-    return load_config(args.config or args._default_config)
 
 
 def build_parser(command=None):

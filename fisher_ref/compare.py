@@ -1,6 +1,6 @@
 r"""``python -m fisher_ref compare``: the torch implementation against fisher_ref.
 
-For each dtype the torch side (:mod:`fisher_ref.torch_exact`) computes every
+For each dtype the torch side (:mod:`fisher_ref.torch.exact`) computes every
 quantity of DESIGN §1 on the device and each is held against fisher_ref's
 float64 exact engine. The error of a torch array ``a`` against the exact ``b``:
 
@@ -25,7 +25,7 @@ all-zero exact array is judged by the absolute error). A row passes when
   ~18); :data:`TOL_FLOAT32` = 2e-5 (factor ~170) leaves a 10x margin for
   bigger tasks and GPU reduction orders.
 - ``bfloat16`` (eps = 2^-7 = 7.8e-3): logits and sensitivities in bfloat16,
-  probabilities and every sum in float32 (:func:`fisher_ref.torch_impl.accumulation_dtype`).
+  probabilities and every sum in float32 (:func:`fisher_ref.torch.model.accumulation_dtype`).
   Errors are dominated by the bfloat16 rounding of ``theta``, the logits and
   ``j``; measured worst rel error on the shipped configs: 3.0e-2
   (``centered.cross_terms`` of ``offpolicy_stale``; about 4 eps);
@@ -51,6 +51,8 @@ import json
 import sys
 
 import numpy as np
+
+from .command import task_from_args
 
 __all__ = ["TOLERANCES", "TOL_FLOAT64", "TOL_FLOAT32", "TOL_BFLOAT16", "MC_ALPHA",
            "DEFAULT_MC", "bernstein_threshold", "compare", "rel_error", "add_arguments", "run", "format_table"]
@@ -108,7 +110,7 @@ def _pairs(task, ref, out, tm, theta_t):
     import torch
     from .enumeration import state_windows
     from .sensitivities import sensitivities
-    from .torch_exact import STREAM_QUANTITIES
+    from .torch.exact import STREAM_QUANTITIES
     from .verify import gradient_scale
     st = ref.states
     lengths = np.array([len(task.prompts[p]) for p in st["prompt"]]) + st["depth"]
@@ -167,9 +169,9 @@ def bernstein_threshold(var, b, n, alpha=MC_ALPHA, m=1):
 
 def _mc_rows(task, ref, device, n, seed):
     import torch
-    from . import torch_exact as tex
+    from .torch import exact as tex
     from .mc_stats import ZERO_VAR_RTOL, bernstein_ratio
-    from .torch_mc import torch_monte_carlo
+    from .torch.monte_carlo import torch_monte_carlo
     gen = torch.Generator(device=device).manual_seed(int(seed))
     est = torch_monte_carlo(task, n, gen, device=device, dtype="float64")
     ranges = tex.torch_exact(task, device=device, dtype="float64")["ranges"]
@@ -208,9 +210,9 @@ def compare(task, device="cpu", dtypes=DEFAULT_DTYPES, mc=DEFAULT_MC, seed=0, re
         max_rel_error, test, statistic, tolerance, passed``.
     """
     import torch
-    from . import torch_exact as tex
+    from .torch import exact as tex
     from .exact import exact
-    from .torch_impl import resolve_dtype, torch_model
+    from .torch.model import resolve_dtype, torch_model
     dtypes = [d for d in dtypes]
     for d in dtypes:
         resolve_dtype(d)
@@ -280,7 +282,6 @@ def add_arguments(parser):
 
 def run(args):
     """Print the table (and write ``--json``); exit code 1 if any row fails."""
-    from .cli import task_from_args
     task = task_from_args(args)
     device = args.device or _default_device()
     dtypes = _dtype_list(args.dtype)

@@ -25,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .command import task_from_args
+from .version import __version__
+
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "GoldenFileError", "Golden", "golden_arrays",
            "export_golden", "load_golden", "compare_golden", "array_sha256", "meta_sha256",
            "regenerate_golden_files", "GOLDEN_CONFIGS", "add_arguments", "run"]
@@ -150,7 +153,6 @@ def _expected_keys(offpolicy):
 
 
 def _meta(task, arrays):
-    from . import __version__
     from .rewards import Reward, make_reward
     if not isinstance(task.reward, Reward):  # a bare callable: record it by name
         task = task.with_(reward=make_reward(task.reward))
@@ -452,7 +454,6 @@ def add_arguments(parser):
 
 def run(args):
     """``python -m fisher_ref export``: write the golden file and say what was written."""
-    from .cli import task_from_args
     task = task_from_args(args)
     path = export_golden(task, args.out)
     data = path.read_bytes()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .command import task_from_args
 from .sensitivities import sensitivities, sensitivities_autograd
 from .token_fisher import token_fisher, token_fisher_pairwise, uniform_token_fisher
 
@@ -287,7 +288,6 @@ def add_arguments(parser):
 
 def run(args):
     """Run ``verify``: print the table; return 0 if every check passed, else 1."""
-    from .cli import task_from_args
     task = task_from_args(args)
     result, rows = verify_task(task, mc=args.mc, seed=args.seed, progress=not args.quiet)
     c = result.cost

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-import fisher_ref.torch_exact as tex
+import fisher_ref.torch.exact as tex
 from fisher_ref import load_config
 from fisher_ref.cli import main
 from fisher_ref.compare import (TOL_BFLOAT16, bernstein_threshold, TOL_FLOAT32, TOL_FLOAT64, TOLERANCES, _dtype_list,

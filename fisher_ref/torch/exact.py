@@ -28,8 +28,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .rewards import evaluate_reward
-from .torch_impl import sampler_logits, state_windows, token_fisher, torch_model
+from ..rewards import evaluate_reward
+from .model import sampler_logits, state_windows, token_fisher, torch_model
 
 __all__ = ["enumerate_tree", "torch_exact", "STREAM_QUANTITIES"]
 
@@ -117,7 +117,7 @@ def torch_exact(task, device="cpu", dtype="float64", levels=None):
         task: a :class:`fisher_ref.tasks.Task` with an MLP model.
         device: torch device.
         dtype: compute dtype of logits and sensitivities (sums in
-            :func:`fisher_ref.torch_impl.accumulation_dtype`).
+            :func:`fisher_ref.torch.model.accumulation_dtype`).
         levels: a precomputed :func:`enumerate_tree` (else built here).
 
     Returns:

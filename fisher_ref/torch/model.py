@@ -14,8 +14,8 @@ the logits, the Jacobians and every reduction are torch operations.
 - :func:`sampler_logits` — :math:`\mu`'s logits with the semantics of
   :mod:`fisher_ref.samplers` (temperature, perturbed, rounded, custom).
 
-The exact enumeration is in :mod:`fisher_ref.torch_exact`, Monte Carlo in
-:mod:`fisher_ref.torch_mc`.
+The exact enumeration is in :mod:`fisher_ref.torch.exact`, Monte Carlo in
+:mod:`fisher_ref.torch.monte_carlo`.
 
 Precision policy: ``dtype`` is the *compute* dtype of the logits and the
 sensitivities; probabilities, Fisher terms and every sum over states and
@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch.func import jacrev, vmap
 
-from .model import MLPModel
-from .samplers import LogitsSampler, PerturbedSampler, RoundedSampler, TemperatureSampler
+from ..model import MLPModel
+from ..samplers import LogitsSampler, PerturbedSampler, RoundedSampler, TemperatureSampler
 
 __all__ = ["DTYPES", "resolve_dtype", "accumulation_dtype", "TorchMLP", "torch_model",
            "token_fisher", "state_windows", "sampler_logits"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .torch_impl import state_windows, token_fisher, torch_model
+from .model import state_windows, token_fisher, torch_model
 
 __all__ = ["torch_monte_carlo"]
 
@@ -27,7 +27,7 @@ def torch_monte_carlo(task, n, generator, device="cpu", dtype="float64"):
         task: a :class:`fisher_ref.tasks.Task` with an MLP model.
         n: number of responses.
         generator: a ``torch.Generator`` on ``device`` (the only randomness used).
-        device, dtype: as in :func:`fisher_ref.torch_exact.torch_exact`.
+        device, dtype: as in :func:`fisher_ref.torch.exact.torch_exact`.
 
     Returns:
         dict ``{quantity: (mean (P,), se (P,))}`` for ``"sequence_fisher"``,

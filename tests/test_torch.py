@@ -1,4 +1,4 @@
-"""The torch side (fisher_ref.torch_impl / torch_exact / torch_mc) against fisher_ref."""
+"""The torch side (fisher_ref.torch.model / torch_exact / torch_mc) against fisher_ref."""
 import numpy as np
 import pytest
 import torch
@@ -11,9 +11,9 @@ from fisher_ref.model import MLPModel, ModelSpec
 from fisher_ref.samplers import LogitsSampler, RoundedSampler
 from fisher_ref.sensitivities import sensitivities
 from fisher_ref.token_fisher import token_fisher as np_token_fisher
-from fisher_ref.torch_exact import STREAM_QUANTITIES, torch_exact
-from fisher_ref.torch_impl import TorchMLP, resolve_dtype, token_fisher, torch_model
-from fisher_ref.torch_mc import torch_monte_carlo
+from fisher_ref.torch.exact import STREAM_QUANTITIES, torch_exact
+from fisher_ref.torch.model import TorchMLP, resolve_dtype, token_fisher, torch_model
+from fisher_ref.torch.monte_carlo import torch_monte_carlo
 
 pytestmark = pytest.mark.torch
 
