@@ -22,7 +22,8 @@ _FIXED = {"activation_function": "gelu_new", "layer_norm_epsilon": LN_EPS,
 
 
 def hf_config(spec: GPT2Spec):
-    """The ``GPT2Config`` of ``spec``: vocabulary ``V + 1`` (BOS = ``V``), eager attention, no dropout."""
+    """The ``GPT2Config`` of ``spec``: vocabulary ``V + 1`` (BOS = ``V``), eager attention,
+    no dropout."""
     from transformers import GPT2Config
     return GPT2Config(
         vocab_size=spec.vocab_size + 1, n_positions=spec.n_positions, n_embd=spec.embed_dim,
@@ -86,7 +87,7 @@ def theta_from_hf(hf_model, spec: GPT2Spec | None = None):
         hf_model: the ``transformers`` model.
         spec: if given, the config must describe this spec (``ValueError`` names the field).
     """
-    built = spec_from_hf_config(hf_model.config, eos=True if spec is None else spec.eos)
+    built = spec_from_hf_config(hf_model.config, eos=False if spec is None else spec.eos)
     if spec is not None:
         for key in ("vocab_size", "n_positions", "embed_dim", "n_layer", "n_head"):
             if getattr(built, key) != getattr(spec, key):

@@ -9,19 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-torch = pytest.importorskip("torch", reason="the hf extra (torch) is needed to compare with transformers")
+torch = pytest.importorskip("torch", reason="the hf extra (torch) is needed")
 transformers = pytest.importorskip("transformers", reason="the hf extra (transformers) is needed")
 
 from fisher_ref.gpt2 import GPT2Model, GPT2Spec  # noqa: E402
-from fisher_ref.hf import hf_config, hf_logits, spec_from_hf_config, theta_from_hf, to_hf  # noqa: E402
+from fisher_ref.hf import (hf_config, hf_logits, spec_from_hf_config,  # noqa: E402
+                           theta_from_hf, to_hf)
+
+from cases import RTOL, model_windows, rel  # noqa: E402
 
 LOGITS_RTOL = 1e-12  # autograd vs transformers logits, float64
-RTOL = 1e-10  # exact float64 identities
-
-
-def rel(a, b):
-    """max|a - b| / max|b|."""
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
 def all_states(prompts, V, T, eos):
@@ -29,14 +26,6 @@ def all_states(prompts, V, T, eos):
     alphabet = range(1, V) if eos else range(V)
     return [tuple(p) + g for p in prompts for t in range(T)
             for g in itertools.product(alphabet, repeat=t)]
-
-
-def windows_of(model, states):
-    lengths = np.array([len(s) for s in states])
-    tokens = np.full((len(states), max(1, lengths.max())), -1)
-    for b, s in enumerate(states):
-        tokens[b, :len(s)] = s
-    return model.windows(tokens, lengths)
 
 
 PROMPTS = [(), (1,), (3, 2)]  # longest input: BOS + 2 + (T - 1) = 5 <= n_positions
@@ -52,7 +41,7 @@ def test_logits_equal_transformers_on_every_state(n_layer, eos):
     states = all_states(PROMPTS, V, T, eos)
     assert len(states) == (39 if eos else 63)
     hf = to_hf(m, theta)
-    ours = m.logits(theta, windows_of(m, states))  # (N, V), one padded batch
+    ours = m.logits(theta, model_windows(m, states))  # (N, V), one padded batch
     theirs = hf_logits(hf, states)  # (N, V), unpadded batches of equal length
     err = rel(ours, theirs)
     assert err <= LOGITS_RTOL, f"relative error {err:.2e}"
@@ -86,7 +75,7 @@ def test_weights_initialised_by_transformers():
     m = GPT2Model(spec_from_hf_config(hf.config, eos=False))
     theta = theta_from_hf(hf, m.spec)
     states = all_states([()], 4, 4, eos=False)
-    assert rel(m.logits(theta, windows_of(m, states)), hf_logits(hf, states)) <= LOGITS_RTOL
+    assert rel(m.logits(theta, model_windows(m, states)), hf_logits(hf, states)) <= LOGITS_RTOL
 
 
 def test_sensitivities_equal_torch_autograd():
@@ -96,7 +85,7 @@ def test_sensitivities_equal_torch_autograd():
     theta = m.init_params()
     hf = to_hf(m, theta)
     states = [(), (2,), (3, 1, 1)]
-    J = m.sensitivities(theta, windows_of(m, states))  # (B, P, V)
+    J = m.sensitivities(theta, model_windows(m, states))  # (B, P, V)
     for b, s in enumerate(states):
         z = hf(input_ids=torch.tensor([(4,) + s])).logits[0, -1, :4]  # (V,)
         for a in range(4):
@@ -110,7 +99,7 @@ def test_windows_and_states_give_the_same_hf_logits():
     m = GPT2Model(GPT2Spec(vocab_size=3, n_positions=5, embed_dim=4, n_head=1))
     hf = to_hf(m, m.init_params())
     states = [(2, 1), (), (1, 0, 2, 2)]
-    np.testing.assert_array_equal(hf_logits(hf, windows_of(m, states)), hf_logits(hf, states))
+    np.testing.assert_array_equal(hf_logits(hf, model_windows(m, states)), hf_logits(hf, states))
 
 
 def test_config_mismatch_names_the_field():
@@ -118,6 +107,8 @@ def test_config_mismatch_names_the_field():
     hf = to_hf(GPT2Model(spec), GPT2Model(spec).init_params())
     with pytest.raises(ValueError, match="model.n_layer"):
         theta_from_hf(hf, GPT2Spec(vocab_size=3, n_positions=4, embed_dim=4, n_layer=2, n_head=2))
+    with pytest.raises(ValueError, match="theta has length"):
+        to_hf(GPT2Model(spec), np.zeros(3))
     config = hf_config(spec)
     config.activation_function = "gelu"
     with pytest.raises(ValueError, match="config.activation_function"):
@@ -135,5 +126,5 @@ def test_random_specs_equal_transformers(data, V, eos, n_layer, H, hd, N, seed, 
     theta = m.init_params()
     states = data.draw(st.lists(st.lists(st.integers(0, V - 1), max_size=N - 1),
                                 min_size=1, max_size=6))
-    err = rel(m.logits(theta, windows_of(m, states)), hf_logits(to_hf(m, theta), states))
+    err = rel(m.logits(theta, model_windows(m, states)), hf_logits(to_hf(m, theta), states))
     assert err <= LOGITS_RTOL, f"relative error {err:.2e}"
