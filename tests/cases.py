@@ -275,3 +275,12 @@ def expected_reward_fn(task, brute):
         return anp.sum(wx * anp.exp(anp.dot(S, lp)) * R)
 
     return f
+
+
+def model_windows(model, states):
+    """``model.windows`` of a list of token sequences (prompt plus generated tokens)."""
+    lengths = np.array([len(s) for s in states], dtype=np.int64)  # (B,)
+    tokens = np.full((len(states), int(lengths.max(initial=0))), -1, dtype=np.int64)  # (B, L)
+    for b, s in enumerate(states):
+        tokens[b, :len(s)] = s
+    return model.windows(tokens, lengths)
