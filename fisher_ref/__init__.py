@@ -15,7 +15,9 @@ from .exact import exact
 from .golden import GoldenFileError, compare_golden, export_golden, load_golden
 from .monte_carlo import (CheckRow, Estimate, MCResult, bonferroni_z, check_monte_carlo,
                           estimate, sample)
-from .model import FunctionModel, MLPModel, ModelSpec, TabularModel, make_model
+from .architectures import make_model
+from .gpt2 import GPT2Model, GPT2Spec
+from .model import FunctionModel, MLPModel, ModelSpec, TabularModel
 from .results import ExactResult, topk_overlap
 from .rewards import CountReward, FunctionReward, LengthReward, MatchReward
 from .samplers import LogitsSampler, PerturbedSampler, RoundedSampler, TemperatureSampler
@@ -26,7 +28,7 @@ from .token_fisher import token_fisher, token_fisher_pairwise, uniform_token_fis
 
 __all__ = [
     "exact", "ExactResult", "EnumerationTooLarge", "estimate_cost", "topk_overlap",
-    "ModelSpec", "MLPModel", "TabularModel", "FunctionModel", "make_model",
+    "ModelSpec", "MLPModel", "TabularModel", "FunctionModel", "make_model", "GPT2Spec", "GPT2Model",
     "CountReward", "MatchReward", "LengthReward", "FunctionReward",
     "TemperatureSampler", "PerturbedSampler", "RoundedSampler", "LogitsSampler",
     "Task", "task_from_json", "load_task", "load_config", "list_configs",

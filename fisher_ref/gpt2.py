@@ -41,7 +41,7 @@ import autograd.numpy as anp
 import numpy as np
 from autograd import jacobian
 
-from .model import _check_common, softmax
+from .model import SpecModel, check_common_fields, softmax
 
 __all__ = ["GPT2Spec", "GPT2Model", "gelu_new", "layer_norm"]
 
@@ -99,7 +99,7 @@ class GPT2Spec:
         if self.embed_dim % self.n_head:
             raise ValueError(f"model.n_head must divide model.embed_dim, got n_head="
                              f"{self.n_head} and embed_dim={self.embed_dim}")
-        _check_common(self.vocab_size, self.eos, self.init_seed, self.init_scale)
+        check_common_fields(self.vocab_size, self.eos, self.init_seed, self.init_scale)
 
     @property
     def bos(self):
@@ -130,13 +130,13 @@ class GPT2Spec:
         return off + int(np.prod(shape))
 
     def to_json(self):
-        return {"arch": "gpt2", "vocab_size": self.vocab_size, "eos": self.eos,
+        return {"vocab_size": self.vocab_size, "eos": self.eos,
                 "n_positions": self.n_positions, "embed_dim": self.embed_dim,
                 "n_layer": self.n_layer, "n_head": self.n_head,
                 "init_seed": self.init_seed, "init_scale": self.init_scale}
 
 
-class GPT2Model:
+class GPT2Model(SpecModel):
     """The GPT-2 of the module docstring; a state's window is ``[BOS] + s``, ``-1`` padded.
 
     Example:
@@ -153,24 +153,8 @@ class GPT2Model:
     name = "gpt2"
 
     def __init__(self, spec: GPT2Spec):
-        self.spec = spec
-        self.vocab_size = spec.vocab_size
+        super().__init__(spec)
         self.context = spec.n_positions
-        self.eos = bool(spec.eos)
-        self.bos = spec.bos
-        self.num_params = spec.num_params
-
-    def layout(self):
-        return self.spec.layout()
-
-    def init_params(self):
-        rng = np.random.default_rng(self.spec.init_seed)
-        return self.spec.init_scale * rng.standard_normal(self.num_params)
-
-    def describe(self):
-        d = self.spec.to_json()
-        d["bos"] = self.bos
-        return d
 
     def windows(self, tokens, lengths):
         """Row ``b`` = ``[BOS] + tokens[b, :lengths[b]]``, ``-1`` padded: ``(B, n_positions)``.
@@ -187,14 +171,6 @@ class GPT2Model:
             tokens, ((0, 0), (0, N - 1 - tokens.shape[1])), constant_values=-1)  # (B, N-1)
         body = np.where(cols < lengths[:, None], src, -1)  # (B, N-1)
         return np.concatenate([np.full((B, 1), self.bos), body], axis=1).astype(np.int64)
-
-    def unpack(self, theta):
-        """Named views of ``theta (P,)``, or of a stack ``(B, P)`` with a leading ``B`` axis."""
-        out = {}
-        for name, shape, off in self.spec.layout():
-            n = int(np.prod(shape))
-            out[name] = anp.reshape(theta[..., off:off + n], theta.shape[:-1] + shape)
-        return out
 
     def logits(self, theta, windows):
         """Next-token logits ``z (B, V)`` of windows ``(B, n_positions)``."""

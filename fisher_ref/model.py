@@ -28,7 +28,8 @@ import numpy as np
 from autograd.tracer import getval
 
 __all__ = [
-    "ModelSpec", "MLPModel", "TabularModel", "FunctionModel", "make_model",
+    "ModelSpec", "MLPModel", "TabularModel", "FunctionModel", "SpecModel",
+    "check_common_fields",
     "log_softmax", "softmax", "state_windows", "windows_for", "model_windows", "check_theta",
     "WindowModel",
 ]
@@ -160,7 +161,7 @@ def check_theta(theta, num_params):
     return arr
 
 
-def _check_common(vocab_size, eos, init_seed, init_scale):
+def check_common_fields(vocab_size, eos, init_seed, init_scale):
     """Validate the fields every model spec shares; raise ``ValueError`` naming the field."""
     if not isinstance(eos, (bool, np.bool_)):
         raise ValueError(f"model.eos must be true or false, got {eos!r}")
@@ -198,7 +199,7 @@ class ModelSpec:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"model.{name} must be a positive integer, got {v!r}")
-        _check_common(self.vocab_size, self.eos, self.init_seed, self.init_scale)
+        check_common_fields(self.vocab_size, self.eos, self.init_seed, self.init_scale)
 
     @property
     def bos(self):
@@ -226,7 +227,41 @@ class ModelSpec:
                 "init_seed": self.init_seed, "init_scale": self.init_scale}
 
 
-class MLPModel(WindowModel):
+class SpecModel:
+    """Base of a model built from a frozen spec (``layout()``, ``num_params``, ``bos``,
+    ``init_seed``, ``init_scale``, ``to_json()``): named views and initial parameters."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.vocab_size = spec.vocab_size
+        self.eos = bool(spec.eos)
+        self.bos = spec.bos
+        self.num_params = spec.num_params
+
+    def layout(self):
+        return self.spec.layout()
+
+    def unpack(self, theta):
+        """Named views of ``theta (P,)``, or of a stack ``(B, P)`` with a leading ``B``
+        axis (works under autograd)."""
+        out = {}
+        for name, shape, off in self.spec.layout():
+            n = int(np.prod(shape))
+            out[name] = anp.reshape(theta[..., off:off + n], theta.shape[:-1] + tuple(shape))
+        return out
+
+    def init_params(self):
+        """``theta = init_scale * default_rng(init_seed).standard_normal(P)`` in the layout."""
+        rng = np.random.default_rng(self.spec.init_seed)
+        return self.spec.init_scale * rng.standard_normal(self.num_params)
+
+    def describe(self):
+        d = dict(self.spec.to_json())
+        d.update({"arch": self.name, "bos": self.bos})
+        return d
+
+
+class MLPModel(SpecModel, WindowModel):
     """The DESIGN §2 MLP over a window of the last ``k`` tokens.
 
     Example:
@@ -240,27 +275,8 @@ class MLPModel(WindowModel):
     name = "mlp_window"
 
     def __init__(self, spec: ModelSpec):
-        self.spec = spec
-        self.vocab_size = spec.vocab_size
+        super().__init__(spec)
         self.context = spec.context
-        self.eos = bool(spec.eos)
-        self.bos = spec.bos
-        self.num_params = spec.num_params
-
-    def layout(self):
-        return self.spec.layout()
-
-    def unpack(self, theta):
-        """Named views ``{E, W1, b1, W2, b2}`` of ``theta`` (works under autograd)."""
-        out = {}
-        for name, shape, off in self.spec.layout():
-            n = int(np.prod(shape))
-            out[name] = anp.reshape(theta[off:off + n], shape)
-        return out
-
-    def init_params(self):
-        rng = np.random.default_rng(self.spec.init_seed)
-        return self.spec.init_scale * rng.standard_normal(self.num_params)
 
     def hidden(self, theta, windows):
         """``(e, hid)`` for a batch of windows: ``(B, k*d)`` and ``(B, H)``."""
@@ -275,11 +291,6 @@ class MLPModel(WindowModel):
         p = self.unpack(theta)
         _, hid = self.hidden(theta, windows)
         return anp.dot(hid, p["W2"]) + p["b2"]  # (B, V)
-
-    def describe(self):
-        d = dict(self.spec.to_json())
-        d.update({"arch": self.name, "bos": self.bos})
-        return d
 
 
 class TabularModel(WindowModel):
@@ -296,7 +307,7 @@ class TabularModel(WindowModel):
         for name, v in (("vocab_size", vocab_size), ("context", context)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"model.{name} must be a positive integer, got {v!r}")
-        _check_common(vocab_size, eos, init_seed, init_scale)
+        check_common_fields(vocab_size, eos, init_seed, init_scale)
         self.vocab_size = int(vocab_size)
         self.context = int(context)
         self.eos = bool(eos)
@@ -357,33 +368,3 @@ class FunctionModel(WindowModel):
     def describe(self):
         return {"arch": self.name, "vocab_size": self.vocab_size, "context": self.context,
                 "eos": self.eos, "bos": self.bos}
-
-
-def make_model(spec):
-    """Build a model from a JSON-like dict (task file ``model``) or a ModelSpec."""
-    if isinstance(spec, ModelSpec):
-        return MLPModel(spec)
-    if not isinstance(spec, dict):
-        raise TypeError(f"model spec must be a dict or ModelSpec, got {type(spec).__name__}")
-    spec = dict(spec)
-    arch = spec.pop("arch", "mlp_window")
-    spec.pop("bos", None)
-    if arch == "mlp_window":
-        allowed = {"vocab_size", "context", "embed_dim", "hidden", "eos", "init_seed",
-                   "init_scale"}
-        extra = set(spec) - allowed
-        if extra:
-            raise ValueError(f"unknown model keys {sorted(extra)}; allowed: {sorted(allowed)}")
-        if "vocab_size" not in spec:
-            raise ValueError("model.vocab_size is required")
-        return MLPModel(ModelSpec(**spec))
-    if arch == "tabular":
-        allowed = {"vocab_size", "context", "eos", "init_seed", "init_scale"}
-        extra = set(spec) - allowed
-        if extra:
-            raise ValueError(f"unknown model keys {sorted(extra)} for arch 'tabular'; "
-                             f"allowed: {sorted(allowed)}")
-        if "vocab_size" not in spec:
-            raise ValueError("model.vocab_size is required")
-        return TabularModel(**spec)
-    raise ValueError(f"unknown model arch {arch!r}; known: 'mlp_window', 'tabular'")

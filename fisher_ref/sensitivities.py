@@ -49,9 +49,13 @@ def mlp_sensitivities(model, theta, windows):
 
 
 def sensitivities(model, theta, windows):
-    """``j`` for a batch of windows, ``(B, P, V)``: closed form for the MLP, else autograd."""
+    """``j`` for a batch of windows, ``(B, P, V)``: closed form for the MLP, the model's
+    own ``sensitivities`` method where it has one (the GPT-2's per-state stack),
+    else autograd's Jacobian."""
     if isinstance(model, MLPModel):
         return mlp_sensitivities(model, theta, windows)
+    if callable(getattr(model, "sensitivities", None)):
+        return model.sensitivities(theta, windows)
     return sensitivities_autograd(model, theta, windows)
 
 

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .model import check_theta, make_model
+from .architectures import make_model
+from .model import check_theta
 from .rewards import Reward, make_reward
 from .samplers import Sampler, make_sampler
 

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from fisher_ref.model import (FunctionModel, MLPModel, ModelSpec, TabularModel, check_theta,
-                              log_softmax, make_model, softmax, windows_for)
+                              log_softmax, softmax, windows_for)
+from fisher_ref.architectures import make_model
 
 RTOL = 1e-10
 
