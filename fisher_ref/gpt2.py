@@ -156,6 +156,17 @@ class GPT2Model(SpecModel):
         super().__init__(spec)
         self.context = spec.n_positions
 
+    def check_lengths(self, longest_prompt, max_len):
+        """Refuse a task whose longest state would not fit: ``len(prompt) + max_len``
+        positions (BOS plus at most ``max_len - 1`` generated tokens after the prompt)
+        must be at most ``n_positions``."""
+        if longest_prompt + max_len > self.context:
+            raise ValueError(
+                f"the longest prompt ({longest_prompt} tokens) plus max_len ({max_len}) is "
+                f"{longest_prompt + max_len}, more than model.n_positions={self.context}: "
+                "GPT-2 reads BOS plus the whole history, so len(prompt) + max_len <= "
+                "n_positions is required")
+
     def windows(self, tokens, lengths):
         """Row ``b`` = ``[BOS] + tokens[b, :lengths[b]]``, ``-1`` padded: ``(B, n_positions)``.
 

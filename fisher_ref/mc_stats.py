@@ -164,10 +164,13 @@ def advantage_estimates(R, h, h2):
 def z_score(mean, exact_value, variance, n, scale=None):
     r""":math:`z = (\bar x - E[x]) / \sqrt{\mathrm{Var}(x)/n}`, elementwise.
 
-    Where the exact variance is 0 (at most :data:`ZERO_VAR_RTOL` of
-    :math:`E[x^2]`, i.e. rounding noise) the per-sample value is constant, so the
-    estimate must equal the exact value to rounding: ``z = 0`` if
-    ``|diff| <= ROUNDING_RTOL * scale`` (``scale = max(1, max|exact|)``), else ``inf``.
+    Where the exact variance is 0 (at most :data:`ZERO_VAR_RTOL` of the entry's
+    :math:`E[x^2]`), or the entry's values are all at rounding level (its
+    :math:`E[x^2]` at most ``ROUNDING_RTOL**2`` of the largest entry's: a parameter
+    that moves every logit alike, such as an attention key bias, has a score of
+    exactly 0 and only rounding in its values), the per-sample value
+    is constant, so the estimate must equal the exact value to rounding: ``z = 0``
+    if ``|diff| <= ROUNDING_RTOL * scale`` (``scale = max(1, max|exact|)``), else ``inf``.
 
     Example:
         >>> z_score(np.array([1.1, 2.0]), np.array([1.0, 2.0]), np.array([0.04, 0.0]), 100)
@@ -179,7 +182,9 @@ def z_score(mean, exact_value, variance, n, scale=None):
     if scale is None:
         scale = max(1.0, float(np.max(np.abs(exact_value), initial=0.0)))
     diff = mean - exact_value
-    zero = variance <= ZERO_VAR_RTOL * (np.abs(variance) + exact_value ** 2)
+    second = np.abs(variance) + exact_value ** 2  # E[x^2] of each entry
+    zero = (variance <= ZERO_VAR_RTOL * second) | \
+        (second <= ROUNDING_RTOL ** 2 * np.max(second, initial=0.0))  # values at rounding level
     with np.errstate(divide="ignore", invalid="ignore"):
         z = diff / np.sqrt(np.where(zero, 1.0, variance) / n)
     const = np.where(np.abs(diff) <= ROUNDING_RTOL * scale, 0.0, np.inf)

@@ -86,6 +86,9 @@ class Task:
                         f"(V={V}; id {V} is BOS and is never a prompt token)")
             prompts.append(tuple(int(t) for t in pr))
         self.prompts = tuple(prompts)
+        check_lengths = getattr(m, "check_lengths", None)  # models with a position limit
+        if callable(check_lengths):
+            check_lengths(max(len(p) for p in prompts), self.max_len)
         w = np.asarray(self.prompt_weights, dtype=float)
         if w.shape != (len(prompts),):
             raise ValueError(

@@ -187,10 +187,11 @@ def _constant_rows(raw, centered):
     c_break, n0 = constant_breaking_bound(raw, centered), bound_broken_at_zero(raw, centered)
     rows = [Check("off-policy", "raw", "parameters with |E_mu[A h]| > bound already at c = 0",
                   float(n0), 0.0, "info", "the uncentered gradient need not respect the bound")]
-    if n0 or not np.isfinite(c_break):
+    if n0 or not 0 < c_break < np.inf:
+        why = ("broken at c = 0" if n0 else "E_mu[h] = 0: never broken" if c_break == np.inf
+               else "the bound is 0 where E_mu[h] != 0: broken for any c != 0")
         rows.append(Check("off-policy", "raw", "smallest |c| with |E_mu[(A+c)h]| > bound",
-                          c_break, 0.0, "info",
-                          "broken at c = 0" if n0 else "E_mu[h] = 0: never broken"))
+                          c_break, 0.0, "info", why))
         return rows
     B = centered.bound
     excess = [float(np.max(np.abs(raw.gradient_with_constant(s * k * c_break)) - B))
@@ -204,10 +205,16 @@ def _constant_rows(raw, centered):
     return rows
 
 
+ROUNDING_RTOL = 1e-12  # entries below this fraction of their natural scale are rounding
+
+
 def bound_broken_at_zero(raw, centered):
     r"""Number of parameters whose uncentered gradient :math:`|E_\mu[A h]|` already
-    exceeds the centered bound :math:`std_\mu(A)\sqrt{F_\mu}` at ``c = 0``."""
-    return int(np.count_nonzero(np.abs(raw.gradient) > centered.bound))
+    exceeds the centered bound :math:`std_\mu(A)\sqrt{F_\mu}` at ``c = 0`` by more
+    than rounding (``ROUNDING_RTOL`` of the larger of the two's maxima)."""
+    g, B = np.abs(raw.gradient), centered.bound
+    tol = ROUNDING_RTOL * max(g.max(initial=0.0), B.max(initial=0.0))
+    return int(np.count_nonzero(g - B > tol))
 
 
 def constant_breaking_bound(raw, centered):
@@ -234,9 +241,11 @@ def constant_breaking_bound(raw, centered):
     if bound_broken_at_zero(raw, centered):
         return 0.0
     am, s = np.abs(m), np.sign(m)
+    # E_mu[h_i] at rounding level (a parameter no response moves) is 0: never crosses
+    am = np.where(am > ROUNDING_RTOL * np.sqrt(max(float(np.max(raw.sequence_fisher)), 0.0)), am, 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        up = np.where(am > 0, (B - s * g0) / am, np.inf)  # (P,) c > 0 side (c * s_i > 0)
-        down = np.where(am > 0, (B + s * g0) / am, np.inf)  # (P,) |c| on the other side
+        up = np.maximum(np.where(am > 0, (B - s * g0) / am, np.inf), 0.0)  # (P,) c s_i > 0
+        down = np.maximum(np.where(am > 0, (B + s * g0) / am, np.inf), 0.0)  # (P,) c s_i < 0
     return float(min(up.min(initial=np.inf), down.min(initial=np.inf)))
 
 

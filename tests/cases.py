@@ -18,7 +18,6 @@ from autograd import jacobian
 from fisher_ref import (FunctionModel, FunctionReward, LogitsSampler, MLPModel, ModelSpec,
                         RoundedSampler, TabularModel, Task, TemperatureSampler, exact,
                         list_configs, load_config)
-from fisher_ref.model import log_softmax, windows_for
 from fisher_ref.rewards import CountReward, LengthReward, MatchReward
 
 RTOL = 1e-10  # exact float64 identities (DESIGN §7)
@@ -201,9 +200,38 @@ def get_brute(case):
     return brute_force(get_task(case))
 
 
+def reference_window(model, state):
+    """The input the model reads at ``state`` (a token tuple), built here from the
+    model's definition, not by the library: GPT-2 reads ``[BOS] + state`` padded on
+    the right with -1 to ``n_positions``; a window model reads the last ``context``
+    tokens, BOS on the left where the state is shorter."""
+    state = [int(t) for t in state]
+    if getattr(model, "name", "") == "gpt2":
+        row = [model.bos] + state
+        return row + [-1] * (model.context - len(row))
+    k = model.context
+    return [model.bos] * max(0, k - len(state)) + state[max(0, len(state) - k):]
+
+
+def reference_windows(model, states):
+    """:func:`reference_window` of each state: ``(len(states), k)`` int64."""
+    return np.array([reference_window(model, s) for s in states], dtype=np.int64)
+
+
+def reference_log_softmax(z):
+    """Row-wise log-probabilities written here (autograd): ``z - m - log sum exp(z - m)``
+    with ``m`` the row's largest finite logit held constant, so ``-inf`` logits stay
+    ``-inf`` and their derivatives finite."""
+    zv = np.asarray(getattr(z, "_value", z), dtype=float)
+    while hasattr(zv, "_value"):
+        zv = zv._value
+    m = np.where(np.isfinite(zv), zv, -np.inf).max(axis=-1, keepdims=True)  # (B, 1)
+    u = z - m
+    return u - anp.log(anp.sum(anp.exp(u), axis=-1, keepdims=True))
+
+
 def _softmax_np(z):
-    z = np.asarray(z, dtype=float)
-    return np.exp(np.asarray(log_softmax(z)))
+    return np.exp(np.asarray(reference_log_softmax(np.asarray(z, dtype=float))))
 
 
 def brute_force(task):
@@ -220,8 +248,8 @@ def brute_force(task):
     sq = {k: [] for k in ("P", "Pmu", "R", "xi", "xc", "prompt", "response", "length")}
 
     def visit(pi, tokens, depth, reach, reach_mu, xi, xc):
-        w = windows_for([tokens], model.context, model.bos)  # (1, k)
-        logp = lambda th: log_softmax(model.logits(th, w))[0]  # (V,)
+        w = reference_windows(model, [tokens])  # (1, k)
+        logp = lambda th: reference_log_softmax(model.logits(th, w))[0]  # (V,)
         p = np.exp(np.asarray(logp(theta), dtype=float))
         S = np.asarray(jacobian(logp)(theta))  # (V, P)
         q = p if task.sampler is None else _softmax_np(
@@ -261,7 +289,7 @@ def expected_reward_fn(task, brute):
         prompt = task.prompts[brute["prompt"][m]]
         resp = brute["response"][m]
         for t, a in enumerate(resp):
-            wins.append(windows_for([prompt + tuple(resp[:t])], model.context, model.bos)[0])
+            wins.append(reference_window(model, prompt + tuple(resp[:t])))
             toks.append(a)
             owner.append(n)
     W = np.array(wins, dtype=np.int64)  # (K, k)
@@ -271,16 +299,9 @@ def expected_reward_fn(task, brute):
     R = brute["R"][keep]
 
     def f(th):
-        lp = log_softmax(model.logits(th, W))[np.arange(len(toks)), toks]  # (K,)
+        lp = reference_log_softmax(model.logits(th, W))[np.arange(len(toks)), toks]  # (K,)
         return anp.sum(wx * anp.exp(anp.dot(S, lp)) * R)
 
     return f
 
 
-def model_windows(model, states):
-    """``model.windows`` of a list of token sequences (prompt plus generated tokens)."""
-    lengths = np.array([len(s) for s in states], dtype=np.int64)  # (B,)
-    tokens = np.full((len(states), int(lengths.max(initial=0))), -1, dtype=np.int64)  # (B, L)
-    for b, s in enumerate(states):
-        tokens[b, :len(s)] = s
-    return model.windows(tokens, lengths)

@@ -8,10 +8,10 @@ import pytest
 from autograd import grad
 from hypothesis import given, settings, strategies as st
 
+import cases
 from cases import RTOL, brute_force, expected_reward_fn, get_brute, get_result, get_task, record, rel
 from fisher_ref import (CountReward, LengthReward, MatchReward, MLPModel, ModelSpec,
                         TemperatureSampler, Task, exact)
-from fisher_ref.model import windows_for
 from fisher_ref.sensitivities import sensitivities
 from fisher_ref.token_fisher import token_fisher, token_fisher_pairwise, uniform_token_fisher
 
@@ -27,7 +27,7 @@ def natural_gradient_scale(r, b):
 def state_sensitivities(task, states):
     """j at every kept state, recomputed from its tokens: (N, P, V)."""
     toks = [tuple(int(t) for t in row if t >= 0) for row in states["tokens"]]
-    W = windows_for(toks, task.model.context, task.model.bos)  # (N, k)
+    W = cases.reference_windows(task.model, toks)  # (N, k)
     return sensitivities(task.model, task.theta, W)
 
 
@@ -317,7 +317,7 @@ def test_extreme_and_masked_cases_are_extreme():
     for name in ("extreme_logits", "masked_logits", "masked_rounded_sampler"):
         task = get_task(name)
         toks = [tuple(int(t) for t in row if t >= 0) for row in get_result(name).states["tokens"]]
-        z = task.model.logits(task.theta, windows_for(toks, task.model.context, task.model.bos))
+        z = task.model.logits(task.theta, cases.reference_windows(task.model, toks))
         if name == "extreme_logits":
             assert np.abs(z).max() > 500 and (get_result(name).states["probs"] == 0).any()
         else:

@@ -17,7 +17,8 @@ import fisher_ref.gpt2 as gpt2_module
 from fisher_ref.gpt2 import GPT2Model, GPT2Spec
 from fisher_ref.sensitivities import sensitivities_autograd
 
-from cases import RTOL, model_windows, rel
+from cases import RTOL, rel
+from fisher_ref.model import model_windows
 
 FD_STEP = 1e-6  # central finite-difference step
 FD_RTOL = 1e-6  # FD truncation ~ step^2, round-off ~ eps * |z| / step, on the scale of max|j|

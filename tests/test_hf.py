@@ -16,7 +16,8 @@ from fisher_ref.gpt2 import GPT2Model, GPT2Spec  # noqa: E402
 from fisher_ref.hf import (hf_config, hf_logits, spec_from_hf_config,  # noqa: E402
                            theta_from_hf, to_hf)
 
-from cases import RTOL, model_windows, rel  # noqa: E402
+from cases import RTOL, rel  # noqa: E402
+from fisher_ref.model import model_windows
 
 LOGITS_RTOL = 1e-12  # autograd vs transformers logits, float64
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.torch
 
 RTOL = 1e-10  # float64 against float64: same arithmetic, other order
 MC_ALPHA = 1e-6  # false-failure rate per Monte Carlo test (Bonferroni across parameters)
-MLP_CONFIGS = [c for c in list_configs() if c != "tabular"]
+MLP_CONFIGS = [c for c in list_configs() if load_config(c).model.name == "mlp_window"]
 
 
 @pytest.fixture(scope="module")

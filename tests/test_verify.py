@@ -1,5 +1,6 @@
 """Tests of fisher_ref.verify and the `verify` command line."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -204,3 +205,60 @@ def test_constant_breaking_bound_is_zero_when_already_broken():
     assert constant_breaking_bound(raw, cen) == 0.0
     rows = [row for row in exact_checks(r) if "already at c = 0" in row.check]
     assert len(rows) == 1 and rows[0].value == n0
+
+
+_gpt2_dicts = st.fixed_dictionaries({
+    "vocab_size": st.integers(2, 4), "eos": st.booleans(), "n_layer": st.integers(1, 2),
+    "n_head": st.sampled_from([1, 2]), "head_dim": st.integers(1, 3),
+    "init_seed": st.integers(0, 10 ** 6), "init_scale": st.floats(0.1, 2.0),
+    "max_len": st.integers(1, 3), "n_prompts": st.integers(1, 2),
+    "baseline": st.one_of(st.just("mean"), st.floats(-2, 2)),
+    "reward": st.sampled_from(["count", "length", "match"]),
+    "sampler": st.sampled_from([None, "temperature", "perturbed", "rounded"]),
+})
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=15,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(_gpt2_dicts, st.randoms(use_true_random=False))
+def test_verify_passes_on_unseen_gpt2_task_files(d, rnd):
+    """Every exact identity of verify holds at 1e-10 on random GPT-2 task files (the
+    transformer reads its whole history: no window)."""
+    V, T = d["vocab_size"], d["max_len"]
+    prompts = [[rnd.randrange(V) for _ in range(rnd.randrange(3))] for _ in range(d["n_prompts"])]
+    w = np.array([rnd.random() + 0.1 for _ in prompts])
+    target = [rnd.randrange(1 if d["eos"] else 0, V) for _ in range(T if not d["eos"] else 1)]
+    reward = {"count": {"name": "count", "token": V - 1}, "length": {"name": "length"},
+              "match": {"name": "match", "target": target}}[d["reward"]]
+    sampler = {None: None, "temperature": {"kind": "temperature", "temperature": 0.7},
+               "perturbed": {"kind": "perturbed", "scale": 0.5, "seed": 1},
+               "rounded": {"kind": "rounded", "decimals": 1}}[d["sampler"]]
+    data = {"model": {"arch": "gpt2", "vocab_size": V, "eos": d["eos"],
+                      "n_positions": max(len(p) for p in prompts) + T + rnd.randrange(2),
+                      "embed_dim": d["n_head"] * d["head_dim"], "n_layer": d["n_layer"],
+                      "n_head": d["n_head"], "init_seed": d["init_seed"],
+                      "init_scale": d["init_scale"]},
+            "prompts": prompts, "prompt_weights": (w / w.sum()).tolist(), "max_len": T,
+            "reward": reward, "baseline": d["baseline"], "sampler": sampler}
+    task = task_from_json(json.loads(json.dumps(data)))
+    rows = exact_checks(exact(task, progress=False))
+    failed = [(r.identity, r.check, r.value) for r in rows if not r.passed]
+    if failed and sampler is not None:
+        # the raw score's mean under mu can be ~0 only when mu equals p (rounding at a
+        # precision the logits already have); nothing else may fail
+        failed = [f for f in failed if "must be > 0" not in f[1]]
+    assert not failed, f"task {data}: {failed}"
+
+
+def test_gpt2_task_longer_than_n_positions_is_refused(tmp_path, capsys):
+    """len(prompt) + max_len > n_positions: refused at load, exit 2 naming the field."""
+    data = json.loads((Path(__file__).parents[1] / "fisher_ref" / "configs"
+                       / "gpt2_small.json").read_text())
+    data["max_len"] = data["model"]["n_positions"] - 1  # the prompt [1, 2] no longer fits
+    path = tmp_path / "too_long.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="n_positions"):
+        task_from_json(data)
+    assert main(["verify", "--task", str(path), "--mc", "0", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "model.n_positions=8" in err and "max_len" in err
