@@ -1,11 +1,20 @@
 """Lesson 6: Monte Carlo estimators, their standard errors, and the token-sum estimator."""
-from ._cells import IMPORTS, code, md, quiz
+from ._cells import IMPORTS, code, exercise, footer, header, md, quiz
 
 STEM = "06_monte_carlo"
 
 CELLS = [
-    md(r"""
-# 6. Monte Carlo against the exact values
+    header(STEM, [
+        "estimate the sequence Fisher from sampled responses, with a standard error and a "
+        "z-score against the exact value;",
+        "compare two unbiased estimators, $\\overline{h_i^2}$ and $\\overline{\\sum_t f_i(s_t)}$, "
+        "by their exact variances;",
+        "check whether nominal 95% intervals cover the exact value 95% of the time.",
+    ], [
+        "[Lesson 1](01_sequence_to_tokens.ipynb): $F_i = E[h_i^2] = E[\\sum_t f_i(s_t)]$.",
+        "The standard error $\\sigma/\\sqrt n$ of a mean; the normal distribution.",
+    ], r"""
+## The claim
 
 **Claim.** Every quantity of lessons 1–5 is an average over responses, so sampling $n$
 responses gives an estimate with a standard error $\mathrm{se} = \sigma/\sqrt n$ ($\sigma$ the
@@ -22,6 +31,7 @@ Two estimators of the same $F_i$:
   is not a conditional expectation of $h_i^2$): below we measure the ratio per parameter.
 """),
     code(IMPORTS + """
+import os, platform
 from fisher_ref.monte_carlo import estimate, bonferroni_z
 from fisher_ref.mc_stats import running_estimates, exact_variance_reduction, variance_reduction
 
@@ -31,7 +41,8 @@ P = task.model.num_params
 mc = estimate(task, 4000, np.random.default_rng(0), keep_samples=True)
 z = mc.z_scores(r)
 z_max = bonferroni_z(1e-6, P)
-print(f"n = {mc.n} responses, {mc.seconds:.2f} s; threshold |z| <= {z_max:.2f} "
+print(f"n = {mc.n} responses, sampled in {mc.seconds:.2f} s on this machine ({platform.machine()}, "
+      f"{os.cpu_count()} CPU cores); threshold |z| <= {z_max:.2f} "
       f"(false-failure rate 1e-6 over {P} parameters)")
 for (stream, quantity), zs in z.items():
     print(f"{stream:>7} {quantity:>16}: max |z| = {np.nanmax(np.abs(zs)):.2f}")"""),
@@ -124,4 +135,15 @@ var_h2 = r.streams["policy"].variances["h2"][i]
 for n in (100, 10_000, 1_000_000):
     print(f"n = {n:>9,}: se of mean h^2 for parameter {i} = {np.sqrt(var_h2 / n):.2e}")"""),
     *quiz("se-scaling"),
+    *exercise("se-by-hand"),
+    *exercise("samples-needed"),
+    footer(STEM, [
+        "Every exact quantity is an average over responses; sampling estimates it with a "
+        "standard error $\\sigma/\\sqrt n$, and z-scores against the exact values behave like "
+        "normal draws.",
+        "The token-sum estimator has the same mean as $\\overline{h_i^2}$ and, on these "
+        "models, a smaller variance (measured per parameter, not promised by a theorem).",
+        "Standard errors estimated from few samples of a long-tailed quantity can be too "
+        "small: check coverage.",
+    ]),
 ]
