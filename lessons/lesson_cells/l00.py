@@ -3,7 +3,23 @@ from ._cells import IMPORTS, PATH, code, exercise, footer, header, md, quiz
 
 STEM = "00_start_here"
 
-_LESSON_LIST = "\n".join(f"| [{stem}]({stem}.ipynb) | {title} |" for stem, title in PATH[1:])
+_SHOWS = {
+    "01_sequence_to_tokens": "cross terms vanish on average, so the sequence Fisher is a sum "
+                             "of token Fishers",
+    "02_pairwise_differences": "the token Fisher is a variance of logit sensitivities, "
+                               "half the weighted squared gaps between pairs of tokens",
+    "03_where_mass_lands": "how the Fisher depends on where $p$ puts its mass; concentration "
+                           "told apart from alignment",
+    "04_gradient_is_covariance": "the gradient is a covariance capped by "
+                                 "$\\mathrm{std}(A)\\sqrt{F_i}$; the two headline figures "
+                                 "measured",
+    "05_offpolicy_centering": "samples from another distribution need the score centered "
+                              "under it",
+    "06_monte_carlo": "sampled estimates, their standard errors, and the exact values they "
+                      "converge to",
+}
+_LESSON_LIST = "\n".join(f"| [{k}. {title}]({stem}.ipynb) | {_SHOWS[stem]} |"
+                         for k, (stem, title) in enumerate(PATH[1:], start=1))
 
 CELLS = [
     header(STEM, [
@@ -104,13 +120,13 @@ help. The solution sits in a collapsed cell below: click to open.
 
 Read them in order; each one names what it needs from the ones before.
 
-| notebook | claim |
+| lesson | what it shows |
 |---|---|
 {_LESSON_LIST}
 """),
     footer(STEM, [
-        "Every number in these lessons is an exact finite sum over listed responses, unless "
-        "the cell says it samples.",
+        "Unless a cell says it draws random numbers (sampled responses, shuffles), every "
+        "number in these lessons is an exact finite sum over listed responses.",
         "The model reads a window of the last $k$ tokens; `b2[a]` adds to token $a$'s logit "
         "at every state, so $\\partial z_a / \\partial b2_c$ is 1 if $a = c$ and 0 otherwise.",
         "Quizzes: set `answer` to a letter. Exercises: set the named variable; the solution is "

@@ -121,14 +121,11 @@ and check both forms, then add a random shift per parameter and state to every t
 sensitivity — a uniform logit shift — and check that nothing changes.
 """),
     code("""
-from fisher_ref.enumeration import state_windows
-from fisher_ref.sensitivities import sensitivities
+from fisher_ref.alignment import state_sensitivities
 
 task = load_config("default")
 result = exact(task, progress=False)
-toks = result.states["tokens"]                          # (N, L), -1 padded
-W = state_windows(toks, (toks >= 0).sum(axis=1), task.model.context, task.model.bos)
-J = sensitivities(task.model, task.theta, W)            # (N, P, V)
+J = state_sensitivities(task, result.states)            # (N, P, V) at every state
 probs = result.states["probs"]                          # (N, V)
 
 def rel_err(a, b):

@@ -168,7 +168,8 @@ ax.set_title("The share below the uniform reference survives shuffling")
 ax.legend()
 plt.show()
 print(f"model: {below:.1%};  shuffled p: mean {shuffled_share.mean():.1%}, "
-      f"range {shuffled_share.min():.1%} .. {shuffled_share.max():.1%}")"""),
+      f"range {shuffled_share.min():.1%} .. {shuffled_share.max():.1%}")
+assert shuffled_share.min() <= below <= shuffled_share.max()  # the text's claim, checked"""),
     md(r"""
 The model's share sits inside the range of its shuffles: on this model the share below the
 uniform reference is explained by **concentration**, not alignment. The reason is exact.
@@ -259,7 +260,9 @@ for name, ((share, A), shuf, mass13) in runs.items():
     meds = np.array([np.median(a) for _, a in shuf])
     lo, hi = np.quantile(meds, [0.005, 0.995])
     print(f"{name:>9} {mass13:11.2f} {100 * share:10.1f}% {100 * sh.min():6.1f}..{100 * sh.max():4.1f}% "
-          f"{np.median(A):16.3f} {lo:11.3f} .. {hi:.3f}")"""),
+          f"{np.median(A):16.3f} {lo:11.3f} .. {hi:.3f}")
+    inside = lo <= np.median(A) <= hi and sh.min() <= share <= sh.max()
+    assert inside == (name != "synonyms")                 # the text's claims, checked"""),
     code("""
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), constrained_layout=True, sharey=True)
 for ax, (name, ((share, A), shuf, _)) in zip(axes, runs.items()):
@@ -307,8 +310,8 @@ for name, fi, fs, lp in zip(["alike", "opposite"], f, shuffled_token_fisher(p, j
 sensitivities; confident states carry little Fisher; the ratio to the uniform reference
 factors into a concentration part $c(s)$, fixed by $p$ alone, and an alignment part whose
 average over shuffles is 1; and when alignment is built into a model (the synonyms), the
-alignment statistic finds it against a shuffled-$p$ control while the plain share below the
-uniform reference does not.
+alignment statistic finds it against a shuffled-$p$ control, while the plain share below the
+uniform reference, taken on its own, does not.
 
 **It does not show** that the randomly initialised default model is aligned: its share of
 ratios below 1 is what shuffled probabilities give too, and its per-parameter alignment lies

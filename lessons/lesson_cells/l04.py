@@ -93,7 +93,8 @@ print(f"largest |G| / bound: {r.correlation.max():.4f}")"""),
 ## Headline 1: does high Fisher pick out high gradient?
 
 The claim to test: *the top 1% of parameters by Fisher hold a large share of the top 1% by
-gradient magnitude, against 1% for a random choice.* On the default model, 1% of 119
+gradient magnitude, against 1% for a random choice* (the article this lesson follows reports
+47.4% on a large model). On the default model, 1% of 119
 parameters is a single parameter, so the question is empty there. The medium config shipped
 with the package has 1,044 parameters (vocabulary 12, responses up to 4 tokens, reward: count
 of token 2, baseline the exact mean reward), and the exact engine still lists every response:
@@ -109,6 +110,8 @@ medium = load_task(resources.files("fisher_ref") / "configs" / "scale" / "medium
 rm = exact(medium, progress=False)
 secs = time.perf_counter() - t0
 Pm = medium.model.num_params
+print(f"medium: V = {medium.model.vocab_size}, responses up to {medium.max_len} tokens, reward "
+      f"{medium.spec['reward']}, baseline {medium.spec['baseline']!r}")
 print(f"medium: {Pm} parameters, {rm.n_responses} responses, {rm.n_states} states; exact in "
       f"{secs:.1f} s on this machine ({platform.machine()}, {os.cpu_count()} CPU cores)")
 print(f"top 1% of the default model's {P} parameters: {r.topk_overlap((0.01,))[0][1]} parameter")
@@ -118,6 +121,7 @@ for frac, n, o, rnd in rows:
     p_value = hypergeom.sf(hits - 1, Pm, n, n)            # P(random top-n set shares >= hits)
     print(f"top {100 * frac:4.0f}% ({n:3d} params): {hits:3d} shared = {o:6.1%}  vs random "
           f"{rnd:6.1%}  (chance of >= {hits} at random: {p_value:.1e})")
+    assert p_value < 1e-6 and (frac > 0.01 or o > 10 * rnd)  # "far more than chance", checked
 fig, ax = plt.subplots(figsize=(6, 3.6), constrained_layout=True)
 ax.plot([100 * f for f, *_ in rows], [100 * o for _, _, o, _ in rows], "o-",
         label="top-k% by |G| also top-k% by F")
@@ -188,7 +192,10 @@ for opt in steps:
     n, got = int(changed.sum()), set(np.flatnonzero(changed).tolist())
     cells = "".join(f"{len(got & set(np.argsort(-s, kind='stable')[:n].tolist())) / n:21.0%}"
                     for s in predictors.values())
-    print(f"{opt:>9} {lrs[opt][k]:8.1e} {np.mean(new != th):8.1%} {changed.mean():6.1%} |{cells}")"""),
+    print(f"{opt:>9} {lrs[opt][k]:8.1e} {np.mean(new != th):8.1%} {changed.mean():6.1%} |{cells}")
+    best = max(predictors, key=lambda name: len(got & set(np.argsort(-predictors[name],
+                                                                    kind="stable")[:n].tolist())))
+    assert best == {"sgd": "largest |G|/|theta|", "adam": "smallest |theta|"}[opt]  # text, checked"""),
     md(r"""
 Small is not sparse: the float64 column shows that nearly every parameter moved; the bf16
 count only says how many moves are large *relative to the parameter's own size*. Read the

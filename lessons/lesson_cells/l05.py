@@ -129,7 +129,8 @@ for name in configs:
     iw = r.streams["raw"].importance_gradient
     print(f"{name}: centered vs policy gradient: cosine {cos:.3f}, norm ratio "
           f"{np.linalg.norm(cen) / np.linalg.norm(g):.2f};  importance-weighted vs policy: "
-          f"relative error {np.abs(iw - g).max() / np.abs(g).max():.1e}")"""),
+          f"relative error {np.abs(iw - g).max() / np.abs(g).max():.1e}")
+    assert 0.5 < cos < 1 - 1e-3                           # close, not equal: the text, checked"""),
     md(r"""
 The directions are close (cosine printed above) but not equal, and the sizes differ: use the
 centered gradient for what it is, an update direction whose coordinates obey the Fisher bound

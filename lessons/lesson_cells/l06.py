@@ -110,6 +110,7 @@ does — for both estimators, at two sample sizes.
 """),
     code("""
 runs = 50
+rate = {}
 for n_small in (200, 2000):
     cover = {"sequence_fisher": [], "token_fisher_sum": []}
     for seed in range(runs):
@@ -120,8 +121,12 @@ for n_small in (200, 2000):
             cover[q].append(np.abs(e.mean - getattr(r, q))[live] <= 1.959963984540054 * e.se[live])
     for q, c in cover.items():
         c = np.concatenate(c)
+        rate[n_small, q] = c.mean()
         print(f"n = {n_small:>5}, {q:>17}: {c.mean():.1%} of {c.size} intervals cover "
-              f"the exact value (nominal 95%)")"""),
+              f"the exact value (nominal 95%)")
+h2_small = rate[200, "sequence_fisher"]                   # the text's claims below, checked
+assert h2_small < 0.95 and h2_small < rate[200, "token_fisher_sum"]
+assert h2_small < rate[2000, "sequence_fisher"]"""),
     md(r"""
 With few samples the intervals for $h^2$ cover less often than 95%: the se is itself estimated
 from the samples, and $h^2$ has a long right tail (rare responses with large scores), so a small
