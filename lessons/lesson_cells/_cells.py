@@ -18,7 +18,7 @@ PATH = [
     ("05_offpolicy_centering", "Off-policy: center the score under the sampler"),
     ("06_monte_carlo", "Monte Carlo against the exact values"),
 ]
-NEXT_AFTER_LAST = "a lesson on a small transformer (`07_transformer`) is planned next"
+NEXT_AFTER_LAST = "a lesson on a small transformer (`07_transformer`) is planned"
 
 
 def md(text):
@@ -53,8 +53,8 @@ def nav(stem):
     prev = (f"[← {PATH[k - 1][1]}]({PATH[k - 1][0]}.ipynb)" if k > 0 else "")
     nxt = (f"[{PATH[k + 1][1]} →]({PATH[k + 1][0]}.ipynb)" if k + 1 < len(PATH)
            else f"Next: {NEXT_AFTER_LAST}.")
-    return " · ".join(x for x in (prev, "[Start here](00_start_here.ipynb)"
-                                  if k > 0 else "", nxt) if x)
+    home = "[Start here](00_start_here.ipynb)" if k > 1 else ""  # lesson 1's previous is it
+    return " · ".join(x for x in (prev, home, nxt) if x)
 
 
 def header(stem, objectives, prerequisites, claim):

@@ -136,7 +136,8 @@ f_p = token_fisher_pairwise(probs, J)
 rng = np.random.default_rng(0)
 shift = rng.normal(scale=3.0, size=J.shape[:2] + (1,))  # (N, P, 1): same for every token
 f_shifted = token_fisher(probs, J + shift)
-print(f"{J.shape[0]} states x {J.shape[1]} parameters")
+print(f"{J.shape[0]} states x {J.shape[1]} parameters; vocabulary {task.model.vocab_size}, "
+      f"responses up to {task.max_len} tokens")
 print(f"centered vs pairwise:           relative error {rel_err(f_c, f_p):.1e}")
 print(f"after a uniform logit shift:    relative error {rel_err(f_c, f_shifted):.1e}")
 print(f"engine's stored token Fisher:   relative error {rel_err(f_c, result.states['token_fisher']):.1e}")"""),

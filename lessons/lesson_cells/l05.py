@@ -52,7 +52,8 @@ token score at state $s$,
 $$m_i(s) = \sum_a \mu_a(s)\,\big(j_{i,a}(s) - c_i(s)\big)^2,$$
 
 with the center $c_i = \bar j_{p,i}$ for the raw stream and $c_i = \bar j_{\mu,i}$ for the centered
-one. Centered, $m$ is the variance of the sensitivities under $\mu$ (the token Fisher of $\mu$);
+one. Centered, $m$ is the variance of the sensitivities under $\mu$ (the token Fisher formula
+with $\mu$ in place of $p$);
 raw, it adds the squared bias $(\bar j_\mu - \bar j_p)^2$. $E_\mu[h^2] = E_\mu[\sum_t m(s_t)]$
 holds only when the cross terms vanish.
 """),
