@@ -11,6 +11,8 @@ r"""Per-response and per-state views used by the lessons.
 - :func:`concentration`, :func:`shuffled_token_fisher`, :func:`alignment_factor`,
   :func:`shuffled_sequence_fisher`: the ratio split into a part that only
   depends on how concentrated ``p`` is and a part that measures alignment;
+- :func:`shuffle_control`: the model's statistics against copies with ``p``
+  shuffled across the tokens at every state;
 - :func:`state_sensitivities`: the sensitivities ``j`` at every kept state.
 
 Concentration against alignment. Averaged over a uniformly random permutation
@@ -36,11 +38,11 @@ import numpy as np
 
 from .model import softmax, state_windows, windows_for
 from .sensitivities import sensitivities
-from .token_fisher import mean_sensitivity, uniform_token_fisher
+from .token_fisher import mean_sensitivity, token_fisher, uniform_token_fisher
 
 __all__ = ["response_token_scores", "pairwise_terms", "fisher_ratio", "entropy",
            "concentration", "shuffled_token_fisher", "alignment_factor",
-           "shuffled_sequence_fisher", "state_sensitivities", "RATIO_FLOOR"]
+           "shuffled_sequence_fisher", "state_sensitivities", "shuffle_control", "RATIO_FLOOR"]
 
 #: f_unif below this (relative to its largest value) counts as "no sensitivity":
 #: the ratio is undefined there and returned as NaN.
@@ -234,3 +236,48 @@ def state_sensitivities(task, states):
     toks = np.asarray(states["tokens"])  # (N, L), -1 padded
     W = state_windows(toks, (toks >= 0).sum(axis=1), task.model.context, task.model.bos)
     return sensitivities(task.model, task.theta, W)  # (N, P, V)
+
+
+def shuffle_control(task, result, rng, shuffles=200, params=None, floor=RATIO_FLOOR):
+    r"""The shuffled-:math:`p` control: the model against copies of itself whose next-token
+    probabilities are permuted across the tokens, independently at every state.
+
+    Two statistics, for the model and for each shuffle :math:`k`:
+
+    - ``share``: the reach-weighted share of (state, parameter) pairs with
+      :math:`f_i(s) < f^{unif}_i(s)` (pairs with :math:`f^{unif}` above ``floor`` times its
+      largest value);
+    - ``ratio``: :math:`F_i / F^{shuf}_i` for the selected parameters, with
+      :math:`F_i = \sum_s \pi(s) f_i(s)` computed from the (shuffled) probabilities and
+      :math:`F^{shuf}_i` from :func:`shuffled_sequence_fisher` (its exact average over shuffles).
+
+    Args:
+        task: the task ``result`` was computed for (its sensitivities are needed).
+        result: an :class:`~fisher_ref.results.ExactResult` with ``states`` kept.
+        rng: ``numpy.random.Generator`` drawing the permutations.
+        shuffles: number of shuffled copies ``K``.
+        params: indices of the parameters for ``ratio`` (default: all); those with
+            :math:`F^{shuf}_i` below ``floor`` times its largest value are dropped.
+
+    Returns:
+        dict with ``share`` (float), ``shuffled_share`` ``(K,)``, ``ratio`` ``(n,)``,
+        ``shuffled_ratio`` ``(K, n)`` and ``params`` ``(n,)`` (the indices kept).
+    """
+    states = _kept_states(result)
+    J = state_sensitivities(task, states)  # (N, P, V)
+    fu, reach, probs = states["uniform"], states["reach"], states["probs"]  # (N, P), (N,), (N, V)
+    good = fu > floor * max(float(fu.max()), np.finfo(float).tiny)  # (N, P)
+    weight = np.broadcast_to(reach[:, None], good.shape)[good]
+    F_shuf = shuffled_sequence_fisher(result)  # (P,)
+    idx = np.arange(F_shuf.size) if params is None else np.asarray(params)
+    idx = idx[F_shuf[idx] > floor * max(float(F_shuf.max()), np.finfo(float).tiny)]
+
+    def stats(f):  # (N, P) -> (share, (n,) ratio)
+        share = float((weight * (f[good] < fu[good])).sum() / weight.sum())
+        return share, (reach @ f)[idx] / F_shuf[idx]
+
+    share, ratio = stats(states["token_fisher"])
+    shuffled = [stats(token_fisher(rng.permuted(probs, axis=1), J)) for _ in range(shuffles)]
+    return {"share": share, "ratio": ratio, "params": idx,
+            "shuffled_share": np.array([s for s, _ in shuffled]),
+            "shuffled_ratio": np.array([r for _, r in shuffled]).reshape(shuffles, idx.size)}

@@ -11,8 +11,9 @@ import fisher_ref.alignment as alignment
 from fisher_ref import exact, load_config, token_fisher, uniform_token_fisher
 from fisher_ref.alignment import (alignment_factor, concentration, entropy, fisher_ratio,
                                   pairwise_terms, response_token_scores,
-                                  shuffled_sequence_fisher, shuffled_token_fisher,
-                                  state_sensitivities)
+                                  shuffle_control, shuffled_sequence_fisher,
+                                  shuffled_token_fisher, state_sensitivities)
+from fisher_ref.monte_carlo import bonferroni_z
 from fisher_ref.verify import rel_err
 
 RTOL = 1e-10
@@ -131,3 +132,33 @@ def test_shuffled_sequence_fisher_by_brute_force_states():
     assert rel_err(shuffled_sequence_fisher(r), brute) <= RTOL
     # the unshuffled sum over states is the sequence Fisher
     assert rel_err(r.states["reach"] @ r.states["token_fisher"], r.sequence_fisher) <= RTOL
+
+
+def test_shuffle_control_reports_the_model_by_a_direct_route():
+    task = load_config("default")
+    r = exact(task, progress=False)
+    c = shuffle_control(task, r, np.random.default_rng(0), shuffles=3)
+    ratio = fisher_ratio(r)  # (N, P), NaN where f_unif is negligible
+    ok = np.isfinite(ratio)
+    w = np.broadcast_to(r.states["reach"][:, None], ok.shape)[ok]
+    assert np.isclose(c["share"], (w * (ratio[ok] < 1)).sum() / w.sum(), rtol=RTOL)
+    F_shuf = shuffled_sequence_fisher(r)
+    assert np.array_equal(c["params"], np.flatnonzero(F_shuf > 0))
+    assert rel_err(c["ratio"], r.sequence_fisher[c["params"]] / F_shuf[c["params"]]) <= RTOL
+    assert c["shuffled_share"].shape == (3,) and c["shuffled_ratio"].shape == (3, c["params"].size)
+    sub = shuffle_control(task, r, np.random.default_rng(0), shuffles=1, params=[0, 3, 118])
+    assert sub["params"].tolist() == [3, 118]  # parameter 0 (EOS embedding) has F_shuf = 0
+
+
+def test_shuffled_ratio_averages_one():
+    """E over shuffles of F_i / F_shuf_i is exactly 1 (F_shuf is the exact shuffle average).
+    z-test per parameter on K shuffles, Bonferroni over parameters: false-failure rate <= 1e-6
+    for the whole test (normal approximation of a mean of K bounded draws)."""
+    seed, K = 11, 2000
+    task = load_config("default")
+    r = exact(task, progress=False)
+    c = shuffle_control(task, r, np.random.default_rng(seed), shuffles=K)
+    x = c["shuffled_ratio"]  # (K, n)
+    z = (x.mean(axis=0) - 1.0) / (x.std(axis=0, ddof=1) / np.sqrt(K))  # (n,)
+    limit = bonferroni_z(1e-6, z.size)
+    assert np.abs(z).max() <= limit, f"seed {seed}: max |z| = {np.abs(z).max():.2f} > {limit:.2f}"

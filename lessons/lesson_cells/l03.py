@@ -34,7 +34,7 @@ The lesson measures both, and shows how to tell them apart.
     code(IMPORTS + """
 from fisher_ref import token_fisher, uniform_token_fisher
 from fisher_ref.alignment import (fisher_ratio, entropy, concentration, shuffled_token_fisher,
-                                  shuffled_sequence_fisher, state_sensitivities)
+                                  shuffle_control, state_sensitivities)
 from fisher_ref.model import softmax
 
 task = load_config("default")
@@ -152,13 +152,8 @@ becomes random, so no parameter can be aligned with it any more. If the share of
 1 came from alignment, the shuffled model would have a much smaller share.
 """),
     code("""
-rng = np.random.default_rng(0)
-w_ok = reach[ok]
-shuffled_share = []
-for _ in range(200):
-    f_sh = token_fisher(rng.permuted(states["probs"], axis=1), J_all)   # (N, P)
-    shuffled_share.append((w_ok * (f_sh[ok] < fu_all[ok])).sum() / w_ok.sum())
-shuffled_share = np.array(shuffled_share)
+control = shuffle_control(task, result, np.random.default_rng(0), shuffles=200)
+shuffled_share = control["shuffled_share"]                # (200,) one share per shuffle
 fig, ax = plt.subplots(figsize=(7, 3.2), constrained_layout=True)
 ax.hist(100 * shuffled_share, bins=25, color="0.6", label="200 shuffles of p")
 ax.axvline(100 * below, color="tab:purple", lw=3, label="the model")
@@ -229,48 +224,31 @@ synonyms[ob + 1] += 5.0
 synonyms[ob + 3] += 5.0
 
 
-def alignment_vs_shuffles(theta, shuffles=200, seed=0):
-    \"\"\"Share of pairs with f < f_unif and F/F_shuf of the feature parameters: the model's
-    values and those of `shuffles` copies with p shuffled across tokens at every state.\"\"\"
-    t = task.with_(theta=theta)
+runs = {}
+for name, th in [("default", task.theta), ("distinct", distinct), ("synonyms", synonyms)]:
+    t = task.with_(theta=th)
     res = exact(t, progress=False)
-    st = res.states
-    J = state_sensitivities(t, st)                        # (N, P, V)
-    fu = st["uniform"]                                    # (N, P)
-    good = fu > 1e-12 * fu.max()
-    wgt = np.broadcast_to(st["reach"][:, None], good.shape)[good]
-    F_shuf = shuffled_sequence_fisher(res)                # (P,)
-    keep = features & (F_shuf > 1e-12 * F_shuf.max())
-    gen = np.random.default_rng(seed)
-    out = []
-    for k in range(shuffles + 1):                         # k = 0: the model itself
-        f = st["token_fisher"] if k == 0 else token_fisher(gen.permuted(st["probs"], axis=1), J)
-        out.append(((wgt * (f[good] < fu[good])).sum() / wgt.sum(),
-                    (st["reach"] @ f)[keep] / F_shuf[keep]))
-    mass13 = st["reach"] @ st["probs"][:, [1, 3]].sum(axis=1) / st["reach"].sum()
-    return out[0], out[1:], mass13
-
-
-runs = {name: alignment_vs_shuffles(th) for name, th in
-        [("default", task.theta), ("distinct", distinct), ("synonyms", synonyms)]}
+    reach_ = res.states["reach"]
+    runs[name] = shuffle_control(t, res, np.random.default_rng(0), shuffles=200,
+                                 params=np.flatnonzero(features))
+    runs[name]["mass13"] = reach_ @ res.states["probs"][:, [1, 3]].sum(axis=1) / reach_.sum()
 print(f"{'model':>9} {'mass on 1,3':>11} {'% f<f_unif':>11} {'(shuffled)':>14} "
       f"{'median F/F_shuf':>16} {'(shuffled, 0.5-99.5%)':>22}")
-for name, ((share, A), shuf, mass13) in runs.items():
-    sh = np.array([s for s, _ in shuf])
-    meds = np.array([np.median(a) for _, a in shuf])
-    lo, hi = np.quantile(meds, [0.005, 0.995])
-    print(f"{name:>9} {mass13:11.2f} {100 * share:10.1f}% {100 * sh.min():6.1f}..{100 * sh.max():4.1f}% "
-          f"{np.median(A):16.3f} {lo:11.3f} .. {hi:.3f}")
-    inside = lo <= np.median(A) <= hi and sh.min() <= share <= sh.max()
+for name, c in runs.items():
+    sh, med = c["shuffled_share"], np.median(c["ratio"])
+    lo, hi = np.quantile(np.median(c["shuffled_ratio"], axis=1), [0.005, 0.995])
+    print(f"{name:>9} {c['mass13']:11.2f} {100 * c['share']:10.1f}% {100 * sh.min():6.1f}.."
+          f"{100 * sh.max():4.1f}% {med:16.3f} {lo:11.3f} .. {hi:.3f}")
+    inside = lo <= med <= hi and sh.min() <= c["share"] <= sh.max()
     assert inside == (name != "synonyms")                 # the text's claims, checked"""),
     code("""
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), constrained_layout=True, sharey=True)
-for ax, (name, ((share, A), shuf, _)) in zip(axes, runs.items()):
-    curves = np.sort(np.log10([a for _, a in shuf]), axis=1)     # (K, n) sorted per shuffle
+for ax, (name, c) in zip(axes, runs.items()):
+    curves = np.sort(np.log10(c["shuffled_ratio"]), axis=1)     # (K, n) sorted per shuffle
     rank = np.arange(curves.shape[1])
     ax.fill_between(rank, *np.quantile(curves, [0.005, 0.995], axis=0), color="0.8",
                     label="shuffled p (0.5-99.5%)")
-    ax.plot(rank, np.sort(np.log10(A)), color="tab:purple", label="the model")
+    ax.plot(rank, np.sort(np.log10(c["ratio"])), color="tab:purple", label="the model")
     ax.axhline(0.0, color="k", lw=0.8, ls="--")
     ax.set_xlabel("feature parameters, sorted")
     ax.set_title(name)
