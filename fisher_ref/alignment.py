@@ -7,7 +7,30 @@ r"""Per-response and per-state views used by the lessons.
   :math:`\tfrac12 p_a p_b (j_{i,a} - j_{i,b})^2` whose sum is the token Fisher;
 - :func:`fisher_ratio`: the alignment diagnostic :math:`f_i(s) / f^{unif}_i(s)`
   for every kept state of an :class:`~fisher_ref.results.ExactResult`;
-- :func:`entropy`: the entropy of each state's next-token distribution.
+- :func:`entropy`: the entropy of each state's next-token distribution;
+- :func:`concentration`, :func:`shuffled_token_fisher`, :func:`alignment_factor`,
+  :func:`shuffled_sequence_fisher`: the ratio split into a part that only
+  depends on how concentrated ``p`` is and a part that measures alignment;
+- :func:`shuffle_control`: the model's statistics against copies with ``p``
+  shuffled across the tokens at every state;
+- :func:`state_sensitivities`: the sensitivities ``j`` at every kept state.
+
+Concentration against alignment. Averaged over a uniformly random permutation
+:math:`\pi` of the model's probabilities across tokens (same entropy, any
+alignment destroyed), the token Fisher is
+
+.. math:: E_\pi[f_i] = c(s)\, f^{unif}_i(s), \qquad
+          c(s) = \frac{1 - \sum_a p_a^2}{1 - 1/V} \in [0, 1].
+
+Write :math:`f = \sum_a p_a j_a^2 - (\sum_a p_a j_a)^2` (index ``i`` dropped).
+Under :math:`\pi`, :math:`E[p_{\pi(a)}] = 1/V`,
+:math:`E[p_{\pi(a)}^2] = S/V` and, for :math:`a \ne b`,
+:math:`E[p_{\pi(a)} p_{\pi(b)}] = (1 - S)/(V(V-1))` with :math:`S = \sum_a p_a^2`;
+collecting terms gives :math:`(1-S)\,\tfrac{V}{V-1}\,\mathrm{Var}_{unif}(j)`, and
+:math:`f^{unif} = \mathrm{Var}_{unif}(j)`. So :math:`f/f^{unif} = c(s)\,a_i(s)`: the
+concentration :math:`c(s) \le 1` lowers the ratio on average whatever the
+sensitivities are, and the alignment factor :math:`a_i(s) = f_i / (c f^{unif}_i)`, whose
+average over permutations is exactly 1, is what is left for alignment.
 """
 from __future__ import annotations
 
@@ -15,10 +38,11 @@ import numpy as np
 
 from .model import model_windows, softmax
 from .sensitivities import sensitivities
-from .token_fisher import mean_sensitivity
+from .token_fisher import mean_sensitivity, token_fisher, uniform_token_fisher
 
 __all__ = ["response_token_scores", "pairwise_terms", "fisher_ratio", "entropy",
-           "RATIO_FLOOR"]
+           "concentration", "shuffled_token_fisher", "alignment_factor",
+           "shuffled_sequence_fisher", "state_sensitivities", "shuffle_control", "RATIO_FLOOR"]
 
 #: f_unif below this (relative to its largest value) counts as "no sensitivity":
 #: the ratio is undefined there and returned as NaN.
@@ -30,7 +54,7 @@ def response_token_scores(task, prompt, response):
 
     .. math:: \xi_{t,i} = j_{i,y_t}(s_t) - \sum_b p_b(s_t)\, j_{i,b}(s_t)
 
-    Positions after the response ends hold 0 (DESIGN §1).
+    Positions after the response ends hold 0 (no token is drawn there).
 
     Args:
         task: a :class:`fisher_ref.tasks.Task` (its model and ``theta`` are used).
@@ -105,12 +129,20 @@ def fisher_ratio(result, floor=RATIO_FLOOR):
     Returns:
         ``(N, P)`` float64.
     """
+    states = _kept_states(result)
+    return _ratio(states["token_fisher"], states["uniform"], floor)
+
+
+def _kept_states(result):
     if result.states is None:
         raise ValueError("the result kept no per-state arrays; run exact(..., keep_states=True)")
-    f = result.states["token_fisher"]  # (N, P)
-    fu = result.states["uniform"]  # (N, P)
-    ok = fu > floor * max(float(fu.max()), np.finfo(float).tiny)
-    return np.where(ok, f / np.where(ok, fu, 1.0), np.nan)
+    return result.states
+
+
+def _ratio(num, den, floor):
+    """``num / den`` where ``den`` exceeds ``floor`` times its largest value, else NaN."""
+    ok = den > floor * max(float(den.max()), np.finfo(float).tiny)
+    return np.where(ok, num / np.where(ok, den, 1.0), np.nan)
 
 
 def entropy(probs):
@@ -123,3 +155,129 @@ def entropy(probs):
     probs = np.asarray(probs, dtype=float)
     logp = np.log(np.where(probs > 0, probs, 1.0))
     return -(probs * logp).sum(axis=-1)
+
+
+def concentration(probs):
+    r""":math:`c = (1 - \sum_a p_a^2) / (1 - 1/V)` of each row, ``(..., V) -> (...)``.
+
+    1 for the uniform distribution, 0 for a point mass. Times :math:`f^{unif}`
+    it is the token Fisher averaged over all permutations of ``p`` across tokens
+    (module docstring).
+
+    Example:
+        >>> concentration(np.array([[0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0]])).tolist()
+        [1.0, 0.0]
+    """
+    probs = np.asarray(probs, dtype=float)
+    V = probs.shape[-1]
+    if V < 2:
+        raise ValueError(f"concentration needs a vocabulary of at least 2 tokens, got V = {V}")
+    return (1.0 - (probs ** 2).sum(axis=-1)) / (1.0 - 1.0 / V)
+
+
+def shuffled_token_fisher(probs, sens):
+    r""":math:`E_\pi[f_i] = c(s)\, f^{unif}_i(s)`: the token Fisher averaged over every
+    permutation :math:`\pi` of ``probs`` across the tokens, sensitivities kept.
+
+    Args:
+        probs: ``(..., V)`` next-token probabilities.
+        sens: ``(..., P, V)`` sensitivities.
+
+    Returns:
+        ``(..., P)``.
+
+    Example:
+        >>> import itertools
+        >>> from fisher_ref.token_fisher import token_fisher
+        >>> p, j = np.array([0.7, 0.2, 0.1]), np.array([[1.0, -1.0, 0.5]])
+        >>> brute = np.mean([token_fisher(p[list(q)], j) for q in itertools.permutations(range(3))], axis=0)
+        >>> bool(np.allclose(shuffled_token_fisher(p, j), brute, rtol=1e-12))
+        True
+    """
+    probs = np.asarray(probs, dtype=float)
+    return concentration(probs)[..., None] * uniform_token_fisher(np.asarray(sens, dtype=float))
+
+
+def alignment_factor(result, floor=RATIO_FLOOR):
+    r""":math:`a_i(s) = f_i(s) / (c(s) f^{unif}_i(s))` at every kept state, ``(N, P)``.
+
+    Its average over permutations of ``p`` is exactly 1: below 1 the model's mass
+    sits on tokens parameter ``i`` moves more alike than a random assignment of
+    the same probabilities would; above 1, on tokens it moves apart. NaN where
+    :math:`c f^{unif}` is below ``floor`` times its largest value.
+    """
+    states = _kept_states(result)
+    shuffled = concentration(states["probs"])[:, None] * states["uniform"]  # (N, P)
+    return _ratio(states["token_fisher"], shuffled, floor)
+
+
+def shuffled_sequence_fisher(result):
+    r""":math:`F^{shuf}_i = \sum_s \pi(s)\, c(s)\, f^{unif}_i(s)`, ``(P,)``.
+
+    The on-policy sequence Fisher :math:`F_i = \sum_s \pi(s) f_i(s)` (``pi`` the
+    reach of state ``s``) with the probabilities at every state randomly permuted
+    across tokens, averaged over the permutations (reach kept). :math:`F_i / F^{shuf}_i`
+    is parameter ``i``'s alignment over the whole task.
+    """
+    states = _kept_states(result)
+    shuffled = concentration(states["probs"])[:, None] * states["uniform"]  # (N, P)
+    return states["reach"] @ shuffled
+
+
+def state_sensitivities(task, states):
+    """Sensitivities ``j`` at every state of ``result.states``: ``(N, P, V)``.
+
+    Example:
+        >>> from fisher_ref import load_config, exact
+        >>> task = load_config("tabular")
+        >>> state_sensitivities(task, exact(task, progress=False).states).shape
+        (14, 12, 3)
+    """
+    toks = np.asarray(states["tokens"])  # (N, L), -1 padded
+    W = task.model.windows(toks, (toks >= 0).sum(axis=1))  # (N, k)
+    return sensitivities(task.model, task.theta, W)  # (N, P, V)
+
+
+def shuffle_control(task, result, rng, shuffles=200, params=None, floor=RATIO_FLOOR):
+    r"""The shuffled-:math:`p` control: the model against copies of itself whose next-token
+    probabilities are permuted across the tokens, independently at every state.
+
+    Two statistics, for the model and for each shuffle :math:`k`:
+
+    - ``share``: the reach-weighted share of (state, parameter) pairs with
+      :math:`f_i(s) < f^{unif}_i(s)` (pairs with :math:`f^{unif}` above ``floor`` times its
+      largest value);
+    - ``ratio``: :math:`F_i / F^{shuf}_i` for the selected parameters, with
+      :math:`F_i = \sum_s \pi(s) f_i(s)` computed from the (shuffled) probabilities and
+      :math:`F^{shuf}_i` from :func:`shuffled_sequence_fisher` (its exact average over shuffles).
+
+    Args:
+        task: the task ``result`` was computed for (its sensitivities are needed).
+        result: an :class:`~fisher_ref.results.ExactResult` with ``states`` kept.
+        rng: ``numpy.random.Generator`` drawing the permutations.
+        shuffles: number of shuffled copies ``K``.
+        params: indices of the parameters for ``ratio`` (default: all); those with
+            :math:`F^{shuf}_i` below ``floor`` times its largest value are dropped.
+
+    Returns:
+        dict with ``share`` (float), ``shuffled_share`` ``(K,)``, ``ratio`` ``(n,)``,
+        ``shuffled_ratio`` ``(K, n)`` and ``params`` ``(n,)`` (the indices kept).
+    """
+    states = _kept_states(result)
+    J = state_sensitivities(task, states)  # (N, P, V)
+    fu, reach, probs = states["uniform"], states["reach"], states["probs"]  # (N, P), (N,), (N, V)
+    good = fu > floor * max(float(fu.max()), np.finfo(float).tiny)  # (N, P)
+    weight = np.broadcast_to(reach[:, None], good.shape)[good]
+    F_shuf = shuffled_sequence_fisher(result)  # (P,)
+    idx = np.arange(F_shuf.size) if params is None else np.asarray(params)
+    idx = idx[F_shuf[idx] > floor * max(float(F_shuf.max()), np.finfo(float).tiny)]
+
+    def stats(f):  # (N, P) -> (share, (n,) ratio)
+        share = float((weight * (f[good] < fu[good])).sum() / weight.sum())
+        return share, (reach @ f)[idx] / F_shuf[idx]
+
+    share, ratio = stats(states["token_fisher"])
+    shuffled = [stats(token_fisher(rng.permuted(probs, axis=1), J)) for _ in range(shuffles)]
+    return {"share": share, "ratio": ratio, "params": idx,
+            "shuffled_share": np.array([s for s, _ in shuffled]),
+            "shuffled_ratio": np.array([r for _, r in shuffled]).reshape(shuffles, idx.size)}

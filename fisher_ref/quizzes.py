@@ -15,7 +15,7 @@ import html
 from dataclasses import dataclass
 
 __all__ = ["Quiz", "QUIZZES", "get", "quizzes_for", "render_text", "render_html", "show",
-           "check", "LETTERS"]
+           "check", "emit", "in_notebook", "LETTERS"]
 
 LETTERS = "ABCDEFGH"
 
@@ -50,198 +50,237 @@ class Quiz:
 
 
 _Q = [
+    # ---- lesson 0 -------------------------------------------------------------
+    Quiz("window", "00_start_here",
+         r"The default model reads a window of $k = 2$ tokens. The prompt is `[3]` and the "
+         r"model has generated `[4, 1]` so far. Which tokens does it read to choose the next "
+         r"token?",
+         (r"`(BOS, 3)`: the start of the prompt.",
+          r"`(3, 4)`: the prompt and the first generated token.",
+          r"`(3, 4, 1)`: the whole history.",
+          r"`(4, 1)`: the last two tokens."),
+         3,
+         (r"No: the window slides; BOS only pads a state shorter than $k$.",
+          r"No: the window is the *last* $k$ tokens of the state, not the first.",
+          r"No: the model sees only $k = 2$ tokens; two states that end in the same two "
+          r"tokens get the same next-token distribution.",
+          r"Right: the state is `3, 4, 1` and the window is its last $k = 2$ tokens.")),
     # ---- lesson 1 -------------------------------------------------------------
     Quiz("seq-to-token", "01_sequence_to_tokens",
-         "When responses are sampled from the model itself, why can the diagonal sequence "
-         "Fisher $F_i = E[h_i^2]$ be split into a sum of per-token contributions "
-         "$E[\\sum_t f_i(s_t)]$?",
-         ("Because the sequence score is the mean of the token scores, not their sum.",
-          "Because the logits at different positions do not depend on one another.",
-          "Because every later token score averages to zero given the tokens before it, so "
-          "the expected products of scores at two different positions vanish.",
-          "Because each token score is exactly zero on every sampled response."),
+         r"When responses are sampled from the model itself, why can the diagonal sequence "
+         r"Fisher $F_i = E[h_i^2]$ be split into a sum of per-token contributions "
+         r"$E[\sum_t f_i(s_t)]$?",
+         (r"Because the sequence score is the mean of the token scores, not their sum.",
+          r"Because the logits at different positions do not depend on one another.",
+          r"Because every later token score averages to zero given the tokens before it, so "
+          r"the expected products of scores at two different positions vanish.",
+          r"Because each token score is exactly zero on every sampled response."),
          2,
-         ("No: $h_i$ is the sum $\\sum_t \\xi_{t,i}$ (the log-probability of a sequence is a "
-          "sum of token log-probabilities). Averaging would rescale $F$, not remove cross terms.",
-          "No: position $t$'s logits are computed from the earlier tokens, so they do depend "
-          "on them; the split holds anyway, for a different reason.",
-          "Right: $E[\\xi_{t,i} \\mid s_t] = 0$ and $\\xi_{u,i}$ ($u<t$) is fixed by $s_t$, so "
-          "$E[\\xi_{u,i}\\xi_{t,i}] = 0$; only the squares survive, and $E[\\xi_{t,i}^2\\mid s_t] "
-          "= f_i(s_t)$.",
-          "No: single token scores are generally non-zero (the table of one response's scores "
-          "shows it); only their conditional mean is zero.")),
+         (r"No: $h_i$ is the sum $\sum_t \xi_{t,i}$ (the log-probability of a sequence is a "
+          r"sum of token log-probabilities). Averaging would rescale $F$, not remove cross terms.",
+          r"No: position $t$'s logits are computed from the earlier tokens, so they do depend "
+          r"on them; the split holds anyway, for a different reason.",
+          r"Right: $E[\xi_{t,i} \mid s_t] = 0$ and $\xi_{u,i}$ ($u<t$) is fixed by $s_t$, so "
+          r"$E[\xi_{u,i}\xi_{t,i}] = 0$; only the squares survive, and "
+          r"$E[\xi_{t,i}^2\mid s_t] = f_i(s_t)$.",
+          r"No: single token scores are generally non-zero (the table of one response's scores "
+          r"shows it); only their conditional mean is zero.")),
     Quiz("cross-term-single", "01_sequence_to_tokens",
-         "Take one response sampled from the model and one parameter $i$. What is the product "
-         "$\\xi_{1,i}\\,\\xi_{2,i}$ of its first two token scores?",
-         ("Exactly zero, for every response.",
-          "Usually non-zero; it is only its average over all responses that is zero.",
-          "Always positive, since it is part of a Fisher information.",
-          "Equal to $f_i(s_1)\\,f_i(s_2)$."),
-         1,
-         ("No: the per-response products in the table are clearly not zero.",
-          "Right: the cancellation happens in expectation; single responses carry positive "
-          "and negative cross terms that average out.",
-          "No: it takes both signs; only the diagonal terms $\\xi_{t,i}^2$ are non-negative.",
-          "No: $f_i(s_t)$ is the conditional mean of $\\xi_{t,i}^2$, a different quantity.")),
+         r"Take one full-length response sampled from the model and one parameter $i$. What is "
+         r"the product $\xi_{1,i}\,\xi_{2,i}$ of its first two token scores?",
+         (r"Usually non-zero, of either sign; only its average over all responses is zero.",
+          r"Exactly zero, for every response.",
+          r"Always positive, since it is part of a Fisher information.",
+          r"Equal to $f_i(s_1)\,f_i(s_2)$."),
+         0,
+         (r"Right: the cancellation happens in expectation; single responses carry positive "
+          r"and negative cross terms that average out.",
+          r"No: the per-response products in the table are clearly not zero (only a response "
+          r"that ends after one token has $\xi_{2,i} = 0$).",
+          r"No: it takes both signs; only the diagonal terms $\xi_{t,i}^2$ are non-negative.",
+          r"No: $f_i(s_t)$ is the conditional mean of $\xi_{t,i}^2$, a different quantity.")),
     # ---- lesson 2 -------------------------------------------------------------
     Quiz("uniform-shift", "02_pairwise_differences",
-         "At one state, a parameter moves every token's logit by the same amount $c$ "
-         "($j_{i,a} \\to j_{i,a} + c$ for all $a$). How does its token Fisher $f_i(s)$ change?",
-         ("It grows like $c^2$.",
-          "It does not change at all.",
-          "It becomes exactly zero.",
-          "It grows like $c^2 / V$."),
+         r"At one state, parameter $i$ has sensitivities $j_{i,a}$ and token Fisher $f_i(s)$. "
+         r"Change the model so that this parameter's effect on **every** token's logit grows "
+         r"by the same constant $c$: $j_{i,a} \to j_{i,a} + c$ for all tokens $a$, with the "
+         r"probabilities $p$ unchanged. What is the new token Fisher?",
+         (r"$f_i(s) + c^2$.",
+          r"$f_i(s)$: unchanged.",
+          r"$0$.",
+          r"$f_i(s) + c^2 / V$."),
          1,
-         ("No: $f_i$ only sees differences $j_{i,a} - j_{i,b}$, and a common shift cancels in "
-          "each of them.",
-          "Right: every pairwise difference is unchanged, and so is $\\bar j_i$-centering; "
-          "softmax ignores a common shift of all logits.",
-          "No: the shift adds nothing but removes nothing either; $f_i$ keeps the value the "
-          "differences give it.",
-          "No: the vocabulary size does not enter; the shift cancels exactly.")),
+         (r"No: $f_i$ only sees differences $j_{i,a} - j_{i,b}$, and a common $c$ cancels in "
+          r"each of them.",
+          r"Right: every pairwise difference is unchanged, and so is the centered form "
+          r"$\sum_a p_a (j_{i,a} - \bar j_i)^2$, since $\bar j_i$ grows by the same $c$.",
+          r"No: adding $c$ removes nothing either; $f_i$ keeps the value the differences give it "
+          r"(it is 0 only if it was 0 before).",
+          r"No: the vocabulary size does not enter; the shift cancels exactly.")),
     Quiz("tea-coffee", "02_pairwise_differences",
-         "After *She drank a cup of*, the model puts most mass on *tea* and *coffee*. Parameter "
-         "A raises both logits by 1; parameter B raises *tea* by 1 and lowers *coffee* by 1. "
-         "Which has the larger token Fisher at this state?",
-         ("A, because it raises two likely tokens.",
-          "They are equal: both move two logits by a magnitude of 1.",
-          "B, because it changes the preference between the two likely tokens.",
-          "Neither: both token Fishers are zero."),
-         2,
-         ("No: moving two likely tokens together leaves their relative probability as it "
-          "was; only the small mass on other tokens contributes.",
-          "No: the Fisher weighs differences between likely tokens, not the size of the "
-          "logit movements.",
-          "Right: the pair (tea, coffee) carries weight $p_{tea}p_{coffee}$ and B opens a gap "
-          "of 2 between them; A opens none.",
-          "No: A's Fisher is small but not zero (the other tokens are not moved), and B's "
-          "is large.")),
+         r"After *She drank a cup of*, the model puts most mass on *tea* and *coffee*. "
+         r"Parameter $\theta_1$ raises both logits by 1; parameter $\theta_2$ raises *tea* by 1 "
+         r"and lowers *coffee* by 1. Which has the larger token Fisher at this state?",
+         (r"$\theta_1$, because it raises two likely tokens.",
+          r"Neither: both token Fishers are zero.",
+          r"They are equal: both move two logits by a magnitude of 1.",
+          r"$\theta_2$, because it changes the preference between the two likely tokens."),
+         3,
+         (r"No: moving two likely tokens together leaves their relative probability as it "
+          r"was; only the small mass on other tokens contributes.",
+          r"No: $\theta_1$'s Fisher is small but not zero (the other tokens are not moved), and "
+          r"$\theta_2$'s is large.",
+          r"No: the Fisher weighs differences between likely tokens, not the size of the "
+          r"logit movements.",
+          r"Right: the pair (tea, coffee) carries weight $p_{tea}\,p_{coffee}$ and $\theta_2$ "
+          r"opens a gap of 2 between them; $\theta_1$ opens none.")),
     # ---- lesson 3 -------------------------------------------------------------
     Quiz("likely-alike", "03_where_mass_lands",
-         "Suppose one parameter raises every likely next token's logit by roughly equal "
-         "amounts. According to the pairwise form of the token Fisher, what follows?",
-         ("A large token Fisher, since every logit movement adds to it.",
-          "A small token Fisher, since the sensitivity differences among the likely tokens "
-          "are small.",
-          "A sequence Fisher of exactly zero for every prompt and response.",
-          "A value fixed by the vocabulary size alone."),
+         r"Suppose one parameter raises every likely next token's logit by roughly equal "
+         r"amounts. According to the pairwise form of the token Fisher, what follows?",
+         (r"A large token Fisher, since every logit movement adds to it.",
+          r"A small token Fisher, since the sensitivity differences among the likely tokens "
+          r"are small.",
+          r"A sequence Fisher of exactly zero for every prompt and response.",
+          r"A value fixed by the vocabulary size alone."),
          1,
-         ("No: a movement shared by the likely tokens cancels in their pairwise differences.",
-          "Right: pairs of likely tokens dominate the weights $p_ap_b$, and their squared "
-          "gaps $(j_{i,a}-j_{i,b})^2$ are small.",
-          "No: 'nearly the same' is not 'the same', unlikely tokens still contribute a "
-          "little, and single responses are not what the Fisher measures.",
-          "No: the value depends on the probabilities and the sensitivities, not on $V$.")),
+         (r"No: a movement shared by the likely tokens cancels in their pairwise differences.",
+          r"Right: pairs of likely tokens dominate the weights $p_ap_b$, and their squared "
+          r"gaps $(j_{i,a}-j_{i,b})^2$ are small.",
+          r"No: 'roughly equal' is not 'equal', unlikely tokens still contribute a "
+          r"little, and single responses are not what the Fisher measures.",
+          r"No: the value depends on the probabilities and the sensitivities, not on $V$.")),
     Quiz("ratio-below-one", "03_where_mass_lands",
-         "At a state, $f_i(s) / f^{unif}_i(s) < 1$ for parameter $i$. What does that say?",
-         ("The parameter does not move any logit at that state.",
-          "The model's next-token distribution is uniform at that state.",
-          "The model's mass sits on tokens this parameter moves more alike than the "
-          "vocabulary as a whole, so the parameter barely changes the model's choice among "
-          "them.",
-          "The sequence Fisher of the parameter is negative."),
+         r"For most reach-weighted (state, parameter) pairs of a model, "
+         r"$f_i(s) / f^{unif}_i(s) < 1$. What does that show on its own?",
+         (r"That the model's mass sits on tokens each parameter moves alike.",
+          r"That the model's next-token distribution is uniform at most states.",
+          r"Little about alignment: randomly permuting $p$ across the tokens (which destroys "
+          r"any alignment) gives $c(s)\,f^{unif}_i(s)$ on average, with "
+          r"$c(s) = (1 - \sum_a p_a^2)/(1 - 1/V) \le 1$, so a concentrated $p$ alone pulls "
+          r"the ratio below 1. Alignment shows only against the shuffled $p$.",
+          r"That the sequence Fisher of those parameters is negative."),
          2,
-         ("No: then both $f$ and $f^{unif}$ would be zero and the ratio undefined.",
-          "No: under a uniform model $f = f^{unif}$ and the ratio is exactly 1.",
-          "Right: the same sensitivities are weighed by the model's $p$ instead of $1/V$; a "
-          "ratio below 1 means the likely pairs have smaller gaps than a uniform pair.",
-          "No: a Fisher is an expected square and never negative.")),
+         (r"No: a parameter can move the likely token *apart* from the rest and still have a "
+          r"ratio below 1, when $p$ is concentrated; compare with shuffled $p$ to see alignment.",
+          r"No: under a uniform model $f = f^{unif}$ and the ratio is exactly 1.",
+          r"Right: $f/f^{unif} = c(s)\,a_i(s)$; the concentration $c(s)$ depends on $p$ only, "
+          r"and the alignment factor $a_i(s)$ averages exactly 1 over shuffles.",
+          r"No: a Fisher is an expected square and never negative.")),
     Quiz("confident-state", "03_where_mass_lands",
-         "The model becomes nearly certain of the next token (one probability close to 1). "
-         "What happens to the token Fisher of every parameter at that state?",
-         ("It goes to zero, whatever the sensitivities are.",
-          "It goes to the uniform reference $f^{unif}$.",
-          "It grows without bound.",
-          "It equals the squared sensitivity of the likely token."),
+         r"The model becomes nearly certain of the next token (one probability close to 1). "
+         r"What happens to the token Fisher of every parameter at that state?",
+         (r"It goes to zero, whatever the sensitivities are.",
+          r"It goes to the uniform reference $f^{unif}$.",
+          r"It grows without bound.",
+          r"It equals the squared sensitivity of the likely token."),
          0,
-         ("Right: every pair has weight $p_ap_b \\le p_b$ for some $b$ other than the "
-          "certain token, and all those weights vanish.",
-          "No: $f^{unif}$ does not depend on $p$; $f$ does, and a point mass leaves no "
-          "spread to measure.",
-          "No: $f_i \\le \\max_{a,b}(j_{i,a}-j_{i,b})^2$, bounded for fixed sensitivities.",
-          "No: $f$ is a variance of the sensitivities under $p$; a point mass has none.")),
+         (r"Right: every pair has weight $p_ap_b \le p_b$ for some $b$ other than the "
+          r"certain token, and all those weights vanish.",
+          r"No: $f^{unif}$ does not depend on $p$; $f$ does, and a point mass leaves no "
+          r"spread to measure.",
+          r"No: $f_i \le \max_{a,b}(j_{i,a}-j_{i,b})^2$, bounded for fixed sensitivities.",
+          r"No: $f$ is a variance of the sensitivities under $p$; a point mass has none.")),
     # ---- lesson 4 -------------------------------------------------------------
     Quiz("zero-fisher-zero-gradient", "04_gradient_is_covariance",
-         "On-policy, a parameter has sequence Fisher $F_i = 0$. What can its policy gradient "
-         "$G_i = E[A h_i]$ be?",
-         ("Anything: the gradient depends on the reward, the Fisher does not.",
-          "Only zero, because $|G_i| \\le \\mathrm{std}(A)\\sqrt{F_i}$.",
-          "Exactly $\\mathrm{std}(A)$.",
-          "Zero only if the reward is constant."),
-         1,
-         ("No: the reward enters through $\\mathrm{std}(A)$, but the bound multiplies it by "
-          "$\\sqrt{F_i}$.",
-          "Right: $G_i = \\mathrm{Cov}(A, h_i)$ and Cauchy-Schwarz bounds a covariance by the "
-          "product of standard deviations; $F_i = \\mathrm{Var}(h_i) = 0$ forces $G_i = 0$.",
-          "No: the bound is an upper limit, and here it is zero.",
-          "No: a zero Fisher alone forces $G_i = 0$, for any reward.")),
+         r"On-policy, a parameter has sequence Fisher $F_i = 0$. What can its policy gradient "
+         r"$G_i = E[A h_i]$ be?",
+         (r"Anything: the gradient depends on the reward, the Fisher does not.",
+          r"Exactly $\mathrm{std}(A)$.",
+          r"Zero only if the reward is constant.",
+          r"Only zero, because $|G_i| \le \mathrm{std}(A)\sqrt{F_i}$."),
+         3,
+         (r"No: the reward enters through $\mathrm{std}(A)$, but the bound multiplies it by "
+          r"$\sqrt{F_i}$.",
+          r"No: the bound is an upper limit, and here it is zero.",
+          r"No: a zero Fisher alone forces $G_i = 0$, for any reward.",
+          r"Right: $G_i = \mathrm{Cov}(A, h_i)$ and Cauchy-Schwarz bounds a covariance by the "
+          r"product of standard deviations; $F_i = \mathrm{Var}(h_i) = 0$ forces $G_i = 0$.")),
     Quiz("constant-baseline", "04_gradient_is_covariance",
-         "On-policy, you add the constant 5 to every advantage. What happens to the exact "
-         "gradient $E[A h]$?",
-         ("It grows by $5\\,E[h]$, which is large.",
-          "It is multiplied by 5.",
-          "Nothing: $E[h] = 0$, so the constant contributes $5\\,E[h] = 0$.",
-          "It changes sign."),
+         r"On-policy, you add the constant 5 to every advantage. What happens to the exact "
+         r"gradient $E[A h]$?",
+         (r"It grows by $5\,E[h]$, which is large.",
+          r"It is multiplied by 5.",
+          r"Nothing: $E[h] = 0$, so the constant contributes $5\,E[h] = 0$.",
+          r"It changes sign."),
          2,
-         ("No: on-policy $E[h] = 0$ exactly, so the shift is zero.",
-          "No: the added term is $5\\,E[h]$, not $5\\,E[Ah]$.",
-          "Right: the gradient is a covariance, blind to constants added to $A$.",
-          "No: the constant contributes nothing.")),
+         (r"No: on-policy $E[h] = 0$ exactly, so the shift is zero.",
+          r"No: the added term is $5\,E[h]$, not $5\,E[Ah]$.",
+          r"Right: the gradient is a covariance, blind to constants added to $A$.",
+          r"No: the constant contributes nothing.")),
+    Quiz("adam-bf16", "04_gradient_is_covariance",
+         r"One Adam step from zero moments moves parameter $i$ by "
+         r"$\eta\,G_i/(|G_i| + \epsilon) \approx \eta\,\mathrm{sign}(G_i)$. Which parameters "
+         r"then change at bf16 precision?",
+         (r"Those with the largest Fisher $F_i$.",
+          r"Mostly those whose own magnitude $|\theta_i|$ is small, since bf16 spacing grows "
+          r"with $|\theta_i|$ and every step is about $\eta$; the Fisher hardly matters.",
+          r"Exactly those with the largest $|G_i|$.",
+          r"None: Adam steps are too small to show in bf16."),
+         1,
+         (r"No: the step size no longer follows $G_i$, so the Fisher bound on $G_i$ does not "
+          r"decide which parameters move visibly (the measured overlap is close to random).",
+          r"Right: the changed set follows the smallest $|\theta_i|$ far more than the "
+          r"largest $F_i$ or $|G_i|$.",
+          r"No: Adam's normalisation gives every coordinate with $G_i \ne 0$ about the same "
+          r"step; $|G_i|$ hardly matters (that is SGD).",
+          r"No: with a large enough $\eta$ almost every parameter changes; the share depends "
+          r"on $\eta$.")),
     # ---- lesson 5 -------------------------------------------------------------
     Quiz("centering-needs-mu", "05_offpolicy_centering",
-         "Responses are drawn from a sampler $\\mu$ that is not the policy. What do you need to "
-         "center the score so its mean under $\\mu$ is zero?",
-         ("Only the probability $\\mu(y_t|s_t)$ of each sampled token.",
-          "The whole next-token distribution $\\mu(\\cdot|s_t)$ at each state of the response.",
-          "Nothing: the raw score already has mean zero under any sampler.",
-          "The top-1 token of $\\mu$ at each state."),
-         1,
-         ("No: the centering term is $\\bar j_\\mu = \\sum_a \\mu_a j_a$, a sum over all tokens.",
-          "Right: $\\tilde\\xi = j_{y_t} - \\sum_a \\mu_a j_a$ needs every $\\mu_a$; with only the "
-          "top-$k$ a bias is left (the plot shows how much).",
-          "No: its mean under $\\mu$ is $\\bar j_\\mu - \\bar j_p \\ne 0$.",
-          "No: top-1 leaves the largest bias of all the top-$k$ choices shown.")),
+         r"Responses are drawn from a sampler $\mu$ that is not the policy. What do you need to "
+         r"center the score so its mean under $\mu$ is zero?",
+         (r"The whole next-token distribution $\mu(\cdot|s_t)$ at each state of the response.",
+          r"Only the probability $\mu(y_t|s_t)$ of each sampled token.",
+          r"Nothing: the raw score already has mean zero under any sampler.",
+          r"The top-1 token of $\mu$ at each state."),
+         0,
+         (r"Right: $\tilde\xi = j_{y_t} - \sum_a \mu_a j_a$ needs every $\mu_a$; with only the "
+          r"top-$k$ a bias is left (the plot shows how much).",
+          r"No: the centering term is $\bar j_\mu = \sum_a \mu_a j_a$, a sum over all tokens.",
+          r"No: its mean under $\mu$ is $\bar j_\mu - \bar j_p \ne 0$.",
+          r"No: top-1 leaves the largest bias of all the top-$k$ choices shown.")),
     Quiz("uncentered-constant", "05_offpolicy_centering",
-         "Off-policy and uncentered, you add a constant $c$ to every advantage. What happens?",
-         ("Nothing, as on-policy.",
-          "The gradient shifts by $c\\,E_\\mu[h]$, and for a large enough $c$ it exceeds the "
-          "bound $\\mathrm{std}(A)\\sqrt{E_\\mu[h^2]}$.",
-          "The gradient shifts but always stays within the bound.",
-          "The Fisher $E_\\mu[h^2]$ grows by $c^2$."),
-         1,
-         ("No: on-policy $E[h]=0$; under $\\mu$ the raw score's mean is not zero.",
-          "Right: with a non-zero mean the gradient is no longer a covariance; the bound does "
-          "not move with $c$ but the gradient does.",
-          "No: the bound does not depend on $c$, the gradient grows linearly in it.",
-          "No: the Fisher does not involve $A$ at all.")),
+         r"Off-policy and uncentered, you add a constant $c$ to every advantage. What happens?",
+         (r"Nothing, as on-policy.",
+          r"The gradient shifts but always stays within the bound.",
+          r"The Fisher $E_\mu[h^2]$ grows by $c^2$.",
+          r"The gradient shifts by $c\,E_\mu[h]$, and for a large enough $c$ it exceeds the "
+          r"bound $\mathrm{std}(A)\sqrt{E_\mu[h^2]}$."),
+         3,
+         (r"No: on-policy $E[h]=0$; under $\mu$ the raw score's mean is not zero.",
+          r"No: the bound does not depend on $c$, the gradient grows linearly in it.",
+          r"No: the Fisher does not involve $A$ at all.",
+          r"Right: with a non-zero mean the gradient is no longer a covariance; the bound does "
+          r"not move with $c$ but the gradient does.")),
     # ---- lesson 6 -------------------------------------------------------------
     Quiz("rao-blackwell", "06_monte_carlo",
-         "Both $h_i^2$ and $\\sum_t f_i(s_t)$, averaged over sampled responses, estimate $F_i$. "
-         "Why does the second have lower variance here?",
-         ("It uses more responses.",
-          "It replaces each sampled token's squared score by its average over the next "
-          "token, and it carries no cross terms, so the randomness of the sampled tokens "
-          "matters less.",
-          "It is biased toward zero.",
-          "It ignores the prompts."),
-         1,
-         ("No: both use the same responses.",
-          "Right: $E[\\xi_t^2\\mid s_t] = f(s_t)$ is averaged exactly instead of sampled, and "
-          "the zero-mean cross terms (pure noise) are gone.",
-          "No: both are unbiased; the exact values agree.",
-          "No: both average over prompts and responses alike.")),
+         r"Both $h_i^2$ and $\sum_t f_i(s_t)$, averaged over sampled responses, estimate $F_i$. "
+         r"Why does the second have lower variance here?",
+         (r"It uses more responses.",
+          r"It is biased toward zero.",
+          r"It replaces each sampled token's squared score by its average over the next "
+          r"token, and it carries no cross terms, so the randomness of the sampled tokens "
+          r"matters less.",
+          r"It ignores the prompts."),
+         2,
+         (r"No: both use the same responses.",
+          r"No: both are unbiased; the exact values agree.",
+          r"Right: $E[\xi_t^2\mid s_t] = f(s_t)$ is averaged exactly instead of sampled, and "
+          r"the zero-mean cross terms (pure noise) are gone.",
+          r"No: both average over prompts and responses alike.")),
     Quiz("se-scaling", "06_monte_carlo",
-         "A Monte Carlo estimate from $n$ responses has standard error $\\sigma/\\sqrt n$. You "
-         "draw 100 times as many responses. The ±2 se band becomes",
-         ("100 times narrower.",
-          "10 times narrower.",
-          "2 times narrower.",
-          "as wide as before."),
+         r"A Monte Carlo estimate from $n$ responses has standard error $\sigma/\sqrt n$. You "
+         r"draw 100 times as many responses. The ±2 se band becomes",
+         (r"100 times narrower.",
+          r"10 times narrower.",
+          r"2 times narrower.",
+          r"as wide as before."),
          1,
-         ("No: the standard error falls with the square root of $n$.",
-          "Right: $\\sqrt{100} = 10$.",
-          "No: that would take 4 times as many responses.",
-          "No: more samples always narrow it.")),
+         (r"No: the standard error falls with the square root of $n$.",
+          r"Right: $\sqrt{100} = 10$.",
+          r"No: that would take 4 times as many responses.",
+          r"No: more samples always narrow it.")),
 ]
 
 QUIZZES = {q.id: q for q in _Q}
@@ -283,21 +322,32 @@ def render_html(quiz_id):
             f"*Answer with* `check(\"{q.id}\", \"A\")` *(your letter).*")
 
 
-def show(quiz_id):
-    """Display a quiz: as Markdown in a notebook, as plain text otherwise."""
+def in_notebook():
+    """True inside a Jupyter kernel (where Markdown renders), False in a terminal or script."""
     try:
         from IPython import get_ipython
-        from IPython.display import Markdown, display
-        if get_ipython() is not None:
-            display(Markdown(render_html(quiz_id)))
-            return
     except ImportError:  # pragma: no cover - IPython is optional
-        pass
-    print(render_text(quiz_id))
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def emit(markdown, text):
+    """Show ``markdown`` rendered in a notebook, print ``text`` everywhere else."""
+    if in_notebook():
+        from IPython.display import Markdown, display
+        display(Markdown(markdown))
+    else:
+        print(text)
+
+
+def show(quiz_id):
+    """Display a quiz: as Markdown in a notebook, as plain text otherwise."""
+    emit(render_html(quiz_id), render_text(quiz_id))
 
 
 def check(quiz_id, answer):
-    """Check an answer and print the feedback.
+    """Check an answer and show the feedback (Markdown with rendered maths in a notebook).
 
     Args:
         quiz_id: the quiz's id.
@@ -325,7 +375,10 @@ def check(quiz_id, answer):
     k = letters.index(a)
     ok = k == q.correct
     verdict = "is right." if ok else "is not right."
-    print(f"{q.id}: {letters[k]} {verdict} {q.feedback[k]}")
+    text = f"{q.id}: {letters[k]} {verdict} {q.feedback[k]}"
+    markdown = f"**{q.id}**: **{letters[k]}** {verdict} {q.feedback[k]}"
     if not ok:
-        print("Try another letter.")
+        text += "\nTry another letter."
+        markdown += "\n\nTry another letter."
+    emit(markdown, text)
     return ok

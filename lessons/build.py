@@ -6,7 +6,8 @@
 The cells of each notebook are data in ``lessons/lesson_cells/lNN.py``: a list of
 ``(kind, source)`` pairs, kind ``"md"`` or ``"code"``. Cell ids are
 ``<lesson number>-<cell number>`` so regenerating is byte-stable. Quizzes come
-from :mod:`fisher_ref.quizzes`.
+from :mod:`fisher_ref.quizzes`, exercises from :mod:`fisher_ref.exercises` (of
+this checkout: the repository root goes first on ``sys.path``).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import nbformat
 HERE = Path(__file__).resolve().parent
 
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # this checkout's fisher_ref, not an installed one
 from lesson_cells import LESSONS  # noqa: E402  (one module of cells per lesson)
 
 

@@ -1,7 +1,9 @@
 """Quizzes: every correct answer is proved by a computation with fisher_ref,
 every quiz is used in exactly one notebook, and check() grades correctly."""
 import doctest
+import itertools
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +13,10 @@ import pytest
 import fisher_ref.quizzes as quizzes
 from fisher_ref import exact, list_configs, load_config
 from fisher_ref import token_fisher, token_fisher_pairwise, uniform_token_fisher
-from fisher_ref.alignment import pairwise_terms, response_token_scores
+from fisher_ref.alignment import pairwise_terms, response_token_scores, state_sensitivities
 from fisher_ref.enumeration import state_windows
+from fisher_ref.model import windows_for
+from fisher_ref.training import bf16_changed, policy_gradient
 from fisher_ref.mc_stats import mean_estimate
 from fisher_ref.model import softmax
 from fisher_ref.quizzes import LETTERS, QUIZZES, Quiz, check
@@ -57,7 +61,7 @@ def prove_seq_to_token():
     task = load_config("default")
     xi = response_token_scores(task, 0, result("default").sequences["tokens"][-1])
     assert np.abs(xi).max() > 1e-3
-    return LETTERS[2]  # the conditional-mean-zero option, shown above
+    return "averages to zero given the tokens before it"
 
 
 def prove_cross_term_single():
@@ -71,7 +75,7 @@ def prove_cross_term_single():
     mean = seqs["prob"] @ prod  # (P,)
     assert np.abs(mean).max() <= ZERO_ATOL * np.abs(prod).max()
     assert np.abs(mean - r.cross_terms[0, 1]).max() <= ZERO_ATOL * np.abs(prod).max()
-    return LETTERS[1]
+    return "only its average over all responses is zero"
 
 
 def prove_uniform_shift():
@@ -83,16 +87,16 @@ def prove_uniform_shift():
     assert f.min() > 1e-3  # not zero: refutes 'becomes zero'
     assert rel_err(token_fisher(p, J + c), f) <= RTOL
     assert rel_err(token_fisher_pairwise(p, J + c), f) <= RTOL
-    return LETTERS[1]
+    return "unchanged"
 
 
 def prove_tea_coffee():
     p = np.array([0.46, 0.40, 0.08, 0.05, 0.01])
-    J = np.array([[1.0, 1.0, 0.0, 0.0, 0.0],    # A: both up
-                  [1.0, -1.0, 0.0, 0.0, 0.0]])  # B: tea up, coffee down
+    J = np.array([[1.0, 1.0, 0.0, 0.0, 0.0],    # theta_1: both up
+                  [1.0, -1.0, 0.0, 0.0, 0.0]])  # theta_2: tea up, coffee down
     f = token_fisher(p, J)
     assert f[1] > 5 * f[0] > 0
-    return LETTERS[2]
+    return "changes the preference between the two likely tokens"
 
 
 def prove_likely_alike():
@@ -110,22 +114,46 @@ def prove_likely_alike():
     assert f[0] < 0.1 * f[1]
     likely_part = pairwise_terms(p, J[0])[0][:3, :3].sum()
     assert likely_part < 1e-3 * f[1]
-    return LETTERS[1]
+    return "A small token Fisher"
 
 
 def prove_ratio_below_one():
+    """The permutation average of f is c f_unif with c <= 1 (brute force over all V!
+    arrangements of p, no library formula); the default model's share of ratios below 1 is
+    matched by shuffled p; a ratio below 1 can come with mass on a token moved *apart*."""
     rng = np.random.default_rng(2)
-    J = rng.normal(size=(3, 6))  # (P, V)
-    V = J.shape[1]
-    # a uniform model gives ratio exactly 1 (refutes B)
+    V = 5
+    p = softmax(3.0 * rng.normal(size=(1, V)))[0]  # (V,) concentrated
+    J = rng.normal(size=(4, V))  # (P, V)
+    brute = np.mean([token_fisher(p[list(q)], J) for q in itertools.permutations(range(V))],
+                    axis=0)
+    c = (1 - (p ** 2).sum()) / (1 - 1 / V)
+    assert c < 1 and rel_err(brute, c * uniform_token_fisher(J)) <= RTOL
+    # refutes A: ratio < 1 while the likely token is moved apart from the rest
+    q = np.array([0.97, 0.01, 0.01, 0.01])
+    j = np.array([[1.0, 0.0, 0.0, 0.0]])
+    f, fu = token_fisher(q, j)[0], uniform_token_fisher(j)[0]
+    shuffled = np.mean([token_fisher(q[list(o)], j)[0]
+                        for o in itertools.permutations(range(4))])
+    assert f < fu and f > shuffled  # below uniform, above its own shuffle: anti-aligned
+    # refutes B: a uniform model gives ratio exactly 1
     assert rel_err(token_fisher(np.full(V, 1.0 / V), J), uniform_token_fisher(J)) <= RTOL
-    # mass on two tokens the parameter moves alike gives ratio < 1 (C)
-    J[0, :2] = 0.7
-    p = np.array([0.49, 0.49, 0.005, 0.005, 0.005, 0.005])
-    assert token_fisher(p, J)[0] < uniform_token_fisher(J)[0]
-    # no logit moves: f_unif = 0 and the ratio is undefined (refutes A)
-    assert uniform_token_fisher(np.zeros((1, V)))[0] == 0.0
-    return LETTERS[2]
+    # on the default model, shuffling p at each state keeps the share below 1 about where it is
+    task, r = load_config("default"), result("default")
+    st = r.states
+    Js = state_sensitivities(task, st)  # (N, P, V)
+    fu_all = uniform_token_fisher(Js)  # (N, P)
+    ok = fu_all > 1e-12 * fu_all.max()
+    w = np.broadcast_to(st["reach"][:, None], ok.shape)[ok]
+
+    def share(ff):
+        return (w * (ff[ok] < fu_all[ok])).sum() / w.sum()
+
+    gen = np.random.default_rng(5)
+    shuf = [share(token_fisher(gen.permuted(st["probs"], axis=1), Js)) for _ in range(200)]
+    actual = share(token_fisher(st["probs"], Js))
+    assert min(shuf) <= actual <= max(shuf) and min(shuf) > 0.5
+    return "Little about alignment"
 
 
 def prove_confident_state():
@@ -138,7 +166,7 @@ def prove_confident_state():
     fs = [token_fisher(softmax(b * z), J)[0].max() for b in (1.0, 5.0, 20.0, 40.0)]
     assert all(a > b for a, b in zip(fs, fs[1:]))
     assert fs[-1] < 1e-8 * fs[0]
-    return LETTERS[0]
+    return "It goes to zero"
 
 
 def prove_zero_fisher_zero_gradient():
@@ -150,7 +178,7 @@ def prove_zero_fisher_zero_gradient():
         if zero.any():
             assert np.abs(r.gradient[zero]).max() <= ZERO_ATOL * scale
     assert (result("default").sequence_fisher == 0).sum() >= 1  # the case does occur
-    return LETTERS[1]
+    return "Only zero"
 
 
 def prove_constant_baseline():
@@ -159,7 +187,7 @@ def prove_constant_baseline():
     assert rel_err(r.streams["policy"].gradient_with_constant(5.0), r.gradient) <= RTOL
     shifted = exact(task.with_(baseline=task.baseline - 5.0), progress=False)
     assert rel_err(shifted.gradient, r.gradient) <= RTOL
-    return LETTERS[2]
+    return "Nothing: $E[h] = 0$"
 
 
 def prove_centering_needs_mu():
@@ -172,7 +200,7 @@ def prove_centering_needs_mu():
         assert np.abs(r.streams[f"top{V}"].score_mean).max() <= ZERO_ATOL
         for k in range(1, V):                                              # partial mu: biased
             assert np.abs(r.streams[f"top{k}"].score_mean).max() > 1e-3
-    return LETTERS[1]
+    return "The whole next-token distribution"
 
 
 def prove_uncentered_constant():
@@ -187,7 +215,7 @@ def prove_uncentered_constant():
         assert (np.abs(shifted.streams["raw"].gradient) > raw.bound * (1 + 1e-6)).any()
         assert rel_err(shifted.streams["centered"].gradient, cen.gradient) <= RTOL
         assert rel_err(shifted.streams["raw"].sequence_fisher, raw.sequence_fisher) <= RTOL
-    return LETTERS[1]
+    return "for a large enough $c$ it exceeds"
 
 
 def prove_rao_blackwell():
@@ -201,7 +229,7 @@ def prove_rao_blackwell():
         diag = np.stack([r.cross_terms[t, t] for t in range(T)])  # (T, P): E[xi_t^2]
         assert rel_err(diag, pol.token_fisher_by_depth) <= RTOL    # E[xi_t^2 | s_t] = f(s_t)
         assert rel_err(pol.token_fisher_sum_paths, r.sequence_fisher) <= RTOL  # both unbiased
-    return LETTERS[1]
+    return "replaces each sampled token's squared score"
 
 
 def prove_se_scaling():
@@ -213,10 +241,50 @@ def prove_se_scaling():
     x = np.random.default_rng(3).normal(size=(400, 2))
     small, large = mean_estimate(x).se, mean_estimate(np.tile(x, (100, 1))).se
     assert np.allclose(small / large, 10.0, rtol=1e-2)
-    return LETTERS[1]
+    return "10 times narrower"
+
+
+def prove_window():
+    """The window is the last k tokens; states that share it share their distribution."""
+    task, r = load_config("default"), result("default")
+    m = task.model
+    assert windows_for([(3, 4, 1)], m.context, m.bos).tolist() == [[4, 1]]
+    st = r.states
+    seen = {}
+    for toks, probs in zip(st["tokens"], st["probs"]):
+        toks = tuple(int(t) for t in toks if t >= 0)
+        if len(toks) >= m.context:
+            seen.setdefault(toks[-m.context:], []).append(probs)
+    shared = [ps for ps in seen.values() if len(ps) > 1]
+    assert shared  # some windows are reached from more than one state
+    for ps in shared:
+        assert all(np.array_equal(ps[0], q) for q in ps[1:])
+    return "the last two tokens"
+
+
+def prove_adam_bf16():
+    """One Adam step is lr G/(|G| + eps); the set it changes at bf16 follows small |theta|,
+    not high F or high |G| (default config, a step size that changes a minority)."""
+    task, r = load_config("default"), result("default")
+    lr, eps = 3e-4, 1e-8
+    tr = policy_gradient(task, steps=1, lr=lr, optimizer="adam", eps=eps)
+    assert rel_err(tr.thetas[1] - tr.thetas[0], lr * r.gradient / (np.abs(r.gradient) + eps)) <= 1e-9
+    changed = bf16_changed(*tr.thetas)  # (P,)
+    n = int(changed.sum())
+    assert 0 < n < 0.5 * changed.size  # some change (refutes D), a minority
+    got = set(np.flatnonzero(changed).tolist())
+
+    def overlap(score):
+        return len(got & set(np.argsort(-score, kind="stable")[:n].tolist())) / n
+
+    small, by_f, by_g = overlap(-np.abs(task.theta)), overlap(r.sequence_fisher), overlap(np.abs(r.gradient))
+    assert small >= 1.5 * max(by_f, by_g) and by_g < 0.5
+    return "whose own magnitude"
 
 
 PROOFS = {
+    "window": prove_window,
+    "adam-bf16": prove_adam_bf16,
     "seq-to-token": prove_seq_to_token,
     "cross-term-single": prove_cross_term_single,
     "uniform-shift": prove_uniform_shift,
@@ -239,8 +307,25 @@ def test_every_quiz_has_a_proof():
 
 @pytest.mark.parametrize("quiz_id", list(QUIZZES))
 def test_correct_answer_is_proved(quiz_id):
-    """The computation establishes the fact; the letter it names is the stored answer."""
-    assert PROOFS[quiz_id]() == correct_letter(quiz_id)
+    """The computation establishes a fact; the one option that states it is the stored answer."""
+    claim = PROOFS[quiz_id]()
+    q = QUIZZES[quiz_id]
+    holders = [k for k, opt in enumerate(q.options) if claim in opt]
+    assert holders == [q.correct], (quiz_id, claim, holders, correct_letter(quiz_id))
+
+
+def test_correct_letters_are_balanced():
+    """Guessing one letter must not pay: no letter is right more than once above any other."""
+    counts = Counter(correct_letter(qid) for qid in QUIZZES)
+    four = [counts.get(x, 0) for x in "ABCD"]
+    assert all(len(q.options) == 4 for q in QUIZZES.values())
+    assert max(four) - min(four) <= 1, counts
+
+
+def test_option_letters_are_not_parameter_names():
+    """Question text names no parameter 'A'..'D' that could be read as an option letter."""
+    for q in QUIZZES.values():
+        assert not re.search(r"[Pp]arameter [A-D]\b", q.question), q.id
 
 
 # --------------------------------------------------------------------------- usage
@@ -255,7 +340,7 @@ def _notebook_sources():
 
 def test_every_quiz_used_in_exactly_one_notebook():
     sources = _notebook_sources()
-    assert len(sources) == 6
+    assert len(sources) == 7
     for qid, q in QUIZZES.items():
         shown = [stem for stem, src in sources.items() if f'show("{qid}")' in src]
         checked = [stem for stem, src in sources.items() if f'check("{qid}", answer)' in src]
@@ -285,6 +370,26 @@ def test_check_grades_every_option(quiz_id, capsys):
         out = capsys.readouterr().out
         assert q.feedback[k] in out
         assert ("is right" in out) == (k == q.correct)
+
+
+def test_feedback_renders_as_markdown_in_a_notebook(monkeypatch):
+    """In a kernel the feedback goes to IPython's display as Markdown (maths rendered)."""
+    display_mod = pytest.importorskip("IPython.display", reason="IPython ships with ipykernel")
+    shown = []
+    monkeypatch.setattr(quizzes, "in_notebook", lambda: True)
+    monkeypatch.setattr(display_mod, "display", shown.append)
+    q = QUIZZES["se-scaling"]
+    assert check("se-scaling", LETTERS[q.correct]) is True
+    assert check("se-scaling", LETTERS[(q.correct + 1) % 4]) is False
+    quizzes.show("se-scaling")
+    assert all(isinstance(m, display_mod.Markdown) for m in shown) and len(shown) == 3
+    assert q.feedback[q.correct] in shown[0].data and "**se-scaling**" in shown[0].data
+    assert "Try another letter." in shown[1].data
+    assert q.question in shown[2].data
+
+
+def test_not_in_notebook_outside_a_kernel():
+    assert quizzes.in_notebook() is False
 
 
 def test_unanswered_quiz_returns_none(capsys):

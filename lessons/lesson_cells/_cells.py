@@ -1,10 +1,24 @@
 """Helpers to write lesson cells as data."""
+from fisher_ref.exercises import cell_code, get as get_exercise, solution_markdown
 
 IMPORTS = """\
 import numpy as np
 import matplotlib.pyplot as plt
 from fisher_ref import load_config, exact
-from fisher_ref.quizzes import show, check"""
+from fisher_ref.quizzes import show, check
+from fisher_ref.exercises import check_exercise"""
+
+#: Reading order: (notebook stem, title). The lesson after the last is announced, not linked.
+PATH = [
+    ("00_start_here", "Start here"),
+    ("01_sequence_to_tokens", "From sequences to tokens"),
+    ("02_pairwise_differences", "Token Fisher compares tokens with each other"),
+    ("03_where_mass_lands", "Where the probability mass lands"),
+    ("04_gradient_is_covariance", "The gradient is a covariance"),
+    ("05_offpolicy_centering", "Off-policy: center the score under the sampler"),
+    ("06_monte_carlo", "Monte Carlo against the exact values"),
+]
+NEXT_AFTER_LAST = "a lesson on a small transformer (`07_transformer`) is planned"
 
 
 def md(text):
@@ -22,3 +36,38 @@ def quiz(quiz_id):
     return [("code", f'show("{quiz_id}")'),
             ("code", f'answer = None  # put your letter here, e.g. "A"\n'
                      f'check("{quiz_id}", answer)')]
+
+
+def exercise(ex_id):
+    """The three cells of an exercise: the prompt, setup + blank answer + check, the solution."""
+    ex = get_exercise(ex_id)
+    return [("md", f"### Try it yourself: {ex.title}\n\n{ex.prompt}"),
+            ("code", cell_code(ex_id)),
+            ("md", solution_markdown(ex_id))]
+
+
+def nav(stem):
+    """One line of previous / next links for lesson ``stem``."""
+    stems = [s for s, _ in PATH]
+    k = stems.index(stem)
+    prev = (f"[← {PATH[k - 1][1]}]({PATH[k - 1][0]}.ipynb)" if k > 0 else "")
+    nxt = (f"[{PATH[k + 1][1]} →]({PATH[k + 1][0]}.ipynb)" if k + 1 < len(PATH)
+           else f"Next: {NEXT_AFTER_LAST}.")
+    home = "[Start here](00_start_here.ipynb)" if k > 1 else ""  # lesson 1's previous is it
+    return " · ".join(x for x in (prev, home, nxt) if x)
+
+
+def header(stem, objectives, prerequisites, claim):
+    """The first cell: title, links, objectives, prerequisites, then the lesson's claim."""
+    stems = [s for s, _ in PATH]
+    k = stems.index(stem)
+    obj = "\n".join(f"- {o}" for o in objectives)
+    pre = "\n".join(f"- {p}" for p in prerequisites)
+    return md(f"# {k}. {PATH[k][1]}\n\n{nav(stem)}\n\n**Learning objectives.** After this "
+              f"lesson you can\n\n{obj}\n\n**Prerequisites.**\n\n{pre}\n\n{claim.strip()}")
+
+
+def footer(stem, takeaways):
+    """The last cell: takeaways and links."""
+    items = "\n".join(f"- {t}" for t in takeaways)
+    return md(f"## Takeaways\n\n{items}\n\n{nav(stem)}")

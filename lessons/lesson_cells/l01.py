@@ -1,11 +1,20 @@
 """Lesson 1: the sequence Fisher is a sum of token Fishers (on-policy)."""
-from ._cells import IMPORTS, code, md, quiz
+from ._cells import IMPORTS, code, exercise, footer, header, md, quiz
 
 STEM = "01_sequence_to_tokens"
 
 CELLS = [
-    md(r"""
-# 1. From sequences to tokens
+    header(STEM, [
+        "write the sequence score as a sum of token scores and the sequence Fisher as $E[h_i^2]$;",
+        "explain why the cross terms $\\xi_{u,i}\\xi_{t,i}$ vanish in expectation but not on "
+        "single responses, and where on-policy sampling is used;",
+        "compute an expectation over all responses by hand as a probability-weighted sum;",
+        "say what happens to the score positions of a response that ends early.",
+    ], [
+        "[Lesson 0](00_start_here.ipynb): the model and how the exercises work.",
+        "The score $\\partial_i \\log p$ and the fact that probabilities sum to one.",
+    ], r"""
+## The claim
 
 A response $y = (y_1, \dots, y_T)$ is generated one token at a time; the state $s_t$ is the
 prompt plus the tokens before $y_t$. For a parameter $\theta_i$ the **token score** is
@@ -94,6 +103,24 @@ Fisher equals the token-sum Fisher to rounding. Note where the argument used *on
 sampling: $E[\xi_t \mid s_t] = 0$ holds because the next token is drawn from the same $p$
 whose log is differentiated (lesson 5 shows what breaks when it is not).
 
+## Responses that end early
+
+A response that draws EOS (token 0) at position $L < T$ stops there: positions $L+1, \dots, T$
+hold no token. Their scores are set to **zero** (the arrays are zero-padded), so such a
+response contributes only its first $L$ token scores to $h_i$, and every product with a later
+position is exactly 0. That is part of the tall bar at zero in the histogram: all responses
+that end after one token have $\xi_{2,i} = 0$. The argument above is unharmed: a position with
+no token adds nothing to $h_i$, and at a state where the response goes on, the next score still
+has conditional mean zero.
+"""),
+    code("""
+lengths = (seqs["tokens"] >= 0).sum(axis=1)                               # (M,) tokens drawn
+for L in range(1, T + 1):
+    print(f"responses of length {L}: {np.sum(lengths == L):3d}, probability {w[lengths == L].sum():.4f}")
+print(f"probability weight of xi1*xi2 exactly 0: {w[prod12 == 0].sum():.4f}, "
+      f"of which length-1 responses: {w[lengths == 1].sum():.4f}")"""),
+    md(r"""
+
 ## Sampling instead of listing
 
 A real model cannot list its responses; it samples them. The average of $h_i^2$ over sampled
@@ -122,4 +149,15 @@ plt.show()
 print(f"after {n[-1]} responses: {run['mean'][-1]:.4f} ± {run['se'][-1]:.4f} "
       f"(z = {run['z'][-1]:.2f})")"""),
     *quiz("seq-to-token"),
+    *exercise("second-token-square"),
+    *exercise("early-end"),
+    footer(STEM, [
+        "On a single response the cross terms $\\xi_{u,i}\\xi_{t,i}$ are not zero; over the "
+        "model's own samples they average to exactly zero, because each later score has "
+        "conditional mean zero given its history.",
+        "So the sequence Fisher is the token Fisher summed along the generated states: "
+        "$F_i = E[\\sum_t f_i(s_t)]$.",
+        "Positions after EOS carry a score of zero; they add nothing to $h_i$.",
+        "Sampling responses and averaging $h_i^2$ converges to the exact $F_i$.",
+    ]),
 ]

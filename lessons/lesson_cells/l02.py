@@ -1,11 +1,20 @@
 """Lesson 2: the token Fisher is a probability-weighted spread of logit sensitivities."""
-from ._cells import IMPORTS, code, md, quiz
+from ._cells import IMPORTS, code, exercise, footer, header, md, quiz
 
 STEM = "02_pairwise_differences"
 
 CELLS = [
-    md(r"""
-# 2. Token Fisher compares tokens with each other
+    header(STEM, [
+        "compute a state's token Fisher from its probabilities and logit sensitivities, in "
+        "numpy and in torch;",
+        "show that the centered form and the pairwise form give the same number;",
+        "explain why a common shift of all logits costs nothing and why rare tokens count little.",
+    ], [
+        "[Lesson 1](01_sequence_to_tokens.ipynb): the token Fisher $f_i(s)$ as the expected "
+        "squared token score.",
+        "The softmax derivative $\\partial \\log p_a / \\partial z_b = \\delta_{ab} - p_b$.",
+    ], r"""
+## The claim
 
 **Claim.** At a state $s$, the token Fisher of parameter $i$ only sees how differently the
 parameter moves the logits of *different* tokens. Write $j_{i,a} = \partial z_a / \partial\theta_i$
@@ -47,31 +56,62 @@ f_pairwise = token_fisher_pairwise(p, sens)
 f_uniform = uniform_token_fisher(sens)
 print(f"{'parameter':>10} {'centered':>10} {'pairwise':>10} {'uniform p':>10}")
 for n, a, b, u in zip(names, f_centered, f_pairwise, f_uniform):
-    print(f"{n:>10} {a:10.4f} {b:10.4f} {u:10.4f}")"""),
+    print(f"{n:>10} {a:10.4f} {b:10.4f} {u:10.4f}")
+print(f"mass on tokens other than tea and coffee: {p[2:].sum():.2f}; p(rock) = {p[4]:.2f}")"""),
     md(r"""
 The two forms agree. *apart* has by far the largest Fisher: it changes the model's preference
 between its two favourite answers. *together* moves the same two logits by the same amount, yet
-its Fisher is small: only the 14% of mass on the other tokens sees a gap. *shift* is exactly 0,
-and *rare* is small because *rock* has probability 0.01, even though its logit moves by 3.
+its Fisher is small: only the mass on the other tokens (printed above) sees a gap. *shift* is
+exactly 0, and *rare* is small because *rock* is unlikely, even though its logit moves by 3.
 The last column puts the same sensitivities under a uniform $p$: there *rare* would count a lot.
 
 The pairwise terms $\tfrac12 p_a p_b (j_{i,a}-j_{i,b})^2$ show where each Fisher comes from:
 """),
     code("""
 terms = pairwise_terms(p, sens)  # (P, V, V)
-fig, axes = plt.subplots(1, 4, figsize=(13, 3.2), constrained_layout=True)
-vmax = terms.max()
+fig, axes = plt.subplots(1, 4, figsize=(15, 3.8), constrained_layout=True)
 for ax, n, t in zip(axes, names, terms):
-    im = ax.imshow(t, vmin=0, vmax=vmax, cmap="viridis")
+    im = ax.imshow(t, vmin=0, vmax=t.max() if t.max() > 0 else 1.0, cmap="viridis")  # own scale
     ax.set_xticks(range(5), tokens, rotation=60)
     ax.set_yticks(range(5), tokens)
     ax.set_xlabel("token $b$")
     ax.set_ylabel("token $a$")
-    ax.set_title(f"{n}: f = {t.sum():.3f}")
-fig.colorbar(im, ax=axes, label=r"$\\frac{1}{2}p_ap_b(j_a-j_b)^2$")
-fig.suptitle("Where each parameter's token Fisher comes from (pairs of tokens)")
+    ax.set_title(f"{n}\\nf = {t.sum():.3f}", fontsize=10)
+    fig.colorbar(im, ax=ax, shrink=0.8)
+fig.suptitle(r"Pair terms $\\frac{1}{2}p_ap_b(j_a-j_b)^2$ of each parameter "
+             "(colour scale per panel; shift is 0 everywhere)")
 plt.show()"""),
     *quiz("tea-coffee"),
+    md(r"""
+## The computation everything rests on
+
+With $p$ the softmax of the logits and $J$ the sensitivities (one row per parameter), the
+token Fisher of every parameter at a state is three lines: the mean sensitivity under $p$,
+the sensitivities centered on it, and their $p$-weighted mean square. In numpy:
+"""),
+    code("""
+z = np.log(p)                                   # (V,) logits of the toy state (up to a constant)
+probs = np.exp(z - z.max()) / np.exp(z - z.max()).sum()   # (V,) softmax
+jbar = sens @ probs                             # (P,)   mean sensitivity under p
+f_numpy = ((sens - jbar[:, None]) ** 2) @ probs # (P,)   p-weighted mean square of centered j
+print("numpy:", np.round(f_numpy, 6))"""),
+    md(r"""
+The same three lines in torch (an optional dependency: install it with
+`pip install -e ".[torch]"`). On a GPU the same code runs on batches of states.
+"""),
+    code("""
+try:
+    import torch
+except ImportError:
+    print("torch is not installed; skipping the torch version (pip install torch)")
+else:
+    zt = torch.tensor(z, dtype=torch.float64)
+    jt = torch.tensor(sens, dtype=torch.float64)                  # (P, V)
+    pt = torch.softmax(zt, dim=-1)                                # (V,)
+    jbar_t = jt @ pt                                              # (P,)
+    f_torch = ((jt - jbar_t[:, None]) ** 2) @ pt                  # (P,)
+    print("torch:", np.round(f_torch.numpy(), 6))
+    print(f"largest difference from numpy: {np.abs(f_torch.numpy() - f_numpy).max():.1e}")"""),
     md(r"""
 ## The same identities on the tiny language model
 
@@ -81,14 +121,11 @@ and check both forms, then add a random shift per parameter and state to every t
 sensitivity — a uniform logit shift — and check that nothing changes.
 """),
     code("""
-from fisher_ref.enumeration import state_windows
-from fisher_ref.sensitivities import sensitivities
+from fisher_ref.alignment import state_sensitivities
 
 task = load_config("default")
 result = exact(task, progress=False)
-toks = result.states["tokens"]                          # (N, L), -1 padded
-W = state_windows(toks, (toks >= 0).sum(axis=1), task.model.context, task.model.bos)
-J = sensitivities(task.model, task.theta, W)            # (N, P, V)
+J = state_sensitivities(task, result.states)            # (N, P, V) at every state
 probs = result.states["probs"]                          # (N, V)
 
 def rel_err(a, b):
@@ -99,13 +136,24 @@ f_p = token_fisher_pairwise(probs, J)
 rng = np.random.default_rng(0)
 shift = rng.normal(scale=3.0, size=J.shape[:2] + (1,))  # (N, P, 1): same for every token
 f_shifted = token_fisher(probs, J + shift)
-print(f"{J.shape[0]} states x {J.shape[1]} parameters")
+print(f"{J.shape[0]} states x {J.shape[1]} parameters; vocabulary {task.model.vocab_size}, "
+      f"responses up to {task.max_len} tokens")
 print(f"centered vs pairwise:           relative error {rel_err(f_c, f_p):.1e}")
 print(f"after a uniform logit shift:    relative error {rel_err(f_c, f_shifted):.1e}")
 print(f"engine's stored token Fisher:   relative error {rel_err(f_c, result.states['token_fisher']):.1e}")"""),
     md(r"""
-All three agree to rounding (about $10^{-16}$). The shift was large (standard deviation 3 in
+All three agree to rounding (the relative errors printed above). The shift was large (standard deviation 3 in
 sensitivity units) and the Fisher did not notice it: the softmax only sees logit differences.
 """),
     *quiz("uniform-shift"),
+    *exercise("token-fisher-3-lines"),
+    *exercise("predict-one-token"),
+    footer(STEM, [
+        "$f_i(s) = \\sum_a p_a (j_{i,a} - \\bar j_i)^2 = \\tfrac12\\sum_{a,b} p_a p_b "
+        "(j_{i,a} - j_{i,b})^2$: a variance of sensitivities under $p$, three lines of numpy "
+        "or torch.",
+        "Only differences between tokens count: a common shift of every logit gives 0.",
+        "A gap between two tokens counts in proportion to $p_a p_b$: pairs of likely tokens "
+        "dominate, rare tokens count little.",
+    ]),
 ]

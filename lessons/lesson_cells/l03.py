@@ -1,32 +1,46 @@
-"""Lesson 3: the same sensitivities give a Fisher that depends on where p puts its mass."""
-from ._cells import IMPORTS, code, md, quiz
+"""Lesson 3: the same sensitivities give a Fisher that depends on where p puts its mass;
+concentration and alignment told apart with a shuffled-p control."""
+from ._cells import IMPORTS, code, exercise, footer, header, md, quiz
 
 STEM = "03_where_mass_lands"
 
 CELLS = [
-    md(r"""
-# 3. Where the probability mass lands
+    header(STEM, [
+        "show that the token Fisher changes with the next-token distribution $p$ while the "
+        "sensitivities stay fixed;",
+        "compare $f$ with the uniform reference $f^{unif}$, and say why a ratio below 1 is "
+        "mostly a sign of a *concentrated* $p$;",
+        "separate concentration from alignment with a shuffled-$p$ control and the exact "
+        "factor $c(s) = (1 - \\sum_a p_a^2)/(1 - 1/V)$;",
+        "say what this toy model does and does not show about alignment.",
+    ], [
+        "[Lesson 2](02_pairwise_differences.ipynb): the centered and pairwise forms of $f_i(s)$.",
+        "Permutations; the median; reading a histogram.",
+    ], r"""
+## The claim
 
-**Claim.** The token Fisher is not a property of the sensitivities alone. Keep a state's
-sensitivities $j_{i,a}$ fixed and change only the next-token distribution $p$: the Fisher moves,
-because the pairwise form weighs each gap $(j_{i,a}-j_{i,b})^2$ by $p_ap_b$. Two things follow:
+The token Fisher is not a property of the sensitivities alone. Keep a state's sensitivities
+$j_{i,a}$ fixed and change only the next-token distribution $p$: the Fisher moves, because the
+pairwise form weighs each gap $(j_{i,a}-j_{i,b})^2$ by $p_ap_b$. Two different things can make
+it small:
 
-* a **confident** state (one token near probability 1) has a small token Fisher for *every*
-  parameter;
-* comparing with the **uniform reference** $f^{unif}_i(s)$ — the same sensitivities under
-  $p = 1/V$ — asks whether the model's mass sits on tokens a parameter moves *alike*
-  (ratio $f/f^{unif} < 1$) or on tokens it pulls apart (ratio $> 1$).
+* **concentration**: when $p$ puts nearly all its mass on one token, every pair weight
+  $p_ap_b$ is small, whatever the sensitivities (a confident state);
+* **alignment**: when the tokens that hold the mass are ones the parameter moves *alike*,
+  their gaps are small, even if $p$ is spread over several of them.
+
+The lesson measures both, and shows how to tell them apart.
 """),
     code(IMPORTS + """
 from fisher_ref import token_fisher, uniform_token_fisher
-from fisher_ref.alignment import fisher_ratio, entropy
-from fisher_ref.enumeration import state_windows
+from fisher_ref.alignment import (fisher_ratio, entropy, concentration, shuffled_token_fisher,
+                                  shuffle_control, state_sensitivities)
 from fisher_ref.model import softmax
-from fisher_ref.sensitivities import sensitivities
 
 task = load_config("default")
 result = exact(task, progress=False)
 states = result.states
+J_all = state_sensitivities(task, states)                 # (N, P, V)
 print(f"{len(states['reach'])} states, {task.model.num_params} parameters, "
       f"vocabulary {task.model.vocab_size}")"""),
     md(r"""
@@ -39,10 +53,8 @@ the model becomes certain and $f \to 0$.
 """),
     code("""
 s = 0                                                    # first state: prompt 0, nothing generated
-toks = states["tokens"][s:s + 1]                          # (1, L)
-W = state_windows(toks, (toks >= 0).sum(axis=1), task.model.context, task.model.bos)
-z = task.model.logits(task.theta, W)[0]                   # (V,)
-J = sensitivities(task.model, task.theta, W)[0]           # (P, V)
+J = J_all[s]                                              # (P, V)
+z = np.log(states["probs"][s])                            # (V,) the logits, up to a constant
 betas = np.linspace(0.0, 12.0, 61)
 f_beta = np.array([token_fisher(softmax((b * z)[None])[0], J) for b in betas])  # (B, P)
 top = np.argsort(-uniform_token_fisher(J))[:4]            # four parameters with large f_unif
@@ -67,19 +79,27 @@ print(f"largest f at beta = 12: {f_beta[-1].max():.2e}  (at beta = 1: {f_beta[np
     md(r"""
 ## The ratio $f/f^{unif}$ over every state and parameter
 
-`exact` stores, for every state, both $f_i(s)$ under the model and the uniform reference
-$f^{unif}_i(s)$. `fisher_ratio` divides them (NaN where a parameter does not move any logit at
-that state, e.g. the embedding of a token not in the window). A histogram of $\log_{10}$ of the
-ratio, each state weighted by how often it is reached, shows where the model's mass lands
-relative to what each parameter distinguishes.
+The **uniform reference** $f^{unif}_i(s)$ is the same sensitivities under $p = 1/V$. `exact`
+stores it next to $f_i(s)$ for every state, and `fisher_ratio` divides them. The ratio is
+undefined (NaN) where $f^{unif}_i(s) = 0$, which happens exactly when the parameter moves
+**every logit by the same amount** at that state, zero included: for instance the embedding
+row of a token that is not in the window moves nothing. `fisher_ratio` also returns NaN where
+$f^{unif}_i(s)$ is not zero but below $10^{-12}$ of its largest value (here: weights into a
+hidden unit that $\tanh$ has saturated at that state). A histogram of $\log_{10}$ of the
+ratio, each state weighted by how often it is reached:
 """),
     code("""
 ratio = fisher_ratio(result)                              # (N, P), NaN where f_unif = 0
 reach = np.broadcast_to(states["reach"][:, None], ratio.shape)
 ok = np.isfinite(ratio) & (ratio > 0)
+fu_all = states["uniform"]                                # (N, P)
+flat = np.ptp(J_all, axis=2) == 0                        # (N, P) every logit moved alike
+print(f"NaN entries: {np.isnan(ratio).sum()}: {(flat & np.isnan(ratio)).sum()} where j is the same "
+      f"for every token (f_unif = 0: {np.all(fu_all[flat] == 0)}), "
+      f"{(~flat & np.isnan(ratio)).sum()} where 0 < f_unif < 1e-12 max f_unif")
 fig, ax = plt.subplots(figsize=(7, 3.6), constrained_layout=True)
 ax.hist(np.log10(ratio[ok]), bins=50, weights=reach[ok], color="tab:purple", alpha=0.8)
-ax.axvline(0.0, color="k", ls="--", label="ratio 1: no better or worse than uniform")
+ax.axvline(0.0, color="k", ls="--", label="ratio 1")
 ax.set_xlabel(r"$\\log_{10}\\, f_i(s) / f^{unif}_i(s)$")
 ax.set_ylabel("reach-weighted count")
 ax.set_title("Model probabilities against the uniform reference, all (state, parameter) pairs")
@@ -88,34 +108,161 @@ plt.show()
 below = (reach[ok] * (ratio[ok] < 1)).sum() / reach[ok].sum()
 print(f"reach-weighted share of (state, parameter) pairs with f < f_unif: {below:.1%}")"""),
     md(r"""
-The ratio is a diagnostic, not a law. On this small model most of the reach-weighted pairs
-sit below 1 (the share is printed above) and some sit above: nothing forces every parameter to
-be aligned; the histogram is what this model happens to do.
-
-## Confident states against uncertain ones
-
-Each state's entropy says how spread out $p$ is. Against it, the median ratio over parameters
-at that state:
+Most reach-weighted pairs sit below 1. It is tempting to read this as "the model's mass sits
+on tokens each parameter moves alike". Before believing it, look at how confident the states
+are. Each state's entropy says how spread out $p$ is; against it, the median ratio over the
+parameters at that state. Several states share a window of the last $k$ tokens and so share
+their whole distribution: they lie exactly on top of each other, so each depth gets its own
+marker.
 """),
     code("""
 H = entropy(states["probs"])                              # (N,)
 med = np.nanmedian(np.where(ok, ratio, np.nan), axis=1)   # (N,)
+c_state = concentration(states["probs"])                  # (N,)
 total_f = states["token_fisher"].sum(axis=1)              # (N,)
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), constrained_layout=True)
-axes[0].scatter(H, med, c=states["depth"], cmap="viridis", alpha=0.7)
-axes[0].axhline(1.0, color="k", ls="--")
-axes[0].axvline(np.log(task.model.vocab_size), color="gray", ls=":", label="uniform entropy log V")
-axes[0].set_xlabel("entropy of p(.|s) (nats)")
+windows = {tuple(t[t >= 0][-task.model.context:]) for t in states["tokens"]}
+print(f"{len(H)} states, {len(windows)} distinct windows of the last {task.model.context} tokens")
+markers = {0: ("o", 90), 1: ("s", 55), 2: ("^", 30), 3: ("D", 14)}
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True)
+for d, (mk, size) in markers.items():
+    at = states["depth"] == d
+    if at.any():
+        for ax, y in zip(axes, (med, total_f)):
+            ax.scatter(H[at], y[at], marker=mk, s=size, facecolors="none",
+                       edgecolors=plt.cm.viridis(d / 3), label=f"depth {d}")
+axes[0].scatter(H, c_state, marker="x", s=12, color="k", label="c(s) (see below)")
+axes[0].axhline(1.0, color="k", ls="--", lw=0.8)
+axes[0].axvline(np.log(task.model.vocab_size), color="gray", ls=":")
+axes[0].set_xlabel("entropy of p(.|s) (nats); dotted: log V")
 axes[0].set_ylabel(r"median over parameters of $f/f^{unif}$")
-axes[0].set_title("Uncertain states look like the uniform reference")
-axes[0].legend()
-sc = axes[1].scatter(H, total_f, c=states["depth"], cmap="viridis", alpha=0.7)
+axes[0].set_title("Confident states have low ratios")
+axes[0].legend(fontsize=8)
 axes[1].set_xlabel("entropy of p(.|s) (nats)")
 axes[1].set_ylabel(r"$\\sum_i f_i(s)$")
 axes[1].set_title("Confident states carry little token Fisher")
-fig.colorbar(sc, ax=axes, label="depth (tokens generated)")
+axes[1].legend(title="tokens generated", fontsize=8)
 plt.show()"""),
     md(r"""
+## Concentration or alignment? A shuffled-$p$ control
+
+A control that keeps the concentration and destroys any alignment: at every state, **shuffle
+the probabilities across the tokens** (a random permutation per state). The entropy and
+every other property of the *set* of probabilities stay; which token gets which probability
+becomes random, so no parameter can be aligned with it any more. If the share of ratios below
+1 came from alignment, the shuffled model would have a much smaller share.
+"""),
+    code("""
+control = shuffle_control(task, result, np.random.default_rng(0), shuffles=200)
+shuffled_share = control["shuffled_share"]                # (200,) one share per shuffle
+fig, ax = plt.subplots(figsize=(7, 3.2), constrained_layout=True)
+ax.hist(100 * shuffled_share, bins=25, color="0.6", label="200 shuffles of p")
+ax.axvline(100 * below, color="tab:purple", lw=3, label="the model")
+ax.set_xlabel("reach-weighted % of pairs with f < f_unif")
+ax.set_ylabel("shuffles")
+ax.set_title("The share below the uniform reference survives shuffling")
+ax.legend()
+plt.show()
+print(f"model: {below:.1%};  shuffled p: mean {shuffled_share.mean():.1%}, "
+      f"range {shuffled_share.min():.1%} .. {shuffled_share.max():.1%}")
+assert shuffled_share.min() <= below <= shuffled_share.max()  # the text's claim, checked"""),
+    md(r"""
+The model's share sits inside the range of its shuffles: on this model the share below the
+uniform reference is explained by **concentration**, not alignment. The reason is exact.
+Averaged over every permutation $\pi$ of $p$ across the tokens,
+
+$$E_\pi\big[f_i(s)\big] = c(s)\, f^{unif}_i(s), \qquad
+c(s) = \frac{1 - \sum_a p_a^2}{1 - 1/V} \in [0, 1],$$
+
+(expand $f = \sum_a p_a j_a^2 - (\sum_a p_a j_a)^2$ and average each product of
+probabilities over the permutations). $c(s)$ is 1 for a uniform $p$ and falls to 0 for a point
+mass: a concentrated distribution pushes the ratio below 1 on average *whatever the
+sensitivities are*. (The black crosses in the scatter above are $c(s)$.) Checked against all
+$V! = 120$ arrangements at state 0:
+"""),
+    code("""
+import itertools
+p0 = states["probs"][0]                                   # (V,)
+brute = np.mean([token_fisher(p0[list(q)], J_all[0])
+                 for q in itertools.permutations(range(p0.size))], axis=0)   # (P,)
+closed = shuffled_token_fisher(p0, J_all[0])              # (P,) c(s) f_unif
+print(f"c(state 0) = {concentration(p0):.4f}; brute force vs c f_unif: largest relative "
+      f"difference {np.abs(brute - closed).max() / np.abs(brute).max():.1e}")"""),
+    md(r"""
+So the ratio splits into two factors, $f/f^{unif} = c(s)\, a_i(s)$. The **alignment factor**
+$a_i(s) = f_i(s) / (c(s) f^{unif}_i(s))$ averages exactly 1 over shuffles: below 1 the mass sits
+on tokens the parameter moves alike more than chance would put it there, above 1 on tokens it
+moves apart. Summed over the states each parameter visits, $F_i / F^{shuf}_i$ with
+$F^{shuf}_i = \sum_s \pi(s)\, c(s)\, f^{unif}_i(s)$ ($\pi(s)$ the reach) asks the same question for
+the parameter's whole sequence Fisher.
+
+## Alignment per parameter, against its shuffles
+
+Below, $F_i/F^{shuf}_i$ for the parameters **below the output layer** (`E`, `W1`, `b1`: the
+shared features every token's logit reads) of three models, each against 200 shuffles of its
+own $p$:
+
+* **default**: the model as initialised;
+* **distinct**: the default with the biases of tokens 1 and 3 raised by 5, so the model puts
+  most of its mass on those two tokens;
+* **synonyms**: the same, after giving token 3 token 1's output weights (column of `W2`, entry
+  of `b2`): every parameter below the output layer now moves the logits of tokens 1 and 3
+  identically, and the mass sits on those two tokens: alignment built in.
+"""),
+    code("""
+layout = {name: (shape, offset) for name, shape, offset in task.model.layout()}
+(nH, V), o2 = layout["W2"]
+(_,), ob = layout["b2"]
+features = np.arange(task.model.num_params) < o2          # (P,) E, W1, b1
+distinct = task.theta.copy()
+distinct[ob + 1] += 5.0
+distinct[ob + 3] += 5.0
+synonyms = task.theta.copy()
+W2 = synonyms[o2:o2 + nH * V].reshape(nH, V)              # a view into synonyms
+W2[:, 3] = W2[:, 1]
+synonyms[ob + 3] = synonyms[ob + 1]
+synonyms[ob + 1] += 5.0
+synonyms[ob + 3] += 5.0
+
+
+runs = {}
+for name, th in [("default", task.theta), ("distinct", distinct), ("synonyms", synonyms)]:
+    t = task.with_(theta=th)
+    res = exact(t, progress=False)
+    reach_ = res.states["reach"]
+    runs[name] = shuffle_control(t, res, np.random.default_rng(0), shuffles=200,
+                                 params=np.flatnonzero(features))
+    runs[name]["mass13"] = reach_ @ res.states["probs"][:, [1, 3]].sum(axis=1) / reach_.sum()
+print(f"{'model':>9} {'mass on 1,3':>11} {'% f<f_unif':>11} {'(shuffled)':>14} "
+      f"{'median F/F_shuf':>16} {'(shuffled, 0.5-99.5%)':>22}")
+for name, c in runs.items():
+    sh, med = c["shuffled_share"], np.median(c["ratio"])
+    lo, hi = np.quantile(np.median(c["shuffled_ratio"], axis=1), [0.005, 0.995])
+    print(f"{name:>9} {c['mass13']:11.2f} {100 * c['share']:10.1f}% {100 * sh.min():6.1f}.."
+          f"{100 * sh.max():4.1f}% {med:16.3f} {lo:11.3f} .. {hi:.3f}")
+    inside = lo <= med <= hi and sh.min() <= c["share"] <= sh.max()
+    assert inside == (name != "synonyms")                 # the text's claims, checked"""),
+    code("""
+fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), constrained_layout=True, sharey=True)
+for ax, (name, c) in zip(axes, runs.items()):
+    curves = np.sort(np.log10(c["shuffled_ratio"]), axis=1)     # (K, n) sorted per shuffle
+    rank = np.arange(curves.shape[1])
+    ax.fill_between(rank, *np.quantile(curves, [0.005, 0.995], axis=0), color="0.8",
+                    label="shuffled p (0.5-99.5%)")
+    ax.plot(rank, np.sort(np.log10(c["ratio"])), color="tab:purple", label="the model")
+    ax.axhline(0.0, color="k", lw=0.8, ls="--")
+    ax.set_xlabel("feature parameters, sorted")
+    ax.set_title(name)
+axes[0].set_ylabel(r"$\\log_{10} F_i / F^{shuf}_i$")
+axes[0].legend(fontsize=8)
+fig.suptitle("Alignment of each parameter's Fisher against shuffles of the model's own p")
+plt.show()"""),
+    md(r"""
+Read the printed table and the plot together. The raw share of pairs below the uniform
+reference does not separate the three models. Compared with their own shuffles, both
+statistics do: for the synonyms model the share lies outside its shuffled range and the
+median $F_i/F^{shuf}_i$ lies far below its shuffle band (its features move the two likely
+tokens alike by construction), while the default and distinct models lie within theirs.
+
 ## The seeds' question
 
 Build a state with two likely candidates and two parameters of the same size: one moves both
@@ -129,8 +276,38 @@ j = np.array([[3.0, 3.1, 0.0, 0.0],                       # (2, V): alike on the
               [3.0, -3.0, 0.0, 0.0]])                     #         opposite on the likely pair
 f = token_fisher_pairwise(p, j)
 likely_pair = 2 * pairwise_terms(p, j)[:, 0, 1]           # both orders (a, b) and (b, a)
-for name, fi, fu, lp in zip(["alike", "opposite"], f, uniform_token_fisher(j), likely_pair):
-    print(f"{name:>8}: f = {fi:.4f}  (from the likely pair: {lp:.4f}),  f_unif = {fu:.4f}")"""),
+for name, fi, fs, lp in zip(["alike", "opposite"], f, shuffled_token_fisher(p, j), likely_pair):
+    print(f"{name:>8}: f = {fi:.4f}  (from the likely pair: {lp:.4f}),  shuffled-p average = "
+          f"{fs:.4f},  alignment factor a = {fi / fs:.2f}")"""),
     *quiz("likely-alike"),
     *quiz("ratio-below-one"),
+    md(r"""
+## What this toy shows, and what it does not
+
+**It shows**, exactly: the token Fisher depends on where $p$ puts its mass, not only on the
+sensitivities; confident states carry little Fisher; the ratio to the uniform reference
+factors into a concentration part $c(s)$, fixed by $p$ alone, and an alignment part whose
+average over shuffles is 1; and when alignment is built into a model (the synonyms), the
+alignment statistic finds it against a shuffled-$p$ control, while the plain share below the
+uniform reference, taken on its own, does not.
+
+**It does not show** that the randomly initialised default model is aligned: its share of
+ratios below 1 is what shuffled probabilities give too, and its per-parameter alignment lies
+within its shuffle band. So "the model's mass lands on tokens its parameters move alike" is
+not demonstrated here for an untrained model, and nothing in this toy says how much alignment
+a trained language model has. The same control answers that question on a real model: it
+needs only $p$ and the sensitivities at the sampled states, and compares $f$ with
+$c(s) f^{unif}$ or with shuffles of $p$.
+"""),
+    *exercise("temperature-concentration"),
+    *exercise("permutation-average"),
+    *exercise("anti-aligned"),
+    footer(STEM, [
+        "For fixed sensitivities the token Fisher falls as $p$ concentrates; at a point mass "
+        "it is 0.",
+        "$f/f^{unif} = c(s)\\,a_i(s)$ with $c(s) = (1-\\sum_a p_a^2)/(1-1/V)$: a ratio below 1 "
+        "is expected from concentration alone.",
+        "Alignment is what is left, $a_i(s)$ or $F_i/F^{shuf}_i$, judged against shuffles "
+        "of $p$; the toy shows it when built in (synonyms), not in the untrained default model.",
+    ]),
 ]

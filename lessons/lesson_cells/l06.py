@@ -1,11 +1,20 @@
 """Lesson 6: Monte Carlo estimators, their standard errors, and the token-sum estimator."""
-from ._cells import IMPORTS, code, md, quiz
+from ._cells import IMPORTS, code, exercise, footer, header, md, quiz
 
 STEM = "06_monte_carlo"
 
 CELLS = [
-    md(r"""
-# 6. Monte Carlo against the exact values
+    header(STEM, [
+        "estimate the sequence Fisher from sampled responses, with a standard error and a "
+        "z-score against the exact value;",
+        "compare two unbiased estimators, $\\overline{h_i^2}$ and $\\overline{\\sum_t f_i(s_t)}$, "
+        "by their exact variances;",
+        "check whether nominal 95% intervals cover the exact value 95% of the time.",
+    ], [
+        "[Lesson 1](01_sequence_to_tokens.ipynb): $F_i = E[h_i^2] = E[\\sum_t f_i(s_t)]$.",
+        "The standard error $\\sigma/\\sqrt n$ of a mean; the normal distribution.",
+    ], r"""
+## The claim
 
 **Claim.** Every quantity of lessons 1–5 is an average over responses, so sampling $n$
 responses gives an estimate with a standard error $\mathrm{se} = \sigma/\sqrt n$ ($\sigma$ the
@@ -22,6 +31,7 @@ Two estimators of the same $F_i$:
   is not a conditional expectation of $h_i^2$): below we measure the ratio per parameter.
 """),
     code(IMPORTS + """
+import os, platform
 from fisher_ref.monte_carlo import estimate, bonferroni_z
 from fisher_ref.mc_stats import running_estimates, exact_variance_reduction, variance_reduction
 
@@ -31,7 +41,8 @@ P = task.model.num_params
 mc = estimate(task, 4000, np.random.default_rng(0), keep_samples=True)
 z = mc.z_scores(r)
 z_max = bonferroni_z(1e-6, P)
-print(f"n = {mc.n} responses, {mc.seconds:.2f} s; threshold |z| <= {z_max:.2f} "
+print(f"n = {mc.n} responses, sampled in {mc.seconds:.2f} s on this machine ({platform.machine()}, "
+      f"{os.cpu_count()} CPU cores); threshold |z| <= {z_max:.2f} "
       f"(false-failure rate 1e-6 over {P} parameters)")
 for (stream, quantity), zs in z.items():
     print(f"{stream:>7} {quantity:>16}: max |z| = {np.nanmax(np.abs(zs)):.2f}")"""),
@@ -99,6 +110,7 @@ does — for both estimators, at two sample sizes.
 """),
     code("""
 runs = 50
+rate = {}
 for n_small in (200, 2000):
     cover = {"sequence_fisher": [], "token_fisher_sum": []}
     for seed in range(runs):
@@ -109,8 +121,12 @@ for n_small in (200, 2000):
             cover[q].append(np.abs(e.mean - getattr(r, q))[live] <= 1.959963984540054 * e.se[live])
     for q, c in cover.items():
         c = np.concatenate(c)
+        rate[n_small, q] = c.mean()
         print(f"n = {n_small:>5}, {q:>17}: {c.mean():.1%} of {c.size} intervals cover "
-              f"the exact value (nominal 95%)")"""),
+              f"the exact value (nominal 95%)")
+h2_small = rate[200, "sequence_fisher"]                   # the text's claims below, checked
+assert h2_small < 0.95 and h2_small < rate[200, "token_fisher_sum"]
+assert h2_small < rate[2000, "sequence_fisher"]"""),
     md(r"""
 With few samples the intervals for $h^2$ cover less often than 95%: the se is itself estimated
 from the samples, and $h^2$ has a long right tail (rare responses with large scores), so a small
@@ -124,4 +140,15 @@ var_h2 = r.streams["policy"].variances["h2"][i]
 for n in (100, 10_000, 1_000_000):
     print(f"n = {n:>9,}: se of mean h^2 for parameter {i} = {np.sqrt(var_h2 / n):.2e}")"""),
     *quiz("se-scaling"),
+    *exercise("se-by-hand"),
+    *exercise("samples-needed"),
+    footer(STEM, [
+        "Every exact quantity is an average over responses; sampling estimates it with a "
+        "standard error $\\sigma/\\sqrt n$, and z-scores against the exact values behave like "
+        "normal draws.",
+        "The token-sum estimator has the same mean as $\\overline{h_i^2}$ and, on these "
+        "models, a smaller variance (measured per parameter, not promised by a theorem).",
+        "Standard errors estimated from few samples of a long-tailed quantity can be too "
+        "small: check coverage.",
+    ]),
 ]

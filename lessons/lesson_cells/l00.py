@@ -1,0 +1,135 @@
+"""Lesson 0: what fisher_ref is, the two arguments, the model, how to use the lessons."""
+from ._cells import IMPORTS, PATH, code, exercise, footer, header, md, quiz
+
+STEM = "00_start_here"
+
+_SHOWS = {
+    "01_sequence_to_tokens": "cross terms vanish on average, so the sequence Fisher is a sum "
+                             "of token Fishers",
+    "02_pairwise_differences": "the token Fisher is a variance of logit sensitivities, "
+                               "half the weighted squared gaps between pairs of tokens",
+    "03_where_mass_lands": "how the Fisher depends on where $p$ puts its mass; concentration "
+                           "told apart from alignment",
+    "04_gradient_is_covariance": "the gradient is a covariance capped by "
+                                 "$\\mathrm{std}(A)\\sqrt{F_i}$; the two headline figures "
+                                 "measured",
+    "05_offpolicy_centering": "samples from another distribution need the score centered "
+                              "under it",
+    "06_monte_carlo": "sampled estimates, their standard errors, and the exact values they "
+                      "converge to",
+}
+_LESSON_LIST = "\n".join(f"| [{k}. {title}]({stem}.ipynb) | {_SHOWS[stem]} |"
+                         for k, (stem, title) in enumerate(PATH[1:], start=1))
+
+CELLS = [
+    header(STEM, [
+        "say what fisher_ref computes and why its numbers are exact;",
+        "state the two arguments the lessons check, in a sentence each;",
+        "read the model's parameter layout and say what `b2` does to the logits;",
+        "answer a quiz and check an exercise.",
+    ], [
+        "Python and numpy; the softmax and the chain rule; an expectation as a weighted sum.",
+    ], r"""
+## What fisher_ref is
+
+A language model writes a response one token at a time, drawing each token from a softmax
+over its vocabulary. Quantities such as the Fisher information or the expected policy gradient
+are averages over *every* response the model could write. For a real model there are far too
+many, so one samples and hopes. fisher_ref takes the other road: its model is so small
+(a handful of tokens, responses of at most a few tokens) that every response can be listed
+with its exact probability. Every average then becomes a finite sum in float64, with nothing
+estimated. Those exact numbers are the reference that sampling, a torch implementation or
+your own code can be held against.
+"""),
+    md(r"""
+## The two arguments the lessons check
+
+**1. Why on-policy tokens can carry little Fisher information (lessons 1–3).** The diagonal
+Fisher of a whole response is the sum, over its positions, of a per-token Fisher, because
+on the model's own samples the products of scores at two positions average to zero. The
+per-token Fisher of a parameter is the spread, under the model's next-token probabilities,
+of how much that parameter moves each token's logit. A parameter that moves the *likely*
+tokens by the same amount changes their relative probabilities little, so it gets a small
+Fisher even when it moves the logits a lot. Lesson 3 also shows how to tell this apart from
+the model simply being confident.
+
+**2. Why the update goes where the Fisher is (lessons 4–5).** On the model's own samples the
+score has mean zero, so the policy gradient is a covariance between advantage and score, and
+the Fisher is the score's variance. Cauchy–Schwarz then caps each gradient coordinate by
+$\mathrm{std}(A)\sqrt{F_i}$. Lesson 4 measures how well Fisher predicts where the gradient is,
+and what a "share of parameters changed" in bf16 does and does not say. Lesson 5 shows that
+samples from another distribution (a stale model, a higher temperature) break the argument
+unless the score is centered under that distribution.
+
+Lesson 6 checks that sampling converges to every exact value, with honest error bars.
+"""),
+    md(r"""
+## The model
+
+A state $s$ is the prompt plus the tokens generated so far. The model reads only a **window**
+of the last $k$ tokens of the state (padded on the left with a BOS token when the state is
+shorter), looks up an embedding row of `E` for each, and computes
+
+$$z(s) = \tanh\big([E_{c_1}, \dots, E_{c_k}]\,W_1 + b_1\big)\,W_2 + b_2, \qquad
+p(\cdot \mid s) = \mathrm{softmax}(z(s)),$$
+
+with $V$ tokens (token 0 is EOS: drawing it ends the response). `b2` is the **output bias**: one
+number per token, added to that token's logit at every state. All parameters live in one flat
+vector `theta`; the layout says which slice is which block.
+"""),
+    code(IMPORTS + """
+
+task = load_config("default")
+m = task.model
+print(f"V = {m.vocab_size} tokens (0 = EOS, BOS = {m.bos} as input only), window k = {m.context}")
+print(f"{'block':>5} {'shape':>9} {'offset':>7} {'size':>5}")
+for name, shape, offset in m.layout():
+    print(f"{name:>5} {str(shape):>9} {offset:7d} {int(np.prod(shape)):5d}")
+print(f"P = {m.num_params} parameters; prompts {task.prompts}, responses up to {task.max_len} tokens")
+r = exact(task, progress=False)
+print(f"exact() listed {r.n_responses} responses through {r.n_states} states")"""),
+    md(r"""
+What `b2` does, checked: raise `b2[2]` by one and every window's logit of token 2 goes up by
+exactly one, the others not at all.
+"""),
+    code("""
+layout = {name: (shape, offset) for name, shape, offset in m.layout()}
+(V,), off = layout["b2"]
+windows = np.array([[m.bos, 1], [1, 2], [4, 3]])                  # (3, k)
+bumped = task.theta.copy()
+bumped[off + 2] += 1.0
+print("change of the logits, one row per window:")
+print(np.round(m.logits(bumped, windows) - m.logits(task.theta, windows), 12))"""),
+    md(r"""
+## How the quizzes and exercises work
+
+A **quiz** cell shows a question; the cell after it reads `answer = None`. Put your letter
+there (`answer = "C"`) and run the cell: it says right or wrong and explains that option.
+Left as `None`, it prints "not answered yet", so a notebook runs top to bottom unattended.
+
+An **exercise** ("Try it yourself") gives a cell that builds its inputs and ends with
+`check_exercise(...)`. Replace `None` by your code's result and run it. The checker rebuilds
+the inputs itself and computes the reference its own way, so changing the inputs will not
+help. The solution sits in a collapsed cell below: click to open.
+"""),
+    *quiz("window"),
+    *exercise("count-params"),
+    *exercise("b2-moves-logits"),
+    md(f"""
+## The lessons
+
+Read them in order; each one names what it needs from the ones before.
+
+| lesson | what it shows |
+|---|---|
+{_LESSON_LIST}
+"""),
+    footer(STEM, [
+        "Unless a cell says it draws random numbers (sampled responses, shuffles), every "
+        "number in these lessons is an exact finite sum over listed responses.",
+        "The model reads a window of the last $k$ tokens; `b2[a]` adds to token $a$'s logit "
+        "at every state, so $\\partial z_a / \\partial b2_c$ is 1 if $a = c$ and 0 otherwise.",
+        "Quizzes: set `answer` to a letter. Exercises: set the named variable; the solution is "
+        "collapsed below each one.",
+    ]),
+]
