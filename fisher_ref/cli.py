@@ -12,8 +12,11 @@ import importlib
 import sys
 
 from .command import add_task_arguments
+from .fileio import check_output_path
 
 __all__ = ["main", "build_parser"]
+
+OUTPUT_OPTIONS = ("out", "json")  # file paths the subcommands write
 
 SUBCOMMANDS = {
     "verify": ("fisher_ref.verify", "check every identity of DESIGN §1, exactly and by Monte Carlo"),
@@ -44,13 +47,21 @@ def build_parser(command=None):
 def main(argv=None):
     """Run the command line on ``argv`` (``sys.argv[1:]`` by default); return the exit code.
 
-    Exit codes: 0 success, 1 a check failed, 2 bad input (the message names it).
+    Exit codes: 0 success, 1 a check failed, 2 bad input (the message names it: a
+    field of the task, an option, or a path that cannot be read or written).
+    Output paths (``--out``, ``--json``) are checked before any work starts.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in SUBCOMMANDS else "")
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has printed the usage and the problem
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        for option in OUTPUT_OPTIONS:
+            if getattr(args, option, None) is not None:
+                check_output_path(getattr(args, option), f"--{option}")
         return int(args._run(args) or 0)
     except ModuleNotFoundError as exc:
         if exc.name != "torch":
@@ -59,7 +70,9 @@ def main(argv=None):
               "pip install -e \".[torch]\" (for example torch==2.13.0, the CPU build)",
               file=sys.stderr)
         return 2
-    except (ValueError, FileNotFoundError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError, OSError) as exc:
+        # OSError: a path that is a directory, missing, unreadable or on a full disk
+        # (its message names the path); FileProblem and EnumerationTooLarge are ValueErrors
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

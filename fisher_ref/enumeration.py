@@ -22,10 +22,12 @@ engines. A *block* is a dict of ``B`` states of one depth:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from .limits import MAX_COUNT, check_limit, readable, readable_log10
 from .model import state_windows
 from .rewards import evaluate_reward
 
@@ -63,21 +65,67 @@ class Cost:
     bytes: int
 
     def describe(self):
-        return (f"{self.n_states:,} states, {self.n_responses:,} responses, "
-                f"P={self.num_params:,} parameters, V={self.vocab_size}, T={self.max_len}: "
-                f"about {self.seconds:,.1f} s and {self.bytes / 2**30:,.2f} GiB")
+        """The size and estimates in words, numbers of any size kept readable."""
+        return (f"{readable(self.n_states)} states, {readable(self.n_responses)} responses, "
+                f"P={readable(self.num_params)} parameters, V={readable(self.vocab_size)}, "
+                f"T={readable(self.max_len)}: about {_seconds(self.seconds)} and "
+                f"{_gib(self.bytes)}")
+
+
+def _seconds(x):
+    return f"{readable(float(x))} s"
+
+
+def _gib(x):
+    g = x / 2 ** 30
+    return f"{g:,.2f} GiB" if g < 1e6 else f"{readable(float(g))} GiB"
+
+
+def _geometric(b, n):
+    r""":math:`\sum_{t<n} b^t` for an integer ``b >= 1`` (``n`` if ``b = 1``)."""
+    return n if b == 1 else (b ** n - 1) // (b - 1)
 
 
 def count_states(vocab_size, max_len, eos, n_prompts=1):
-    """``(n_states, n_responses)`` of the full enumeration, in closed form."""
-    branch = vocab_size - 1 if eos else vocab_size
-    per_depth = [branch ** t for t in range(max_len)]  # expandable states per depth
-    n_states = sum(per_depth)
-    if eos:
-        n_resp = sum(per_depth[:-1]) + per_depth[-1] * vocab_size
-    else:
-        n_resp = vocab_size ** max_len
-    return n_states * n_prompts, n_resp * n_prompts
+    r"""``(n_states, n_responses)`` of the full enumeration, in closed form.
+
+    With ``b = V - 1`` expandable children per state under EOS (``V`` without),
+    each prompt has :math:`\sum_{t<T} b^t` states and
+    :math:`\sum_{t<T-1} b^t + b^{T-1} V` responses under EOS (:math:`V^T` without).
+    The counts are exact ints, formed only when their base-10 logarithms say they are
+    near ``MAX_COUNT`` (1e60) or below, so ``max_len = 10**6`` is refused at once.
+
+    Raises:
+        EnumerationTooLarge: more than ``MAX_COUNT`` states or responses (the
+            message gives the size, e.g. "about 1.1e+602 responses").
+
+    Example:
+        >>> count_states(3, 2, eos=True)
+        (3, 7)
+    """
+    V, T, n_p = int(vocab_size), int(max_len), int(n_prompts)
+    b = V - 1 if eos else V
+    if b > 1:  # the counts grow like b^T: judge their size by logarithms first
+        big = math.log10(T) > 300  # T itself past float range
+        lb = math.log10(b)
+        log_states = math.log10(n_p) + (math.inf if big else T * lb) - math.log10(b - 1)
+        log_resp = math.log10(n_p) + (math.inf if big else (T - 1) * lb) + \
+            math.log10(V + 1 / (b - 1) if eos else V)  # ~ n b^(T-1) (V + 1/(b-1))
+        if max(log_states, log_resp) > math.log10(MAX_COUNT) + 1:
+            _too_many(readable_log10(log_states), readable_log10(log_resp), V, T, n_p)
+    n_states = _geometric(b, T) * n_p
+    n_resp = (_geometric(b, T - 1) + b ** (T - 1) * V if eos else V ** T) * n_p
+    if max(n_states, n_resp) > MAX_COUNT:
+        _too_many(readable(n_states), readable(n_resp), V, T, n_p)
+    return n_states, n_resp
+
+
+def _too_many(states, responses, V, T, n_p):
+    raise EnumerationTooLarge(
+        f"exact enumeration refused: about {states} states and {responses} responses "
+        f"(V={readable(V)}, T={readable(T)}, n_prompts={n_p}), more than "
+        f"{readable(MAX_COUNT)}, which no machine lists. Use Monte Carlo instead "
+        "(fisher_ref.monte_carlo.estimate), shorten max_len or shrink the vocabulary.")
 
 
 def default_chunk(num_params, vocab_size, max_len, n_streams, budget_bytes=256 * 2 ** 20):
@@ -110,20 +158,26 @@ def estimate_cost(task, n_streams=None, chunk=None, keep_states=False, keep_sequ
 
 
 def check_cost(cost, max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES):
-    """Raise :class:`EnumerationTooLarge` naming the numbers if ``cost`` is past a limit."""
+    """Raise :class:`EnumerationTooLarge` naming the numbers if ``cost`` is past a limit.
+
+    Raises:
+        TypeError: ``max_seconds`` or ``max_bytes`` is not a number.
+        ValueError: a limit that is NaN, zero or negative (``inf`` means no limit).
+    """
+    max_seconds = check_limit(max_seconds, "max_seconds")
+    max_bytes = check_limit(max_bytes, "max_bytes")
     problems = []
     if cost.seconds > max_seconds:
-        problems.append(f"estimated time {cost.seconds:,.0f} s exceeds the limit {max_seconds:,.0f} s")
+        problems.append(f"estimated time {_seconds(cost.seconds)} exceeds the limit "
+                        f"{_seconds(max_seconds)}")
     if cost.bytes > max_bytes:
-        problems.append(f"estimated memory {cost.bytes / 2**30:,.2f} GiB exceeds the limit "
-                        f"{max_bytes / 2**30:,.2f} GiB")
+        problems.append(f"estimated memory {_gib(cost.bytes)} exceeds the limit "
+                        f"{_gib(max_bytes)}")
     if problems:
         raise EnumerationTooLarge(
             "exact enumeration refused: " + "; ".join(problems) + f" ({cost.describe()}). "
             "Use Monte Carlo instead (fisher_ref.monte_carlo.estimate), shorten max_len, "
             "shrink the vocabulary, or raise max_seconds/max_bytes if you mean it.")
-
-
 
 
 #: Per-stream arrays a block may carry, stream axis first: ``hist (S, B, T, P)`` the

@@ -14,7 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["FileProblem", "atomic_output", "read_text"]
+__all__ = ["FileProblem", "atomic_output", "read_text", "check_output_path"]
 
 
 class FileProblem(ValueError):
@@ -29,6 +29,26 @@ def _path(path, what):
 
 def _describe(exc):
     return exc.strerror or type(exc).__name__
+
+
+def check_output_path(path, what="output file"):
+    """``path`` as a ``Path`` if a file could be written there; else :class:`FileProblem`
+    naming it (empty, a directory, or in a directory that does not exist). Run before
+    a long computation, so that a bad ``--out`` is refused at once.
+
+    Example:
+        >>> check_output_path("")
+        Traceback (most recent call last):
+        ...
+        fisher_ref.fileio.FileProblem: output file: a file path is required, got ''
+    """
+    path = _path(path, what)
+    if path.is_dir():
+        raise FileProblem(f"{what} {str(path)!r} is a directory, not a file")
+    parent = path.parent
+    if not parent.is_dir():
+        raise FileProblem(f"{what} {str(path)!r}: the directory {str(parent)!r} does not exist")
+    return path
 
 
 @contextlib.contextmanager
@@ -48,12 +68,8 @@ def atomic_output(path, what="output file"):
         >>> (d / "x.txt").read_text(), sorted(p.name for p in d.iterdir())
         ('done', ['x.txt'])
     """
-    path = _path(path, what)
-    if path.is_dir():
-        raise FileProblem(f"{what} {str(path)!r} is a directory, not a file")
+    path = check_output_path(path, what)
     parent = path.parent
-    if not parent.is_dir():
-        raise FileProblem(f"{what} {str(path)!r}: the directory {str(parent)!r} does not exist")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
     except OSError as exc:

@@ -41,7 +41,8 @@ import autograd.numpy as anp
 import numpy as np
 from autograd import jacobian
 
-from .model import SpecModel, check_common_fields, softmax
+from .limits import MAX_CONTEXT, MAX_LAYERS, check_size
+from .model import SpecModel, check_common_fields, check_param_count, check_positive_int, softmax
 
 __all__ = ["GPT2Spec", "GPT2Model", "gelu_new", "layer_norm"]
 
@@ -93,13 +94,18 @@ class GPT2Spec:
 
     def __post_init__(self):
         for name in ("vocab_size", "n_positions", "embed_dim", "n_layer", "n_head"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"model.{name} must be a positive integer, got {v!r}")
+            check_positive_int(getattr(self, name), f"model.{name}")
+        check_size(self.n_positions, "model.n_positions", MAX_CONTEXT, "tokens a model reads")
+        check_size(self.n_layer, "model.n_layer", MAX_LAYERS, "GPT-2's largest has 48")
         if self.embed_dim % self.n_head:
             raise ValueError(f"model.n_head must divide model.embed_dim, got n_head="
                              f"{self.n_head} and embed_dim={self.embed_dim}")
         check_common_fields(self.vocab_size, self.eos, self.init_seed, self.init_scale)
+        V, N, d, L = (int(getattr(self, n)) for n in ("vocab_size", "n_positions",
+                                                       "embed_dim", "n_layer"))
+        # wte (V+1, d), wpe (N, d), per block 12 d^2 + 13 d, ln_f 2 d: before any layout
+        check_param_count((V + 1) * d + N * d + L * (12 * d * d + 13 * d) + 2 * d, "gpt2",
+                          f"vocab_size={V}, n_positions={N}, embed_dim={d}, n_layer={L}")
 
     @property
     def bos(self):

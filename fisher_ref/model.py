@@ -23,13 +23,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import math
+
 import autograd.numpy as anp
 import numpy as np
 from autograd.tracer import getval
 
+from .limits import (MAX_ABS_THETA, MAX_CONTEXT, MAX_INIT_SCALE, MAX_PARAMS, check_size,
+                     is_real, readable, readable_log10)
+
 __all__ = [
     "ModelSpec", "MLPModel", "TabularModel", "FunctionModel", "SpecModel",
-    "check_common_fields",
+    "check_common_fields", "check_positive_int", "check_param_count",
     "log_softmax", "softmax", "state_windows", "windows_for", "model_windows", "check_theta",
     "WindowModel",
 ]
@@ -143,26 +148,75 @@ def model_windows(model, states):
 
 
 def check_theta(theta, num_params):
-    """Return ``theta`` as a float64 vector of length ``num_params`` or raise."""
-    arr = np.asarray(theta)
+    """Return ``theta`` as a float64 vector of length ``num_params`` or raise.
+
+    Entries must be finite numbers of size at most ``MAX_ABS_THETA`` (1e6), where no
+    shipped model's logits overflow.
+
+    Raises:
+        ValueError: wrong shape or length, a non-finite or too large entry.
+        TypeError: entries that are not numbers (strings, booleans, None).
+    """
+    try:
+        arr = np.asarray(theta)
+    except ValueError as exc:  # ragged nested lists
+        raise ValueError(f"theta must be a flat list of numbers: {exc}") from None
     if arr.ndim != 1:
         raise ValueError(f"theta must be a flat vector, got shape {arr.shape}")
     if arr.shape[0] != num_params:
         raise ValueError(
             f"theta has length {arr.shape[0]} but the model has {num_params} parameters")
-    if not np.issubdtype(arr.dtype, np.floating) and not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"theta must be numeric, got dtype {arr.dtype}")
+    if arr.dtype.kind not in "iuf":
+        first = f" (first entry {arr[0]!r})" if arr.size else ""
+        raise TypeError(f"theta must be numeric, got dtype {arr.dtype}{first}")
     arr = arr.astype(np.float64)
     bad = ~np.isfinite(arr)
     if bad.any():
         idx = np.flatnonzero(bad)
         raise ValueError(
             f"theta has {bad.sum()} non-finite entries (NaN or inf), first at index {idx[0]}")
+    big = np.abs(arr) > MAX_ABS_THETA
+    if big.any():
+        i = int(np.flatnonzero(big)[0])
+        raise ValueError(f"theta[{i}] = {arr[i]:.3g}: entries larger than {MAX_ABS_THETA:.0e} "
+                         "in size are refused (the model's logits would overflow or the "
+                         "softmax be one-hot to float64 precision)")
     return arr
 
 
+def check_positive_int(value, name):
+    """``value`` as an int if it is a positive integer (not a bool), else ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def check_param_count(num_params, arch, sizes):
+    """Refuse a model with more than ``MAX_PARAMS`` parameters, before any is drawn.
+
+    Args:
+        num_params: the closed-form count (an int, or its base-10 log as a float when
+            the count itself is too large to form).
+        arch: the architecture's name; sizes: ``"V=..., ..."`` for the message.
+    """
+    if isinstance(num_params, float):  # a log10
+        if num_params <= math.log10(MAX_PARAMS):
+            return
+        n = readable_log10(num_params)
+    elif num_params <= MAX_PARAMS:
+        return
+    else:
+        n = readable(num_params)
+    raise ValueError(f"model ({arch}, {sizes}) has {n} parameters, more than the limit "
+                     f"{readable(MAX_PARAMS)}; shrink vocab_size, hidden, embed_dim, context "
+                     "or n_layer")
+
+
 def check_common_fields(vocab_size, eos, init_seed, init_scale):
-    """Validate the fields every model spec shares; raise ``ValueError`` naming the field."""
+    """Validate the fields every model spec shares; raise ``ValueError`` naming the field.
+
+    ``init_scale`` must be finite and at most ``MAX_INIT_SCALE`` (1e3) in size.
+    """
     if not isinstance(eos, (bool, np.bool_)):
         raise ValueError(f"model.eos must be true or false, got {eos!r}")
     if eos and vocab_size < 2:
@@ -170,9 +224,12 @@ def check_common_fields(vocab_size, eos, init_seed, init_scale):
     if isinstance(init_seed, bool) or not isinstance(init_seed, (int, np.integer)) \
             or init_seed < 0:
         raise ValueError(f"model.init_seed must be a non-negative integer, got {init_seed!r}")
-    if isinstance(init_scale, bool) or not isinstance(init_scale, (int, float, np.number)) \
-            or not np.isfinite(init_scale):
+    if not is_real(init_scale) or not np.isfinite(init_scale):
         raise ValueError(f"model.init_scale must be a finite number, got {init_scale!r}")
+    if abs(init_scale) > MAX_INIT_SCALE:
+        raise ValueError(
+            f"model.init_scale must be at most {MAX_INIT_SCALE:g} in size, got {init_scale!r}: "
+            "beyond it the softmax is one-hot to float64 precision and the logits overflow")
 
 
 @dataclass(frozen=True)
@@ -196,10 +253,14 @@ class ModelSpec:
 
     def __post_init__(self):
         for name in ("vocab_size", "context", "embed_dim", "hidden"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"model.{name} must be a positive integer, got {v!r}")
+            check_positive_int(getattr(self, name), f"model.{name}")
+        check_size(self.context, "model.context", MAX_CONTEXT, "tokens a model reads")
         check_common_fields(self.vocab_size, self.eos, self.init_seed, self.init_scale)
+        V, k, d, H = (int(getattr(self, n)) for n in ("vocab_size", "context", "embed_dim",
+                                                       "hidden"))
+        # E (V+1, d), W1 (k d, H), b1 (H,), W2 (H, V), b2 (V,): counted before any layout
+        check_param_count((V + 1) * d + k * d * H + H + H * V + V, "mlp_window",
+                          f"vocab_size={V}, context={k}, embed_dim={d}, hidden={H}")
 
     @property
     def bos(self):
@@ -304,12 +365,14 @@ class TabularModel(WindowModel):
     name = "tabular"
 
     def __init__(self, vocab_size, context=1, eos=True, init_seed=0, init_scale=1.0):
-        for name, v in (("vocab_size", vocab_size), ("context", context)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"model.{name} must be a positive integer, got {v!r}")
+        self.vocab_size = check_positive_int(vocab_size, "model.vocab_size")
+        self.context = check_positive_int(context, "model.context")
+        check_size(self.context, "model.context", MAX_CONTEXT, "tokens a model reads")
         check_common_fields(vocab_size, eos, init_seed, init_scale)
-        self.vocab_size = int(vocab_size)
-        self.context = int(context)
+        # (V+1)^k V parameters, compared in logs before the power is formed
+        check_param_count(self.context * math.log10(self.vocab_size + 1)
+                          + math.log10(self.vocab_size), "tabular",
+                          f"vocab_size={self.vocab_size}, context={self.context}")
         self.eos = bool(eos)
         self.bos = self.vocab_size
         self.rows = (self.vocab_size + 1) ** self.context
@@ -351,10 +414,18 @@ class FunctionModel(WindowModel):
     """
 
     def __init__(self, logits_fn, num_params, vocab_size, context, eos=True, name="custom"):
+        if not callable(logits_fn):
+            raise TypeError(f"FunctionModel needs a callable logits_fn(theta, windows), got "
+                            f"{type(logits_fn).__name__}")
         self._fn = logits_fn
-        self.num_params = int(num_params)
-        self.vocab_size = int(vocab_size)
-        self.context = int(context)
+        self.num_params = check_positive_int(num_params, "num_params")
+        self.vocab_size = check_positive_int(vocab_size, "vocab_size")
+        self.context = check_positive_int(context, "context")
+        check_size(self.context, "context", MAX_CONTEXT, "tokens a model reads")
+        if not isinstance(eos, (bool, np.bool_)):
+            raise ValueError(f"eos must be True or False, got {eos!r}")
+        if eos and self.vocab_size < 2:
+            raise ValueError("vocab_size must be at least 2 when eos is on")
         self.eos = bool(eos)
         self.bos = self.vocab_size
         self.name = name

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from .limits import MAX_ABS_VALUE
+
 __all__ = ["Reward", "CountReward", "MatchReward", "LengthReward", "FunctionReward",
            "make_reward", "evaluate_reward"]
 
@@ -25,6 +27,9 @@ class Reward:
 
     def check_vocabulary(self, vocab_size, eos):
         """Raise ``ValueError`` if the reward names a token a response can never hold."""
+
+    def check_length(self, max_len, eos):
+        """Raise ``ValueError`` if the reward asks for a response length no response has."""
 
     def _check_ids(self, ids, vocab_size):
         bad = [t for t in ids if not 0 <= t < vocab_size]
@@ -87,6 +92,23 @@ class MatchReward(Reward):
                              "response ends at EOS and the match ignores that final EOS, so "
                              "this target can never match")
 
+    def check_length(self, max_len, eos):
+        """Refuse a target no response of at most ``max_len`` tokens can equal.
+
+        Without EOS every response has exactly ``max_len`` tokens, so the target must
+        too. With EOS a response ends at EOS (``len - 1`` tokens once it is removed,
+        so at most ``max_len - 1``) or runs to ``max_len`` tokens without one, so any
+        target of at most ``max_len`` tokens can match (the empty one: EOS first).
+        """
+        n = len(self.target)
+        if eos and n > max_len:
+            raise ValueError(f"reward {self.to_json()}: the target has {n} tokens but a "
+                             f"response has at most max_len={max_len}, so it can never match")
+        if not eos and n != max_len:
+            raise ValueError(f"reward {self.to_json()}: the target has {n} tokens but without "
+                             f"EOS every response has exactly max_len={max_len}, so it can "
+                             "never match")
+
     def to_json(self):
         return {"name": self.name, "target": list(self.target)}
 
@@ -143,11 +165,14 @@ def make_reward(spec, eos=True):
 
 
 def evaluate_reward(reward, prompt, response):
-    """``float(reward(prompt, response))``, raising if it is not a finite number."""
+    """``float(reward(prompt, response))``, raising ``ValueError`` unless it is a finite
+    number at most ``MAX_ABS_VALUE`` (1e100) in size."""
     value = reward(tuple(prompt), tuple(response))
     try:
+        if isinstance(value, (str, bytes)):  # float("1.5") would pass silently
+            raise TypeError
         value = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(
             f"reward returned {value!r} (not a number) for prompt {list(prompt)} "
             f"and response {list(response)}") from None
@@ -155,4 +180,9 @@ def evaluate_reward(reward, prompt, response):
         raise ValueError(
             f"reward returned a non-finite value {value} for prompt {list(prompt)} "
             f"and response {list(response)}")
+    if abs(value) > MAX_ABS_VALUE:
+        raise ValueError(
+            f"reward returned {value:.3g} for prompt {list(prompt)} and response "
+            f"{list(response)}: rewards must be at most {MAX_ABS_VALUE:.0e} in size "
+            "(A^2 h^2 would overflow float64)")
     return value

@@ -10,10 +10,22 @@ rounded to a number of decimals (an inference engine of low precision).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+from .limits import is_real
 
 __all__ = ["Sampler", "TemperatureSampler", "PerturbedSampler", "RoundedSampler",
            "LogitsSampler", "make_sampler"]
+
+
+def _number(value, name, positive):
+    """``value`` as a float if it is a finite number (> 0 with ``positive``, else >= 0)."""
+    if not is_real(value) or not math.isfinite(value) or value < 0 or (positive and value == 0):
+        kind = "positive" if positive else "non-negative"
+        raise ValueError(f"{name} must be a {kind} finite number, got {value!r}")
+    return float(value)
 
 
 class Sampler:
@@ -41,10 +53,7 @@ class TemperatureSampler(Sampler):
     kind = "temperature"
 
     def __init__(self, temperature):
-        t = float(temperature)
-        if not np.isfinite(t) or t <= 0:
-            raise ValueError(f"sampler temperature must be a positive finite number, got {temperature!r}")
-        self.temperature = t
+        self.temperature = _number(temperature, "sampler temperature", positive=True)
 
     def logits(self, model, theta, windows):
         return np.asarray(model.logits(theta, windows)) / self.temperature
@@ -60,10 +69,10 @@ class PerturbedSampler(Sampler):
     kind = "perturbed"
 
     def __init__(self, scale, seed=0):
-        s = float(scale)
-        if not np.isfinite(s) or s < 0:
-            raise ValueError(f"sampler scale must be a non-negative finite number, got {scale!r}")
-        self.scale, self.seed = s, int(seed)
+        self.scale = _number(scale, "sampler scale", positive=False)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"sampler seed must be a non-negative integer, got {seed!r}")
+        self.seed = int(seed)
 
     def params(self, model, theta):
         rng = np.random.default_rng(self.seed)

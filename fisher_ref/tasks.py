@@ -1,7 +1,7 @@
 """Tasks: a model with parameters, weighted prompts, a length, a reward, a
 baseline and an optional sampler — everything the engines enumerate or sample.
 
-Tasks load from the plain JSON of DESIGN §5::
+Tasks load from plain JSON (the "Task files" section of the README)::
 
     {"model": {"vocab_size": 5, "context": 2, "embed_dim": 3, "hidden": 8,
                "eos": true, "init_seed": 0, "init_scale": 1.0},
@@ -12,6 +12,10 @@ Tasks load from the plain JSON of DESIGN §5::
 ``prompt_weights`` defaults to uniform, ``baseline`` to 0 (a number, or
 ``"mean"`` for the exact mean reward), ``reward`` to the count of token 1,
 ``sampler`` to none; an optional ``theta`` list fixes the parameters.
+
+Every field is validated when the task is built; a bad one raises
+``ValueError`` (``TypeError`` for an object of the wrong kind) naming it. The
+limits on sizes and magnitudes are those of :mod:`fisher_ref.limits`.
 """
 from __future__ import annotations
 
@@ -24,15 +28,92 @@ from pathlib import Path
 import numpy as np
 
 from .architectures import make_model
+from .fileio import read_text
+from .limits import MAX_ABS_VALUE, is_real
 from .model import check_theta
 from .rewards import Reward, make_reward
 from .samplers import Sampler, make_sampler
 
-__all__ = ["Task", "task_from_json", "load_task", "load_config", "list_configs"]
+__all__ = ["Task", "task_from_json", "load_task", "load_config", "list_configs",
+           "require_task", "WEIGHT_SUM_TOL"]
 
 TASK_KEYS = {"model", "prompts", "prompt_weights", "max_len", "reward", "baseline",
              "sampler", "theta", "name", "description"}
+#: Prompt weights must sum to 1 within this; they are then divided by their sum, so
+#: that the total probability is 1 to rounding (what ``verify`` checks at 1e-10).
 WEIGHT_SUM_TOL = 1e-9
+# What the engines use of a model.
+_MODEL_ATTRS = ("logits", "windows", "vocab_size", "num_params", "eos", "bos", "context")
+
+
+def _check_model(m):
+    missing = [a for a in _MODEL_ATTRS if not hasattr(m, a)]
+    if missing:
+        raise TypeError(f"Task.model must be a model (an object with {', '.join(_MODEL_ATTRS)}; "
+                        f"see fisher_ref.model), got {type(m).__name__} {m!r:.60} "
+                        f"(missing {', '.join(missing)})")
+
+
+def _check_prompts(prompts, V):
+    if not isinstance(prompts, (list, tuple)):
+        raise ValueError(f"prompts must be a list of token lists, got {prompts!r:.80}")
+    if len(prompts) == 0:
+        raise ValueError("a task needs at least one prompt (the empty prompt [] is allowed)")
+    out = []
+    for i, pr in enumerate(prompts):
+        if not isinstance(pr, (list, tuple)):
+            raise ValueError(f"prompt {i} must be a list of token ids, got {pr!r:.80}")
+        for t in pr:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                raise ValueError(f"prompt {i} holds a non-integer token {t!r}")
+            if not 0 <= t < V:
+                raise ValueError(
+                    f"prompt {i} holds token id {t}, out of range 0..{V - 1} "
+                    f"(V={V}; id {V} is BOS and is never a prompt token)")
+        out.append(tuple(int(t) for t in pr))
+    return tuple(out)
+
+
+def _check_weights(weights, n):
+    r"""Prompt weights as float64 ``(n,)``: numbers, finite, non-negative, summing to 1
+    within ``WEIGHT_SUM_TOL``; divided by their sum when it is off by more than rounding."""
+    if isinstance(weights, (str, bytes)) or weights is None:
+        raise ValueError(f"prompt_weights must be a list of numbers, got {weights!r}")
+    try:
+        w = np.asarray(weights)
+    except ValueError as exc:
+        raise ValueError(f"prompt_weights must be a flat list of numbers: {exc}") from None
+    if w.shape != (n,):
+        raise ValueError(f"prompt_weights has {w.size} entries for {n} prompts"
+                         + (f" (shape {w.shape})" if w.ndim != 1 else ""))
+    if w.dtype.kind not in "iuf":
+        raise ValueError(f"prompt_weights must be numbers, got {w.tolist()!r:.80}")
+    w = w.astype(float)
+    if not np.all(np.isfinite(w)):
+        raise ValueError(f"prompt_weights must be finite, got {w.tolist()}")
+    if np.any(w < 0):
+        raise ValueError(f"prompt_weights must be non-negative, got {w.tolist()}")
+    total = w.sum()
+    if abs(total - 1.0) > WEIGHT_SUM_TOL:
+        raise ValueError(f"prompt_weights must sum to 1, they sum to {total:.12g}")
+    if abs(total - 1.0) > n * np.finfo(float).eps:  # off by more than rounding
+        w = w / total
+    return w
+
+
+def _check_baseline(b):
+    if isinstance(b, str):
+        if b != "mean":
+            raise ValueError(f"baseline must be a number or 'mean', got {b!r}")
+        return b
+    if not is_real(b):
+        raise ValueError(f"baseline must be a number or 'mean', got {b!r}")
+    if isinstance(b, (float, np.floating)) and not math.isfinite(b):
+        raise ValueError(f"baseline must be finite, got {b!r}")
+    if abs(b) > MAX_ABS_VALUE:
+        raise ValueError(f"baseline must be at most {MAX_ABS_VALUE:.0e} in size, got {b:.3g}: "
+                         "A^2 h^2 would overflow float64")
+    return float(b)
 
 
 @dataclass
@@ -40,15 +121,22 @@ class Task:
     """A fully specified enumeration/sampling task.
 
     Attributes:
-        model: a model object (``logits(theta, windows)``, ``vocab_size``, ``context``,
-            ``eos``, ``bos``, ``num_params``).
+        model: a model object (``logits(theta, windows)``, ``windows``, ``vocab_size``,
+            ``context``, ``eos``, ``bos``, ``num_params``).
         theta: float64 ``(P,)`` policy parameters.
         prompts: tuple of token tuples (the empty prompt allowed).
-        prompt_weights: float64 ``(n_prompts,)``, non-negative, summing to 1.
+        prompt_weights: float64 ``(n_prompts,)``, non-negative, summing to 1 (weights
+            within ``WEIGHT_SUM_TOL`` of 1 are divided by their sum).
         max_len: longest response ``T``.
         reward: ``R(prompt, response) -> float``.
-        baseline: a constant, or ``"mean"`` for the exact mean reward.
+        baseline: a constant (at most 1e100 in size), or ``"mean"`` for the exact
+            mean reward.
         sampler: ``mu`` for off-policy sampling, or ``None`` (on-policy).
+
+    Raises:
+        ValueError: a field with a bad value, naming it.
+        TypeError: ``model`` or ``sampler`` is not a model or sampler object, or
+            ``theta`` holds something other than numbers.
     """
 
     model: object
@@ -63,6 +151,7 @@ class Task:
     spec: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
+        _check_model(self.model)
         m = self.model
         V = m.vocab_size
         self.theta = check_theta(self.theta, m.num_params)
@@ -71,47 +160,19 @@ class Task:
         if self.max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {self.max_len}")
         self.max_len = int(self.max_len)
-        if len(self.prompts) == 0:
-            raise ValueError("a task needs at least one prompt (the empty prompt [] is allowed)")
-        prompts = []
-        for i, pr in enumerate(self.prompts):
-            if not isinstance(pr, (list, tuple)):
-                raise ValueError(f"prompt {i} must be a list of token ids, got {pr!r}")
-            for t in pr:
-                if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-                    raise ValueError(f"prompt {i} holds a non-integer token {t!r}")
-                if not 0 <= t < V:
-                    raise ValueError(
-                        f"prompt {i} holds token id {t}, out of range 0..{V - 1} "
-                        f"(V={V}; id {V} is BOS and is never a prompt token)")
-            prompts.append(tuple(int(t) for t in pr))
-        self.prompts = tuple(prompts)
+        self.prompts = _check_prompts(self.prompts, V)
         check_lengths = getattr(m, "check_lengths", None)  # models with a position limit
         if callable(check_lengths):
-            check_lengths(max(len(p) for p in prompts), self.max_len)
-        w = np.asarray(self.prompt_weights, dtype=float)
-        if w.shape != (len(prompts),):
-            raise ValueError(
-                f"prompt_weights has {w.size} entries for {len(prompts)} prompts")
-        if not np.all(np.isfinite(w)):
-            raise ValueError(f"prompt_weights must be finite, got {w.tolist()}")
-        if np.any(w < 0):
-            raise ValueError(f"prompt_weights must be non-negative, got {w.tolist()}")
-        if abs(w.sum() - 1.0) > WEIGHT_SUM_TOL:
-            raise ValueError(f"prompt_weights must sum to 1, they sum to {w.sum():.12g}")
-        self.prompt_weights = w
+            check_lengths(max(len(p) for p in self.prompts), self.max_len)
+        self.prompt_weights = _check_weights(self.prompt_weights, len(self.prompts))
         self.reward = make_reward(self.reward, eos=self.model.eos)  # a callable is wrapped
         self.reward.check_vocabulary(V, self.model.eos)
-        if isinstance(self.baseline, str):
-            if self.baseline != "mean":
-                raise ValueError(f"baseline must be a number or 'mean', got {self.baseline!r}")
-        else:
-            b = float(self.baseline)
-            if not math.isfinite(b):
-                raise ValueError(f"baseline must be finite, got {self.baseline!r}")
-            self.baseline = b
+        self.reward.check_length(self.max_len, self.model.eos)
+        self.baseline = _check_baseline(self.baseline)
         if self.sampler is not None and not isinstance(self.sampler, Sampler):
             raise TypeError("sampler must be a fisher_ref.samplers.Sampler or None")
+        if not isinstance(self.name, str):
+            raise ValueError(f"name must be a string, got {self.name!r}")
 
     @property
     def eos(self):
@@ -138,8 +199,18 @@ class Task:
         return Task(**kw)
 
 
+def require_task(task, who="task"):
+    """Raise ``TypeError`` naming ``who`` unless ``task`` is a :class:`Task`."""
+    if not isinstance(task, Task):
+        hint = (f" (load a named config with load_config({task!r}))"
+                if isinstance(task, str) else "")
+        raise TypeError(f"{who} must be a fisher_ref Task (from load_config, load_task, "
+                        f"task_from_json or Task(...)), got {type(task).__name__}{hint}")
+    return task
+
+
 def task_from_json(data, name="task"):
-    """Build a :class:`Task` from a task-file dict (DESIGN §5), validating every field."""
+    """Build a :class:`Task` from a task-file dict, validating every field."""
     if not isinstance(data, dict):
         raise ValueError(f"a task must be a JSON object, got {type(data).__name__}")
     extra = set(data) - TASK_KEYS
@@ -151,12 +222,12 @@ def task_from_json(data, name="task"):
     model = make_model(data["model"])
     prompts = data["prompts"]
     if not isinstance(prompts, list):
-        raise ValueError(f"prompts must be a list of token lists, got {prompts!r}")
+        raise ValueError(f"prompts must be a list of token lists, got {prompts!r:.80}")
     weights = data.get("prompt_weights")
     if weights is None:
         weights = [1.0 / len(prompts)] * len(prompts) if prompts else []
     theta = data.get("theta")
-    theta = model.init_params() if theta is None else np.asarray(theta, dtype=float)
+    theta = model.init_params() if theta is None else theta  # check_theta validates a list
     reward = make_reward(data.get("reward", {"name": "count", "token": 1}), eos=model.eos)
     return Task(model=model, theta=theta, prompts=prompts, prompt_weights=weights,
                 max_len=data["max_len"], reward=reward, baseline=data.get("baseline", 0.0),
@@ -165,15 +236,22 @@ def task_from_json(data, name="task"):
 
 
 def load_task(path):
-    """Load a task file (JSON, DESIGN §5)."""
-    path = Path(path)
+    """Load a task file (JSON, UTF-8; see the README's "Task files").
+
+    Raises:
+        FileNotFoundError: no such file.
+        fisher_ref.fileio.FileProblem: a directory, an empty path, unreadable or not
+            UTF-8 (a ``ValueError`` naming the path).
+        ValueError: not valid JSON, or a bad field.
+    """
+    text = read_text(path, "task file")
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"task file not found: {path}") from None
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"task file {path} is not valid JSON: {exc}") from None
-    return task_from_json(data, name=path.stem)
+        raise ValueError(f"task file {str(path)!r} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"task file {str(path)!r} is nested too deeply to be a task") from None
+    return task_from_json(data, name=Path(path).stem)
 
 
 def _config_dir():

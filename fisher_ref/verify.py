@@ -20,11 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .command import task_from_args
+from .command import count_arg, task_from_args
 from .sensitivities import sensitivities, sensitivities_autograd
+from .tasks import require_task
 from .token_fisher import token_fisher, token_fisher_pairwise, uniform_token_fisher
 
 __all__ = ["Check", "exact_checks", "format_table", "verify_task", "add_arguments", "run",
+           "state_score_scale", "sampler_gap",
            "EXACT_RTOL", "constant_breaking_bound", "bound_broken_at_zero"]
 
 EXACT_RTOL = 1e-10  # exact identities in float64 (DESIGN §7)
@@ -75,24 +77,50 @@ def _scale(F):
     return max(float(np.max(F)), np.finfo(float).tiny)
 
 
-def gradient_scale(s, extra=0.0):
+def gradient_scale(s, extra=0.0, score_scale=0.0):
     r"""Natural scale of a gradient :math:`E[A h]`: :math:`(\sqrt{E[R^2]} + |b| + extra)
-    \sqrt{\max_i F_i}`, a Cauchy–Schwarz bound on its size."""
+    \max(\sqrt{\max_i F_i}, score\_scale)`, a Cauchy–Schwarz bound on its size.
+
+    ``score_scale`` (:func:`state_score_scale`'s square root) is the size of a score at
+    a single state: rounding in :math:`\bar j` is of that size even where the policy is
+    so peaked that ``F`` is tiny."""
     rms_R = np.sqrt(s.reward_std ** 2 + s.expected_reward ** 2)
-    return float((rms_R + abs(s.baseline) + extra) * np.sqrt(max(np.max(s.sequence_fisher), 0.0)))
+    rF = np.sqrt(max(np.max(s.sequence_fisher), 0.0))
+    return float((rms_R + abs(s.baseline) + extra) * max(rF, score_scale))
 
 
-def _stream_checks(name, s, T, centered):
-    """Identities 1-3 and 7 for one stream whose score is centered on its drawing distribution."""
+def state_score_scale(result):
+    r"""Largest token-level score scale over the kept states: :math:`\max_s` of ``f(s)``,
+    :math:`f_\mu(s)` and :math:`f_{unif}(s)` (the spread of ``j`` over tokens), or 0
+    when states were not kept.
+
+    :math:`\max_s |E[\xi|s]|` runs over every reachable state, however unlikely, and
+    its rounding is that of :math:`\bar j` at such a state; on a peaked policy
+    :math:`\max_i F_i` (reach-weighted) can be 1e-24 while a rarely reached state has
+    ``f(s)`` near 0.03, so ``F`` alone is not its scale.
+    """
+    st = result.states
+    if st is None:
+        return 0.0
+    keys = [k for k in ("token_fisher", "sampler_token_fisher", "uniform") if k in st]
+    return float(max(np.max(st[k], initial=0.0) for k in keys))
+
+
+def _stream_checks(name, s, T, centered, state_scale=0.0):
+    r"""Identities 1-3 and 7 for one stream whose score is centered on its drawing
+    distribution; scores that must vanish are measured against the larger of
+    :math:`\sqrt{\max F}` and the state-level score scale (:func:`state_score_scale`)."""
     F = s.sequence_fisher
     sF, rF = _scale(F), np.sqrt(_scale(F))
-    gfloor = GRADIENT_FLOOR * gradient_scale(s)
+    sS = max(rF, np.sqrt(state_scale))  # score scale
+    gfloor = GRADIENT_FLOOR * gradient_scale(s, score_scale=sS)
     off = s.cross_terms[~np.eye(T, dtype=bool)]
     rows = [
-        Check("1 zero-mean score", name, "max_s |E[xi|s]| / sqrt(max F)",
-              float(s.cond_score_max.max() / rF), EXACT_RTOL, "zero"),
-        Check("1 zero-mean score", name, "max |E[h]| / sqrt(max F)",
-              float(np.abs(s.score_mean).max() / rF), EXACT_RTOL, "zero"),
+        Check("1 zero-mean score", name, "max_s |E[xi|s]| / score scale",
+              float(s.cond_score_max.max() / sS), EXACT_RTOL, "zero",
+              "score scale: sqrt of the largest F, f(s), f_unif(s)"),
+        Check("1 zero-mean score", name, "max |E[h]| / score scale",
+              float(np.abs(s.score_mean).max() / sS), EXACT_RTOL, "zero"),
         Check("2 cross terms vanish", name, "max_{u!=t} |C[u,t]| / max F",
               float(np.abs(off).max(initial=0.0) / sF), EXACT_RTOL, "zero"),
         Check("2 cross terms vanish", name, "sum_{u,t} C[u,t] = F",
@@ -106,12 +134,12 @@ def _stream_checks(name, s, T, centered):
               "their difference is (E[R]-b) E[h]: a consequence of identity 1"),
         Check("7 covariance", name, "E[(A+1) h] = E[A h]",
               rel_err(s.gradient_with_constant(1.0), s.gradient,
-                      GRADIENT_FLOOR * gradient_scale(s, 1.0)), EXACT_RTOL, "equal",
+                      GRADIENT_FLOOR * gradient_scale(s, 1.0, sS)), EXACT_RTOL, "equal",
               "their difference is E[h]: a consequence of identity 1"),
         Check("7 bound", name, "max(|G| - std(A) sqrt(F)) / max|G|",
               float(np.max(np.abs(s.covariance) - s.bound)
-                    / max(np.abs(s.covariance).max(), np.finfo(float).tiny)),
-              EXACT_RTOL, "bound"),
+                    / max(np.abs(s.covariance).max(), gfloor, np.finfo(float).tiny)),
+              EXACT_RTOL, "bound", "|G| at least its natural scale, as for gradients"),
         Check("7 bound", name, "max |corr(A, h)| <= 1", float(s.correlation.max()),
               1.0 + EXACT_RTOL, "bound"),
     ]
@@ -156,28 +184,59 @@ def exact_checks(result):
     """All exact rows for an :class:`~fisher_ref.results.ExactResult`."""
     T = result.task.max_len
     on = result.streams["policy"]
-    rows = _stream_checks("policy", on, T, True)
+    state_scale = state_score_scale(result)
+    gfloor = GRADIENT_FLOOR * gradient_scale(on, score_scale=np.sqrt(state_scale))
+    rows = _stream_checks("policy", on, T, True, state_scale)
     rows.insert(0, Check("-", "policy", "total probability = 1", abs(on.mass - 1.0), EXACT_RTOL))
     rows += _state_form_checks(result)
     rows.append(Check("6 policy gradient", "policy", "E[A h] = autograd of E[R]",
-                      rel_err(result.gradient, result.gradient_autodiff,
-                              GRADIENT_FLOOR * gradient_scale(on)), EXACT_RTOL))
+                      rel_err(result.gradient, result.gradient_autodiff, gfloor), EXACT_RTOL))
     for frac, n, ov, rnd in result.topk_overlap((0.01, 0.05, 0.1, 0.25)):
         rows.append(Check("8 Fisher meets gradient", "policy",
                           f"top {100 * frac:g}% by |G| also top by F (n={n})", ov, 0.0, "info",
                           f"random: {rnd:.3f}"))
     if "centered" in result.streams:
         c, raw = result.streams["centered"], result.streams["raw"]
-        rows += _stream_checks("centered", c, T, True)
-        rF = np.sqrt(_scale(c.sequence_fisher))
-        rows.append(Check("off-policy", "raw", "max |E_mu[h]| / sqrt(max F_mu) (must be > 0)",
-                          float(np.abs(raw.score_mean).max() / rF), 1e-8, "nonzero"))
-        rows.append(Check("off-policy", "raw", "E_mu[rho A h] = on-policy E[A h]",
-                          rel_err(raw.importance_gradient, result.gradient,
-                                  GRADIENT_FLOOR * gradient_scale(on)), EXACT_RTOL, "equal",
-                          "rho = P/mu formed per response; holds because mu covers p"))
+        rows += _stream_checks("centered", c, T, True, state_scale)
+        rows.append(_raw_bias_row(result, raw, c))
+        # Against autograd of E_p[R], not against the policy stream's E[A h]: over the
+        # same enumeration rho mu(y) = P(y), so that comparison summed the same products
+        # P(y) A(y) h(y) twice and held by construction.
+        rows.append(Check("off-policy", "raw", "E_mu[rho A h] = autograd of E_p[R]",
+                          rel_err(raw.importance_gradient, result.gradient_autodiff, gfloor),
+                          EXACT_RTOL, "equal",
+                          "rho = P/mu formed per response from mu's draws; autograd never "
+                          "forms a score or a weight"))
         rows += _constant_rows(raw, c)
     return rows
+
+
+SAMPLER_GAP = 1e-8  # the raw score's bias must exceed this; and below it mu ~ p
+
+
+def sampler_gap(result):
+    r""":math:`\max_s \pi_\mu(s)\,\mathrm{TV}(p(s), \mu(s))` over the kept states: how far
+    the sampler is from the policy where it goes (``None`` when states were not kept)."""
+    st = result.states
+    if st is None or "sampler_probs" not in st:
+        return None
+    tv = 0.5 * np.abs(st["probs"] - st["sampler_probs"]).sum(axis=1)  # (N,)
+    return float(np.max(st["sampler_reach"] * tv, initial=0.0))
+
+
+def _raw_bias_row(result, raw, centered):
+    """The raw score's mean under ``mu`` must be non-zero: centering matters. Where the
+    sampler equals the policy to ``SAMPLER_GAP`` (a peaked model whose ``mu`` and ``p``
+    are both one-hot on the same tokens) there is no bias to show: an info row."""
+    rF = np.sqrt(_scale(centered.sequence_fisher))
+    value = float(np.abs(raw.score_mean).max() / rF)
+    check = "max |E_mu[h]| / sqrt(max F_mu) (must be > 0)"
+    gap = sampler_gap(result)
+    if gap is not None and gap <= SAMPLER_GAP:
+        return Check("off-policy", "raw", check, value, SAMPLER_GAP, "info",
+                     f"mu equals p to {gap:.1e} (reach x total variation) on every state: "
+                     "no bias to show")
+    return Check("off-policy", "raw", check, value, SAMPLER_GAP, "nonzero")
 
 
 def _constant_rows(raw, centered):
@@ -255,8 +314,26 @@ _MC_IDENTITY = {"score_mean": "1", "cross_terms": "2", "sequence_fisher": "3",
 
 
 def verify_task(task, mc=0, seed=0, progress=True):
-    """Exact rows, plus Monte Carlo rows with ``mc`` samples (0: none)."""
+    """Exact rows, plus Monte Carlo rows with ``mc`` samples (0: none).
+
+    Every argument is checked before the enumeration starts, the memory of the
+    Monte Carlo draws included (:func:`fisher_ref.monte_carlo.check_mc_size`).
+
+    Raises:
+        TypeError: ``task`` is not a Task.
+        ValueError: ``mc`` or ``seed`` is not a non-negative integer, or ``mc`` draws
+            would not fit in memory.
+        fisher_ref.enumeration.EnumerationTooLarge: the task is too large to enumerate.
+    """
     from .exact import exact
+    from .monte_carlo import check_mc_size
+    require_task(task)
+    for name, v in (("mc (Monte Carlo samples)", mc), ("seed", seed)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+    if mc:
+        for from_mu in [False] + ([True] if task.sampler is not None else []):
+            check_mc_size(task, mc, from_mu)
     result = exact(task, progress=progress)
     rows = exact_checks(result)
     if mc:
@@ -289,9 +366,11 @@ def format_table(rows):
 
 def add_arguments(parser):
     """``--mc N``, ``--seed S`` and ``--quiet`` for ``python -m fisher_ref verify``."""
-    parser.add_argument("--mc", type=int, default=20000,
-                        help="Monte Carlo samples for the z-tests (0: exact checks only)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the Monte Carlo generator")
+    parser.add_argument("--mc", type=count_arg, default=20000,
+                        help="Monte Carlo samples for the z-tests (0: exact checks only; "
+                             "2e4 is read as 20000)")
+    parser.add_argument("--seed", type=count_arg, default=0,
+                        help="seed of the Monte Carlo generator (a non-negative integer)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

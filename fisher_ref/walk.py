@@ -33,6 +33,7 @@ from .model import log_softmax, softmax
 from .progress import Progress
 from .results import ExactResult, Moments, finish_stream
 from .sensitivities import sensitivities
+from .tasks import require_task
 from .token_fisher import mean_sensitivity
 
 __all__ = ["REACH", "BlockArrays", "topk_center", "check_topk", "stream_specs", "check_logits",
@@ -165,7 +166,7 @@ def plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes)
         ``(streams, cost, keep_states, keep_sequences)`` with the ``"auto"`` choices
         resolved (keep the arrays when they fit in about 1 GiB).
     """
-    P, T = task.model.num_params, task.max_len
+    P, T = require_task(task).model.num_params, task.max_len
     topk = check_topk(topk)
     if topk and task.sampler is None:
         raise ValueError("topk centering needs a sampler mu; this task is on-policy "

@@ -254,9 +254,11 @@ def small_tasks(draw):
                                  max_size=n_prompts)))
     kind = draw(st.sampled_from(["count", "match", "length"]))
     reward = {"count": lambda: CountReward(draw(st.integers(0, V - 1))),
-              # with EOS on, a target holding EOS (id 0) can never match and is refused
+              # a target that can never match is refused: with EOS on one holding EOS
+              # (id 0) or longer than T, without EOS one not exactly T tokens long
               "match": lambda: MatchReward(
-                  draw(st.lists(st.integers(1 if eos else 0, V - 1), max_size=T)), eos=eos),
+                  draw(st.lists(st.integers(1 if eos else 0, V - 1), min_size=0 if eos else T,
+                                max_size=T)), eos=eos),
               "length": lambda: LengthReward(eos=eos)}[kind]()
     baseline = draw(st.one_of(st.just("mean"), st.floats(-2.0, 2.0)))
     sampler = draw(st.one_of(st.none(), st.floats(0.5, 2.0).map(TemperatureSampler)))

@@ -168,9 +168,9 @@ def test_export_command_in_a_subprocess(tmp_path):
     assert_matches_committed(out, GOLDEN_DIR / "tabular.npz")
 
 
-def test_export_command_requires_out():
-    with pytest.raises(SystemExit):
-        cli.main(["export", "--config", "default"])
+def test_export_command_requires_out(capsys):
+    assert cli.main(["export", "--config", "default"]) == 2  # argparse's usage error
+    assert "--out" in capsys.readouterr().err
 
 
 # --- compare_golden ------------------------------------------------------------------------

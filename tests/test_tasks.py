@@ -113,7 +113,7 @@ def test_load_task_file(tmp_path):
         load_task(tmp_path / "absent.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{\"model\": ")
-    with pytest.raises(ValueError, match="bad.json is not valid JSON"):
+    with pytest.raises(ValueError, match="bad.json.? is not valid JSON"):
         load_task(bad)
 
 

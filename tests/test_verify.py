@@ -107,7 +107,9 @@ def test_verify_passes_on_unseen_task_files(d, rnd):
     prompts = [[rnd.randrange(V) for _ in range(rnd.randrange(3))] for _ in range(d["n_prompts"])]
     w = np.array([rnd.random() + 0.1 for _ in prompts])
     reward = {"count": {"name": "count", "token": V - 1}, "length": {"name": "length"},
-              "match": {"name": "match", "target": [V - 1]}}[d["reward"]]
+              # without EOS a target must have max_len tokens (a shorter one never matches)
+              "match": {"name": "match",
+                        "target": [V - 1] * (1 if d["eos"] else d["max_len"])}}[d["reward"]]
     sampler = {None: None, "temperature": {"kind": "temperature", "temperature": 0.7},
                "perturbed": {"kind": "perturbed", "scale": 0.5, "seed": 1},
                "rounded": {"kind": "rounded", "decimals": 1}}[d["sampler"]]
