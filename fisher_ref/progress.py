@@ -16,9 +16,14 @@ class Progress:
         enabled: ``False`` silences it; ``None`` shows it only when ``stream``
             is a terminal.
         delay: seconds before the first line appears (quick jobs print nothing).
+        stream: where to write (``sys.stderr`` by default).
+        clock: a function returning seconds (``time.perf_counter`` by default; tests
+            pass their own, so that nothing depends on the wall time).
     """
 
-    def __init__(self, total, label="working", enabled=True, delay=2.0, stream=None):
+    def __init__(self, total, label="working", enabled=True, delay=2.0, stream=None,
+                 clock=time.perf_counter):
+        self.clock = clock
         self.total = max(1, int(total))
         self.label = label
         self.delay = delay
@@ -28,7 +33,7 @@ class Progress:
             enabled = bool(isatty and isatty())
         self.enabled = bool(enabled)
         self.done = 0
-        self.start = time.perf_counter()
+        self.start = clock()
         self._last = 0.0
         self._shown = False
 
@@ -36,7 +41,7 @@ class Progress:
         self.done += n
         if not self.enabled:
             return
-        now = time.perf_counter()
+        now = self.clock()
         if now - self.start < self.delay or now - self._last < 0.5:
             return
         self._last = now
@@ -54,6 +59,6 @@ class Progress:
 
     def close(self):
         if self._shown:
-            self._draw(time.perf_counter())
+            self._draw(self.clock())
             self.stream.write("\n")
             self.stream.flush()

@@ -89,6 +89,22 @@ def masked_mlp(**spec):
     return model, base.init_params()
 
 
+def eos_masked_mlp(**spec):
+    """The MLP with EOS (token 0) forbidden (-inf) at every state whose last window token
+    is even (BOS included when ``V`` is even): responses that end in a masked EOS have
+    probability 0 and stop before ``max_len``."""
+    base = MLPModel(ModelSpec(**spec))
+    V = base.vocab_size
+
+    def logits(th, w):
+        mask = np.where((np.arange(V)[None, :] == 0) & (w[:, -1:] % 2 == 0), -np.inf, 0.0)
+        return base.logits(th, w) + mask  # (B, V)
+
+    model = FunctionModel(logits, base.num_params, V, base.context, eos=True,
+                          name="eos_masked_mlp")
+    return model, base.init_params()
+
+
 def shifted(model, theta):
     """``model`` plus a theta- and window-dependent constant on every logit (a uniform
     shift): every quantity of DESIGN §1 must be unchanged."""
@@ -133,6 +149,11 @@ def _case_masked():
     return _task(m, th, [(1,), (4, 2)], 3, LengthReward(), baseline="mean")
 
 
+def _case_masked_eos():
+    m, th = eos_masked_mlp(vocab_size=4, context=2, embed_dim=2, hidden=3, init_seed=12)
+    return _task(m, th, [(1,), (2,)], 3, CountReward(3), baseline=0.5)
+
+
 def _case_masked_rounded_sampler():
     m, th = masked_mlp(vocab_size=4, context=1, embed_dim=2, hidden=3, init_seed=9)
     return _task(m, th, [(2,)], 3, CountReward(3), sampler=RoundedSampler(0), baseline=1.0)
@@ -169,6 +190,7 @@ CASES.update({
     "tabular_context2": _case_tabular_context2,
     "extreme_logits": _case_extreme,
     "masked_logits": _case_masked,
+    "masked_eos": _case_masked_eos,
     "masked_rounded_sampler": _case_masked_rounded_sampler,
     "logits_sampler": _case_logits_sampler,
     "custom_reward": _case_custom_reward,
@@ -241,13 +263,16 @@ def brute_force(task):
     ``scores`` ``(N, V, P)`` (:math:`\\partial\\log p_a`), ``tokens`` (list),
     ``depth``; per response ``P``, ``Pmu``, ``R`` ``(M,)``, ``xi`` ``(M, T, P)``
     (policy score), ``xc`` ``(M, T, P)`` (centered at the sampler's mean),
-    ``prompt``, ``response``, ``length``.
+    ``g`` ``(M, P)`` (:math:`\\sum_t f(s_t)` along the response, ``f = p S^2``),
+    ``gc`` ``(M, P)`` (:math:`\\sum_t` of the sampler's centered second moment
+    :math:`\\sum_a q_a (S_a - qS)^2`), ``prompt``, ``response``, ``length``.
     """
     model, theta, T, V = task.model, task.theta, task.max_len, task.model.vocab_size
     st = {k: [] for k in ("reach", "reach_mu", "p", "q", "scores", "tokens", "depth")}
-    sq = {k: [] for k in ("P", "Pmu", "R", "xi", "xc", "prompt", "response", "length")}
+    sq = {k: [] for k in ("P", "Pmu", "R", "xi", "xc", "g", "gc", "prompt", "response",
+                          "length")}
 
-    def visit(pi, tokens, depth, reach, reach_mu, xi, xc):
+    def visit(pi, tokens, depth, reach, reach_mu, xi, xc, g, gc):
         w = reference_windows(model, [tokens])  # (1, k)
         logp = lambda th: reference_log_softmax(model.logits(th, w))[0]  # (V,)
         p = np.exp(np.asarray(logp(theta), dtype=float))
@@ -257,6 +282,7 @@ def brute_force(task):
         for k, v in zip(st, (reach, reach_mu, p, q, S, tokens, depth)):
             st[k].append(v)
         b = q @ S  # (P,) E_mu[score | s]
+        g2, gc2 = g + p @ S ** 2, gc + q @ (S - b) ** 2  # (P,) path sums through s
         for a in range(V):
             xi2, xc2 = xi.copy(), xc.copy()
             xi2[depth], xc2[depth] = S[a], S[a] - b
@@ -265,18 +291,48 @@ def brute_force(task):
             if depth + 1 == T or (model.eos and a == 0):
                 resp = nt[len(task.prompts[pi]):]
                 for k, v in zip(sq, (r, rm, float(task.reward(task.prompts[pi], resp)),
-                                     xi2, xc2, pi, resp, depth + 1)):
+                                     xi2, xc2, g2, gc2, pi, resp, depth + 1)):
                     sq[k].append(v)
             else:
-                visit(pi, nt, depth + 1, r, rm, xi2, xc2)
+                visit(pi, nt, depth + 1, r, rm, xi2, xc2, g2, gc2)
 
     P = model.num_params
     for pi, pr in enumerate(task.prompts):
         w = task.prompt_weights[pi]
-        visit(pi, tuple(pr), 0, w, w, np.zeros((T, P)), np.zeros((T, P)))
+        visit(pi, tuple(pr), 0, w, w, np.zeros((T, P)), np.zeros((T, P)), np.zeros(P),
+              np.zeros(P))
     out = {k: (np.array(v) if k not in ("tokens", "response") else v) for k, v in st.items()}
     out.update({k: (np.array(v) if k != "response" else v) for k, v in sq.items()})
     return out
+
+
+def brute_values(case, stream):
+    """Per-response values of a stream from the brute force: ``(w, h^2, g, rows)`` with
+    ``w`` the probability under the drawing distribution, ``h^2`` and ``g`` the path sum
+    of the token second moment ``(M, P)`` (``"policy"``: drawn from and centered at
+    ``p``; ``"centered"``: at ``mu``), and ``rows`` mapping ``(prompt, response)`` to
+    the row."""
+    b = get_brute(case)
+    h = (b["xi"] if stream == "policy" else b["xc"]).sum(axis=1)  # (M, P)
+    g = b["g"] if stream == "policy" else b["gc"]  # (M, P)
+    w = b["P"] if stream == "policy" else b["Pmu"]
+    rows = {(int(pi), tuple(int(t) for t in y)): i
+            for i, (pi, y) in enumerate(zip(b["prompt"], b["response"]))}
+    return w, h * h, g, rows
+
+
+def brute_ratio(w, h2, g):
+    """``(Var(h^2) / Var(g), Var(g))`` under ``w``, each a sum over enumerated responses."""
+    def var(x):
+        return w @ (x - w @ x) ** 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return var(h2) / var(g), var(g)
+
+
+def rows_of_draws(draws, rows):
+    """Row of each drawn response (``tokens (n, T)`` -1 padded, ``prompt (n,)``) in ``rows``."""
+    return np.array([rows[(int(pi), tuple(int(t) for t in y if t >= 0))]
+                     for pi, y in zip(draws["prompt"], draws["tokens"])])
 
 
 def expected_reward_fn(task, brute):

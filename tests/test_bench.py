@@ -2,7 +2,7 @@
 import json
 
 import pytest
-import torch
+torch = pytest.importorskip("torch", reason="the torch extra is needed (CI installs it)")
 
 from fisher_ref import load_config
 from fisher_ref.bench import MEASUREMENTS, bench, format_table, measurements

@@ -3,7 +3,7 @@ import json
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch", reason="the torch extra is needed (CI installs it)")
 
 import fisher_ref.torch.exact as tex
 from fisher_ref import load_config

@@ -1,6 +1,7 @@
 """ExactResult: per-state and per-response arrays, sorting, mass, advantages,
 variances, and the on-policy attributes taken from the policy stream."""
 import numpy as np
+from hypothesis import given, settings, strategies as st
 
 from cases import RTOL, get_brute, get_result, get_task, rel
 from fisher_ref import exact, load_config
@@ -119,3 +120,58 @@ def test_constant_reward_has_zero_std_and_zero_covariance():
     r = exact(task, progress=False)
     assert r.reward_std == 0.0
     assert np.all(r.covariance == 0.0) and np.all(r.gradient == 0.0)
+
+
+# ---------------------------------------------------------------- top-k overlap
+
+def _top_by_rank(x, n):
+    """Indices whose rank is below n, the rank of i counting the entries that beat it:
+    larger values, and equal values at a lower index (no sorting)."""
+    x = np.asarray(x, dtype=float)
+    idx = np.arange(len(x))
+    beats = (x[None, :] > x[:, None]) | ((x[None, :] == x[:, None]) & (idx[None, :] < idx[:, None]))
+    return {int(i) for i in np.flatnonzero(beats.sum(axis=1) < n)}
+
+
+def _overlap_by_ranks(G, F, frac):
+    n = max(1, int(round(frac * len(G))))  # the documented size: top round(frac P), >= 1
+    return n, len(_top_by_rank(np.abs(G), n) & _top_by_rank(F, n)) / n
+
+
+def test_topk_overlap_known_by_construction():
+    from fisher_ref import topk_overlap
+    P = 8
+    G = -np.arange(P, 0, -1.0)  # |G| = 8, 7, ..., 1: parameter 0 is first by |G|
+    # F in the same order as |G|: every top set agrees
+    assert topk_overlap(G, np.arange(P, 0, -1.0), (0.25, 0.5)) == [(0.25, 2, 1.0, 0.25),
+                                                                  (0.5, 4, 1.0, 0.5)]
+    # F in the reverse order: top halves are disjoint; top 6 of 8 share 4 (the middle);
+    # all of them share everything
+    rev = np.arange(1.0, P + 1)
+    assert topk_overlap(G, rev, (0.25, 0.5, 0.75, 1.0)) == [
+        (0.25, 2, 0.0, 0.25), (0.5, 4, 0.0, 0.5), (0.75, 6, 4 / 6, 0.75), (1.0, 8, 1.0, 1.0)]
+    # ties go to the lowest index: all-zero G and F pick the same first n parameters
+    assert topk_overlap(np.zeros(P), np.zeros(P), (0.5,)) == [(0.5, 4, 1.0, 0.5)]
+    # a tiny fraction still takes one parameter
+    assert topk_overlap(G, rev, (0.01,)) == [(0.01, 1, 0.0, 1 / P)]
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=200)
+@given(st.integers(1, 40).flatmap(lambda P: st.tuples(
+           st.lists(st.sampled_from([-2.0, -1.0, 0.0, 0.5, 1.0, 3.0]), min_size=P, max_size=P),
+           st.lists(st.sampled_from([0.0, 0.25, 1.0, 2.0]), min_size=P, max_size=P))),
+       st.floats(0.0, 1.0))
+def test_topk_overlap_matches_rank_counting(GF, frac):
+    """Against a set computation by rank counting (ties on purpose: few distinct values)."""
+    from fisher_ref import topk_overlap
+    G, F = np.array(GF[0]), np.array(GF[1])
+    [(f, n, overlap, rnd)] = topk_overlap(G, F, (frac,))
+    n_ref, overlap_ref = _overlap_by_ranks(G, F, frac)
+    assert (f, n, rnd) == (frac, n_ref, n_ref / len(G)) and overlap == overlap_ref
+
+
+def test_topk_overlap_of_every_case(case):
+    r = get_result(case)
+    for frac, n, overlap, rnd in r.topk_overlap((0.05, 0.1, 0.25, 0.5)):
+        assert (n, overlap) == _overlap_by_ranks(r.gradient, r.sequence_fisher, frac)
+        assert rnd == n / len(r.gradient)

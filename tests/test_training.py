@@ -3,7 +3,7 @@ import doctest
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch", reason="the torch extra is needed (CI installs it)")
 
 import fisher_ref.training as training
 from fisher_ref import exact, load_config

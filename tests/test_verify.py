@@ -264,3 +264,53 @@ def test_gpt2_task_longer_than_n_positions_is_refused(tmp_path, capsys):
     assert main(["verify", "--task", str(path), "--mc", "0", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "model.n_positions=8" in err and "max_len" in err
+
+
+def test_every_exact_check_passes_on_every_case(case):
+    """Every hand-made case of tests/cases.py too: extreme and masked logits, a masked
+    EOS, a custom architecture, zero-weight prompts."""
+    from cases import get_result
+    failed = [(r.stream, r.check, r.value) for r in exact_checks(get_result(case))
+              if not r.passed]
+    assert not failed, f"{case}: {failed}"
+
+
+PEAKED = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # tanh'
+
+
+@PEAKED
+@pytest.mark.parametrize("name", ["default", "offpolicy_stale", "gpt2_small", "no_eos"])
+@pytest.mark.parametrize("scale", [-1.0, 30.0, 1e3])
+def test_peaked_models_up_to_the_init_scale_limit_pass(name, scale):
+    """init_scale up to MAX_INIT_SCALE (1e3) is accepted, so verify must pass there: the
+    softmax is nearly one-hot, sqrt(max F) falls to ~1e-12 while the rounding of a score
+    at a rarely reached state stays of the size of j. Zero-mean rows are measured on the
+    state-level score scale, and the raw-bias row is info where mu equals p."""
+    d = json.loads(json.dumps(load_config(name).spec))
+    d["model"]["init_scale"] = scale  # autograd's tanh' = 1/cosh^2 overflows to 0: fine
+    rows = exact_checks(exact(task_from_json(d), progress=False))
+    failed = [(r.stream, r.check, r.value) for r in rows if not r.passed]
+    assert not failed, f"{name} init_scale={scale}: {failed}"
+
+
+def test_zero_mean_row_still_catches_a_centering_error(monkeypatch):
+    """The state-level scale is no excuse: E[xi|s] off by 1e-6 of it fails."""
+    from fisher_ref.verify import state_score_scale
+    r = exact(load_config("default"), progress=False)
+    pol = r.streams["policy"]
+    pol.cond_score_max = pol.cond_score_max + 1e-6 * np.sqrt(state_score_scale(r))
+    row = next(x for x in exact_checks(r) if x.check.startswith("max_s |E[xi|s]|"))
+    assert not row.passed and row.value > 1e-7
+
+
+@PEAKED
+def test_raw_bias_row_is_info_only_where_mu_equals_p():
+    from fisher_ref.verify import sampler_gap
+    r = exact(load_config("offpolicy_stale"), progress=False)
+    row = next(x for x in exact_checks(r) if "must be > 0" in x.check)
+    assert row.kind == "nonzero" and row.passed and sampler_gap(r) > 1e-3
+    d = json.loads(json.dumps(load_config("offpolicy_stale").spec))
+    d["model"]["init_scale"] = 1e3  # mu and p one-hot on the same tokens
+    r = exact(task_from_json(d), progress=False)
+    row = next(x for x in exact_checks(r) if "must be > 0" in x.check)
+    assert row.kind == "info" and sampler_gap(r) <= 1e-8 and "no bias to show" in row.note
