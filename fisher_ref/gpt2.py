@@ -41,7 +41,7 @@ import autograd.numpy as anp
 import numpy as np
 from autograd import jacobian
 
-from .limits import MAX_CONTEXT, MAX_LAYERS, check_size
+from .limits import MAX_CONTEXT, MAX_LAYERS, check_size, readable
 from .model import SpecModel, check_common_fields, check_param_count, check_positive_int, softmax
 
 __all__ = ["GPT2Spec", "GPT2Model", "gelu_new", "layer_norm"]
@@ -105,7 +105,8 @@ class GPT2Spec:
                                                        "embed_dim", "n_layer"))
         # wte (V+1, d), wpe (N, d), per block 12 d^2 + 13 d, ln_f 2 d: before any layout
         check_param_count((V + 1) * d + N * d + L * (12 * d * d + 13 * d) + 2 * d, "gpt2",
-                          f"vocab_size={V}, n_positions={N}, embed_dim={d}, n_layer={L}")
+                          f"vocab_size={readable(V)}, n_positions={N}, embed_dim={readable(d)}, "
+                          f"n_layer={L}")
 
     @property
     def bos(self):

@@ -229,7 +229,8 @@ def check_common_fields(vocab_size, eos, init_seed, init_scale):
     if abs(init_scale) > MAX_INIT_SCALE:
         raise ValueError(
             f"model.init_scale must be at most {MAX_INIT_SCALE:g} in size, got {init_scale!r}: "
-            "beyond it the softmax is one-hot to float64 precision and the logits overflow")
+            "beyond it the softmax is one-hot to float64 precision, and far beyond it the "
+            "logits overflow")
 
 
 @dataclass(frozen=True)
@@ -260,7 +261,8 @@ class ModelSpec:
                                                        "hidden"))
         # E (V+1, d), W1 (k d, H), b1 (H,), W2 (H, V), b2 (V,): counted before any layout
         check_param_count((V + 1) * d + k * d * H + H + H * V + V, "mlp_window",
-                          f"vocab_size={V}, context={k}, embed_dim={d}, hidden={H}")
+                          f"vocab_size={readable(V)}, context={readable(k)}, "
+                          f"embed_dim={readable(d)}, hidden={readable(H)}")
 
     @property
     def bos(self):
@@ -372,7 +374,7 @@ class TabularModel(WindowModel):
         # (V+1)^k V parameters, compared in logs before the power is formed
         check_param_count(self.context * math.log10(self.vocab_size + 1)
                           + math.log10(self.vocab_size), "tabular",
-                          f"vocab_size={self.vocab_size}, context={self.context}")
+                          f"vocab_size={readable(self.vocab_size)}, context={self.context}")
         self.eos = bool(eos)
         self.bos = self.vocab_size
         self.rows = (self.vocab_size + 1) ** self.context

@@ -29,7 +29,7 @@ import numpy as np
 
 from .architectures import make_model
 from .fileio import read_text
-from .limits import MAX_ABS_VALUE, is_real
+from .limits import MAX_ABS_VALUE, is_real, readable
 from .model import check_theta
 from .rewards import Reward, make_reward
 from .samplers import Sampler, make_sampler
@@ -111,8 +111,8 @@ def _check_baseline(b):
     if isinstance(b, (float, np.floating)) and not math.isfinite(b):
         raise ValueError(f"baseline must be finite, got {b!r}")
     if abs(b) > MAX_ABS_VALUE:
-        raise ValueError(f"baseline must be at most {MAX_ABS_VALUE:.0e} in size, got {b:.3g}: "
-                         "A^2 h^2 would overflow float64")
+        raise ValueError(f"baseline must be at most {MAX_ABS_VALUE:.0e} in size, got "
+                         f"{readable(b)}: A^2 h^2 would overflow float64")
     return float(b)
 
 

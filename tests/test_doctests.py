@@ -5,7 +5,7 @@ import importlib
 import pytest
 
 CORE = ["model", "sensitivities", "token_fisher", "tasks", "rewards", "samplers",
-        "enumeration", "exact", "results", "progress"]
+        "enumeration", "exact", "results", "progress", "limits", "fileio", "command"]
 
 
 @pytest.mark.parametrize("name", CORE)
