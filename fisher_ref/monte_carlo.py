@@ -76,17 +76,19 @@ def check_mc_size(task, n, use_sampler, max_bytes=DEFAULT_MAX_BYTES, values=True
     """Refuse ``n`` draws whose :func:`mc_bytes` exceed ``max_bytes`` (``ValueError``
     naming ``n``, the estimate and the largest ``n`` that fits)."""
     max_bytes = check_limit(max_bytes, "max_bytes")
-    need = mc_bytes(task, n, use_sampler, values)
-    if need > max_bytes:
-        per = mc_bytes(task, 1, use_sampler, values)
-        fit = int(max_bytes // per)
-        raise ValueError(
-            f"Monte Carlo refused: n={readable(n)} samples need about "
-            f"{readable(need / 2 ** 30)} GiB (n x T x P x 8 bytes x {2 * (2 if use_sampler else 1)}"
-            f" and more; T={task.max_len}, P={readable(task.model.num_params)}), more than the "
-            f"limit max_bytes={readable(max_bytes / 2 ** 30)} GiB; use n <= {readable(fit)}"
-            + (" (no n fits: shorten max_len or shrink the model)" if fit < 1 else "")
-            + " or raise max_bytes")
+    need = mc_bytes(task, n, use_sampler, values)  # an int of any size
+    if need <= max_bytes:
+        return
+    per = mc_bytes(task, 1, use_sampler, values)
+    fit = int(max_bytes // per) if per <= max_bytes else 0  # per may pass float range
+    S = 2 if use_sampler else 1
+    raise ValueError(
+        f"Monte Carlo refused: n={readable(n)} samples need about {readable(need // 2 ** 30)} "
+        f"GiB (n x T x P x 8 bytes x {2 * S} and more; T={readable(task.max_len)}, "
+        f"P={readable(task.model.num_params)}), more than the limit "
+        f"max_bytes={readable(max_bytes / 2 ** 30)} GiB; "
+        + (f"use n <= {readable(fit)} or raise max_bytes" if fit >= 1 else
+           "no n fits: shorten max_len or shrink the model, or raise max_bytes"))
 
 
 def _check_args(task, n, rng, use_sampler, max_bytes=DEFAULT_MAX_BYTES, values=True):

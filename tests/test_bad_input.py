@@ -196,6 +196,12 @@ def test_api_sizes_are_refused():
         assert _readable(str(info.value))
         with pytest.raises(EnumerationTooLarge):
             count_states(5, 10 ** 9, True)
+        for T, n in ((10 ** 400, 10), (3, 10 ** 400)):  # past float range: still readable
+            with pytest.raises(ValueError, match="Monte Carlo refused") as info:
+                estimate(task.with_(max_len=T), n, rng)
+            assert _readable(str(info.value))
+        with pytest.raises(EnumerationTooLarge, match="10\\^\\(10\\^300\\) or more states"):
+            exact(task.with_(max_len=10 ** 400), progress=False)
     # the largest n the message suggests does fit
     with pytest.raises(ValueError) as info:
         estimate(task, 10 ** 10, rng)
