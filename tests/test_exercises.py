@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import fisher_ref.exercises as exercises
+import fisher_ref.judging as judging
 from fisher_ref.exercises import EXERCISES, check_exercise
 
 LESSONS = Path(__file__).resolve().parents[1] / "lessons"
@@ -101,6 +102,7 @@ def test_solution_prints(capsys):
     assert "n_params =" in capsys.readouterr().out
 
 
-def test_exercise_docstring_examples():
-    res = doctest.testmod(exercises, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+@pytest.mark.parametrize("module", [exercises, judging])
+def test_exercise_docstring_examples(module):
+    res = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert res.attempted > 0 and res.failed == 0
