@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .alignment import concentration, shuffled_token_fisher
+from .exercises_transformer import TRANSFORMER_EXERCISES
 from .judging import Exercise, close_to
 from .model import ModelSpec, softmax
 from .quizzes import emit
@@ -269,6 +270,7 @@ var_h2 = r.streams["policy"].variances["h2"][i]""",
              close_to(_expected_needed, rtol=0, atol=0.5)),
 ]
 
+_E += TRANSFORMER_EXERCISES  # lesson 7
 
 EXERCISES = {e.id: e for e in _E}
 if len(EXERCISES) != len(_E):  # pragma: no cover - guards the data above

@@ -4,8 +4,10 @@ An :class:`Exercise` is data: a prompt, the code that builds its inputs, the
 learner's variable, a solution, a recorded mistake and a judge. A judge is a
 function ``judge(value, namespace) -> (ok, message)``; :func:`close_to` builds
 the common one, an elementwise comparison with a reference the judge computes
-itself from the setup's variables. The lessons' exercises, their
-registry and the notebook API live in :mod:`fisher_ref.exercises`.
+itself from the setup's variables. The lessons' exercises live in
+:mod:`fisher_ref.exercises` (lessons 0-6) and
+:mod:`fisher_ref.exercises_transformer` (lesson 7); :mod:`fisher_ref.exercises`
+holds the one registry and the notebook API.
 """
 from __future__ import annotations
 
