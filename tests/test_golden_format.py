@@ -3,15 +3,19 @@ damage is refused by a GoldenFileError that names what is wrong, in the document
 import hashlib
 import io
 import json
+import re
+import textwrap
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from fisher_ref.golden_format import (MATRIX_MAX_PARAMS, OLDEST_READABLE_VERSION, SCHEMA_VERSION,
-                                      GoldenFileError, array_sha256, load_golden, meta_sha256,
-                                      read_members, write_npz)
-from fisher_ref.testing import golden_path
+from fisher_ref.golden_format import (MATRIX_MAX_PARAMS, OLDEST_READABLE_VERSION, SCALE_KINDS,
+                                      SCHEMA_VERSION, GoldenFileError, array_sha256,
+                                      expected_keys, load_golden, meta_sha256, read_members,
+                                      write_npz)
+from fisher_ref.testing import compare_to_golden, file_scales, golden_path
 
 SOURCE = golden_path("offpolicy_temperature")
 
@@ -340,8 +344,6 @@ def test_written_file_is_atomic_and_leaves_nothing_on_failure(tmp_path, monkeypa
     meta = json.loads(str(members.pop("meta")))
     target = tmp_path / "out.npz"
     target.write_bytes(b"previous content")
-    from pathlib import Path
-
     def full_disk(self, data):
         with open(self, "wb") as f:
             f.write(data[: len(data) // 3])
@@ -359,3 +361,51 @@ def test_doctests():
     import doctest
     import fisher_ref.golden_format
     assert doctest.testmod(fisher_ref.golden_format).failed == 0
+
+
+# --- docs/golden_format.md ------------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "golden_format.md"
+
+
+def doc_blocks():
+    return re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+
+
+def test_docs_list_every_key_with_dtype_shape_and_scale():
+    text = DOC.read_text()
+    for key, (dt, dims, kind) in expected_keys(True, True).items():
+        shape = "`()`" if not dims else "`(" + ", ".join(dims) + (",)`" if len(dims) == 1 else ")`")
+        assert f"| `{key}` | {dt} | {shape} | {kind} |" in text, key
+    for kind in SCALE_KINDS:
+        assert f"\n| {kind} |" in text, kind
+
+
+def test_docs_examples_run_and_agree_with_compare_to_golden(capsys):
+    first, numpy_only = (textwrap.dedent(b) for b in doc_blocks())
+    exec(first, {})
+    ns = {}
+    exec(numpy_only, ns)
+    meta, gold = ns["read_golden"](golden_path("default"))
+    g = load_golden(golden_path("default"))
+    assert meta == g.meta and set(gold) == set(g.keys())
+    S, Rs = file_scales(g.arrays)
+    floors = {"value": 0.0, "score": S, "fisher": S * S, "gradient": Rs * S}
+    rng = np.random.default_rng(1)
+    for key in ("state_probs", "score_mean", "state_token_fisher", "gradient"):
+        mine = gold[key] * (1 + 1e-9 * rng.standard_normal(gold[key].shape))
+        kind = expected_keys(False, True)[key][2]
+        assert ns["relative_error"](mine, gold[key], floors[kind]) == pytest.approx(
+            compare_to_golden({key: mine}, g)[key].rel, rel=1e-12)
+    assert ns["relative_error"](np.zeros(3), np.zeros(3)) == 0.0
+
+
+def test_numpy_only_reader_refuses_a_modified_meta(tmp_path):
+    ns = {}
+    exec(textwrap.dedent(doc_blocks()[1]), ns)
+    members = read_members(golden_path("default"))
+    meta = json.loads(str(members.pop("meta")))
+    meta["task"]["baseline"] = 0.25
+    path = write_npz(tmp_path / "edited.npz", meta, members)
+    with pytest.raises(AssertionError, match="meta was modified"):
+        ns["read_golden"](path)
