@@ -229,7 +229,7 @@ def read_members(path):
                     raise GoldenFileError(
                         f"{path}: array {key!r} is not a readable .npy array: {exc}") from None
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError,
-            ValueError) as exc:
+            ValueError, NotImplementedError) as exc:
         if isinstance(exc, GoldenFileError):
             raise
         raise GoldenFileError(f"{path}: broken .npz (zip) archive, truncated?: {exc}") from None

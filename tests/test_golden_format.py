@@ -87,6 +87,40 @@ def test_corrupted_compressed_entry_is_a_golden_file_error(tmp_path):
     expect_error(path, "'theta'", "corrupted")
 
 
+def test_unsupported_zip_version_is_a_golden_file_error(tmp_path):
+    raw = bytearray(golden_path("tabular").read_bytes())
+    at = raw.index(b"PK\x01\x02")  # first central directory entry
+    raw[at + 6:at + 8] = b"\xff\x00"  # "version needed to extract" 25.5
+    path = tmp_path / "version.npz"
+    path.write_bytes(bytes(raw))
+    expect_error(path, "broken .npz", "zip file version")
+
+
+def test_random_damage_is_refused_or_harmless(tmp_path):
+    """Flipped bytes anywhere and truncation at any length: the reader either refuses the
+    file with a GoldenFileError or loads arrays and meta equal to the original's (the
+    damage hit bytes no array depends on, such as a zip date)."""
+    source = golden_path("tabular")
+    raw, good = source.read_bytes(), load_golden(source)
+    rng = np.random.default_rng(20240611)
+    path, refused = tmp_path / "damaged.npz", 0
+    for i in range(300):
+        b = bytearray(raw)
+        if i % 2:
+            b = b[:rng.integers(len(b))]
+        else:
+            for _ in range(rng.integers(1, 4)):
+                b[rng.integers(len(b))] ^= int(rng.integers(1, 256))
+        path.write_bytes(bytes(b))
+        try:
+            g = load_golden(path)
+        except GoldenFileError:
+            refused += 1
+            continue
+        assert g.meta == good.meta and all(np.array_equal(g[k], good[k]) for k in good.keys())
+    assert refused > 250, refused
+
+
 def test_truncated_file(tmp_path):
     path = tmp_path / "short.npz"
     path.write_bytes(SOURCE.read_bytes()[: SOURCE.stat().st_size // 2])
