@@ -3,28 +3,41 @@
 Every response of a tiny model is enumerated, so every expectation is exact;
 Monte Carlo estimates are held against those exact values.
 
+Names are imported on first use (PEP 562), so ``import fisher_ref.testing``
+(a golden-file check) loads numpy and nothing of the engines.
+
 Example:
     >>> from fisher_ref import load_config, exact
     >>> r = exact(load_config("default"))
     >>> r.sequence_fisher.shape == r.token_fisher_sum.shape
     True
 """
-from .enumeration import EnumerationTooLarge, estimate_cost
-from .conformance import check_token_fisher
-from .exact import exact
-from .golden import GoldenFileError, compare_golden, export_golden, load_golden
-from .monte_carlo import (CheckRow, Estimate, MCResult, bonferroni_z, check_monte_carlo,
-                          estimate, sample)
-from .architectures import make_model
-from .gpt2 import GPT2Model, GPT2Spec
-from .model import FunctionModel, MLPModel, ModelSpec, TabularModel
-from .results import ExactResult, topk_overlap
-from .rewards import CountReward, FunctionReward, LengthReward, MatchReward
-from .samplers import LogitsSampler, PerturbedSampler, RoundedSampler, TemperatureSampler
-from .version import __version__
-from .tasks import Task, list_configs, load_config, load_task, task_from_json
-from .token_fisher import token_fisher, token_fisher_pairwise, uniform_token_fisher
+import importlib
+import sys
+import types
 
+from .version import __version__
+
+# public name -> the module that defines it
+_WHERE = {
+    "enumeration": ("EnumerationTooLarge", "estimate_cost"),
+    "conformance": ("check_token_fisher",),
+    "exact": ("exact",),
+    "golden": ("export_golden",),
+    "golden_format": ("GoldenFileError", "load_golden"),
+    "testing": ("compare_golden", "compare_to_golden"),
+    "monte_carlo": ("CheckRow", "Estimate", "MCResult", "bonferroni_z", "check_monte_carlo",
+                    "estimate", "sample"),
+    "architectures": ("make_model",),
+    "gpt2": ("GPT2Model", "GPT2Spec"),
+    "model": ("FunctionModel", "MLPModel", "ModelSpec", "TabularModel"),
+    "results": ("ExactResult", "topk_overlap"),
+    "rewards": ("CountReward", "FunctionReward", "LengthReward", "MatchReward"),
+    "samplers": ("LogitsSampler", "PerturbedSampler", "RoundedSampler", "TemperatureSampler"),
+    "tasks": ("Task", "list_configs", "load_config", "load_task", "task_from_json"),
+    "token_fisher": ("token_fisher", "token_fisher_pairwise", "uniform_token_fisher"),
+}
+_MODULE_OF = {name: mod for mod, names in _WHERE.items() for name in names}
 
 __all__ = [
     "exact", "ExactResult", "EnumerationTooLarge", "estimate_cost", "topk_overlap",
@@ -34,5 +47,33 @@ __all__ = [
     "Task", "task_from_json", "load_task", "load_config", "list_configs",
     "token_fisher", "token_fisher_pairwise", "uniform_token_fisher", "__version__",
     "sample", "estimate", "MCResult", "Estimate", "bonferroni_z", "check_monte_carlo",
-    "CheckRow", "export_golden", "load_golden", "compare_golden", "GoldenFileError", "check_token_fisher",
+    "CheckRow", "export_golden", "load_golden", "compare_golden", "compare_to_golden",
+    "GoldenFileError", "check_token_fisher",
 ]
+
+
+def __getattr__(name):
+    """Import the module that defines public ``name`` on first use (PEP 562)."""
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'fisher_ref' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """The package module: importing submodule ``fisher_ref.exact`` (or ``token_fisher``)
+    must not replace the public function of the same name, which the import system would
+    do by setting the submodule as an attribute of the package."""
+
+    def __setattr__(self, name, value):
+        if isinstance(value, types.ModuleType) and _MODULE_OF.get(name) == name:
+            return  # keep the function; the submodule stays reachable via sys.modules
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

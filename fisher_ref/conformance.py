@@ -22,7 +22,7 @@ case passes when its error is at most
           \kappa = \frac{\max|j|}{\sqrt{\max f_{ref}}}
 
 (``max |j|`` over tokens of non-zero probability, 2 a safety factor) with
-``floor`` 1e-10 in float64 (DESIGN §7), 1e-5 in float32 and 5e-2 in bfloat16
+``floor`` 1e-10 in float64 (docs/theory.md §9.3), 1e-5 in float32 and 5e-2 in bfloat16
 (measured errors of a correct torch implementation on this machine, 2-core
 x86_64 CPU: about 3e-16, 2e-7 and 1.3e-2; ``tests/test_conformance.py``).
 Wrong implementations err by O(1) on at least one case.

@@ -13,12 +13,11 @@ proves the checker accepts it and rejects the recorded ``mistake``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import numpy as np
 
 from .alignment import concentration, shuffled_token_fisher
+from .exercises_transformer import TRANSFORMER_EXERCISES
+from .judging import Exercise, close_to
 from .model import ModelSpec, softmax
 from .quizzes import emit
 from .sensitivities import sensitivities
@@ -27,59 +26,6 @@ from .training import policy_gradient
 
 __all__ = ["Exercise", "EXERCISES", "get", "exercises_for", "check_exercise", "solution",
            "solution_markdown", "cell_code"]
-
-
-@dataclass(frozen=True)
-class Exercise:
-    """One "try it yourself" exercise.
-
-    Attributes:
-        id: short key, unique.
-        lesson: the notebook stem it belongs to.
-        title: a few words.
-        prompt: the task (markdown, may hold ``$...$`` math).
-        setup: self-contained code that builds the inputs (shown in the notebook).
-        answer: name of the variable the learner sets.
-        solution: code that sets ``answer`` from the setup's variables.
-        mistake: code of a plausible wrong answer the checker must reject.
-        judge: ``judge(value, namespace) -> (ok, message)``; ``namespace`` holds the
-            setup's variables.
-    """
-
-    id: str
-    lesson: str
-    title: str
-    prompt: str
-    setup: str
-    answer: str
-    solution: str
-    mistake: str
-    judge: Callable
-
-
-# --------------------------------------------------------------------------- judges
-
-def close_to(expected, rtol=1e-8, atol=0.0, hint=""):
-    """A judge comparing an array (or number) with ``expected(namespace)`` elementwise.
-
-    ``|value - expected| <= atol + rtol * max|expected|`` everywhere, shapes equal.
-    """
-    def judge(value, ns):
-        want = np.asarray(expected(ns), dtype=float)
-        try:
-            got = np.asarray(value, dtype=float)
-        except (TypeError, ValueError):
-            return False, f"expected a number or an array of numbers, got {type(value).__name__}"
-        if got.shape != want.shape:
-            return False, f"expected shape {want.shape}, got {got.shape}"
-        if not np.all(np.isfinite(got)):
-            return False, "the answer holds NaN or inf"
-        err = float(np.max(np.abs(got - want), initial=0.0))
-        tol = atol + rtol * float(np.max(np.abs(want), initial=0.0))
-        if err <= tol:
-            return True, f"largest difference from the reference {err:.1e} (tolerance {tol:.1e})"
-        return False, f"largest difference from the reference {err:.2e} > {tol:.1e}. {hint}"
-    return judge
 
 
 def _anti_aligned(value, ns):
@@ -323,6 +269,8 @@ var_h2 = r.streams["policy"].variances["h2"][i]""",
              "n_needed = int(np.ceil(var_h2 / (0.01 * F)))",
              close_to(_expected_needed, rtol=0, atol=0.5)),
 ]
+
+_E += TRANSFORMER_EXERCISES  # lesson 7
 
 EXERCISES = {e.id: e for e in _E}
 if len(EXERCISES) != len(_E):  # pragma: no cover - guards the data above

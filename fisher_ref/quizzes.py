@@ -281,6 +281,29 @@ _Q = [
           r"Right: $\sqrt{100} = 10$.",
           r"No: that would take 4 times as many responses.",
           r"No: more samples always narrow it.")),
+    # ---- lesson 7 -------------------------------------------------------------
+    Quiz("key-bias", "07_transformer",
+         r"In an attention head, the key bias $b_K$ is added to every key, so the score of "
+         r"query position $q$ against key position $r$ becomes "
+         r"$S_{qr} = Q_q \cdot (K_r + b_K)/\sqrt{d_h}$. What is the Fisher of the key-bias "
+         r"parameters, and why?",
+         (r"Zero: $Q_q \cdot b_K/\sqrt{d_h}$ is the same for every key $r$ of a query, and "
+          r"the softmax over $r$ does not change when all its inputs shift alike, so no "
+          r"logit moves.",
+          r"Large: the key bias moves every attention score, so it moves every logit.",
+          r"Zero at initialisation only; once the queries grow in training it becomes "
+          r"positive.",
+          r"The same as the query bias's, since a score is symmetric in $Q$ and $K$."),
+         0,
+         (r"Right: the attention weights, and so everything after them, do not depend on "
+          r"$b_K$ at all; its sensitivities $j_{i,a}$ are 0 at every state, and so is $F_i$. "
+          r"(The query bias is different: $b_Q \cdot K_r$ varies with $r$.)",
+          r"No: it moves the scores of one query all by the same amount, and a softmax "
+          r"ignores a shared shift.",
+          r"No: the shift is shared by all keys of a query whatever $Q_q$ is, at any "
+          r"parameter values; the lesson checks it at a second, unrelated $\theta$.",
+          r"No: $b_Q \cdot K_r$ changes with the key $r$, so the query bias does reweight "
+          r"the keys and has a positive Fisher; $Q_q \cdot b_K$ does not change with $r$.")),
 ]
 
 QUIZZES = {q.id: q for q in _Q}

@@ -1,7 +1,7 @@
 r"""Logit sensitivities :math:`j_{i,a}(s) = \partial z_a(s) / \partial\theta_i`.
 
 Two routes: :func:`sensitivities_autograd` (any model, by autograd) and
-:func:`mlp_sensitivities` (the DESIGN §2 MLP in closed form, using that
+:func:`mlp_sensitivities` (the MLP of docs/theory.md §4.1 in closed form, using that
 per-example derivatives of a linear layer are outer products). The tests hold
 them against each other and against central finite differences.
 """

@@ -1,21 +1,25 @@
-r"""An independent implementation of DESIGN §1–§2, written from the spec alone.
+r"""An independent implementation of the golden files, written from the documents alone
+(``docs/golden_format.md`` and ``docs/theory.md`` §2–§6).
 
-It imports nothing from fisher_ref: its own MLP forward pass, its own
-sensitivities (backpropagation of one logit at a time, by hand), its own
-recursive enumeration of every response, and every quantity of §1 as a sum
-over responses or states. ``tests/test_golden.py`` holds the golden files
-against it, so the golden files are checked by a second route, not only by
-the code that wrote them.
+It imports nothing from fisher_ref: its own MLP forward pass and sensitivities
+(backpropagation of one logit at a time, by hand), its own GPT-2 forward pass
+written from the documented equations and layout (sensitivities by HIPS
+autograd's Jacobian of that pass), its own recursive enumeration of every
+response, and every quantity as a sum over responses or states.
+``tests/test_golden.py`` holds every shipped golden file against it, so the
+golden files are checked by a second route, not only by the code that wrote them.
 
 Entry point: :func:`reference(meta, theta)` returns a dict with the keys of a
 golden file (``docs/golden_format.md``).
 """
 from __future__ import annotations
 
+import autograd.numpy as anp
 import numpy as np
+from autograd import jacobian
 
 
-# --- the model (DESIGN §2) -------------------------------------------------------------
+# --- the models (docs/theory.md §4) -----------------------------------------------------
 
 def mlp_blocks(model, theta):
     """Split theta into E (V+1, d), W1 (k d, H), b1 (H,), W2 (H, V), b2 (V,)."""
@@ -65,12 +69,82 @@ def tabular_logits_and_jacobian(model, theta, window):
     return z, J
 
 
+def gpt2_blocks(model, theta):
+    """Named blocks of a GPT-2 theta, in the documented order and shapes."""
+    V, d, L, n = (model[k] for k in ("vocab_size", "embed_dim", "n_layer", "n_positions"))
+    shapes = [("wte", (V + 1, d)), ("wpe", (n, d))]
+    for l in range(L):
+        shapes += [(f"{l}.ln_1.w", (d,)), (f"{l}.ln_1.b", (d,)), (f"{l}.attn.w", (d, 3 * d)),
+                   (f"{l}.attn.b", (3 * d,)), (f"{l}.proj.w", (d, d)), (f"{l}.proj.b", (d,)),
+                   (f"{l}.ln_2.w", (d,)), (f"{l}.ln_2.b", (d,)), (f"{l}.fc.w", (d, 4 * d)),
+                   (f"{l}.fc.b", (4 * d,)), (f"{l}.fc2.w", (4 * d, d)), (f"{l}.fc2.b", (d,))]
+    shapes += [("ln_f.w", (d,)), ("ln_f.b", (d,))]
+    out, i = {}, 0
+    for name, shape in shapes:
+        size = int(np.prod(shape))
+        out[name] = anp.reshape(theta[i:i + size], shape)
+        i += size
+    assert i == theta.size, "theta length does not match the GPT-2 spec"
+    return out
+
+
+def _layer_norm(x, w, b):
+    mu = anp.mean(x, axis=-1, keepdims=True)
+    var = anp.mean((x - mu) ** 2, axis=-1, keepdims=True)  # biased variance
+    return (x - mu) / anp.sqrt(var + 1e-5) * w + b
+
+
+def _gelu(x):
+    return 0.5 * x * (1.0 + anp.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gpt2_logits(model, theta, state):
+    """Logits ``(V,)`` of one state: the documented pre-LN GPT-2 on ``[BOS] + state``."""
+    p = gpt2_blocks(model, theta)
+    V, d, H = model["vocab_size"], model["embed_dim"], model["n_head"]
+    u = [V] + list(state)
+    n, dh = len(u), d // H
+    X = p["wte"][np.array(u)] + p["wpe"][:n]  # (n, d)
+    mask = np.where(np.tril(np.ones((n, n))) > 0, 0.0, -np.inf)  # key r <= query q
+    for l in range(model["n_layer"]):
+        qkv = anp.dot(_layer_norm(X, p[f"{l}.ln_1.w"], p[f"{l}.ln_1.b"]), p[f"{l}.attn.w"]) \
+            + p[f"{l}.attn.b"]  # (n, 3d)
+        heads = []
+        for h in range(H):
+            q = qkv[:, h * dh:(h + 1) * dh]
+            k = qkv[:, d + h * dh:d + (h + 1) * dh]
+            v = qkv[:, 2 * d + h * dh:2 * d + (h + 1) * dh]
+            e = anp.exp(anp.dot(q, k.T) / np.sqrt(dh) + mask)  # (n, n), small scores here
+            heads.append(anp.dot(e / anp.sum(e, axis=1, keepdims=True), v))
+        X = X + anp.dot(anp.concatenate(heads, axis=1), p[f"{l}.proj.w"]) + p[f"{l}.proj.b"]
+        hid = _gelu(anp.dot(_layer_norm(X, p[f"{l}.ln_2.w"], p[f"{l}.ln_2.b"]), p[f"{l}.fc.w"])
+                    + p[f"{l}.fc.b"])
+        X = X + anp.dot(hid, p[f"{l}.fc2.w"]) + p[f"{l}.fc2.b"]
+    last = _layer_norm(X[n - 1], p["ln_f.w"], p["ln_f.b"])  # (d,)
+    return anp.dot(p["wte"], last)[:V]  # tied head, BOS column dropped
+
+
+def gpt2_logits_and_jacobian(model, theta, state):
+    z = gpt2_logits(model, theta, state)
+    J = jacobian(lambda th: gpt2_logits(model, th, state))(theta)  # (V, P)
+    return np.asarray(z), np.ascontiguousarray(J.T)
+
+
 def logits_and_jacobian(model, theta, state):
+    """Logits ``(V,)`` and ``J (P, V)`` of the state (prompt + generated tokens)."""
+    if model["arch"] == "gpt2":
+        return gpt2_logits_and_jacobian(model, theta, state)
     k, bos = model["context"], model["vocab_size"]
     window = ([bos] * k + list(state))[-k:]
     fn = {"mlp_window": mlp_logits_and_jacobian,
           "tabular": tabular_logits_and_jacobian}[model["arch"]]
     return fn(model, theta, window)
+
+
+def logits_only(model, theta, state):
+    if model["arch"] == "gpt2":
+        return np.asarray(gpt2_logits(model, theta, state))
+    return logits_and_jacobian(model, theta, state)[0]
 
 
 def softmax(z):
@@ -126,10 +200,10 @@ def enumerate_task(meta, theta):
         if mu_logits is None:
             q = p
         else:
-            zq, _ = logits_and_jacobian(model, theta_mu, list(prompt) + gen)
+            zq = z if theta_mu is theta else logits_only(model, theta_mu, list(prompt) + gen)
             q = softmax(mu_logits(zq))
         st = {"prompt": x, "tokens": list(prompt) + gen, "depth": len(gen), "reach": reach_p,
-              "sampler_reach": reach_q, "p": p, "q": q, "J": J}
+              "sampler_reach": reach_q, "z": z, "p": p, "q": q, "J": J}
         states.append(st)
         for a in range(V):
             path = steps + [(st, a)]
@@ -152,6 +226,12 @@ def fisher(probs, J):
     """f_i = sum_a p_a (J_ia - sum_b p_b J_ib)^2."""
     c = J - (J @ probs)[:, None]
     return (c * c) @ probs
+
+
+def covariance(probs, J):
+    """(P, P) covariance of the sensitivity vectors under ``probs``."""
+    c = J - (J @ probs)[:, None]  # (P, V)
+    return (c * probs) @ c.T
 
 
 def scores(resp, T, center):
@@ -195,6 +275,7 @@ def reference(meta, theta):
     out["state_prompt"] = np.array([s["prompt"] for s in states], dtype=np.int64)
     out["state_depth"] = np.array([s["depth"] for s in states], dtype=np.int64)
     out["state_reach"] = np.array([s["reach"] for s in states])
+    out["state_logits"] = np.stack([s["z"] for s in states])
     out["state_probs"] = np.stack([s["p"] for s in states])
     out["state_token_fisher"] = np.stack([fisher(s["p"], s["J"]) for s in states])
     V = model["vocab_size"]
@@ -207,6 +288,12 @@ def reference(meta, theta):
     out["seq_reward"] = R
     on = stream(responses, "prob", T, "p", task["baseline"], R)
     out["seq_advantage"] = on["A"]
+    out["seq_score"] = on["h"]
+    if meta["matrices"]:
+        w = out["seq_prob"]
+        out["sequence_fisher_matrix"] = (on["h"] * w[:, None]).T @ on["h"]  # sum_y P h h^T
+        out["token_fisher_matrix_sum"] = sum(s["reach"] * covariance(s["p"], s["J"])
+                                             for s in states)
     out["token_fisher_sum"] = out["state_reach"] @ out["state_token_fisher"]
     # d E[R] / d theta = sum_y R(y) dP(y) = sum_y P(y) R(y) h(y)  (score-function identity)
     out["gradient_autodiff"] = (out["seq_prob"] * R) @ on["h"]

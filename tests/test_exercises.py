@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 
 import fisher_ref.exercises as exercises
+import fisher_ref.exercises_transformer as exercises_transformer
+import fisher_ref.judging as judging
 from fisher_ref.exercises import EXERCISES, check_exercise
 
 LESSONS = Path(__file__).resolve().parents[1] / "lessons"
 STEMS = ["00_start_here", "01_sequence_to_tokens", "02_pairwise_differences",
          "03_where_mass_lands", "04_gradient_is_covariance", "05_offpolicy_centering",
-         "06_monte_carlo"]
+         "06_monte_carlo", "07_transformer"]
 
 
 def run(code_parts):
@@ -101,6 +103,15 @@ def test_solution_prints(capsys):
     assert "n_params =" in capsys.readouterr().out
 
 
-def test_exercise_docstring_examples():
-    res = doctest.testmod(exercises, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+@pytest.mark.parametrize("module", [exercises, judging])
+def test_exercise_docstring_examples(module):
+    res = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert res.attempted > 0 and res.failed == 0
+
+
+def test_one_registry_holds_the_transformer_exercises():
+    """Lesson 7's exercises live in their own module and are found through the one registry."""
+    ids = [e.id for e in exercises_transformer.TRANSFORMER_EXERCISES]
+    assert ids and all(EXERCISES[i] is e for i, e in
+                       zip(ids, exercises_transformer.TRANSFORMER_EXERCISES))
+    assert [e.id for e in exercises.exercises_for("07_transformer")] == ids

@@ -1,4 +1,4 @@
-"""Off-policy identities (DESIGN §1, sampler mu != policy p) on every case with a
+"""Off-policy identities (docs/theory.md §3, sampler mu != policy p) on every case with a
 sampler: centering at the sampler's mean restores every on-policy identity;
 the raw score does not."""
 import numpy as np

@@ -282,7 +282,35 @@ def prove_adam_bf16():
     return "whose own magnitude"
 
 
+def prove_key_bias():
+    """On both GPT-2 configs, every block: the key bias's Fisher is at rounding level (a squared
+    score of 1e-12 relative) while the query bias's is not (refutes D); a finite random change of
+    the key bias moves no logit at any state (a route without derivatives), at the shipped theta
+    and at an unrelated random theta (refutes B and C)."""
+    for name in ("gpt2_small", "gpt2_offpolicy"):
+        task, r = load_config(name), result(name)
+        m, F = task.model, r.sequence_fisher
+        d = m.spec.embed_dim
+        toks = r.states["tokens"]
+        W = m.windows(toks, (toks >= 0).sum(axis=1))  # (N, n_positions)
+        rng = np.random.default_rng(11)
+        other = 2.0 * rng.standard_normal(m.num_params)  # (P,) not the shipped theta
+        offsets = {n: off for n, _, off in m.layout()}
+        for layer in range(m.spec.n_layer):
+            off = offsets[f"transformer.h.{layer}.attn.c_attn.bias"]
+            query, key = off + np.arange(d), off + d + np.arange(d)
+            assert F[key].max() <= ZERO_ATOL ** 2 * F.max()
+            assert F[query].max() > 1e-6 * F.max()
+            for theta in (task.theta, other):
+                z = m.logits(theta, W)  # (N, V)
+                moved = theta.copy()
+                moved[key] += rng.standard_normal(d)
+                assert np.abs(m.logits(moved, W) - z).max() <= ZERO_ATOL * np.abs(z).max()
+    return "the same for every key"
+
+
 PROOFS = {
+    "key-bias": prove_key_bias,
     "window": prove_window,
     "adam-bf16": prove_adam_bf16,
     "seq-to-token": prove_seq_to_token,
@@ -340,7 +368,7 @@ def _notebook_sources():
 
 def test_every_quiz_used_in_exactly_one_notebook():
     sources = _notebook_sources()
-    assert len(sources) == 7
+    assert len(sources) == 8
     for qid, q in QUIZZES.items():
         shown = [stem for stem, src in sources.items() if f'show("{qid}")' in src]
         checked = [stem for stem, src in sources.items() if f'check("{qid}", answer)' in src]

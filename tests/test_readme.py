@@ -18,12 +18,21 @@ def test_readme_python_examples_run():
 
 
 def test_readme_test_command_is_what_ci_runs():
-    commands = [line.strip() for b in _blocks("bash") for line in b.splitlines()
-                if line.strip().startswith("python -m pytest")]
+    """The README's set-up is two one-line commands; the second installs what CI installs
+    and ends in the pytest command .ci/run runs."""
+    lines = [line.strip() for b in _blocks("bash") for line in b.splitlines() if line.strip()]
+    commands = [line[line.index("python -m pytest"):] for line in lines
+                if "python -m pytest" in line]
     assert commands, "README gives no test command"
     ci = (ROOT / ".ci" / "run").read_text()
     for cmd in commands:
         assert cmd in ci, f"README test command {cmd!r} is not what .ci/run runs"
+    (test_line,) = [line for line in lines if "python -m pytest" in line]
+    for install in re.findall(r"pip install (\S+)", test_line):
+        assert install in ci, f"README installs {install} but .ci/run does not"
+    setup = _blocks("bash")[:2]  # the "Two commands" section
+    assert [len(b.strip().splitlines()) for b in setup] == [1, 1], setup
+    assert "python -m fisher_ref verify" in setup[0] and "python -m pytest" in setup[1]
 
 
 def test_readme_task_example_is_a_valid_task():

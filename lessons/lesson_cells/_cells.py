@@ -17,8 +17,10 @@ PATH = [
     ("04_gradient_is_covariance", "The gradient is a covariance"),
     ("05_offpolicy_centering", "Off-policy: center the score under the sampler"),
     ("06_monte_carlo", "Monte Carlo against the exact values"),
+    ("07_transformer", "A transformer: the identities hold for attention too"),
 ]
-NEXT_AFTER_LAST = "a lesson on a small transformer (`07_transformer`) is planned"
+NEXT_AFTER_LAST = ("hold your own Fisher or policy-gradient code against these exact values: the "
+                   "README's sections on golden files, the conformance check and the torch side")
 
 
 def md(text):

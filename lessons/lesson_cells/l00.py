@@ -17,6 +17,8 @@ _SHOWS = {
                               "under it",
     "06_monte_carlo": "sampled estimates, their standard errors, and the exact values they "
                       "converge to",
+    "07_transformer": "the same identities on a small GPT-2 (attention, LayerNorm, a tied head); "
+                      "where its Fisher sits; a key bias with zero Fisher",
 }
 _LESSON_LIST = "\n".join(f"| [{k}. {title}]({stem}.ipynb) | {_SHOWS[stem]} |"
                          for k, (stem, title) in enumerate(PATH[1:], start=1))
@@ -61,7 +63,9 @@ and what a "share of parameters changed" in bf16 does and does not say. Lesson 5
 samples from another distribution (a stale model, a higher temperature) break the argument
 unless the score is centered under that distribution.
 
-Lesson 6 checks that sampling converges to every exact value, with honest error bars.
+Lesson 6 checks that sampling converges to every exact value, with honest error bars. Lesson 7
+runs every check again on a small GPT-2 transformer: the identities do not depend on how the
+logits are computed.
 """),
     md(r"""
 ## The model
