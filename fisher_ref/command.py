@@ -15,7 +15,7 @@ def add_task_arguments(parser, default_config="default"):
     g = parser.add_mutually_exclusive_group()
     g.add_argument("--config", default=None,
                    help=f"a named config shipped with fisher_ref (default: {default_config!r})")
-    g.add_argument("--task", default=None, help="a task file in the JSON format of DESIGN §5")
+    g.add_argument("--task", default=None, help="a task file (JSON; see the README's Task files)")
     parser.set_defaults(_default_config=default_config)
 
 

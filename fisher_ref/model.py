@@ -13,7 +13,7 @@ a model that reads its whole history (the transformer of
 everything a state needs once per distinct window.
 
 Any autograd-differentiable function of that shape can be wrapped with
-:class:`FunctionModel`; :class:`MLPModel` (DESIGN §2) and :class:`TabularModel`
+:class:`FunctionModel`; :class:`MLPModel` (docs/theory.md §4.1) and :class:`TabularModel`
 (logits are the parameters) are the two shipped instances.
 
 Token ids are ``0..V-1``; with ``eos`` on, id ``0`` is EOS. Id ``V`` is BOS,
@@ -235,7 +235,7 @@ def check_common_fields(vocab_size, eos, init_seed, init_scale):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The MLP language model of DESIGN §2, fully specified.
+    """The MLP language model of docs/theory.md §4.1, fully specified.
 
     ``e = concat(E[c_1..c_k])``, ``hid = tanh(e @ W1 + b1)``, ``z = hid @ W2 + b2``;
     ``theta = (E, W1, b1, W2, b2)`` flattened row-major in that order.
@@ -325,7 +325,7 @@ class SpecModel:
 
 
 class MLPModel(SpecModel, WindowModel):
-    """The DESIGN §2 MLP over a window of the last ``k`` tokens.
+    """The MLP of docs/theory.md §4.1 over a window of the last ``k`` tokens.
 
     Example:
         >>> m = MLPModel(ModelSpec(vocab_size=5, context=2, embed_dim=3, hidden=8))

@@ -183,7 +183,7 @@ class Task:
         return self.sampler is None
 
     def to_json(self):
-        """The task-file dict of DESIGN §5 (weights written out)."""
+        """The task-file dict (weights written out)."""
         d = {"model": self.model.describe(), "prompts": [list(p) for p in self.prompts],
              "prompt_weights": self.prompt_weights.tolist(), "max_len": self.max_len,
              "reward": self.reward.to_json(), "baseline": self.baseline,

@@ -1,18 +1,22 @@
-r"""Check every identity of DESIGN §1 on a task and print it as a table.
+r"""Check every identity of docs/theory.md (§2.9, §3) on a task and print it as a table.
 
 Each row compares two routes to one quantity, or a quantity that must vanish
-with its natural scale:
+with its natural scale (docs/theory.md §9.3):
 
-- ``equal`` rows: relative error :math:`\max|a-b| / \max(\max|a|, \max|b|)`;
+- ``equal`` rows: relative error :math:`\max|a-b| / \max(\max|a|, \max|b|)`, for
+  gradients with the denominator at least the size of their summands;
 - ``zero`` rows: :math:`\max|x|` over the natural scale — :math:`\max_i F_i` for
-  products of two scores (cross terms), :math:`\sqrt{\max_i F_i}` for scores;
+  products of two scores (cross terms), the score scale (:func:`state_score_scale`)
+  for scores;
 - ``bound`` rows: the largest excess of the left side over the right, scaled
   the same way (must be :math:`\le` the tolerance);
-- ``info`` rows report a diagnostic (overlap, alignment) and always pass;
+- ``info`` rows report a diagnostic (overlap, alignment, the raw score's mean where
+  the sampler equals the policy) and always pass;
 - ``z`` rows (Monte Carlo) report, for each estimator, the :math:`|z|` of the
   entry (parameter) nearest its threshold; thresholds are per entry, the larger
-  of the Bonferroni normal one and a Bernstein bound, for a false-failure rate
-  of at most 1e-6 per row (see :func:`fisher_ref.monte_carlo.check_monte_carlo`).
+  of the Bonferroni normal one and a Bernstein bound over every entry of every
+  row, so that all the Monte Carlo rows together fail falsely with probability at
+  most 1e-6 (see :func:`fisher_ref.monte_carlo.check_monte_carlo`).
 """
 from __future__ import annotations
 
@@ -29,8 +33,8 @@ __all__ = ["Check", "exact_checks", "format_table", "verify_task", "add_argument
            "state_score_scale", "sampler_gap",
            "EXACT_RTOL", "constant_breaking_bound", "bound_broken_at_zero"]
 
-EXACT_RTOL = 1e-10  # exact identities in float64 (DESIGN §7)
-MC_ALPHA = 1e-6  # false-failure rate of one Monte Carlo row
+EXACT_RTOL = 1e-10  # exact identities in float64 (docs/theory.md §9.3)
+MC_ALPHA = 1e-6  # false-failure rate of all Monte Carlo rows together
 WEAK_POWER = 3.0  # a row whose threshold exceeds this multiple of the Bonferroni-normal
 #                   one (skewed, rarely non-zero values) is flagged as having little power
 GRADIENT_FLOOR = 1.0  # relative errors of gradients are taken against at least their

@@ -5,7 +5,7 @@ independent brute-force reference for each.
 :func:`brute_force` enumerates responses by plain recursion and takes every
 score by autograd of ``log_softmax(model.logits(...))`` at each state — it never
 calls the library's sensitivities, token Fisher or enumeration code, so it is a
-second route to every quantity of DESIGN §1.
+second route to every quantity of docs/theory.md §2.9.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from fisher_ref import (FunctionModel, FunctionReward, LogitsSampler, MLPModel, 
                         list_configs, load_config)
 from fisher_ref.rewards import CountReward, LengthReward, MatchReward
 
-RTOL = 1e-10  # exact float64 identities (DESIGN §7)
+RTOL = 1e-10  # exact float64 identities (docs/theory.md §9.3)
 
 # Largest relative error seen per (identity, case); printed by conftest when
 # FISHER_REF_ERROR_TABLE=1.
@@ -107,7 +107,7 @@ def eos_masked_mlp(**spec):
 
 def shifted(model, theta):
     """``model`` plus a theta- and window-dependent constant on every logit (a uniform
-    shift): every quantity of DESIGN §1 must be unchanged."""
+    shift): every quantity of docs/theory.md §2.9 must be unchanged."""
     def logits(th, w):
         z = model.logits(th, w)  # (B, V)
         shift = anp.sin(anp.sum(th[:3]) + w[:, -1:] * th[3])  # (B, 1)

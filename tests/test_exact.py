@@ -1,4 +1,4 @@
-"""Every identity of DESIGN §1, on every case of ``tests/cases.py``, at rtol 1e-10.
+"""Every identity of docs/theory.md §2.9, on every case of ``tests/cases.py``, at rtol 1e-10.
 
 Each test compares two routes: the exact engine against itself (states vs
 responses) and against the independent brute force of ``cases.brute_force``.
