@@ -56,20 +56,30 @@ def mc_bytes(task, n, use_sampler, values=True):
     of :func:`estimate` on them), in closed form before anything is allocated.
 
     With ``S`` streams (1 from ``p``, 2 from ``mu``), ``T = max_len``, ``P`` parameters,
-    ``L`` the longest state and ``k`` the window width:
-    :math:`8n\,[2STP + (4S + 8)P + T(L + 4k + 8) + 2L]` — per stream the score
-    tables, the gathered scores ``(n, T, P)`` and path sums; the ``(n, P)`` values and
-    the estimators' temporaries; every visited window; without ``values`` only
-    :math:`8n(2L + k + T + 8)` for the draws. On the shipped configs it is 1.5-1.9
-    times the peak that ``tracemalloc`` traces (2-core x86_64 development machine).
+    ``V`` tokens, ``L`` the longest state and ``k`` the window width:
+
+    - drawing: :math:`8n\,(2L + k + T + 8 + 3V + L\lfloor P/V \rfloor + L^2)` — states
+      and windows, one step's ``(n, V)`` logits, probabilities and cumulative sums,
+      and the model's activations (a hidden layer is at most ``P / V`` wide; one
+      ``L x L`` attention);
+    - the values (after the draws' temporaries are freed):
+      :math:`8n\,[2STP + (4S + 8)P + T(L + 4k + 8) + 2L] + 32PV` — per stream the score
+      tables, the gathered scores ``(n, T, P)`` and path sums; the ``(n, P)`` values and
+      the estimators' temporaries; every visited window; one window's sensitivities.
+
+    The estimate is the larger of the two (the first alone without ``values``). On
+    the shipped configs it is 1.5-1.9 times the peak that ``tracemalloc`` traces
+    (2-core x86_64 development machine).
     """
     m = task.model
-    n, T, P, k = int(n), task.max_len, m.num_params, m.context
+    n, T, P, V, k = int(n), task.max_len, m.num_params, m.vocab_size, m.context
     L = max(len(p) for p in task.prompts) + T
+    draws = 8 * n * (2 * L + k + T + 8 + 3 * V + L * (P // V) + L * L)
     if not values:
-        return 8 * n * (2 * L + k + T + 8)
+        return draws
     S = 2 if use_sampler else 1
-    return 8 * n * (2 * S * T * P + (4 * S + 8) * P + T * (L + 4 * k + 8) + 2 * L)
+    est = 8 * n * (2 * S * T * P + (4 * S + 8) * P + T * (L + 4 * k + 8) + 2 * L) + 32 * P * V
+    return max(draws, est)
 
 
 def check_mc_size(task, n, use_sampler, max_bytes=DEFAULT_MAX_BYTES, values=True):

@@ -210,6 +210,21 @@ def test_api_sizes_are_refused():
     check_mc_size(task, fit, False)
 
 
+def test_a_vocabulary_whose_sensitivities_cannot_fit_is_refused():
+    """V = 2,000,000 with P ~ 6e6: one window's j alone is 1e14 bytes. Monte Carlo and
+    the exact engine refuse before computing it; drawing alone still works."""
+    d = {"model": {"vocab_size": 2_000_000, "context": 1, "embed_dim": 1, "hidden": 1},
+         "prompts": [[1]], "max_len": 1}
+    task = task_from_json(d)
+    rng = np.random.default_rng(0)
+    with deadline():
+        with pytest.raises(ValueError, match="no n fits"):
+            estimate(task, 2, rng)
+        with pytest.raises(EnumerationTooLarge, match="estimated memory"):
+            exact(task, progress=False)
+        assert sample(task, 2, rng)["tokens"].shape == (2, 1)
+
+
 @pytest.mark.parametrize("kw, exc, words", [
     (dict(max_bytes=float("nan")), ValueError, "max_bytes must be a positive number"),
     (dict(max_bytes=-1), ValueError, "max_bytes must be a positive number"),
