@@ -19,7 +19,8 @@ __all__ = ["main", "build_parser"]
 OUTPUT_OPTIONS = ("out", "json")  # file paths the subcommands write
 
 SUBCOMMANDS = {
-    "verify": ("fisher_ref.verify", "check every identity of docs/theory.md, exactly and by Monte Carlo"),
+    "verify": ("fisher_ref.verify",
+               "check every identity of docs/theory.md, exactly and by Monte Carlo"),
     "export": ("fisher_ref.golden", "write the golden .npz file of a task"),
     "compare": ("fisher_ref.compare", "compare the torch implementation with fisher_ref"),
     "bench": ("fisher_ref.bench", "time the exact engine against torch doing the same work"),
