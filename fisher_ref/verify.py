@@ -313,8 +313,16 @@ def constant_breaking_bound(raw, centered):
 
 
 _MC_IDENTITY = {"score_mean": "1", "cross_terms": "2", "sequence_fisher": "3",
-                "token_fisher_sum": "3", "gradient": "6", "covariance": "7",
-                "importance_gradient": "off"}
+                "token_fisher_sum": "3", "gradient": "6", "covariance": "7", "bound": "7",
+                "expected_reward": "6", "importance_gradient": "off-policy"}
+
+
+def _mc_label(quantity, stream):
+    """Identity label of a Monte Carlo row: under a sampler the gradient is G_mu, not
+    the policy gradient of identity 6, so it is labelled off-policy."""
+    if stream != "policy" and quantity == "gradient":
+        return "mc off-policy"
+    return "mc " + _MC_IDENTITY.get(quantity, quantity)
 
 
 def verify_task(task, mc=0, seed=0, progress=True):
@@ -345,7 +353,7 @@ def verify_task(task, mc=0, seed=0, progress=True):
         normal = bonferroni_z(MC_ALPHA, task.model.num_params)
         for r in check_monte_carlo(task, result, mc, seed, alpha=MC_ALPHA):
             weak = r.threshold > WEAK_POWER * normal
-            rows.append(Check("mc " + _MC_IDENTITY.get(r.quantity, ""), r.stream,
+            rows.append(Check(_mc_label(r.quantity, r.stream), r.stream,
                               f"{r.quantity}: |z| of the entry nearest its threshold "
                               f"(n={mc}, seed={seed})", float(r.max_abs_z), float(r.threshold),
                               "z", "little power: rare values raised the threshold; "
