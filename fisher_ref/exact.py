@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .enumeration import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, responses
+from .enumeration import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, expand
 from .exact_reference import exact_reference
-from .walk import (REACH, BlockArrays, Run, autodiff_gradient, check_support, checked_sensitivities,
-                   model_probs, topk_center)
-from .token_fisher import mean_sensitivity, token_fisher, token_second_moment, uniform_token_fisher
+from .grouped import level_sums, parent_powers, prefix_starts, window_products
+from .results import importance_weighted
+from .walk import REACH, BlockArrays, Run, check_support, reward_gradient, topk_center
+from .window_cache import WindowCache
 
 __all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES"]
 
@@ -40,152 +41,112 @@ __all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES"]
 _AUTODIFF_ROWS = 2 ** 16
 # Bytes of per-window arrays kept between blocks (speed only; results do not depend on it).
 WINDOW_CACHE_BYTES = 256 * 2 ** 20
-# Per-state arrays kept for result.states (with a sampler, also _KEPT_SAMPLER).
-_KEPT = ("token_fisher", "uniform", "score_mean")
-_KEPT_SAMPLER = ("sampler_token_fisher", "raw_score_mean")
-
-
-class _WindowCache:
-    """Per-window arrays (probabilities, centered scores, token moments), computed
-    once per distinct window of ``k`` tokens and reused by every state ending in it.
-
-    Holds at most ``budget`` bytes: when a block's new windows would not fit, it
-    is emptied first (memory stays bounded; only speed depends on the budget).
-    """
-
-    def __init__(self, task, streams, keep_states, budget=None):
-        self.task, self.streams, self.keep = task, streams, keep_states
-        V, P = task.model.vocab_size, task.model.num_params
-        self.centers = list(dict.fromkeys(c for _, _, c in streams))
-        per = 8 * (len(self.centers) * V * P + (2 * len(streams) + 6) * P + 2 * V)
-        budget = WINDOW_CACHE_BYTES if budget is None else budget
-        self.capacity = max(1, budget // per)
-        # window entries lie in -1..V (-1 pads a model's whole-history window)
-        self.base = (V + 2) ** np.arange(task.model.context, dtype=object)
-        self.exact_keys = (V + 2) ** task.model.context < 2 ** 62
-        self.clear()
-
-    def clear(self):
-        self.index, self.parts, self.n = {}, [], 0
-        self.arrays = None
-
-    def _keys(self, W):
-        if self.exact_keys:
-            return ((W + 1) * self.base.astype(np.int64)).sum(axis=1).tolist()  # (B,)
-        return [tuple(r) for r in W.tolist()]
-
-    def rows(self, W):
-        """Row of each window of ``W (B, k)`` in :attr:`arrays` (computing new ones)."""
-        keys = self._keys(W)
-        new = {}
-        for i, key in enumerate(keys):
-            if key not in self.index and key not in new:
-                new[key] = i
-        if new:
-            if self.n + len(new) > self.capacity:
-                self.clear()
-                return self.rows(W) if len(set(keys)) <= self.capacity else self._uncached(W)
-            for key in new:
-                self.index[key] = self.n
-                self.n += 1
-            self.parts.append(self._compute(W[list(new.values())]))
-            self.arrays = None
-        if self.arrays is None:
-            self.parts = [{k: np.concatenate([p[k] for p in self.parts]) for k in self.parts[0]}]
-            self.arrays = self.parts[0]
-        return self.arrays, np.array([self.index[k] for k in keys], dtype=np.int64)
-
-    def _uncached(self, W):
-        Wu, inv = np.unique(W, axis=0, return_inverse=True)
-        return self._compute(Wu), inv.ravel()
-
-    def _compute(self, Wu):
-        """Arrays of distinct windows ``Wu (U, k)``."""
-        task, theta = self.task, self.task.theta
-        pu, qu = model_probs(task, theta, Wu)  # (U, V) each
-        J = checked_sensitivities(task, Wu)  # (U, P, V)
-        jbar = {"p": mean_sensitivity(pu, J), "q": mean_sensitivity(qu, J)}  # (U, P)
-        dist = {"p": pu, "q": qu}
-        out = {"p": pu, "q": qu}
-        for c in self.centers:
-            center = jbar[c] if isinstance(c, str) else topk_center(qu, J, c)  # (U, P)
-            xi = J - center[:, :, None]  # (U, P, V): the score of every candidate token
-            out[f"xiT{c}"] = np.ascontiguousarray(xi.transpose(0, 2, 1))  # (U, V, P)
-            out[f"center{c}"] = center
-        for s, (_, wname, c) in enumerate(self.streams):
-            out[f"m{s}"] = token_second_moment(dist[wname], J, out[f"center{c}"])  # (U, P)
-            out[f"cond{s}"] = np.einsum("uv,uvp->up", dist[wname], out[f"xiT{c}"])  # E[xi|s]
-        if self.keep:
-            out["token_fisher"] = token_fisher(pu, J)
-            out["uniform"] = uniform_token_fisher(J)
-            out["score_mean"] = np.einsum("uv,uvp->up", pu, out["xiTp"])
-            if task.sampler is not None:
-                out["sampler_token_fisher"] = token_fisher(qu, J)
-                out["raw_score_mean"] = np.einsum("uv,uvp->up", qu, out["xiTp"])
-        return out
 
 
 class _AutodiffBatch:
-    """Complete responses gathered for one :func:`autodiff_gradient` call."""
+    """Complete responses gathered for one :func:`fisher_ref.walk.reward_gradient` call,
+    each given by the run-wide ids of its states' windows (the walk's own)."""
 
-    def __init__(self, task):
-        self.task, self.parts, self.rows = task, [], 0
+    def __init__(self, task, cache):
+        self.task, self.cache, self.parts, self.rows = task, cache, [], 0
 
-    def add(self, done, plen, R):
-        """Queue a block's responses; True once about ``_AUTODIFF_ROWS`` state rows wait."""
-        self.parts.append((done["tokens"], done["length"], plen,
-                           self.task.prompt_weights[done["prompt"]], R))
-        self.rows += len(R) * self.task.max_len
+    def add(self, paths, tokens, n, prompt, R):
+        """Queue responses: window ids ``paths (M, T)`` and tokens ``(M, T)`` of which the
+        first ``n`` are generated, prompts ``(M,)``, rewards ``(M,)``. True once about
+        ``_AUTODIFF_ROWS`` state rows wait."""
+        live = np.broadcast_to(np.arange(tokens.shape[1]) < n, tokens.shape)  # (M, T)
+        self.parts.append((paths, tokens, live, self.task.prompt_weights[prompt], R))
+        self.rows += live.sum()
         return self.rows >= _AUTODIFF_ROWS
 
     def flush(self):
         """Gradient ``(P,)`` of the queued responses' expected reward; empties the queue."""
         if not self.parts:
             return 0.0
-        args = [np.concatenate(a) for a in zip(*self.parts)]
+        paths, tokens, live, weights, R = [np.concatenate(a) for a in zip(*self.parts)]
         self.parts, self.rows = [], 0
-        return autodiff_gradient(self.task, self.task.theta, *args)
+        ids, win = np.unique(paths[live], return_inverse=True)  # (U,), (L,)
+        rows = np.zeros(paths.shape, dtype=np.int64)  # (M, T): dead slots read row 0
+        rows[live] = win
+        nxt = np.where(live, tokens, 0)  # (M, T)
+        return reward_gradient(self.task, self.task.theta, self.cache.windows_of(ids), rows, nxt,
+                               live, weights, R)
 
 
 def _block_arrays(run, cache, block):
     """A block's per-state arrays, gathered from the per-window cache; adds its
-    token-level terms and keeps its state records."""
+    token-level terms (summed per distinct window) and keeps its state records."""
     task, S = run.task, len(run.streams)
     W = task.model.windows(block["tokens"], block["length"])  # (B, k)
-    arr, inv = cache.rows(W)  # per-window arrays, (B,) row of each state
-    p, q = arr["p"][inv], arr["q"][inv]  # (B, V)
+    block["wid"] = cache.ids(W)  # (B,) run-wide window ids
+    rows = cache.rows(block["wid"])  # (B,) cache rows
+    a = cache.arrays
+    p, q = a["p"][rows], a["q"][rows]  # (B, V)
     if task.sampler is not None:
         check_support(block, p, q)
-    ms = [arr[f"m{s}"][inv] for s in range(S)]  # S arrays (B, P)
-    run.add_states(block, ms, [arr[f"cond{s}"][inv] for s in range(S)])
+    ur, inv = np.unique(rows, return_inverse=True)  # (U,), (B,)
+    reach = {k: np.bincount(inv, block[REACH[k]], minlength=len(ur)) for k in REACH}  # (U,)
+    run.add_states(reach, [a[f"m{s}"][ur] for s in range(S)],
+                   [a[f"y{s}_1"][ur] for s in range(S)], block["depth"], len(rows))
+    ms = np.stack([a[f"m{s}"][rows] for s in range(S)])  # (S, B, P)
     if run.keep_states:
-        keys = _KEPT + (_KEPT_SAMPLER if task.sampler is not None else ())
-        run.keep_state_arrays(block, p, q, {k: arr[k][inv] for k in keys})
-    xiT = [arr[f"xiT{c}"] for _, _, c in run.streams]  # S arrays (U, V, P)
-    return BlockArrays(p, q, inv, xiT, block["G"] + np.stack(ms))  # G: (S, B, P)
+        kept = {"token_fisher": ms[0], "uniform": a["uniform"][rows],
+                "score_mean": a["y0_1"][rows]}
+        if task.sampler is not None:  # streams 1, 2: raw (mu, center p), centered (mu, mu)
+            kept.update({"sampler_token_fisher": ms[2], "raw_score_mean": a["y1_1"][rows]})
+        run.keep_state_arrays(block, p, q, kept)
+    xiT = [a[f"xi{c}"] for _, _, c in run.streams]  # S arrays (n, V, P)
+    return BlockArrays(p, q, rows, xiT, block["G"] + ms)  # G: (S, B, P)
 
 
-def _complete(run, batch, block, arrs, par, xi, done):
-    r"""Complete responses: :math:`h = H(\text{parent}) + \xi` formed per response
-    (so :math:`h^2, h^4, Ah` are summed response by response); path sums and cross
-    terms grouped by parent, which shares :math:`\xi_u` for ``u < depth``.
+def _descend(block, par, child):
+    """Children's window-id paths: the parent's, with the parent's own window at slot depth."""
+    path = block["wpath"][par]  # (C, T)
+    path[:, block["depth"]] = block["wid"][par]
+    child["wpath"] = path
 
-    Args:
-        par: ``(C,)`` parent row of each response (sorted); ``xi``: ``S`` arrays
-            ``(C, P)``, the score of its last token; ``done``: the responses' block.
-    """
-    task, depth = run.task, block["depth"]
-    resp, R, plen = responses(task, done)
-    starts = np.flatnonzero(np.r_[True, par[1:] != par[:-1]])  # (Pn,) first row per parent
-    pg = par[starts]  # (Pn,) parents with complete children
-    for s, (name, wname, _) in enumerate(run.streams):
-        h = block["H"][s, par] + xi[s]  # (C, P): each response's own h
-        run.moments[name].add_responses_grouped(
-            done[REACH[wname]], R, h, done["rp"], starts, arrs.G[s, pg],
-            block["hist"][s, pg, :depth], xi[s], depth)
-    if batch.add(done, plen, R):
+
+def _complete(run, cache, batch, block, arrs, idx):
+    """The complete responses among the block's children ``idx`` (the same tokens ``K``
+    under every parent): rewards at once, every sum of :func:`fisher_ref.grouped.level_sums`
+    per stream, the autodiff queue and the kept records."""
+    task, d, V = run.task, block["depth"], run.task.model.vocab_size
+    B = block["prompt"].shape[0]
+    k = len(idx) // B
+    K = idx[:k] % V  # (k,) terminal tokens
+    _, tok, done = expand(task, block, idx, arrs.p, arrs.q)
+    gen = block["tokens"][np.arange(B)[:, None],
+                          (block["length"] - d)[:, None] + np.arange(d)]  # (B, d)
+    resp = np.full((B * k, task.max_len), -1, dtype=np.int64)  # (C, T)
+    resp[:, :d], resp[:, d] = np.repeat(gen, k, axis=0), tok
+    R = task.reward.batch(resp, np.full(B * k, d + 1), task.prompts, done["prompt"])  # (C,)
+    starts = prefix_starts(block["prompt"], gen)
+    wp = done["rp"].reshape(B, k)
+    for s, (name, wname, c) in enumerate(run.streams):
+        mom, xi = run.moments[name], arrs.xiT[s]
+        w = done[REACH[wname]].reshape(B, k)  # (B, k)
+        Rc = mom.centered(R).reshape(B, k)
+        wR = w * Rc
+        rho_w = importance_weighted(w, wp) if wname == "q" else None
+        X = parent_powers(cache.arrays, s, xi, arrs.rows, K, block[REACH[wname]], w)
+        Z = window_products(np.stack([wR, wR * Rc], axis=1), xi, arrs.rows, K)  # (B, 2, P)
+        mom.add_sums(**level_sums(block["H"][s], arrs.G[s], block["hist"][s, :, :d], w, Rc,
+                                  rho_w, X, Z, starts))
+        acc = [wR, wR * Rc] if rho_w is None else [rho_w, rho_w * Rc, wR, wR * Rc]
+        cache.accumulate(s, arrs.rows, K, np.stack(acc, axis=1))
+    path = np.repeat(block["wpath"], k, axis=0)  # (C, T)
+    path[:, d] = np.repeat(block["wid"], k)
+    if batch.add(path, resp, d + 1, done["prompt"], R):
         run.grad_ad += batch.flush()
     run.keep_responses(done, resp, R)
+
+
+def _accumulated_names(run):
+    """Per stream, the Moments attributes of the per-(window, token) sums and the
+    power of the score each takes (see :meth:`WindowCache.accumulate`)."""
+    return {s: (["Rh2", "R2h2"], (2, 2)) if wname == "p" else
+            (["is_h", "is_Rh", "Rh2", "R2h2"], (1, 1, 2, 2))
+            for s, (_, wname, _) in enumerate(run.streams)}
 
 
 def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
@@ -219,9 +180,20 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     if reference:
         return exact_reference(task, **kw)
     run = Run(task, **kw)
-    cache = _WindowCache(task, run.streams, run.keep_states)
-    batch = _AutodiffBatch(task)
-    run.walk(("hist", "H", "G"), lambda block: _block_arrays(run, cache, block),
-             lambda *args: _complete(run, batch, *args))
+    names = _accumulated_names(run)
+    cache = WindowCache(task, run.streams, run.keep_states, WINDOW_CACHE_BYTES,
+                        {s: p for s, (_, p) in names.items()})
+    batch = _AutodiffBatch(task, cache)
+
+    def block_arrays(block):
+        block.setdefault("wpath", np.zeros((block["prompt"].shape[0], task.max_len),
+                                           dtype=np.int64))
+        return _block_arrays(run, cache, block)
+
+    run.walk(("hist", "H", "G"), block_arrays,
+             lambda *args: _complete(run, cache, batch, *args), _descend)
     run.grad_ad += batch.flush()
+    cache.flush()
+    for s, (attrs, _) in names.items():
+        run.moments[run.streams[s][0]].add_sums(**dict(zip(attrs, cache.sums[s])))
     return run.finish()

@@ -60,7 +60,7 @@ class Moments:
             self.cond_mean_max = np.maximum(self.cond_mean_max,
                                             np.abs(cond_mean[live]).max(axis=0))
 
-    def _centered(self, R):
+    def centered(self, R):
         """``R - r0`` (fixing ``r0`` at the first reward seen)."""
         if self.r0 is None and len(R):
             self.r0 = float(R[0])
@@ -70,7 +70,7 @@ class Moments:
         """Responses: weights ``w (M,)``, rewards ``R (M,)``, scores ``hist (M, T, P)``,
         path sums ``g (M, P)``, policy probabilities ``w_policy (M,)`` (importance weights)."""
         h = hist.sum(axis=1)  # (M, P)
-        R = self._centered(R)
+        R = self.centered(R)
         h2 = h * h
         self.mass += w.sum()
         self.R += w @ R
@@ -90,85 +90,16 @@ class Moments:
         self.is_Rh += (rho_w * R) @ h
         self.is_h += rho_w @ h
 
-    def add_responses_grouped(self, w, R, h, w_policy, starts, g_par, hist_par, xi, depth):
-        r"""Responses ending at one block's children (rows sorted by parent).
-
-        Args:
-            w, R, w_policy: ``(C,)`` weights, rewards, policy probabilities.
-            h: ``(C, P)`` each response's own score sum.
-            starts: ``(Pn,)`` first row of each parent's group.
-            g_par: ``(Pn, P)`` path sum of ``m``, shared by a parent's responses.
-            hist_par: ``(Pn, depth, P)`` scores :math:`\xi_u`, ``u < depth``, shared
-                by a parent's responses.
-            xi: ``(C, P)`` score of each response's last token (slot ``depth``).
-
-        :math:`h`, :math:`h^2`, :math:`h^4`, :math:`Ah` are summed response by
-        response. Path sums and cross terms use the distributive law on the same
-        finite sum: :math:`\sum_{a} w_a \xi_u\xi_t(a) = \xi_u \sum_a w_a\xi_t(a)`
-        when every response of the group shares :math:`\xi_u` (and ``g``).
-        """
-        R = self._centered(R)
-        wR = w * R
-        rho_w = importance_weighted(w, w_policy)  # (C,)
-        self.mass += w.sum()
-        self.R += w @ R
-        self.R2 += wR @ R
-        # one pass over h for four weighted sums (a (4, C) @ (C, P) product)
-        Eh, ERh, Erh, ErRh = np.stack([w, wR, rho_w, rho_w * R]) @ h  # (P,) each
-        self.h += Eh
-        self.Rh += ERh
-        self.is_h += Erh
-        self.is_Rh += ErRh
-        h2 = h * h  # (C, P)
-        Eh2, ERh2, ER2h2 = np.stack([w, wR, wR * R]) @ h2  # (P,) each
-        self.h2 += Eh2
-        self.Rh2 += ERh2
-        self.R2h2 += ER2h2
-        self.h4 += _wsum(w, h2, h2)
-        del h2
-        G, k = len(starts), len(w) // len(starts)
-        equal = k * G == len(w) and np.array_equal(starts, np.arange(G) * k)
-        if equal:  # every group has k rows: sums over a group are a batched contraction
-            wg, xg = w.reshape(G, k), xi.reshape(G, k, -1)  # (G, k), (G, k, P)
-            Wg = wg.sum(axis=1)  # (G,) group weights
-        else:
-            Wg = np.add.reduceat(w, starts)  # (G,)
-        self.g += Wg @ g_par
-        self.g2 += _wsum(Wg, g_par, g_par)
-        d = depth
-        xi2 = xi * xi  # (C, P)
-        self.cross[d, d] += w @ xi2
-        self.cross4[d, d] += _wsum(w, xi2, xi2)
-        if d == 0:
-            return
-        if equal:
-            X1 = np.einsum("gk,gkp->gp", wg, xg)  # (G, P): sum_a w_a xi_d(a) per group
-            X2 = np.einsum("gk,gkp->gp", wg, xi2.reshape(G, k, -1))  # sum_a w_a xi_d(a)^2
-        else:
-            X1 = np.add.reduceat(w[:, None] * xi, starts)  # (G, P)
-            X2 = np.add.reduceat(w[:, None] * xi2, starts)  # (G, P)
-        for u in range(d):
-            hu = hist_par[:, u]  # (G, P)
-            c, c4 = np.einsum("gp,gp->p", hu, X1), _wsum(None, hu * hu, X2)
-            self.cross[u, d] += c
-            self.cross[d, u] += c
-            self.cross4[u, d] += c4
-            self.cross4[d, u] += c4
-            for t in range(u, d):
-                ht = hist_par[:, t]  # (G, P)
-                c, c4 = _wsum(Wg, hu, ht), _wsum(Wg, hu * hu, ht * ht)
-                self.cross[u, t] += c
-                self.cross4[u, t] += c4
-                if t != u:
-                    self.cross[t, u] += c
-                    self.cross4[t, u] += c4
-
-
-def _wsum(w, a, b):
-    r""":math:`\sum_c w_c a_{c,p} b_{c,p}` (``w=None``: unweighted) without a ``(C, P)`` temporary."""
-    if w is None:
-        return np.einsum("cp,cp->p", a, b)
-    return np.einsum("c,cp,cp->p", w, a, b, optimize=False)
+    def add_sums(self, cross=None, cross4=None, **sums):
+        """Add sums over responses computed elsewhere (the fast engine's regrouped
+        sums): ``sums`` maps attribute names (``mass``, ``R``, ``h``, ``h2``, ...) to
+        values; ``cross``, ``cross4`` ``(n, n, P)`` add to the leading ``n x n`` slots."""
+        for name, value in sums.items():
+            setattr(self, name, getattr(self, name) + value)
+        if cross is not None:
+            n = cross.shape[0]
+            self.cross[:n, :n] += cross
+            self.cross4[:n, :n] += cross4
 
 
 @dataclass

@@ -36,8 +36,8 @@ from .sensitivities import sensitivities
 from .token_fisher import mean_sensitivity
 
 __all__ = ["REACH", "BlockArrays", "topk_center", "check_topk", "stream_specs", "check_logits",
-           "model_probs", "checked_sensitivities", "check_support", "autodiff_gradient", "plan",
-           "children", "Run"]
+           "model_probs", "checked_sensitivities", "check_support", "autodiff_gradient",
+           "reward_gradient", "plan", "children", "Run"]
 
 # Block key of the reach probability under each distribution a stream draws from.
 REACH = {"p": "rp", "q": "rq"}
@@ -137,18 +137,31 @@ def check_support(block, p, q):
 def autodiff_gradient(task, theta, tokens, lengths, prompt_len, weights, R):
     r"""grad_theta of :math:`\sum_m w_m \prod_t p(y_t|s_t) R_m` over responses (autograd).
 
-    The logits of each distinct window are evaluated once and gathered (the same
-    function of theta, without repeated rows). Slots past a response's end are
-    dropped with a ``where``, not multiplied by 0: a slot's log-probability may be
-    ``-inf`` (a masked token), and ``0 * -inf`` is NaN."""
+    The windows of every response's states are listed and made distinct
+    (``numpy.unique``), then :func:`reward_gradient` differentiates."""
     M, T = tokens.shape[0], task.max_len
     t = np.arange(T)[None, :]
     live = t < (lengths - prompt_len)[:, None]  # (M, T) slots holding a generated token
     state_len = np.minimum(prompt_len[:, None] + t, lengths[:, None] - 1)  # (M, T)
     W = task.model.windows(np.repeat(tokens, T, axis=0), state_len.ravel())  # (M*T, k)
     Wu, inv = np.unique(W, axis=0, return_inverse=True)  # (U, k), (M*T,)
-    nxt = tokens[np.arange(M)[:, None], state_len].ravel()  # (M*T,)
-    flat = inv.ravel() * task.model.vocab_size + nxt  # (M*T,) into the (U*V,) log-probs
+    nxt = tokens[np.arange(M)[:, None], state_len]  # (M, T)
+    return reward_gradient(task, theta, Wu, inv.reshape(M, T), nxt, live, weights, R)
+
+
+def reward_gradient(task, theta, Wu, win, nxt, live, weights, R):
+    r"""grad_theta of :math:`\sum_m w_m \exp(\sum_{t\,\text{live}} \log p(y_{m,t} | s_{m,t})) R_m`.
+
+    Args:
+        Wu: ``(U, k)`` distinct windows; their logits are evaluated once.
+        win, nxt: ``(M, T)`` window (row of ``Wu``) and next token of every slot.
+        live: ``(M, T)`` slots holding a generated token; the others are dropped with
+            a ``where``, not multiplied by 0 (a slot's log-probability may be
+            ``-inf``, a masked token, and ``0 * -inf`` is NaN).
+        weights, R: ``(M,)`` prompt weights and rewards.
+    """
+    M, T = win.shape
+    flat = (win * task.model.vocab_size + nxt).ravel()  # (M*T,) into the (U*V,) log-probs
 
     def expected_reward(th):
         lp = anp.reshape(log_softmax(task.model.logits(th, Wu)), (-1,))[flat]  # (M*T,)
@@ -214,33 +227,37 @@ class Run:
         self.width = max(len(p) for p in task.prompts) + T - 1  # longest state
         self.bar = Progress(self.cost.n_states, "exact enumeration", enabled=progress)
 
-    def walk(self, carried, block_arrays, complete):
+    def walk(self, carried, block_arrays, complete, descend=None):
         """Visit every state depth-first (then call :meth:`finish`).
 
         Args:
             carried: per-stream arrays each state carries (names in ``PER_STREAM``).
             block_arrays: ``block -> BlockArrays``; adds the block's token-level terms.
-            complete: ``(block, arrs, par, xi, done)`` adds the complete responses
-                ``done`` of a block (see :func:`children`).
+            complete: ``(block, arrs, idx)`` adds the complete responses, children
+                ``idx`` (rows ``b*V + a``, sorted) of the block.
+            descend: optional ``(block, par, child)``, to pass more on to the children.
         """
         stack = [root_block(self.task, len(self.streams), carried)]
         for block in depth_first(stack, self.cost.chunk):
             arrs = block_arrays(block)
             term = terminal(self.task, block)  # (B*V,)
             if term.any():  # complete responses
-                par, xi, done = children(self.task, block, np.flatnonzero(term), arrs)
-                complete(block, arrs, par, xi, done)
+                complete(block, arrs, np.flatnonzero(term))
             if not term.all():
                 par, xi, child = children(self.task, block, np.flatnonzero(~term), arrs)
                 child.update(carry(block, par, xi, arrs.G))
+                if descend is not None:
+                    descend(block, par, child)
                 stack.append(child)
 
-    def add_states(self, block, ms, conds):
-        """Token-level terms of a block: ``ms``, ``conds`` are ``S`` arrays ``(B, P)``,
-        the token second moment ``m`` and :math:`E[\\xi | s]` of each stream."""
+    def add_states(self, reach, ms, conds, depth, n_states):
+        """Token-level terms: ``reach`` maps ``"p"``, ``"q"`` to ``(B,)`` reach
+        probabilities, ``ms``, ``conds`` are ``S`` arrays ``(B, P)``, the token second
+        moment ``m`` and :math:`E[\\xi | s]` of each stream (rows may be states or
+        distinct windows with their summed reach); ``n_states`` advances the bar."""
         for s, (name, wname, _) in enumerate(self.streams):
-            self.moments[name].add_states(block[REACH[wname]], ms[s], conds[s], block["depth"])
-        self.bar.update(block["prompt"].shape[0])
+            self.moments[name].add_states(reach[wname], ms[s], conds[s], depth)
+        self.bar.update(n_states)
 
     def keep_state_arrays(self, block, p, q, values):
         """Record a block's states (``values``: name -> ``(B, P)``) if states are kept."""

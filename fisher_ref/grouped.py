@@ -1,0 +1,189 @@
+r"""The sums over one block's complete responses, regrouped (the fast engine).
+
+The complete responses of a block are the terminal children :math:`(g, a)` of
+its ``B`` parents; every parent has the same terminal tokens ``K`` (all ``V``
+tokens at depth ``T - 1``, EOS alone before). Response :math:`(g, a)` has weight
+:math:`w_{g,a} = r_g\,q_a(g)` (the parent's reach times the token's
+probability), reward :math:`R_{g,a}`, and score sum
+:math:`h_{g,a} = H_g + \xi_{g,a}`: the parent's running sum plus the score of
+the last token, a row of the parent's window. Each power of :math:`h` is
+expanded by the binomial theorem and the sum over responses distributes over
+the terms (for any weights :math:`c`, ``n = 1, 2`` and for :math:`w` up to 4):
+
+.. math::
+
+   \sum_{g,a} c_{g,a} h_{g,a}^n
+   = \sum_{l=0}^{n} \binom{n}{l} \sum_g H_g^{\,n-l} \odot \sum_a c_{g,a}\,\xi_{g,a}^{\,l}.
+
+These are the same finite sums over responses, with each response's own
+weight and reward; no identity of docs/theory.md §2.9 (vanishing conditional
+means, probabilities summing to 1) is used. Where the weight factorises,
+:math:`\sum_a w_{g,a}\xi_{g,a}^l = r_g\,y_l(u_g)` with the per-window sums
+:math:`y_l(u) = \sum_a q_a(u)\,\xi_{u,a}^l`; the reward-weighted products
+:math:`\sum_a c_{g,a}\xi_{g,a}` are one matrix product per window; the pure
+:math:`\sum c\,\xi^2` terms of reward weights are collected per (window,
+token) by :class:`fisher_ref.window_cache.WindowCache`.
+
+Rounding: a response's expanded terms can be larger than its :math:`h^n`
+(:math:`H \approx -\xi`), so the error of a sum is of order
+:math:`\epsilon\,\sum c\,(|H| + |\xi|)^n` rather than
+:math:`\epsilon \sum c\,h^n`; for nonnegative weights, and since
+:math:`E[h^2] = E[H^2] + E[\xi^2]` on a centered stream, that is a few
+:math:`\epsilon` relative. tests/test_fast_paths.py holds every result to the
+plain engine at 1e-10.
+
+Cross terms (:math:`E[\xi_u\xi_t]`, :math:`E[\xi_u^2\xi_t^2]`) use the
+responses' shared history: the parents of a block are in prefix order, and
+parents with the same first ``t + 1`` generated tokens share
+:math:`\xi_0..\xi_t`, so their weights are summed (``numpy.add.reduceat``)
+before they are multiplied by the shared scores.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["parent_powers", "window_products", "prefix_starts", "history_cross", "level_sums"]
+
+
+def parent_powers(a, s, xi, rows, K, r, w):
+    r""":math:`X_l = \sum_{a \in K} w_{g,a}\,\xi_{g,a}^{\,l}`, ``l = 1..4``: ``(4, B, P)``.
+
+    Args:
+        a: the window cache's arrays; ``s`` the stream; ``xi`` its ``(n, V, P)`` scores.
+        rows: ``(B,)`` cache row of each parent's window; ``K``: ``(k,)`` terminal tokens.
+        r: ``(B,)`` parents' reach; ``w``: ``(B, k)`` the responses' weights.
+    """
+    if len(K) == xi.shape[1]:  # every token ends a response: w = r q factorises
+        return np.stack([r[:, None] * a[f"y{s}_{n}"][rows] for n in range(1, 5)])
+    x = xi[rows][:, K]  # (B, k, P)
+    x2 = x * x
+    return np.stack([np.einsum("bk,bkp->bp", w, x), np.einsum("bk,bkp->bp", w, x2),
+                     np.einsum("bk,bkp,bkp->bp", w, x2, x),
+                     np.einsum("bk,bkp,bkp->bp", w, x2, x2)])  # (4, B, P)
+
+
+def window_products(C, xi, rows, K):
+    r""":math:`Z_{g,i} = \sum_{a \in K} C_{g,i,a}\,\xi_{g,a}`: ``(B, n, P)``.
+
+    Args:
+        C: ``(B, n, k)`` weights of each parent's responses.
+        xi: ``(m, V, P)`` scores of the cached windows; ``rows``: ``(B,)``; ``K``: ``(k,)``.
+
+    With every token terminal, the parents are grouped by window and each group
+    is one matrix product with its window's ``(V, P)`` scores.
+    """
+    B, n, k = C.shape
+    if k != xi.shape[1]:
+        return np.einsum("bik,bkp->bip", C, xi[rows][:, K])
+    Z = np.empty((B, n, xi.shape[2]))
+    order = np.argsort(rows, kind="stable")  # (B,)
+    srt = rows[order]
+    cuts = np.flatnonzero(np.r_[True, srt[1:] != srt[:-1], True])
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        if hi - lo == 1:
+            b = order[lo]
+            np.dot(C[b], xi[srt[lo]], out=Z[b])
+        else:
+            idx = order[lo:hi]
+            Z[idx] = (C[idx].reshape(-1, k) @ xi[srt[lo]]).reshape(hi - lo, n, -1)
+    return Z
+
+
+def prefix_starts(prompt, gen):
+    """First row of each run of parents sharing their prompt and first ``t + 1``
+    generated tokens, for ``t = 0..d-1``.
+
+    Args:
+        prompt: ``(B,)`` prompt index; ``gen``: ``(B, d)`` generated tokens.
+
+    Example:
+        >>> [s.tolist() for s in prefix_starts(np.zeros(3, int), np.array([[1, 1], [1, 2], [2, 1]]))]
+        [[0, 2], [0, 1, 2]]
+    """
+    new = np.r_[True, prompt[1:] != prompt[:-1]]  # (B,)
+    out = []
+    for t in range(gen.shape[1]):
+        new[1:] |= gen[1:, t] != gen[:-1, t]
+        out.append(np.flatnonzero(new))
+    return out
+
+
+def history_cross(hist, W, X1, X2, starts):
+    r"""Cross terms of the responses ending under ``B`` parents at depth ``d``:
+    ``(c, c4)``, each ``(d + 1, d + 1, P)``, slot ``[d, d]`` left 0.
+
+    .. math::
+
+       c_{u,t} = \sum_g W_g\,\xi_u(g)\,\xi_t(g),\quad
+       c_{u,d} = \sum_g \xi_u(g) \odot X_{1,g} \qquad (u \le t < d),
+
+    and :math:`c^{(4)}` the same with squared scores and :math:`X_2`.
+
+    Args:
+        hist: ``(B, d, P)`` the parents' scores :math:`\xi_0..\xi_{d-1}`.
+        W: ``(B,)`` total weight of each parent's complete responses.
+        X1, X2: ``(B, P)`` :math:`\sum_a w_a \xi_d(a)` and :math:`\sum_a w_a \xi_d(a)^2`.
+        starts: :func:`prefix_starts` of the parents.
+    """
+    B, d, P = hist.shape
+    c, c4 = np.zeros((d + 1, d + 1, P)), np.zeros((d + 1, d + 1, P))
+    for t in range(d, -1, -1):
+        if t == d:  # the last slot: the per-parent sums X1, X2
+            v1, v2 = X1, X2
+        else:
+            ht = hist[starts[t], t]  # (n_t, P)
+            Wt = np.add.reduceat(W, starts[t])  # (n_t,)
+            v1 = Wt[:, None] * ht  # (n_t, P)
+            v2 = v1 * ht
+        lvl = d - 1 if t == d else t  # the run level of v1, v2
+        for u in range(min(t, d - 1), -1, -1):
+            if u < lvl:  # sum the runs of level u + 1 into those of level u
+                pos = np.searchsorted(starts[lvl], starts[u])
+                v1, v2, lvl = np.add.reduceat(v1, pos), np.add.reduceat(v2, pos), u
+            hu = hist[starts[u], u]  # (n_u, P)
+            c[u, t] = np.einsum("gp,gp->p", hu, v1)
+            c4[u, t] = np.einsum("gp,gp,gp->p", hu, hu, v2)
+            c[t, u], c4[t, u] = c[u, t], c4[u, t]
+    return c, c4
+
+
+def level_sums(H, G, hist, w, Rc, rho_w, X, Z, starts):
+    r"""Every response-level sum of one stream over a block's complete responses.
+
+    Args:
+        H, G: ``(B, P)`` parents' running score sums and path sums of ``m`` (their own
+            included).
+        hist: ``(B, d, P)`` parents' scores; ``starts``: :func:`prefix_starts`.
+        w, Rc: ``(B, k)`` weights and rewards (relative to the stream's ``r0``).
+        rho_w: ``(B, k)`` importance-weighted weights, or ``None`` when the stream is
+            drawn from the policy (then :math:`\rho w = w`).
+        X: :func:`parent_powers`; Z: :func:`window_products` of ``[w R, w R^2]``.
+
+    Returns:
+        ``{name: sum}`` for :meth:`fisher_ref.results.Moments.add_sums`, without the
+        per-(window, token) terms :math:`\sum c\,\xi^2` (``c = wR, wR^2``) and
+        :math:`\sum \rho w\,\xi`, :math:`\sum \rho w R\,\xi`, which are accumulated.
+    """
+    wR = w * Rc  # (B, k)
+    W, WR, WR2 = w.sum(axis=1), wR.sum(axis=1), (wR * Rc).sum(axis=1)  # (B,) each
+    X1, X2, X3, X4 = X
+    H2 = H * H  # (B, P)
+    lin = np.stack([W, WR]) @ H  # (2, P)
+    quad = np.stack([W, WR, WR2]) @ H2  # (3, P)
+    mix = np.einsum("bp,bip->ip", H, np.concatenate([X1[:, None], Z], axis=1))  # (3, P)
+    S1, S2, S4 = X1.sum(axis=0), X2.sum(axis=0), X4.sum(axis=0)  # (P,) each
+    h4 = W @ (H2 * H2) + 4 * np.einsum("bp,bp,bp->p", H2, H, X1) \
+        + 6 * np.einsum("bp,bp->p", H2, X2) + 4 * np.einsum("bp,bp->p", H, X3) + S4
+    out = {"mass": W.sum(), "R": WR.sum(), "R2": WR2.sum(),
+           "h": lin[0] + S1, "Rh": lin[1] + Z[:, 0].sum(axis=0),
+           "h2": quad[0] + 2 * mix[0] + S2, "Rh2": quad[1] + 2 * mix[1],
+           "R2h2": quad[2] + 2 * mix[2], "h4": h4,
+           "g": W @ G, "g2": np.einsum("b,bp,bp->p", W, G, G)}
+    if rho_w is None:
+        out["is_h"], out["is_Rh"] = out["h"], out["Rh"]
+    else:
+        out["is_h"], out["is_Rh"] = np.stack([rho_w.sum(axis=1), (rho_w * Rc).sum(axis=1)]) @ H
+    c, c4 = history_cross(hist, W, X1, X2, starts)
+    c[-1, -1], c4[-1, -1] = S2, S4
+    out["cross"], out["cross4"] = c, c4
+    return out

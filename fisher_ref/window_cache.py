@@ -1,0 +1,203 @@
+r"""Per-window arrays of the fast exact engine, computed once per distinct window.
+
+A state enters every per-state quantity only through its window (the ``k``
+tokens the model reads, docs/theory.md §7.5): its probabilities ``p``, ``mu``,
+its sensitivities :math:`j`, the centers, the scores
+:math:`\xi_{i,a} = j_{i,a} - c_i` of every candidate token, the token moments.
+:class:`WindowCache` computes them once per distinct window and serves them to
+every state that ends in it:
+
+- every distinct window gets an id for the whole run (:meth:`WindowCache.ids`);
+  the window of an id stays known (:meth:`WindowCache.windows_of`), so the
+  autodiff gradient reuses the ids the walk already has;
+- the per-window arrays live in a cache of bounded size (:meth:`WindowCache.rows`),
+  emptied when a block's new windows would not fit;
+- sums of the form :math:`\sum_{(g, a)} c_{g,a}\,\xi_{u_g, a}^{\,j}` over the
+  complete responses of many blocks are collected as weights per (window, token)
+  (:meth:`WindowCache.accumulate`) and contracted with the window's scores once,
+  when the window leaves the cache: the distributive law on the same finite sum.
+
+Per-window arrays (``U`` windows; streams ``s`` as in :mod:`fisher_ref.walk`):
+
+- ``p``, ``q`` ``(U, V)``: the policy's and the sampler's next-token probabilities;
+- ``xi{c}`` ``(U, V, P)``: the score of every token under center ``c``;
+- ``m{s}`` ``(U, P)``: the token moment :math:`\sum_a q_a (j_a - c)^2` of stream ``s``;
+- ``y{s}_{n}`` ``(U, P)``, ``n = 1..4``: :math:`\sum_a q_a \xi_a^n` (``y{s}_1`` is
+  :math:`E[\xi \mid s]`);
+- ``uniform`` ``(U, P)`` when states are kept (:func:`uniform_token_fisher`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .token_fisher import mean_sensitivity, token_second_moment, uniform_token_fisher
+from .walk import checked_sensitivities, model_probs, topk_center
+
+__all__ = ["WindowCache"]
+
+# Elements of one window chunk's (V, P) score array processed at a time (about 2 MiB:
+# the passes over it stay in cache).
+_CHUNK_ELEMENTS = 2 ** 18
+
+
+class WindowCache:
+    r"""Per-window arrays of a run, computed once per distinct window (module docstring).
+
+    Args:
+        task: the :class:`fisher_ref.tasks.Task`.
+        streams: ``(name, drawn from, centered at)`` of each stream.
+        keep_states: also compute what the kept per-state records need.
+        budget: bytes of per-window arrays to keep between blocks (speed only).
+        powers: ``{stream: (n_1, n_2, ...)}``, the power of :math:`\xi` each of the
+            stream's accumulated weights is contracted with (:meth:`accumulate`).
+    """
+
+    def __init__(self, task, streams, keep_states, budget, powers):
+        self.task, self.streams, self.keep = task, streams, keep_states
+        V, P = task.model.vocab_size, task.model.num_params
+        self.centers = list(dict.fromkeys(c for _, _, c in streams))
+        self.shapes = {"p": (V,), "q": (V,)}
+        self.shapes.update({f"xi{c}": (V, P) for c in self.centers})
+        for s in range(len(streams)):
+            self.shapes.update({f"m{s}": (P,), **{f"y{s}_{n}": (P,) for n in range(1, 5)}})
+        if keep_states:
+            self.shapes["uniform"] = (P,)
+        self.powers = {s: np.array(p, dtype=int) for s, p in powers.items()}
+        per = 8 * sum(int(np.prod(sh)) for sh in self.shapes.values())
+        per += 8 * V * sum(len(p) for p in self.powers.values())
+        self.capacity = max(1, budget // per)
+        # window entries lie in -1..V (-1 pads a model's whole-history window)
+        k = task.model.context
+        self.exact_keys = (V + 2) ** k < 2 ** 62
+        self.base = ((V + 2) ** np.arange(k)).astype(np.int64) if self.exact_keys else None
+        self.key_id, self.table, self.n_ids = {}, np.zeros((64, k), dtype=np.int64), 0
+        self.row_of = np.full(64, -1, dtype=np.int64)  # (n_ids,) cache row of each id
+        self.sums = {s: np.zeros((len(p), P)) for s, p in self.powers.items()}
+        self.arrays, self.acc, self.size, self.n = {}, {}, 0, 0
+
+    # ------------------------------------------------------------ ids
+
+    def ids(self, W):
+        """Run-wide id of each window of ``W (B, k)``: ``(B,)`` int64."""
+        if self.exact_keys:
+            keys = ((W + 1) @ self.base).tolist()  # (B,)
+        else:
+            keys = [tuple(r) for r in W.tolist()]
+        out = np.empty(len(keys), dtype=np.int64)
+        for i, key in enumerate(keys):
+            j = self.key_id.get(key)
+            if j is None:
+                j = self.key_id[key] = self._new_id(W[i])
+            out[i] = j
+        return out
+
+    def _new_id(self, window):
+        if self.n_ids == len(self.table):
+            self.table = np.concatenate([self.table, np.zeros_like(self.table)])
+            self.row_of = np.concatenate([self.row_of, np.full(len(self.row_of), -1)])
+        self.table[self.n_ids] = window
+        self.n_ids += 1
+        return self.n_ids - 1
+
+    def windows_of(self, ids):
+        """The windows ``(len(ids), k)`` of run-wide ids."""
+        return self.table[ids]
+
+    # ------------------------------------------------------------ cached arrays
+
+    def rows(self, ids):
+        """Cache row ``(B,)`` of each id, computing the windows not cached yet.
+
+        Rows stay valid until the next call (which may empty the cache).
+        """
+        new = np.unique(ids[self.row_of[ids] < 0])  # (U_new,)
+        if len(new):
+            if self.n + len(new) > self.capacity:
+                self.flush()
+                new = np.unique(ids)
+            self._grow(self.n + len(new))
+            lo, hi = self.n, self.n + len(new)
+            self._compute(self.table[new], lo)
+            self.row_of[new] = np.arange(lo, hi)
+            self.n = hi
+        return self.row_of[ids]
+
+    def _grow(self, n):
+        """Room for ``n`` rows (doubling; past the capacity only when one block needs it)."""
+        if n <= self.size:
+            return
+        size = max(n, min(self.capacity, max(64, 2 * self.size)))
+        for name, shape in self.shapes.items():
+            old, self.arrays[name] = self.arrays.get(name), np.empty((size,) + shape)
+            if old is not None:
+                self.arrays[name][:self.n] = old[:self.n]
+        for s, p in self.powers.items():
+            old, self.acc[s] = self.acc.get(s), np.zeros((size, len(p), self.shapes["p"][0]))
+            if old is not None:
+                self.acc[s][:self.n] = old[:self.n]
+        self.size = size
+
+    def _compute(self, Wu, lo):
+        """Arrays of the distinct windows ``Wu (U, k)`` into rows ``lo..lo+U``."""
+        task, a = self.task, self.arrays
+        pu, qu = model_probs(task, task.theta, Wu)  # (U, V) each
+        J = checked_sensitivities(task, Wu)  # (U, P, V)
+        a["p"][lo:lo + len(Wu)], a["q"][lo:lo + len(Wu)] = pu, qu
+        step = max(1, _CHUNK_ELEMENTS // (J.shape[1] * J.shape[2]))
+        for i in range(0, len(Wu), step):
+            r = slice(lo + i, lo + min(i + step, len(Wu)))
+            self._compute_chunk(pu[i:i + step], qu[i:i + step], J[i:i + step], r)
+
+    def _compute_chunk(self, p, q, J, r):
+        """Centers, scores and moments of a few windows (``J (u, P, V)``) into rows ``r``."""
+        a, dist = self.arrays, {"p": p, "q": q}
+        jbar = {"p": mean_sensitivity(p, J), "q": mean_sensitivity(q, J)}  # (u, P)
+        center = {c: jbar[c] if isinstance(c, str) else topk_center(q, J, c)
+                  for c in self.centers}  # (u, P) each
+        for c in self.centers:
+            a[f"xi{c}"][r] = (J - center[c][:, :, None]).transpose(0, 2, 1)  # (u, V, P)
+        for s, (_, wname, c) in enumerate(self.streams):
+            d, xi = dist[wname], a[f"xi{c}"][r]  # (u, V), (u, V, P)
+            a[f"m{s}"][r] = token_second_moment(d, J, center[c])  # (u, P)
+            x2 = xi * xi  # (u, V, P)
+            a[f"y{s}_1"][r] = np.einsum("uv,uvp->up", d, xi)
+            a[f"y{s}_2"][r] = np.einsum("uv,uvp->up", d, x2)
+            a[f"y{s}_3"][r] = np.einsum("uv,uvp,uvp->up", d, x2, xi)
+            a[f"y{s}_4"][r] = np.einsum("uv,uvp,uvp->up", d, x2, x2)
+        if self.keep:
+            a["uniform"][r] = uniform_token_fisher(J)
+
+    # ------------------------------------------------------------ accumulated sums
+
+    def accumulate(self, s, rows, tokens, weights):
+        r"""Add weights ``(B, n, k)`` of tokens ``(k,)`` at rows ``(B,)`` for stream ``s``:
+        at :meth:`flush`, entry ``i`` becomes
+        :math:`\sum_{b,a} w_{b,i,a}\,\xi_{\text{row}_b, a}^{\,n_i}` in ``sums[s][i]``."""
+        acc = self.acc[s]  # (size, n, V)
+        n = weights.shape[1]
+        idx = (rows[:, None, None] * n + np.arange(n)[None, :, None]) * acc.shape[2] \
+            + tokens[None, None, :]  # (B, n, k)
+        np.add.at(acc.reshape(-1), idx.ravel(), weights.ravel())
+
+    def flush(self):
+        """Contract every cached window's accumulated weights with its scores, then
+        empty the cache."""
+        for s, powers in self.powers.items():
+            xi, acc = self.arrays.get(f"xi{self.streams[s][2]}"), self.acc.get(s)
+            if xi is None:
+                continue
+            V, P = xi.shape[1:]
+            step = max(1, _CHUNK_ELEMENTS // (V * P))
+            for lo in range(0, self.n, step):
+                hi = min(lo + step, self.n)
+                x, A = xi[lo:hi], acc[lo:hi]  # (u, V, P), (u, n, V)
+                xn = x.copy()
+                for n in range(1, powers.max() + 1):
+                    if n > 1:
+                        xn *= x
+                    sel = np.flatnonzero(powers == n)
+                    if len(sel):
+                        self.sums[s][sel] += np.einsum("uiv,uvp->ip", A[:, sel], xn)
+            acc[:self.n] = 0.0
+        self.row_of[:self.n_ids] = -1
+        self.n = 0
