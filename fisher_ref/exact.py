@@ -77,9 +77,11 @@ def _block_arrays(run, cache, block):
     """A block's per-state arrays, gathered from the per-window cache; adds its
     token-level terms (summed per distinct window) and keeps its state records."""
     task, S = run.task, len(run.streams)
+    B, d = block["prompt"].shape[0], block["depth"]
     W = task.model.windows(block["tokens"], block["length"])  # (B, k)
     block["wid"] = cache.ids(W)  # (B,) run-wide window ids
-    rows = cache.rows(block["wid"])  # (B,) cache rows
+    both = cache.rows(np.concatenate([block["wid"], block["wpath"][:, :d].ravel()]))
+    rows, block["path_rows"] = both[:B], both[B:].reshape(B, d)  # cache rows of states, ancestors
     a = cache.arrays
     p, q = a["p"][rows], a["q"][rows]  # (B, V)
     if task.sampler is not None:
@@ -99,11 +101,16 @@ def _block_arrays(run, cache, block):
     return BlockArrays(p, q, rows, xiT, block["G"] + ms)  # G: (S, B, P)
 
 
-def _descend(block, par, child):
-    """Children's window-id paths: the parent's, with the parent's own window at slot depth."""
+def _carry(block, par, xi, G):
+    """What the children of parents ``par (C,)`` carry: running score sums ``H (S, C, P)``,
+    path sums ``G (S, C, P)`` (the parents' own ``m`` included), the score of their last
+    token ``last (C, S, P)`` and the run-wide window ids of their ancestors
+    ``wpath (C, T)``."""
+    xi = np.stack(xi)  # (S, C, P)
     path = block["wpath"][par]  # (C, T)
     path[:, block["depth"]] = block["wid"][par]
-    child["wpath"] = path
+    return {"H": block["H"][:, par] + xi, "G": G[:, par], "last": xi.transpose(1, 0, 2),
+            "wpath": path}
 
 
 def _complete(run, cache, batch, block, arrs, idx):
@@ -121,6 +128,7 @@ def _complete(run, cache, batch, block, arrs, idx):
     resp[:, :d], resp[:, d] = np.repeat(gen, k, axis=0), tok
     R = task.reward.batch(resp, np.full(B * k, d + 1), task.prompts, done["prompt"])  # (C,)
     starts = prefix_starts(block["prompt"], gen)
+    prow = block["path_rows"]  # (B, d)
     wp = done["rp"].reshape(B, k)
     for s, (name, wname, c) in enumerate(run.streams):
         mom, xi = run.moments[name], arrs.xiT[s]
@@ -130,8 +138,11 @@ def _complete(run, cache, batch, block, arrs, idx):
         rho_w = importance_weighted(w, wp) if wname == "q" else None
         X = parent_powers(cache.arrays, s, xi, arrs.rows, K, block[REACH[wname]], w)
         Z = window_products(np.stack([wR, wR * Rc], axis=1), xi, arrs.rows, K)  # (B, 2, P)
-        mom.add_sums(**level_sums(block["H"][s], arrs.G[s], block["hist"][s, :, :d], w, Rc,
-                                  rho_w, X, Z, starts))
+
+        def hist_at(t, at, s=s, xi=xi):  # the parents' score xi_t, rows ``at``
+            return block["last"][at, s] if t == d - 1 else xi[prow[at, t], gen[at, t]]
+
+        mom.add_sums(**level_sums(block["H"][s], arrs.G[s], hist_at, w, Rc, rho_w, X, Z, starts))
         acc = [wR, wR * Rc] if rho_w is None else [rho_w, rho_w * Rc, wR, wR * Rc]
         cache.accumulate(s, arrs.rows, K, np.stack(acc, axis=1))
     path = np.repeat(block["wpath"], k, axis=0)  # (C, T)
@@ -186,12 +197,14 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     batch = _AutodiffBatch(task, cache)
 
     def block_arrays(block):
-        block.setdefault("wpath", np.zeros((block["prompt"].shape[0], task.max_len),
-                                           dtype=np.int64))
+        if "wpath" not in block:  # the root: nothing generated yet
+            n, S, P = block["prompt"].shape[0], len(run.streams), task.model.num_params
+            block.update(wpath=np.zeros((n, task.max_len), dtype=np.int64),
+                         last=np.zeros((n, S, P)))
         return _block_arrays(run, cache, block)
 
-    run.walk(("hist", "H", "G"), block_arrays,
-             lambda *args: _complete(run, cache, batch, *args), _descend)
+    run.walk(("H", "G"), block_arrays, lambda *args: _complete(run, cache, batch, *args),
+             _carry)
     run.grad_ad += batch.flush()
     cache.flush()
     for s, (attrs, _) in names.items():

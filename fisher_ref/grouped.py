@@ -41,8 +41,10 @@ before they are multiplied by the shared scores.
 from __future__ import annotations
 
 import numpy as np
+from scipy import sparse
 
-__all__ = ["parent_powers", "window_products", "prefix_starts", "history_cross", "level_sums"]
+__all__ = ["parent_powers", "window_products", "prefix_starts", "segment_sum", "history_cross",
+           "level_sums"]
 
 
 def parent_powers(a, s, xi, rows, K, r, w):
@@ -108,7 +110,21 @@ def prefix_starts(prompt, gen):
     return out
 
 
-def history_cross(hist, W, X1, X2, starts):
+def segment_sum(x, starts):
+    """Sums of the runs of rows of ``x (n, ...)`` beginning at ``starts``: ``(len(starts), ...)``.
+
+    Equal runs are summed as a reshape; others by a sparse indicator product
+    (``numpy.add.reduceat`` along the rows is several times slower)."""
+    n = x.shape[0]
+    size = np.diff(np.r_[starts, n])  # (G,)
+    if (size == size[0]).all():
+        return x.reshape((len(starts), size[0]) + x.shape[1:]).sum(axis=1)
+    lab = np.repeat(np.arange(len(starts)), size)  # (n,)
+    S = sparse.csr_matrix((np.ones(n), (lab, np.arange(n))), shape=(len(starts), n))
+    return np.asarray(S @ x.reshape(n, -1)).reshape((len(starts),) + x.shape[1:])
+
+
+def history_cross(hist_at, W, X1, X2, starts):
     r"""Cross terms of the responses ending under ``B`` parents at depth ``d``:
     ``(c, c4)``, each ``(d + 1, d + 1, P)``, slot ``[d, d]`` left 0.
 
@@ -120,40 +136,39 @@ def history_cross(hist, W, X1, X2, starts):
     and :math:`c^{(4)}` the same with squared scores and :math:`X_2`.
 
     Args:
-        hist: ``(B, d, P)`` the parents' scores :math:`\xi_0..\xi_{d-1}`.
+        hist_at: ``(t, rows) -> (len(rows), P)``, the parents' score :math:`\xi_t`.
         W: ``(B,)`` total weight of each parent's complete responses.
         X1, X2: ``(B, P)`` :math:`\sum_a w_a \xi_d(a)` and :math:`\sum_a w_a \xi_d(a)^2`.
-        starts: :func:`prefix_starts` of the parents.
+        starts: :func:`prefix_starts` of the parents (``d`` levels).
     """
-    B, d, P = hist.shape
+    d, P = len(starts), X1.shape[1]
     c, c4 = np.zeros((d + 1, d + 1, P)), np.zeros((d + 1, d + 1, P))
     for t in range(d, -1, -1):
         if t == d:  # the last slot: the per-parent sums X1, X2
             v1, v2 = X1, X2
         else:
-            ht = hist[starts[t], t]  # (n_t, P)
-            Wt = np.add.reduceat(W, starts[t])  # (n_t,)
-            v1 = Wt[:, None] * ht  # (n_t, P)
+            ht = hist_at(t, starts[t])  # (n_t, P)
+            v1 = segment_sum(W, starts[t])[:, None] * ht  # (n_t, P)
             v2 = v1 * ht
         lvl = d - 1 if t == d else t  # the run level of v1, v2
         for u in range(min(t, d - 1), -1, -1):
             if u < lvl:  # sum the runs of level u + 1 into those of level u
                 pos = np.searchsorted(starts[lvl], starts[u])
-                v1, v2, lvl = np.add.reduceat(v1, pos), np.add.reduceat(v2, pos), u
-            hu = hist[starts[u], u]  # (n_u, P)
+                v1, v2, lvl = segment_sum(v1, pos), segment_sum(v2, pos), u
+            hu = hist_at(u, starts[u])  # (n_u, P)
             c[u, t] = np.einsum("gp,gp->p", hu, v1)
             c4[u, t] = np.einsum("gp,gp,gp->p", hu, hu, v2)
             c[t, u], c4[t, u] = c[u, t], c4[u, t]
     return c, c4
 
 
-def level_sums(H, G, hist, w, Rc, rho_w, X, Z, starts):
+def level_sums(H, G, hist_at, w, Rc, rho_w, X, Z, starts):
     r"""Every response-level sum of one stream over a block's complete responses.
 
     Args:
         H, G: ``(B, P)`` parents' running score sums and path sums of ``m`` (their own
             included).
-        hist: ``(B, d, P)`` parents' scores; ``starts``: :func:`prefix_starts`.
+        hist_at: the parents' scores (:func:`history_cross`); ``starts``: :func:`prefix_starts`.
         w, Rc: ``(B, k)`` weights and rewards (relative to the stream's ``r0``).
         rho_w: ``(B, k)`` importance-weighted weights, or ``None`` when the stream is
             drawn from the policy (then :math:`\rho w = w`).
@@ -170,7 +185,7 @@ def level_sums(H, G, hist, w, Rc, rho_w, X, Z, starts):
     H2 = H * H  # (B, P)
     lin = np.stack([W, WR]) @ H  # (2, P)
     quad = np.stack([W, WR, WR2]) @ H2  # (3, P)
-    mix = np.einsum("bp,bip->ip", H, np.concatenate([X1[:, None], Z], axis=1))  # (3, P)
+    mix = [np.einsum("bp,bp->p", H, x) for x in (X1, Z[:, 0], Z[:, 1])]  # (P,) each
     S1, S2, S4 = X1.sum(axis=0), X2.sum(axis=0), X4.sum(axis=0)  # (P,) each
     h4 = W @ (H2 * H2) + 4 * np.einsum("bp,bp,bp->p", H2, H, X1) \
         + 6 * np.einsum("bp,bp->p", H2, X2) + 4 * np.einsum("bp,bp->p", H, X3) + S4
@@ -183,7 +198,7 @@ def level_sums(H, G, hist, w, Rc, rho_w, X, Z, starts):
         out["is_h"], out["is_Rh"] = out["h"], out["Rh"]
     else:
         out["is_h"], out["is_Rh"] = np.stack([rho_w.sum(axis=1), (rho_w * Rc).sum(axis=1)]) @ H
-    c, c4 = history_cross(hist, W, X1, X2, starts)
+    c, c4 = history_cross(hist_at, W, X1, X2, starts)
     c[-1, -1], c4[-1, -1] = S2, S4
     out["cross"], out["cross4"] = c, c4
     return out

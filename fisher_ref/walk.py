@@ -227,7 +227,7 @@ class Run:
         self.width = max(len(p) for p in task.prompts) + T - 1  # longest state
         self.bar = Progress(self.cost.n_states, "exact enumeration", enabled=progress)
 
-    def walk(self, carried, block_arrays, complete, descend=None):
+    def walk(self, carried, block_arrays, complete, carry=carry):
         """Visit every state depth-first (then call :meth:`finish`).
 
         Args:
@@ -235,7 +235,8 @@ class Run:
             block_arrays: ``block -> BlockArrays``; adds the block's token-level terms.
             complete: ``(block, arrs, idx)`` adds the complete responses, children
                 ``idx`` (rows ``b*V + a``, sorted) of the block.
-            descend: optional ``(block, par, child)``, to pass more on to the children.
+            carry: ``(block, par, xi, G) -> dict``, the arrays the children carry
+                (default :func:`fisher_ref.enumeration.carry`).
         """
         stack = [root_block(self.task, len(self.streams), carried)]
         for block in depth_first(stack, self.cost.chunk):
@@ -246,8 +247,6 @@ class Run:
             if not term.all():
                 par, xi, child = children(self.task, block, np.flatnonzero(~term), arrs)
                 child.update(carry(block, par, xi, arrs.G))
-                if descend is not None:
-                    descend(block, par, child)
                 stack.append(child)
 
     def add_states(self, reach, ms, conds, depth, n_states):
