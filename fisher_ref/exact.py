@@ -39,6 +39,9 @@ __all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES"]
 
 # Response-state rows gathered before one autodiff call (fewer calls, bounded memory).
 _AUTODIFF_ROWS = 2 ** 16
+# Elements of a (parents, P) array in one sub-block of complete-response sums (about
+# 512 KiB: the dozens of passes over a sub-block's arrays stay in the CPU cache).
+_SUB_ELEMENTS = 2 ** 16
 # Bytes of per-window arrays kept between blocks (speed only; results do not depend on it).
 WINDOW_CACHE_BYTES = 256 * 2 ** 20
 
@@ -127,24 +130,32 @@ def _complete(run, cache, batch, block, arrs, idx):
     resp = np.full((B * k, task.max_len), -1, dtype=np.int64)  # (C, T)
     resp[:, :d], resp[:, d] = np.repeat(gen, k, axis=0), tok
     R = task.reward.batch(resp, np.full(B * k, d + 1), task.prompts, done["prompt"])  # (C,)
-    starts = prefix_starts(block["prompt"], gen)
-    prow = block["path_rows"]  # (B, d)
     wp = done["rp"].reshape(B, k)
+    per_stream = []
     for s, (name, wname, c) in enumerate(run.streams):
         mom, xi = run.moments[name], arrs.xiT[s]
         w = done[REACH[wname]].reshape(B, k)  # (B, k)
         Rc = mom.centered(R).reshape(B, k)
         wR = w * Rc
         rho_w = importance_weighted(w, wp) if wname == "q" else None
-        X = parent_powers(cache.arrays, s, xi, arrs.rows, K, block[REACH[wname]], w)
-        Z = window_products(np.stack([wR, wR * Rc], axis=1), xi, arrs.rows, K)  # (B, 2, P)
-
-        def hist_at(t, at, s=s, xi=xi):  # the parents' score xi_t, rows ``at``
-            return block["last"][at, s] if t == d - 1 else xi[prow[at, t], gen[at, t]]
-
-        mom.add_sums(**level_sums(block["H"][s], arrs.G[s], hist_at, w, Rc, rho_w, X, Z, starts))
         acc = [wR, wR * Rc] if rho_w is None else [rho_w, rho_w * Rc, wR, wR * Rc]
         cache.accumulate(s, arrs.rows, K, np.stack(acc, axis=1))
+        per_stream.append((mom, xi, w, Rc, rho_w, block[REACH[wname]]))
+    step = max(1, _SUB_ELEMENTS // task.model.num_params)
+    for lo in range(0, B, step):  # parents in sub-blocks: the passes stay in cache
+        sl = slice(lo, lo + step)
+        starts = prefix_starts(block["prompt"][sl], gen[sl])
+        g, prow, last, rows = gen[sl], block["path_rows"][sl], block["last"][sl], arrs.rows[sl]
+        for s, (mom, xi, w, Rc, rho_w, r) in enumerate(per_stream):
+            w, Rc, rho_w = w[sl], Rc[sl], None if rho_w is None else rho_w[sl]
+            X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w)
+            Z = window_products(np.stack([w * Rc, w * Rc * Rc], axis=1), xi, rows, K)  # (b, 2, P)
+
+            def hist_at(t, at, s=s, xi=xi):  # the parents' score xi_t, rows ``at``
+                return last[at, s] if t == d - 1 else xi[prow[at, t], g[at, t]]
+
+            mom.add_sums(**level_sums(block["H"][s, sl], arrs.G[s, sl], hist_at, w, Rc, rho_w, X,
+                                      Z, starts))
     path = np.repeat(block["wpath"], k, axis=0)  # (C, T)
     path[:, d] = np.repeat(block["wid"], k)
     if batch.add(path, resp, d + 1, done["prompt"], R):
@@ -192,8 +203,10 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         return exact_reference(task, **kw)
     run = Run(task, **kw)
     names = _accumulated_names(run)
+    V, k = task.model.vocab_size, task.model.context
     cache = WindowCache(task, run.streams, run.keep_states, WINDOW_CACHE_BYTES,
-                        {s: p for s, (_, p) in names.items()})
+                        {s: p for s, (_, p) in names.items()},
+                        expected=min(run.cost.n_states, (V + 2) ** min(k, 8)))
     batch = _AutodiffBatch(task, cache)
 
     def block_arrays(block):

@@ -48,7 +48,7 @@ __all__ = ["parent_powers", "window_products", "prefix_starts", "segment_sum", "
 
 
 def parent_powers(a, s, xi, rows, K, r, w):
-    r""":math:`X_l = \sum_{a \in K} w_{g,a}\,\xi_{g,a}^{\,l}`, ``l = 1..4``: ``(4, B, P)``.
+    r""":math:`X_l = \sum_{a \in K} w_{g,a}\,\xi_{g,a}^{\,l}`, ``l = 1..4``: four ``(B, P)``.
 
     Args:
         a: the window cache's arrays; ``s`` the stream; ``xi`` its ``(n, V, P)`` scores.
@@ -56,12 +56,11 @@ def parent_powers(a, s, xi, rows, K, r, w):
         r: ``(B,)`` parents' reach; ``w``: ``(B, k)`` the responses' weights.
     """
     if len(K) == xi.shape[1]:  # every token ends a response: w = r q factorises
-        return np.stack([r[:, None] * a[f"y{s}_{n}"][rows] for n in range(1, 5)])
+        return [r[:, None] * a[f"y{s}_{n}"][rows] for n in range(1, 5)]
     x = xi[rows][:, K]  # (B, k, P)
     x2 = x * x
-    return np.stack([np.einsum("bk,bkp->bp", w, x), np.einsum("bk,bkp->bp", w, x2),
-                     np.einsum("bk,bkp,bkp->bp", w, x2, x),
-                     np.einsum("bk,bkp,bkp->bp", w, x2, x2)])  # (4, B, P)
+    return [np.einsum("bk,bkp->bp", w, x), np.einsum("bk,bkp->bp", w, x2),
+            np.einsum("bk,bkp,bkp->bp", w, x2, x), np.einsum("bk,bkp,bkp->bp", w, x2, x2)]
 
 
 def window_products(C, xi, rows, K):
@@ -113,15 +112,23 @@ def prefix_starts(prompt, gen):
 def segment_sum(x, starts):
     """Sums of the runs of rows of ``x (n, ...)`` beginning at ``starts``: ``(len(starts), ...)``.
 
-    Equal runs are summed as a reshape; others by a sparse indicator product
+    Runs of one length (all but perhaps the first and last, where a block cut a
+    run) are summed as a reshape; other patterns by a sparse indicator product
     (``numpy.add.reduceat`` along the rows is several times slower)."""
-    n = x.shape[0]
+    n, G = x.shape[0], len(starts)
     size = np.diff(np.r_[starts, n])  # (G,)
-    if (size == size[0]).all():
-        return x.reshape((len(starts), size[0]) + x.shape[1:]).sum(axis=1)
-    lab = np.repeat(np.arange(len(starts)), size)  # (n,)
-    S = sparse.csr_matrix((np.ones(n), (lab, np.arange(n))), shape=(len(starts), n))
-    return np.asarray(S @ x.reshape(n, -1)).reshape((len(starts),) + x.shape[1:])
+    if G <= 2 or (size[1:-1] == size[1]).all():
+        out = np.empty((G,) + x.shape[1:])
+        lo, hi = (1, G - 1) if G > 2 else (0, 0)
+        if hi > lo:
+            mid = x[starts[lo]:starts[hi]]
+            out[lo:hi] = mid.reshape((hi - lo, size[1]) + x.shape[1:]).sum(axis=1)
+        for g in [0, G - 1] if G > 2 else range(G):
+            out[g] = x[starts[g]:starts[g] + size[g]].sum(axis=0)
+        return out
+    lab = np.repeat(np.arange(G), size)  # (n,)
+    S = sparse.csr_matrix((np.ones(n), (lab, np.arange(n))), shape=(G, n))
+    return np.asarray(S @ x.reshape(n, -1)).reshape((G,) + x.shape[1:])
 
 
 def history_cross(hist_at, W, X1, X2, starts):
@@ -143,21 +150,21 @@ def history_cross(hist_at, W, X1, X2, starts):
     """
     d, P = len(starts), X1.shape[1]
     c, c4 = np.zeros((d + 1, d + 1, P)), np.zeros((d + 1, d + 1, P))
+    hist = [hist_at(t, starts[t]) for t in range(d)]  # (n_t, P): one row per run of level t
+    sq = [h * h for h in hist]
     for t in range(d, -1, -1):
         if t == d:  # the last slot: the per-parent sums X1, X2
             v1, v2 = X1, X2
         else:
-            ht = hist_at(t, starts[t])  # (n_t, P)
-            v1 = segment_sum(W, starts[t])[:, None] * ht  # (n_t, P)
-            v2 = v1 * ht
+            v1 = segment_sum(W, starts[t])[:, None] * hist[t]  # (n_t, P)
+            v2 = v1 * hist[t]
         lvl = d - 1 if t == d else t  # the run level of v1, v2
         for u in range(min(t, d - 1), -1, -1):
             if u < lvl:  # sum the runs of level u + 1 into those of level u
                 pos = np.searchsorted(starts[lvl], starts[u])
                 v1, v2, lvl = segment_sum(v1, pos), segment_sum(v2, pos), u
-            hu = hist_at(u, starts[u])  # (n_u, P)
-            c[u, t] = np.einsum("gp,gp->p", hu, v1)
-            c4[u, t] = np.einsum("gp,gp,gp->p", hu, hu, v2)
+            c[u, t] = np.einsum("gp,gp->p", hist[u], v1)
+            c4[u, t] = np.einsum("gp,gp->p", sq[u], v2)
             c[t, u], c4[t, u] = c[u, t], c4[u, t]
     return c, c4
 

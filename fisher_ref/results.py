@@ -204,6 +204,27 @@ def _concat(records, key):
     return np.concatenate([r[key] for r in records]) if records else None
 
 
+def _sorted_records(records, sort_keys):
+    """The records' arrays concatenated and sorted by ``sort_keys(out) -> lexsort keys``,
+    where ``out`` holds the concatenated small (1-D and integer) arrays. Each large array
+    is written once, straight into its sorted place (no concatenated copy)."""
+    small = {k: _concat(records, k) for k, v in records[0].items()
+             if v.ndim == 1 or v.dtype.kind in "iub"}
+    order = np.lexsort(sort_keys(small))  # (N,)
+    dest = np.empty(len(order), dtype=np.int64)  # (N,) sorted place of each row
+    dest[order] = np.arange(len(order))
+    out = {k: v[order] for k, v in small.items()}
+    for k, v in records[0].items():
+        if k not in small:
+            out[k] = np.empty((len(dest),) + v.shape[1:], dtype=v.dtype)
+            lo = 0
+            for r in records:
+                n = r[k].shape[0]
+                out[k][dest[lo:lo + n]] = r[k]
+                lo += n
+    return out
+
+
 class ExactResult:
     """Everything the exact engine computed for one task.
 
@@ -234,19 +255,15 @@ class ExactResult:
     def _sorted_states(states):
         if not states:
             return None
-        out = {k: _concat(states, k) for k in states[0]}
-        keys = [out["tokens"][:, c] for c in range(out["tokens"].shape[1] - 1, -1, -1)]
-        order = np.lexsort(keys + [out["depth"], out["prompt"]])
-        return {k: v[order] for k, v in out.items()}
+        return _sorted_records(states, lambda o: [o["tokens"][:, c] for c in range(
+            o["tokens"].shape[1] - 1, -1, -1)] + [o["depth"], o["prompt"]])
 
     @staticmethod
     def _sorted_seqs(seqs, baseline, streams):
         if not seqs:
             return None
-        out = {k: _concat(seqs, k) for k in seqs[0]}
-        keys = [out["tokens"][:, c] for c in range(out["tokens"].shape[1] - 1, -1, -1)]
-        order = np.lexsort(keys + [out["prompt"]])
-        out = {k: v[order] for k, v in out.items()}
+        out = _sorted_records(seqs, lambda o: [o["tokens"][:, c] for c in range(
+            o["tokens"].shape[1] - 1, -1, -1)] + [o["prompt"]])
         out["advantage"] = out["reward"] - baseline
         if "centered" in streams:
             out["sampler_advantage"] = out["reward"] - streams["centered"].baseline

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .token_fisher import mean_sensitivity, token_second_moment, uniform_token_fisher
 from .walk import checked_sensitivities, model_probs, topk_center
 
 __all__ = ["WindowCache"]
@@ -50,9 +49,10 @@ class WindowCache:
         budget: bytes of per-window arrays to keep between blocks (speed only).
         powers: ``{stream: (n_1, n_2, ...)}``, the power of :math:`\xi` each of the
             stream's accumulated weights is contracted with (:meth:`accumulate`).
+        expected: how many distinct windows the run will likely see (first allocation).
     """
 
-    def __init__(self, task, streams, keep_states, budget, powers):
+    def __init__(self, task, streams, keep_states, budget, powers, expected=64):
         self.task, self.streams, self.keep = task, streams, keep_states
         V, P = task.model.vocab_size, task.model.num_params
         self.centers = list(dict.fromkeys(c for _, _, c in streams))
@@ -74,6 +74,7 @@ class WindowCache:
         self.row_of = np.full(64, -1, dtype=np.int64)  # (n_ids,) cache row of each id
         self.sums = {s: np.zeros((len(p), P)) for s, p in self.powers.items()}
         self.arrays, self.acc, self.size, self.n = {}, {}, 0, 0
+        self.first = max(1, min(self.capacity, expected))  # rows allocated at first
 
     # ------------------------------------------------------------ ids
 
@@ -126,7 +127,7 @@ class WindowCache:
         """Room for ``n`` rows (doubling; past the capacity only when one block needs it)."""
         if n <= self.size:
             return
-        size = max(n, min(self.capacity, max(64, 2 * self.size)))
+        size = max(n, min(self.capacity, max(self.first, 2 * self.size)))
         for name, shape in self.shapes.items():
             old, self.arrays[name] = self.arrays.get(name), np.empty((size,) + shape)
             if old is not None:
@@ -149,23 +150,31 @@ class WindowCache:
             self._compute_chunk(pu[i:i + step], qu[i:i + step], J[i:i + step], r)
 
     def _compute_chunk(self, p, q, J, r):
-        """Centers, scores and moments of a few windows (``J (u, P, V)``) into rows ``r``."""
-        a, dist = self.arrays, {"p": p, "q": q}
-        jbar = {"p": mean_sensitivity(p, J), "q": mean_sensitivity(q, J)}  # (u, P)
-        center = {c: jbar[c] if isinstance(c, str) else topk_center(q, J, c)
-                  for c in self.centers}  # (u, P) each
+        r"""Centers, scores and moments of a few windows (``J (u, P, V)``) into rows ``r``.
+
+        Sums over tokens are matrix products with the probabilities:
+        :math:`\bar j = J p`, :math:`m = ((J - c)^{\circ 2})\,q`, :math:`y_n = q^\top \xi^{\circ n}`.
+        """
+        a, dist = self.arrays, {"p": p[:, :, None], "q": q[:, :, None]}  # (u, V, 1)
+        jbar = {k: (J @ v)[:, :, 0] for k, v in dist.items()}  # (u, P)
+        scores = {}  # center -> (u, P, V), the scores in the layout of J
         for c in self.centers:
-            a[f"xi{c}"][r] = (J - center[c][:, :, None]).transpose(0, 2, 1)  # (u, V, P)
+            center = jbar[c] if isinstance(c, str) else topk_center(q, J, c)  # (u, P)
+            scores[c] = J - center[:, :, None]  # (u, P, V)
+            a[f"xi{c}"][r] = scores[c].transpose(0, 2, 1)  # (u, V, P)
         for s, (_, wname, c) in enumerate(self.streams):
-            d, xi = dist[wname], a[f"xi{c}"][r]  # (u, V), (u, V, P)
-            a[f"m{s}"][r] = token_second_moment(d, J, center[c])  # (u, P)
+            d = dist[wname].transpose(0, 2, 1)  # (u, 1, V)
+            xi = a[f"xi{c}"][r]  # (u, V, P)
+            a[f"m{s}"][r] = ((scores[c] * scores[c]) @ dist[wname])[:, :, 0]  # (u, P)
             x2 = xi * xi  # (u, V, P)
-            a[f"y{s}_1"][r] = np.einsum("uv,uvp->up", d, xi)
-            a[f"y{s}_2"][r] = np.einsum("uv,uvp->up", d, x2)
-            a[f"y{s}_3"][r] = np.einsum("uv,uvp,uvp->up", d, x2, xi)
-            a[f"y{s}_4"][r] = np.einsum("uv,uvp,uvp->up", d, x2, x2)
+            a[f"y{s}_1"][r] = (d @ xi)[:, 0]
+            a[f"y{s}_2"][r] = (d @ x2)[:, 0]
+            a[f"y{s}_4"][r] = (d @ (x2 * x2))[:, 0]
+            x2 *= xi
+            a[f"y{s}_3"][r] = (d @ x2)[:, 0]
         if self.keep:
-            a["uniform"][r] = uniform_token_fisher(J)
+            dev = J - J.mean(axis=2, keepdims=True)  # (u, P, V)
+            a["uniform"][r] = (dev * dev).mean(axis=2)  # (u, P)
 
     # ------------------------------------------------------------ accumulated sums
 
