@@ -40,8 +40,8 @@ __all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES"]
 # Response-state rows gathered before one autodiff call (fewer calls, bounded memory).
 _AUTODIFF_ROWS = 2 ** 16
 # Elements of a (parents, P) array in one sub-block of complete-response sums (about
-# 512 KiB: the dozens of passes over a sub-block's arrays stay in the CPU cache).
-_SUB_ELEMENTS = 2 ** 16
+# 1 MiB: the dozens of passes over a sub-block's arrays stay in the CPU cache).
+_SUB_ELEMENTS = 2 ** 17
 # Bytes of per-window arrays kept between blocks (speed only; results do not depend on it).
 WINDOW_CACHE_BYTES = 256 * 2 ** 20
 
@@ -91,9 +91,9 @@ def _block_arrays(run, cache, block):
         check_support(block, p, q)
     ur, inv = np.unique(rows, return_inverse=True)  # (U,), (B,)
     reach = {k: np.bincount(inv, block[REACH[k]], minlength=len(ur)) for k in REACH}  # (U,)
-    run.add_states(reach, [a[f"m{s}"][ur] for s in range(S)],
+    run.add_states(reach, [a[f"y{s}_2"][ur] for s in range(S)],
                    [a[f"y{s}_1"][ur] for s in range(S)], block["depth"], len(rows))
-    ms = np.stack([a[f"m{s}"][rows] for s in range(S)])  # (S, B, P)
+    ms = np.stack([a[f"y{s}_2"][rows] for s in range(S)])  # (S, B, P) token moments m
     if run.keep_states:
         kept = {"token_fisher": ms[0], "uniform": a["uniform"][rows],
                 "score_mean": a["y0_1"][rows]}

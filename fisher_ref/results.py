@@ -219,8 +219,11 @@ def _sorted_records(records, sort_keys):
             out[k] = np.empty((len(dest),) + v.shape[1:], dtype=v.dtype)
             lo = 0
             for r in records:
-                n = r[k].shape[0]
-                out[k][dest[lo:lo + n]] = r[k]
+                n, at = r[k].shape[0], dest[lo:lo + r[k].shape[0]]
+                if n and at[-1] - at[0] == n - 1 and (np.diff(at) == 1).all():
+                    out[k][at[0]:at[0] + n] = r[k]  # a block of consecutive states: one copy
+                else:
+                    out[k][at] = r[k]
                 lo += n
     return out
 

@@ -35,7 +35,7 @@ from .results import ExactResult, Moments, finish_stream
 from .sensitivities import sensitivities
 from .token_fisher import mean_sensitivity
 
-__all__ = ["REACH", "BlockArrays", "topk_center", "check_topk", "stream_specs", "check_logits",
+__all__ = ["REACH", "BlockArrays", "topk_center", "topk_weights", "check_topk", "stream_specs", "check_logits",
            "model_probs", "checked_sensitivities", "check_support", "autodiff_gradient",
            "reward_gradient", "plan", "children", "Run"]
 
@@ -59,14 +59,23 @@ def topk_center(q, sens, k):
         >>> topk_center(np.array([[0.5, 0.3, 0.2]]), np.array([[[1.0, 2.0, 4.0]]]), 2)
         array([[1.375]])
     """
+    return mean_sensitivity(topk_weights(q, k), sens)
+
+
+def topk_weights(q, k):
+    """``q (B, V)`` kept on its ``k`` largest entries (ties: lowest id first), renormalised.
+
+    Example:
+        >>> topk_weights(np.array([[0.5, 0.3, 0.2]]), 2)
+        array([[0.625, 0.375, 0.   ]])
+    """
     if k >= q.shape[-1]:
-        return mean_sensitivity(q, sens)
+        return q
     order = np.argsort(-q, axis=-1, kind="stable")  # (B, V)
     keep = np.zeros_like(q, dtype=bool)
     np.put_along_axis(keep, order[:, :k], True, axis=-1)
     qk = np.where(keep, q, 0.0)  # (B, V)
-    qk = qk / qk.sum(axis=-1, keepdims=True)
-    return mean_sensitivity(qk, sens)
+    return qk / qk.sum(axis=-1, keepdims=True)
 
 
 def check_topk(topk):

@@ -21,22 +21,23 @@ Per-window arrays (``U`` windows; streams ``s`` as in :mod:`fisher_ref.walk`):
 
 - ``p``, ``q`` ``(U, V)``: the policy's and the sampler's next-token probabilities;
 - ``xi{c}`` ``(U, V, P)``: the score of every token under center ``c``;
-- ``m{s}`` ``(U, P)``: the token moment :math:`\sum_a q_a (j_a - c)^2` of stream ``s``;
-- ``y{s}_{n}`` ``(U, P)``, ``n = 1..4``: :math:`\sum_a q_a \xi_a^n` (``y{s}_1`` is
-  :math:`E[\xi \mid s]`);
-- ``uniform`` ``(U, P)`` when states are kept (:func:`uniform_token_fisher`).
+- ``y{s}_{n}`` ``(U, P)``, ``n = 1..4``: :math:`\sum_a q_a \xi_a^n` under the
+  distribution ``q`` stream ``s`` draws from: ``y{s}_1`` is :math:`E[\xi \mid s]`,
+  ``y{s}_2`` the token moment :math:`m = \sum_a q_a (j_a - c)^2`;
+- ``uniform`` ``(U, P)`` when states are kept: :math:`\frac1V\sum_a (j_a - \bar j^{\,unif})^2`.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .walk import checked_sensitivities, model_probs, topk_center
+from .walk import checked_sensitivities, model_probs, topk_weights
 
 __all__ = ["WindowCache"]
 
-# Elements of one window chunk's (V, P) score array processed at a time (about 2 MiB:
-# the passes over it stay in cache).
-_CHUNK_ELEMENTS = 2 ** 18
+# Elements of the (windows, V, P) arrays of one pass over a few windows (about 512 KiB:
+# the passes stay in the CPU cache), and of one sensitivities call (about 16 MiB).
+_CHUNK_ELEMENTS = 2 ** 16
+_J_ELEMENTS = 2 ** 21
 
 
 class WindowCache:
@@ -59,7 +60,7 @@ class WindowCache:
         self.shapes = {"p": (V,), "q": (V,)}
         self.shapes.update({f"xi{c}": (V, P) for c in self.centers})
         for s in range(len(streams)):
-            self.shapes.update({f"m{s}": (P,), **{f"y{s}_{n}": (P,) for n in range(1, 5)}})
+            self.shapes.update({f"y{s}_{n}": (P,) for n in range(1, 5)})
         if keep_states:
             self.shapes["uniform"] = (P,)
         self.powers = {s: np.array(p, dtype=int) for s, p in powers.items()}
@@ -141,40 +142,37 @@ class WindowCache:
     def _compute(self, Wu, lo):
         """Arrays of the distinct windows ``Wu (U, k)`` into rows ``lo..lo+U``."""
         task, a = self.task, self.arrays
+        U, (V, P) = len(Wu), self.shapes["xi" + str(self.centers[0])]
         pu, qu = model_probs(task, task.theta, Wu)  # (U, V) each
-        J = checked_sensitivities(task, Wu)  # (U, P, V)
-        a["p"][lo:lo + len(Wu)], a["q"][lo:lo + len(Wu)] = pu, qu
-        step = max(1, _CHUNK_ELEMENTS // (J.shape[1] * J.shape[2]))
-        for i in range(0, len(Wu), step):
-            r = slice(lo + i, lo + min(i + step, len(Wu)))
-            self._compute_chunk(pu[i:i + step], qu[i:i + step], J[i:i + step], r)
+        a["p"][lo:lo + U], a["q"][lo:lo + U] = pu, qu
+        n_J, n = max(1, _J_ELEMENTS // (V * P)), max(1, _CHUNK_ELEMENTS // (V * P))
+        for i in range(0, U, n_J):  # sensitivities of a batch of windows ...
+            J = checked_sensitivities(task, Wu[i:i + n_J])  # (u, P, V)
+            Jt = np.ascontiguousarray(J.transpose(0, 2, 1))  # (u, V, P)
+            for j in range(i, min(i + n_J, U), n):  # ... and the passes over a few at a time
+                self._compute_chunk(pu[j:j + n], qu[j:j + n], Jt[j - i:j - i + n],
+                                    slice(lo + j, lo + min(j + n, U)))
 
-    def _compute_chunk(self, p, q, J, r):
-        r"""Centers, scores and moments of a few windows (``J (u, P, V)``) into rows ``r``.
-
-        Sums over tokens are matrix products with the probabilities:
-        :math:`\bar j = J p`, :math:`m = ((J - c)^{\circ 2})\,q`, :math:`y_n = q^\top \xi^{\circ n}`.
-        """
-        a, dist = self.arrays, {"p": p[:, :, None], "q": q[:, :, None]}  # (u, V, 1)
-        jbar = {k: (J @ v)[:, :, 0] for k, v in dist.items()}  # (u, P)
-        scores = {}  # center -> (u, P, V), the scores in the layout of J
+    def _compute_chunk(self, p, q, Jt, r):
+        r"""Centers, scores and moments of a few windows (``Jt (u, V, P)``, :math:`j^\top`)
+        into rows ``r``. Sums over tokens are matrix products with the probabilities:
+        :math:`\bar j = p^\top j`, :math:`y_n = q^\top \xi^{\circ n}`; the token moment of a
+        stream is its :math:`y_2 = \sum_a q_a (j_a - c)^2`."""
+        a, dist = self.arrays, {"p": p[:, None, :], "q": q[:, None, :]}  # (u, 1, V)
         for c in self.centers:
-            center = jbar[c] if isinstance(c, str) else topk_center(q, J, c)  # (u, P)
-            scores[c] = J - center[:, :, None]  # (u, P, V)
-            a[f"xi{c}"][r] = scores[c].transpose(0, 2, 1)  # (u, V, P)
+            w = dist["q"] if c == "q" else dist["p"] if c == "p" else topk_weights(q, c)[:, None]
+            np.subtract(Jt, w @ Jt, out=a[f"xi{c}"][r])  # (u, V, P): j_a - c
         for s, (_, wname, c) in enumerate(self.streams):
-            d = dist[wname].transpose(0, 2, 1)  # (u, 1, V)
-            xi = a[f"xi{c}"][r]  # (u, V, P)
-            a[f"m{s}"][r] = ((scores[c] * scores[c]) @ dist[wname])[:, :, 0]  # (u, P)
+            d, xi = dist[wname], a[f"xi{c}"][r]  # (u, 1, V), (u, V, P)
             x2 = xi * xi  # (u, V, P)
             a[f"y{s}_1"][r] = (d @ xi)[:, 0]
             a[f"y{s}_2"][r] = (d @ x2)[:, 0]
-            a[f"y{s}_4"][r] = (d @ (x2 * x2))[:, 0]
-            x2 *= xi
-            a[f"y{s}_3"][r] = (d @ x2)[:, 0]
+            x3 = x2 * xi
+            a[f"y{s}_3"][r] = (d @ x3)[:, 0]
+            a[f"y{s}_4"][r] = (d @ np.multiply(x2, x2, out=x3))[:, 0]
         if self.keep:
-            dev = J - J.mean(axis=2, keepdims=True)  # (u, P, V)
-            a["uniform"][r] = (dev * dev).mean(axis=2)  # (u, P)
+            dev = Jt - Jt.mean(axis=1, keepdims=True)  # (u, V, P)
+            a["uniform"][r] = (dev * dev).mean(axis=1)  # (u, P)
 
     # ------------------------------------------------------------ accumulated sums
 
