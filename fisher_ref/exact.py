@@ -32,7 +32,8 @@ from .enumeration import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, expand
 from .exact_reference import exact_reference
 from .grouped import level_sums, parent_powers, prefix_starts, window_products
 from .results import importance_weighted
-from .walk import REACH, BlockArrays, Run, check_support, reward_gradient, topk_center
+from .walk import (REACH, BlockArrays, Run, check_support, reward_gradient, state_places,
+                   topk_center)
 from .window_cache import WindowCache
 
 __all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES"]
@@ -99,7 +100,7 @@ def _block_arrays(run, cache, block):
                 "score_mean": a["y0_1"][rows]}
         if task.sampler is not None:  # streams 1, 2: raw (mu, center p), centered (mu, mu)
             kept.update({"sampler_token_fisher": ms[2], "raw_score_mean": a["y1_1"][rows]})
-        run.keep_state_arrays(block, p, q, kept)
+        run.keep_state_arrays(block, p, q, kept, at=state_places(task, block))
     xiT = [a[f"xi{c}"] for _, _, c in run.streams]  # S arrays (n, V, P)
     return BlockArrays(p, q, rows, xiT, block["G"] + ms)  # G: (S, B, P)
 

@@ -237,7 +237,8 @@ class ExactResult:
     from ``streams["policy"]``. With a sampler, ``streams["raw"]``,
     ``streams["centered"]`` and ``streams["top{k}"]`` hold the off-policy ones.
     ``states`` and ``sequences`` hold the per-state and per-response arrays
-    (sorted by prompt, depth, tokens) when they were kept.
+    (sorted by prompt, depth, tokens) when they were kept; ``build`` takes the
+    states as block records (sorted here) or as arrays already in that order.
     """
 
     @classmethod
@@ -250,7 +251,7 @@ class ExactResult:
                      "token_fisher_sum_paths", "cross_terms", "expected_reward", "reward_std",
                      "baseline", "gradient", "covariance", "bound", "correlation"):
             setattr(self, name, getattr(on, name))
-        self.states = cls._sorted_states(states)
+        self.states = states if isinstance(states, dict) else cls._sorted_states(states)
         self.sequences = cls._sorted_seqs(seqs, on.baseline, streams)
         return self
 

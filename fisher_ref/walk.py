@@ -37,7 +37,7 @@ from .token_fisher import mean_sensitivity
 
 __all__ = ["REACH", "BlockArrays", "topk_center", "topk_weights", "check_topk", "stream_specs", "check_logits",
            "model_probs", "checked_sensitivities", "check_support", "autodiff_gradient",
-           "reward_gradient", "plan", "children", "Run"]
+           "reward_gradient", "plan", "state_places", "children", "Run"]
 
 # Block key of the reach probability under each distribution a stream draws from.
 REACH = {"p": "rp", "q": "rq"}
@@ -208,6 +208,23 @@ def plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes)
     return streams, cost, keep_states, keep_sequences
 
 
+def state_places(task, block):
+    """Place of each state of a block among all states sorted by (prompt, depth,
+    generated tokens), as in :attr:`fisher_ref.results.ExactResult.states`: ``(B,)``.
+
+    Per prompt there are :math:`\beta^t` open states at depth ``t`` (``beta = V - 1``
+    with EOS, whose open states never hold token 0; ``V`` without), in
+    lexicographic order of their generated tokens."""
+    V, T, d = task.model.vocab_size, task.max_len, block["depth"]
+    low = 1 if task.model.eos else 0
+    beta = V - low
+    gen = block["tokens"][np.arange(block["prompt"].shape[0])[:, None],
+                          (block["length"] - d)[:, None] + np.arange(d)]  # (B, d)
+    rank = (gen - low) @ (beta ** np.arange(d - 1, -1, -1, dtype=np.int64))  # (B,)
+    per_prompt = sum(beta ** t for t in range(T))
+    return block["prompt"] * per_prompt + sum(beta ** t for t in range(d)) + rank
+
+
 def children(task, block, idx, arrs):
     """Children ``idx`` of a block with the score of each one's last token.
 
@@ -267,17 +284,33 @@ class Run:
             self.moments[name].add_states(reach[wname], ms[s], conds[s], depth)
         self.bar.update(n_states)
 
-    def keep_state_arrays(self, block, p, q, values):
-        """Record a block's states (``values``: name -> ``(B, P)``) if states are kept."""
+    def keep_state_arrays(self, block, p, q, values, at=None):
+        """Record a block's states (``values``: name -> ``(B, P)``) if states are kept.
+
+        With ``at`` (:func:`state_places`), write them straight into their place in
+        the sorted per-state arrays; else keep the block's records, sorted at the end."""
         if not self.keep_states:
             return
         n = block["prompt"].shape[0]
-        rec = {"tokens": block["tokens"][:, :self.width].copy(), "prompt": block["prompt"],
+        rec = {"tokens": block["tokens"][:, :self.width], "prompt": block["prompt"],
                "depth": np.full(n, block["depth"]), "reach": block["rp"], "probs": p}
         if self.task.sampler is not None:
             rec.update({"sampler_reach": block["rq"], "sampler_probs": q})
         rec.update(values)
-        self.states.append(rec)
+        if at is None:
+            rec["tokens"] = rec["tokens"].copy()
+            self.states.append(rec)
+            return
+        if not isinstance(self.states, dict):  # the first block: room for every state
+            N = self.cost.n_states
+            self.states = {k: np.empty((N,) + v.shape[1:], dtype=v.dtype) for k, v in rec.items()}
+        lo = int(at[0])
+        run = n and int(at[-1]) - lo == n - 1 and (np.diff(at) == 1).all()  # consecutive places
+        for k, v in rec.items():
+            if run:
+                self.states[k][lo:lo + n] = v
+            else:
+                self.states[k][at] = v
 
     def keep_responses(self, done, resp, R):
         """Record complete responses ``resp (M, T)`` with rewards ``R (M,)`` if kept."""
