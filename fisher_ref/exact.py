@@ -131,32 +131,39 @@ def _complete(run, cache, batch, block, arrs, idx):
     resp = np.full((B * k, task.max_len), -1, dtype=np.int64)  # (C, T)
     resp[:, :d], resp[:, d] = np.repeat(gen, k, axis=0), tok
     R = task.reward.batch(resp, np.full(B * k, d + 1), task.prompts, done["prompt"])  # (C,)
-    wp = done["rp"].reshape(B, k)
+    wp, full = done["rp"].reshape(B, k), k == V
     per_stream = []
     for s, (name, wname, c) in enumerate(run.streams):
-        mom, xi = run.moments[name], arrs.xiT[s]
+        mom, xi, r = run.moments[name], arrs.xiT[s], block[REACH[wname]]
         w = done[REACH[wname]].reshape(B, k)  # (B, k)
         Rc = mom.centered(R).reshape(B, k)
         wR = w * Rc
         rho_w = importance_weighted(w, wp) if wname == "q" else None
-        acc = [wR, wR * Rc] if rho_w is None else [rho_w, rho_w * Rc, wR, wR * Rc]
-        cache.accumulate(s, arrs.rows, K, np.stack(acc, axis=1))
-        per_stream.append((mom, xi, w, Rc, rho_w, block[REACH[wname]]))
+        acc = [wR, wR, wR * Rc] if rho_w is None else [rho_w, rho_w * Rc, wR, wR, wR * Rc]
+        cache.accumulate(s, arrs.rows, K, np.stack(acc, axis=1))  # see _accumulated
+        if full:
+            cache.accumulate_reach(s, arrs.rows, r, d)
+        per_stream.append((mom, xi, w, Rc, rho_w, r))
     step = max(1, _SUB_ELEMENTS // task.model.num_params)
     for lo in range(0, B, step):  # parents in sub-blocks: the passes stay in cache
         sl = slice(lo, lo + step)
         starts = prefix_starts(block["prompt"][sl], gen[sl])
         g, prow, last, rows = gen[sl], block["path_rows"][sl], block["last"][sl], arrs.rows[sl]
         for s, (mom, xi, w, Rc, rho_w, r) in enumerate(per_stream):
-            w, Rc, rho_w = w[sl], Rc[sl], None if rho_w is None else rho_w[sl]
-            X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w)
-            Z = window_products(np.stack([w * Rc, w * Rc * Rc], axis=1), xi, rows, K)  # (b, 2, P)
+            w, Rc, rho_w, H = w[sl], Rc[sl], None if rho_w is None else rho_w[sl], block["H"][s, sl]
+            X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w, 3 if full else 4)
+            C = np.stack([w * Rc, w * Rc * Rc], axis=1)  # (b, 2, k)
+            if full:  # the H-free and reward-weighted products: per window, later
+                Z = pure = None
+                cache.defer(s, rows, C, H, ("Rh2", "R2h2"))
+            else:
+                Z, pure = window_products(C, xi, rows, K), [x.sum(axis=0) for x in X[:2] + X[3:]]
 
             def hist_at(t, at, s=s, xi=xi):  # the parents' score xi_t, rows ``at``
                 return last[at, s] if t == d - 1 else xi[prow[at, t], g[at, t]]
 
-            mom.add_sums(**level_sums(block["H"][s, sl], arrs.G[s, sl], hist_at, w, Rc, rho_w, X,
-                                      Z, starts))
+            mom.add_sums(**level_sums(H, arrs.G[s, sl], hist_at, w, Rc, rho_w, X[:3], starts,
+                                      Z, pure))
     path = np.repeat(block["wpath"], k, axis=0)  # (C, T)
     path[:, d] = np.repeat(block["wid"], k)
     if batch.add(path, resp, d + 1, done["prompt"], R):
@@ -164,12 +171,27 @@ def _complete(run, cache, batch, block, arrs, idx):
     run.keep_responses(done, resp, R)
 
 
-def _accumulated_names(run):
-    """Per stream, the Moments attributes of the per-(window, token) sums and the
-    power of the score each takes (see :meth:`WindowCache.accumulate`)."""
-    return {s: (["Rh2", "R2h2"], (2, 2)) if wname == "p" else
-            (["is_h", "is_Rh", "Rh2", "R2h2"], (1, 1, 2, 2))
+def _accumulated(run):
+    """Per stream, the sums the per-(window, token) weights of :func:`_complete` add to,
+    with the power of the score each takes (:meth:`WindowCache.accumulate`)."""
+    on = [("Rh", 1), ("Rh2", 2), ("R2h2", 2)]
+    return {s: on if wname == "p" else [("is_h", 1), ("is_Rh", 1)] + on
             for s, (_, wname, _) in enumerate(run.streams)}
+
+
+def _finish(run, cache):
+    """Add what the window cache accumulated; a stream drawn from the policy has
+    :math:`\rho = 1`, so its importance-weighted sums are its plain ones."""
+    cache.flush()
+    T = run.task.max_len
+    for s, (name, wname, _) in enumerate(run.streams):
+        mom, sums = run.moments[name], dict(cache.sums[s])
+        diag, diag4 = np.zeros((T, T, mom.h.shape[0])), np.zeros((T, T, mom.h.shape[0]))
+        diag[np.arange(T), np.arange(T)] = sums.pop("cross")
+        diag4[np.arange(T), np.arange(T)] = sums.pop("cross4")
+        mom.add_sums(cross=diag, cross4=diag4, **sums)
+        if wname == "p":
+            mom.is_h, mom.is_Rh = mom.h.copy(), mom.Rh.copy()
 
 
 def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
@@ -203,10 +225,8 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     if reference:
         return exact_reference(task, **kw)
     run = Run(task, **kw)
-    names = _accumulated_names(run)
     V, k = task.model.vocab_size, task.model.context
-    cache = WindowCache(task, run.streams, run.keep_states, WINDOW_CACHE_BYTES,
-                        {s: p for s, (_, p) in names.items()},
+    cache = WindowCache(task, run.streams, run.keep_states, WINDOW_CACHE_BYTES, _accumulated(run),
                         expected=min(run.cost.n_states, (V + 2) ** min(k, 8)))
     batch = _AutodiffBatch(task, cache)
 
@@ -220,7 +240,5 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     run.walk(("H", "G"), block_arrays, lambda *args: _complete(run, cache, batch, *args),
              _carry)
     run.grad_ad += batch.flush()
-    cache.flush()
-    for s, (attrs, _) in names.items():
-        run.moments[run.streams[s][0]].add_sums(**dict(zip(attrs, cache.sums[s])))
+    _finish(run, cache)
     return run.finish()

@@ -47,8 +47,8 @@ __all__ = ["parent_powers", "window_products", "prefix_starts", "segment_sum", "
            "level_sums"]
 
 
-def parent_powers(a, s, xi, rows, K, r, w):
-    r""":math:`X_l = \sum_{a \in K} w_{g,a}\,\xi_{g,a}^{\,l}`, ``l = 1..4``: four ``(B, P)``.
+def parent_powers(a, s, xi, rows, K, r, w, n=4):
+    r""":math:`X_l = \sum_{a \in K} w_{g,a}\,\xi_{g,a}^{\,l}`, ``l = 1..n``: ``n`` arrays ``(B, P)``.
 
     Args:
         a: the window cache's arrays; ``s`` the stream; ``xi`` its ``(n, V, P)`` scores.
@@ -56,11 +56,11 @@ def parent_powers(a, s, xi, rows, K, r, w):
         r: ``(B,)`` parents' reach; ``w``: ``(B, k)`` the responses' weights.
     """
     if len(K) == xi.shape[1]:  # every token ends a response: w = r q factorises
-        return [r[:, None] * a[f"y{s}_{n}"][rows] for n in range(1, 5)]
+        return [r[:, None] * a[f"y{s}_{l}"][rows] for l in range(1, n + 1)]
     x = xi[rows][:, K]  # (B, k, P)
     x2 = x * x
     return [np.einsum("bk,bkp->bp", w, x), np.einsum("bk,bkp->bp", w, x2),
-            np.einsum("bk,bkp,bkp->bp", w, x2, x), np.einsum("bk,bkp,bkp->bp", w, x2, x2)]
+            np.einsum("bk,bkp,bkp->bp", w, x2, x), np.einsum("bk,bkp,bkp->bp", w, x2, x2)][:n]
 
 
 def window_products(C, xi, rows, K):
@@ -169,8 +169,8 @@ def history_cross(hist_at, W, X1, X2, starts):
     return c, c4
 
 
-def level_sums(H, G, hist_at, w, Rc, rho_w, X, Z, starts):
-    r"""Every response-level sum of one stream over a block's complete responses.
+def level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z=None, pure=None):
+    r"""The response-level sums of one stream over a block's complete responses.
 
     Args:
         H, G: ``(B, P)`` parents' running score sums and path sums of ``m`` (their own
@@ -178,34 +178,38 @@ def level_sums(H, G, hist_at, w, Rc, rho_w, X, Z, starts):
         hist_at: the parents' scores (:func:`history_cross`); ``starts``: :func:`prefix_starts`.
         w, Rc: ``(B, k)`` weights and rewards (relative to the stream's ``r0``).
         rho_w: ``(B, k)`` importance-weighted weights, or ``None`` when the stream is
-            drawn from the policy (then :math:`\rho w = w`).
-        X: :func:`parent_powers`; Z: :func:`window_products` of ``[w R, w R^2]``.
+            drawn from the policy (then :math:`\rho w = w` and the caller copies).
+        X: :math:`X_1, X_2, X_3` of :func:`parent_powers`.
+        Z: :func:`window_products` of ``[w R, w R^2]``, or ``None`` when the terms
+            :math:`2\sum_g H_g \odot Z_g` are added elsewhere (deferred per window).
+        pure: :math:`(\sum_g X_1, \sum_g X_2, \sum_g X_4)`, the terms without
+            :math:`H`, or ``None`` when they are added elsewhere (per window).
 
     Returns:
-        ``{name: sum}`` for :meth:`fisher_ref.results.Moments.add_sums`, without the
-        per-(window, token) terms :math:`\sum c\,\xi^2` (``c = wR, wR^2``) and
-        :math:`\sum \rho w\,\xi`, :math:`\sum \rho w R\,\xi`, which are accumulated.
+        ``{name: sum}`` for :meth:`fisher_ref.results.Moments.add_sums`. Never here:
+        the per-(window, token) terms :math:`\sum c\,\xi^n` of the reward and importance
+        weights (``c = wR, wR^2, \rho w, \rho w R``), which are accumulated.
     """
     wR = w * Rc  # (B, k)
     W, WR, WR2 = w.sum(axis=1), wR.sum(axis=1), (wR * Rc).sum(axis=1)  # (B,) each
-    X1, X2, X3, X4 = X
+    X1, X2, X3 = X
     H2 = H * H  # (B, P)
     lin = np.stack([W, WR]) @ H  # (2, P)
     quad = np.stack([W, WR, WR2]) @ H2  # (3, P)
-    mix = [np.einsum("bp,bp->p", H, x) for x in (X1, Z[:, 0], Z[:, 1])]  # (P,) each
-    S1, S2, S4 = X1.sum(axis=0), X2.sum(axis=0), X4.sum(axis=0)  # (P,) each
     h4 = W @ (H2 * H2) + 4 * np.einsum("bp,bp,bp->p", H2, H, X1) \
-        + 6 * np.einsum("bp,bp->p", H2, X2) + 4 * np.einsum("bp,bp->p", H, X3) + S4
-    out = {"mass": W.sum(), "R": WR.sum(), "R2": WR2.sum(),
-           "h": lin[0] + S1, "Rh": lin[1] + Z[:, 0].sum(axis=0),
-           "h2": quad[0] + 2 * mix[0] + S2, "Rh2": quad[1] + 2 * mix[1],
-           "R2h2": quad[2] + 2 * mix[2], "h4": h4,
-           "g": W @ G, "g2": np.einsum("b,bp,bp->p", W, G, G)}
-    if rho_w is None:
-        out["is_h"], out["is_Rh"] = out["h"], out["Rh"]
-    else:
+        + 6 * np.einsum("bp,bp->p", H2, X2) + 4 * np.einsum("bp,bp->p", H, X3)
+    out = {"mass": W.sum(), "R": WR.sum(), "R2": WR2.sum(), "h": lin[0], "Rh": lin[1],
+           "h2": quad[0] + 2 * np.einsum("bp,bp->p", H, X1), "Rh2": quad[1], "R2h2": quad[2],
+           "h4": h4, "g": W @ G, "g2": np.einsum("b,bp,bp->p", W, G, G)}
+    if Z is not None:
+        mix = np.einsum("bp,bip->ip", H, Z)  # (2, P)
+        out["Rh2"], out["R2h2"] = out["Rh2"] + 2 * mix[0], out["R2h2"] + 2 * mix[1]
+    if rho_w is not None:
         out["is_h"], out["is_Rh"] = np.stack([rho_w.sum(axis=1), (rho_w * Rc).sum(axis=1)]) @ H
     c, c4 = history_cross(hist_at, W, X1, X2, starts)
-    c[-1, -1], c4[-1, -1] = S2, S4
+    if pure is not None:
+        S1, S2, S4 = pure
+        out["h"], out["h2"], out["h4"] = out["h"] + S1, out["h2"] + S2, out["h4"] + S4
+        c[-1, -1], c4[-1, -1] = S2, S4
     out["cross"], out["cross4"] = c, c4
     return out

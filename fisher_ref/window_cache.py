@@ -48,12 +48,14 @@ class WindowCache:
         streams: ``(name, drawn from, centered at)`` of each stream.
         keep_states: also compute what the kept per-state records need.
         budget: bytes of per-window arrays to keep between blocks (speed only).
-        powers: ``{stream: (n_1, n_2, ...)}``, the power of :math:`\xi` each of the
-            stream's accumulated weights is contracted with (:meth:`accumulate`).
+        names: ``{stream: [(name, n), ...]}``: the sum each of the stream's weights given
+            to :meth:`accumulate` adds to and the power of :math:`\xi` it takes.
         expected: how many distinct windows the run will likely see (first allocation).
+        defer_bytes: parents' score sums held by :meth:`defer` before they are used.
     """
 
-    def __init__(self, task, streams, keep_states, budget, powers, expected=64):
+    def __init__(self, task, streams, keep_states, budget, names, expected=64,
+                 defer_bytes=64 * 2 ** 20):
         self.task, self.streams, self.keep = task, streams, keep_states
         V, P = task.model.vocab_size, task.model.num_params
         self.centers = list(dict.fromkeys(c for _, _, c in streams))
@@ -63,9 +65,11 @@ class WindowCache:
             self.shapes.update({f"y{s}_{n}": (P,) for n in range(1, 5)})
         if keep_states:
             self.shapes["uniform"] = (P,)
-        self.powers = {s: np.array(p, dtype=int) for s, p in powers.items()}
+        self.names = {s: [name for name, _ in v] for s, v in names.items()}
+        self.powers = {s: np.array([n for _, n in v], dtype=int) for s, v in names.items()}
+        T = task.max_len
         per = 8 * sum(int(np.prod(sh)) for sh in self.shapes.values())
-        per += 8 * V * sum(len(p) for p in self.powers.values())
+        per += 8 * (V * sum(len(p) for p in self.powers.values()) + T * len(streams))
         self.capacity = max(1, budget // per)
         # window entries lie in -1..V (-1 pads a model's whole-history window)
         k = task.model.context
@@ -73,7 +77,11 @@ class WindowCache:
         self.base = ((V + 2) ** np.arange(k)).astype(np.int64) if self.exact_keys else None
         self.key_id, self.table, self.n_ids = {}, np.zeros((64, k), dtype=np.int64), 0
         self.row_of = np.full(64, -1, dtype=np.int64)  # (n_ids,) cache row of each id
-        self.sums = {s: np.zeros((len(p), P)) for s, p in self.powers.items()}
+        self.sums = {s: {k: np.zeros(P) for k in self.names[s] + ["h", "h2", "h4"]}
+                     for s in range(len(streams))}
+        for s in self.sums:
+            self.sums[s].update(cross=np.zeros((T, P)), cross4=np.zeros((T, P)))
+        self.pending, self.pending_bytes, self.defer_bytes = [], 0, defer_bytes
         self.arrays, self.acc, self.size, self.n = {}, {}, 0, 0
         self.first = max(1, min(self.capacity, expected))  # rows allocated at first
 
@@ -137,6 +145,10 @@ class WindowCache:
             old, self.acc[s] = self.acc.get(s), np.zeros((size, len(p), self.shapes["p"][0]))
             if old is not None:
                 self.acc[s][:self.n] = old[:self.n]
+        for s in range(len(self.streams)):
+            old, self.acc[("r", s)] = self.acc.get(("r", s)), np.zeros((size, self.task.max_len))
+            if old is not None:
+                self.acc[("r", s)][:self.n] = old[:self.n]
         self.size = size
 
     def _compute(self, Wu, lo):
@@ -178,33 +190,84 @@ class WindowCache:
 
     def accumulate(self, s, rows, tokens, weights):
         r"""Add weights ``(B, n, k)`` of tokens ``(k,)`` at rows ``(B,)`` for stream ``s``:
-        at :meth:`flush`, entry ``i`` becomes
-        :math:`\sum_{b,a} w_{b,i,a}\,\xi_{\text{row}_b, a}^{\,n_i}` in ``sums[s][i]``."""
+        at :meth:`flush`, weight ``i`` adds
+        :math:`\sum_{b,a} w_{b,i,a}\,\xi_{\text{row}_b, a}^{\,n_i}` to ``sums[s][name_i]``."""
         acc = self.acc[s]  # (size, n, V)
         n = weights.shape[1]
         idx = (rows[:, None, None] * n + np.arange(n)[None, :, None]) * acc.shape[2] \
             + tokens[None, None, :]  # (B, n, k)
         np.add.at(acc.reshape(-1), idx.ravel(), weights.ravel())
 
+    def accumulate_reach(self, s, rows, r, depth):
+        r"""Add reach ``r (B,)`` of parents at rows ``(B,)`` and ``depth`` whose every token
+        ends a response (weights :math:`w_{g,a} = r_g q_a`): at :meth:`flush`, the sums
+        without :math:`H`, :math:`\sum_g r_g\,y_n(u_g)`, go to ``h`` (``n = 1``), ``h2``
+        and ``cross[depth]`` (2), ``h4`` and ``cross4[depth]`` (4)."""
+        np.add.at(self.acc[("r", s)][:, depth], rows, r)
+
+    def defer(self, s, rows, C, H, names):
+        r"""Add :math:`2\sum_g H_g \odot \sum_a C_{g,i,a}\,\xi_{\text{row}_g, a}` to
+        ``sums[s][names[i]]``, later: parents of one window are gathered over many blocks,
+        so that each window's scores are read once per matrix product.
+
+        Args:
+            rows: ``(B,)``; ``C``: ``(B, n, V)`` weights of every token; ``H``: ``(B, P)``.
+        """
+        self.pending.append((s, rows, C, H, names))
+        self.pending_bytes += H.nbytes
+        if self.pending_bytes > self.defer_bytes:
+            self._products()
+
+    def _products(self):
+        """The deferred products (:meth:`defer`), window by window."""
+        by = {}
+        for s, rows, C, H, names in self.pending:
+            by.setdefault((s, tuple(names)), []).append((rows, C, H))
+        self.pending, self.pending_bytes = [], 0
+        for (s, names), parts in by.items():
+            rows, C, H = (np.concatenate(x) for x in zip(*parts))  # (B,), (B, n, V), (B, P)
+            xi, n = self.arrays[f"xi{self.streams[s][2]}"], C.shape[1]
+            order = np.argsort(rows, kind="stable")
+            srt = rows[order]
+            cuts = np.flatnonzero(np.r_[True, srt[1:] != srt[:-1], True])
+            total = np.zeros((n, H.shape[1]))
+            for lo, hi in zip(cuts[:-1], cuts[1:]):
+                idx = order[lo:hi]
+                Z = (C[idx].reshape(-1, C.shape[2]) @ xi[srt[lo]]).reshape(hi - lo, n, -1)
+                total += np.einsum("gp,gip->ip", H[idx], Z)
+            for i, name in enumerate(names):
+                self.sums[s][name] += 2 * total[i]
+
     def flush(self):
-        """Contract every cached window's accumulated weights with its scores, then
-        empty the cache."""
-        for s, powers in self.powers.items():
-            xi, acc = self.arrays.get(f"xi{self.streams[s][2]}"), self.acc.get(s)
+        """Use every cached window's deferred and accumulated weights, then empty the cache."""
+        self._products()
+        for s, (_, _, c) in enumerate(self.streams):
+            xi = self.arrays.get(f"xi{c}")
             if xi is None:
                 continue
-            V, P = xi.shape[1:]
-            step = max(1, _CHUNK_ELEMENTS // (V * P))
-            for lo in range(0, self.n, step):
-                hi = min(lo + step, self.n)
-                x, A = xi[lo:hi], acc[lo:hi]  # (u, V, P), (u, n, V)
-                xn = x.copy()
-                for n in range(1, powers.max() + 1):
-                    if n > 1:
-                        xn *= x
-                    sel = np.flatnonzero(powers == n)
-                    if len(sel):
-                        self.sums[s][sel] += np.einsum("uiv,uvp->ip", A[:, sel], xn)
-            acc[:self.n] = 0.0
+            self._contract(s, xi)
+            A, a = self.acc[("r", s)][:self.n], self.arrays  # (n, T)
+            tot, out = A.sum(axis=1), self.sums[s]  # (n,)
+            for name, l in (("h", 1), ("h2", 2), ("h4", 4)):
+                out[name] += tot @ a[f"y{s}_{l}"][:self.n]
+            out["cross"] += A.T @ a[f"y{s}_2"][:self.n]  # (T, P)
+            out["cross4"] += A.T @ a[f"y{s}_4"][:self.n]
+            A[:] = 0.0
         self.row_of[:self.n_ids] = -1
         self.n = 0
+
+    def _contract(self, s, xi):
+        """Contract stream ``s``'s per-(window, token) weights with powers of its scores."""
+        powers, acc = self.powers[s], self.acc[s]
+        V, P = xi.shape[1:]
+        step = max(1, _CHUNK_ELEMENTS // (V * P))
+        for lo in range(0, self.n, step):
+            hi = min(lo + step, self.n)
+            x, A = xi[lo:hi], acc[lo:hi]  # (u, V, P), (u, n, V)
+            xn = x.copy()
+            for n in range(1, powers.max() + 1):
+                if n > 1:
+                    xn *= x
+                for i in np.flatnonzero(powers == n):
+                    self.sums[s][self.names[s][i]] += np.einsum("uv,uvp->p", A[:, i], xn)
+        acc[:self.n] = 0.0
