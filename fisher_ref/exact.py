@@ -40,9 +40,9 @@ __all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES"]
 
 # Response-state rows gathered before one autodiff call (fewer calls, bounded memory).
 _AUTODIFF_ROWS = 2 ** 16
-# Elements of a (parents, P) array in one sub-block of complete-response sums (about
-# 1 MiB: the dozens of passes over a sub-block's arrays stay in the CPU cache).
-_SUB_ELEMENTS = 2 ** 17
+# Elements of a (parents, P) array in one sub-block of complete-response sums (8 MiB:
+# bounds the temporaries; smaller sub-blocks fit the CPU cache but cost more calls).
+_SUB_ELEMENTS = 2 ** 20
 # Bytes of per-window arrays kept between blocks (speed only; results do not depend on it).
 WINDOW_CACHE_BYTES = 256 * 2 ** 20
 
