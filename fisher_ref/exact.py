@@ -160,7 +160,9 @@ def _complete(run, cache, batch, block, arrs, idx):
                 Z, pure = window_products(C, xi, rows, K), [x.sum(axis=0) for x in X[:2] + X[3:]]
 
             def hist_at(t, at, s=s, xi=xi):  # the parents' score xi_t, rows ``at``
-                return last[at, s] if t == d - 1 else xi[prow[at, t], g[at, t]]
+                if t == d - 1:
+                    return last[:, s] if len(at) == len(last) else last[at, s]
+                return xi[prow[at, t], g[at, t]]
 
             mom.add_sums(**level_sums(H, arrs.G[s, sl], hist_at, w, Rc, rho_w, X[:3], starts,
                                       Z, pure))

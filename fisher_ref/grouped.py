@@ -150,22 +150,30 @@ def history_cross(hist_at, W, X1, X2, starts):
     """
     d, P = len(starts), X1.shape[1]
     c, c4 = np.zeros((d + 1, d + 1, P)), np.zeros((d + 1, d + 1, P))
-    hist = [hist_at(t, starts[t]) for t in range(d)]  # (n_t, P): one row per run of level t
-    sq = [h * h for h in hist]
-    for t in range(d, -1, -1):
-        if t == d:  # the last slot: the per-parent sums X1, X2
-            v1, v2 = X1, X2
-        else:
-            v1 = segment_sum(W, starts[t])[:, None] * hist[t]  # (n_t, P)
-            v2 = v1 * hist[t]
-        lvl = d - 1 if t == d else t  # the run level of v1, v2
-        for u in range(min(t, d - 1), -1, -1):
-            if u < lvl:  # sum the runs of level u + 1 into those of level u
-                pos = np.searchsorted(starts[lvl], starts[u])
-                v1, v2, lvl = segment_sum(v1, pos), segment_sum(v2, pos), u
-            c[u, t] = np.einsum("gp,gp->p", hist[u], v1)
-            c4[u, t] = np.einsum("gp,gp->p", sq[u], v2)
-            c[t, u], c4[t, u] = c[u, t], c4[u, t]
+    if d == 0:
+        return c, c4
+    h = hist_at(d - 1, starts[d - 1])  # (B, P): one row per parent
+    h2 = h * h
+    v1 = segment_sum(W, starts[d - 1])[:, None] * h  # (B, P)
+    v2 = v1 * h
+    c[d - 1, d - 1], c4[d - 1, d - 1] = v2.sum(axis=0), np.einsum("gp,gp->p", h2, v2)
+    c[d - 1, d], c4[d - 1, d] = np.einsum("gp,gp->p", h, X1), np.einsum("gp,gp->p", h2, X2)
+    if d > 1:  # coarser runs: the sums over each run, slots t = d, d-1, then each coarser one
+        pos = np.searchsorted(starts[d - 1], starts[d - 2])
+        stack = np.stack([segment_sum(x, pos) for x in (X1, X2, v1, v2)], axis=1)  # (n, 4, P)
+        ts = [d, d - 1]
+        for L in range(d - 2, -1, -1):
+            h = hist_at(L, starts[L])  # (n_L, P)
+            v1 = segment_sum(W, starts[L])[:, None] * h
+            stack = np.concatenate([stack, np.stack([v1, v1 * h], axis=1)], axis=1)
+            ts.append(L)
+            c[L, ts] = np.einsum("gp,gmp->mp", h, stack[:, 0::2])
+            c4[L, ts] = np.einsum("gp,gmp->mp", h * h, stack[:, 1::2])
+            if L:
+                stack = segment_sum(stack, np.searchsorted(starts[L], starts[L - 1]))
+    for u in range(d):
+        c[u + 1:d, u], c4[u + 1:d, u] = c[u, u + 1:d], c4[u, u + 1:d]
+    c[d, :d], c4[d, :d] = c[:d, d], c4[:d, d]
     return c, c4
 
 

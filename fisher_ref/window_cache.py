@@ -161,9 +161,10 @@ class WindowCache:
         for i in range(0, U, n_J):  # sensitivities of a batch of windows ...
             J = checked_sensitivities(task, Wu[i:i + n_J])  # (u, P, V)
             Jt = np.ascontiguousarray(J.transpose(0, 2, 1))  # (u, V, P)
-            for j in range(i, min(i + n_J, U), n):  # ... and the passes over a few at a time
-                self._compute_chunk(pu[j:j + n], qu[j:j + n], Jt[j - i:j - i + n],
-                                    slice(lo + j, lo + min(j + n, U)))
+            end = min(i + n_J, U)
+            for j in range(i, end, n):  # ... and the passes over a few at a time
+                h = min(j + n, end)
+                self._compute_chunk(pu[j:h], qu[j:h], Jt[j - i:h - i], slice(lo + j, lo + h))
 
     def _compute_chunk(self, p, q, Jt, r):
         r"""Centers, scores and moments of a few windows (``Jt (u, V, P)``, :math:`j^\top`)
