@@ -96,10 +96,10 @@ def _block_arrays(run, cache, block):
                    [a[f"y{s}_1"][ur] for s in range(S)], block["depth"], len(rows))
     ms = np.stack([a[f"y{s}_2"][rows] for s in range(S)])  # (S, B, P) token moments m
     if run.keep_states:
-        kept = {"token_fisher": ms[0], "uniform": a["uniform"][rows],
-                "score_mean": a["y0_1"][rows]}
+        kept = {"token_fisher": ms[0], "uniform": (a["uniform"], rows),
+                "score_mean": (a["y0_1"], rows)}
         if task.sampler is not None:  # streams 1, 2: raw (mu, center p), centered (mu, mu)
-            kept.update({"sampler_token_fisher": ms[2], "raw_score_mean": a["y1_1"][rows]})
+            kept.update({"sampler_token_fisher": ms[2], "raw_score_mean": (a["y1_1"], rows)})
         run.keep_state_arrays(block, p, q, kept, at=state_places(task, block))
     xiT = [a[f"xi{c}"] for _, _, c in run.streams]  # S arrays (n, V, P)
     return BlockArrays(p, q, rows, xiT, block["G"] + ms)  # G: (S, B, P)

@@ -285,7 +285,8 @@ class Run:
         self.bar.update(n_states)
 
     def keep_state_arrays(self, block, p, q, values, at=None):
-        """Record a block's states (``values``: name -> ``(B, P)``) if states are kept.
+        """Record a block's states if states are kept. ``values``: name -> ``(B, ...)``
+        array, or ``(table, rows)`` for the rows ``table[rows]``.
 
         With ``at`` (:func:`state_places`), write them straight into their place in
         the sorted per-state arrays; else keep the block's records, sorted at the end."""
@@ -298,19 +299,24 @@ class Run:
             rec.update({"sampler_reach": block["rq"], "sampler_probs": q})
         rec.update(values)
         if at is None:
-            rec["tokens"] = rec["tokens"].copy()
+            rec = {k: v[0][v[1]] if isinstance(v, tuple) else v for k, v in rec.items()}
+            rec["tokens"] = rec["tokens"].copy()  # not a view that keeps the block alive
             self.states.append(rec)
             return
         if not isinstance(self.states, dict):  # the first block: room for every state
             N = self.cost.n_states
-            self.states = {k: np.empty((N,) + v.shape[1:], dtype=v.dtype) for k, v in rec.items()}
+            self.states = {k: np.empty((N,) + (v[0] if isinstance(v, tuple) else v).shape[1:],
+                                       dtype=(v[0] if isinstance(v, tuple) else v).dtype)
+                           for k, v in rec.items()}
         lo = int(at[0])
         run = n and int(at[-1]) - lo == n - 1 and (np.diff(at) == 1).all()  # consecutive places
         for k, v in rec.items():
-            if run:
+            if run and isinstance(v, tuple):
+                np.take(v[0], v[1], axis=0, out=self.states[k][lo:lo + n])
+            elif run:
                 self.states[k][lo:lo + n] = v
             else:
-                self.states[k][at] = v
+                self.states[k][at] = v[0][v[1]] if isinstance(v, tuple) else v
 
     def keep_responses(self, done, resp, R):
         """Record complete responses ``resp (M, T)`` with rewards ``R (M,)`` if kept."""
