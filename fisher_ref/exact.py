@@ -36,7 +36,7 @@ from .walk import (REACH, BlockArrays, Run, check_support, reward_gradient, stat
                    topk_center)
 from .window_cache import WindowCache
 
-__all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES"]
+__all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES", "DEFER_BYTES"]
 
 # Response-state rows gathered before one autodiff call (fewer calls, bounded memory).
 _AUTODIFF_ROWS = 2 ** 16
@@ -45,6 +45,8 @@ _AUTODIFF_ROWS = 2 ** 16
 _SUB_ELEMENTS = 2 ** 20
 # Bytes of per-window arrays kept between blocks (speed only; results do not depend on it).
 WINDOW_CACHE_BYTES = 256 * 2 ** 20
+# Bytes of parents' score sums held for the per-window products (speed only).
+DEFER_BYTES = 64 * 2 ** 20
 
 
 class _AutodiffBatch:
@@ -229,7 +231,8 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     run = Run(task, **kw)
     V, k = task.model.vocab_size, task.model.context
     cache = WindowCache(task, run.streams, run.keep_states, WINDOW_CACHE_BYTES, _accumulated(run),
-                        expected=min(run.cost.n_states, (V + 2) ** min(k, 8)))
+                        expected=min(run.cost.n_states, (V + 2) ** min(k, 8)),
+                        defer_bytes=DEFER_BYTES)
     batch = _AutodiffBatch(task, cache)
 
     def block_arrays(block):
