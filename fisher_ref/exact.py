@@ -112,7 +112,7 @@ def _carry(block, par, xi, G):
     path sums ``G (S, C, P)`` (the parents' own ``m`` included), the score of their last
     token ``last (C, S, P)`` and the run-wide window ids of their ancestors
     ``wpath (C, T)``."""
-    xi = np.stack(xi)  # (S, C, P)
+    xi = xi[0][None] if len(xi) == 1 else np.stack(xi)  # (S, C, P)
     path = block["wpath"][par]  # (C, T)
     path[:, block["depth"]] = block["wid"][par]
     return {"H": block["H"][:, par] + xi, "G": G[:, par], "last": xi.transpose(1, 0, 2),

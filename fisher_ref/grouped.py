@@ -56,7 +56,10 @@ def parent_powers(a, s, xi, rows, K, r, w, n=4):
         r: ``(B,)`` parents' reach; ``w``: ``(B, k)`` the responses' weights.
     """
     if len(K) == xi.shape[1]:  # every token ends a response: w = r q factorises
-        return [r[:, None] * a[f"y{s}_{l}"][rows] for l in range(1, n + 1)]
+        out = [a[f"y{s}_{l}"][rows] for l in range(1, n + 1)]  # (B, P) each
+        for x in out:
+            x *= r[:, None]
+        return out
     x = xi[rows][:, K]  # (B, k, P)
     x2 = x * x
     return [np.einsum("bk,bkp->bp", w, x), np.einsum("bk,bkp->bp", w, x2),

@@ -34,9 +34,9 @@ from .walk import checked_sensitivities, model_probs, topk_weights
 
 __all__ = ["WindowCache"]
 
-# Elements of the (windows, V, P) arrays of one pass over a few windows (about 512 KiB:
-# the passes stay in the CPU cache), and of one sensitivities call (about 16 MiB).
-_CHUNK_ELEMENTS = 2 ** 16
+# Elements of the (windows, V, P) arrays of one pass over a few windows (about 2 MiB),
+# and of one sensitivities call (about 16 MiB).
+_CHUNK_ELEMENTS = 2 ** 18
 _J_ELEMENTS = 2 ** 21
 
 
