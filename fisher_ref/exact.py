@@ -1,28 +1,28 @@
-r"""The exact engine: every quantity of DESIGN §1 by enumerating every response.
+r"""The fast exact engine: every quantity of docs/theory.md §2-3 by enumerating
+every response.
 
-It computes what :func:`fisher_ref.exact_reference.exact_reference` computes
-— the same streams (``"policy"``; with a sampler ``"raw"``, ``"centered"``,
-``"top{k}"``; see that module), every response-level expectation as a sum over
-complete responses of probability times the response's own value, every
-token-level one as a sum over states of reach times the state's value —
-and nothing here assumes the identities of §1 that relate the two routes.
+It computes what :func:`fisher_ref.exact_reference.exact_reference` computes —
+the same streams (``"policy"``; with a sampler ``"raw"``, ``"centered"``,
+``"top{k}"``), every response-level expectation as a sum over complete
+responses of probability times the response's own value, every token-level one
+as a sum over states of reach times the state's value — and nothing here
+assumes the identities of docs/theory.md §2.9 that relate the two routes. The
+plain engine is the judge at 1e-10 (tests/test_fast_paths.py).
 
-Speed without changing what is summed (the plain engine,
-:func:`fisher_ref.exact_reference.exact_reference`, is the judge at 1e-10):
+The sums are regrouped (docs/theory.md §7.5):
 
-- everything a state computes (logits, ``j``, centers, scores) depends on the
-  state only through its window of the last ``k`` tokens, so it is computed
-  once per distinct window of a block and gathered;
-- each open state carries its running score sum ``H`` and its score history;
-  a complete response's ``h = H(parent) + xi(parent, a)`` is formed per
-  response, so :math:`E[h^2]`, :math:`E[h^4]`, :math:`E[Ah]` stay sums of each
-  response's own value;
-- cross terms are the same finite sum over responses, grouped by parent: the
-  responses ending at a block's children share the parent's history
-  :math:`\xi_u` for ``u < depth``, so
-  :math:`\sum_a w_a\,\xi_u\,\xi_t(a) = \xi_u \sum_a w_a\,\xi_t(a)`. This is
-  only the distributive law on a finite sum over enumerated responses; it does
-  not use that conditional score means vanish.
+- per distinct window (:class:`fisher_ref.window_cache.WindowCache`): logits,
+  ``j``, centers, scores and the sums :math:`y_l = \sum_a q_a \xi_a^l`, computed
+  once; the autodiff gradient reuses the walk's window ids;
+- per parent (:mod:`fisher_ref.grouped`): a complete response has
+  :math:`h = H + \xi`; the powers of ``h`` are expanded by the binomial theorem
+  and summed over a parent's responses, a window's responses or the whole run,
+  whichever keeps the same finite sum cheapest;
+- cross terms per run of parents that share their first tokens.
+
+The fast engine's walk carries per state its running score sum ``H``, its path
+sum of token moments ``G``, the score of its last token and the window ids of
+its ancestors (not the whole score history).
 """
 from __future__ import annotations
 
@@ -201,7 +201,7 @@ def _finish(run, cache):
 def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
           max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES, progress=True,
           reference=False):
-    r"""Every quantity of DESIGN §1 for ``task``, exactly, in float64.
+    r"""Every quantity of docs/theory.md §2-3 for ``task``, exactly, in float64.
 
     Args:
         task: a :class:`fisher_ref.tasks.Task`.
