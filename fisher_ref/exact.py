@@ -45,7 +45,9 @@ _AUTODIFF_ROWS = 2 ** 16
 _SUB_ELEMENTS = 2 ** 20
 # Bytes of per-window arrays kept between blocks (speed only; results do not depend on it).
 WINDOW_CACHE_BYTES = 256 * 2 ** 20
-# Bytes of parents' score sums held for the per-window products (speed only).
+# Bytes of parents' score sums held for the per-window products (speed only; at most
+# what one block's children would hold with their score histories, so that memory
+# stays set by the block size).
 DEFER_BYTES = 64 * 2 ** 20
 
 
@@ -232,7 +234,8 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     V, k = task.model.vocab_size, task.model.context
     cache = WindowCache(task, run.streams, run.keep_states, WINDOW_CACHE_BYTES, _accumulated(run),
                         expected=min(run.cost.n_states, (V + 2) ** min(k, 8)),
-                        defer_bytes=DEFER_BYTES)
+                        defer_bytes=min(DEFER_BYTES, 8 * run.cost.chunk * V * task.model.num_params
+                                        * len(run.streams) * (task.max_len + 2)))
     batch = _AutodiffBatch(task, cache)
 
     def block_arrays(block):
