@@ -129,14 +129,15 @@ def test_window_cache_overflow_changes_nothing(monkeypatch, budget):
     assert_same(exact(task, progress=False, chunk=5), ref, f"cache budget {budget}")
 
 
-@pytest.mark.parametrize("what", ["sub-blocks of one parent", "products used at once"])
-def test_fast_engine_split_work_changes_nothing(monkeypatch, what):
-    """Sub-blocks of one parent, and per-window products used after every block instead
-    of gathered over many blocks: the same sums, grouped otherwise."""
+@pytest.mark.parametrize("knob", ["_SUB_ELEMENTS", "DEFER_BYTES", "_AUTODIFF_ROWS"])
+def test_fast_engine_split_work_changes_nothing(monkeypatch, knob):
+    """Sub-blocks of one parent, per-window products used after every block instead of
+    gathered over many blocks, an autodiff call per block: the same sums, grouped
+    otherwise."""
     task = load_config("offpolicy_stale")
     ref = exact_reference(task, topk=(1, 2), progress=False)
-    monkeypatch.setattr(exact_mod, "_SUB_ELEMENTS" if what.startswith("sub") else "DEFER_BYTES", 1)
-    assert_same(exact(task, topk=(1, 2), progress=False), ref, what)
+    monkeypatch.setattr(exact_mod, knob, 1)
+    assert_same(exact(task, topk=(1, 2), progress=False), ref, knob)
 
 
 def test_reference_flag_runs_the_plain_engine():

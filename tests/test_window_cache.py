@@ -31,6 +31,28 @@ def test_ids_are_run_wide_and_give_back_the_windows():
     assert np.array_equal(cache.ids(W[::-1]), ids[::-1])  # same ids on a second call
 
 
+def test_ids_of_many_and_of_very_long_windows():
+    """Ids past the first table size, and windows too long for integer keys (tuples)."""
+    from fisher_ref import FunctionModel, Task
+    task = load_config("default")
+    cache = _cache(task)
+    W = np.array([[a, b] for a in range(6) for b in range(6)] * 3)[:100]  # 36 distinct
+    assert np.array_equal(cache.windows_of(cache.ids(W)), W)
+    assert len(set(_cache(task).ids(np.concatenate([W, W])).tolist())) == 36
+    long = FunctionModel(lambda th, w: np.zeros((w.shape[0], 3)) + th[0], 1, 3, 40)
+    lt = Task(model=long, theta=np.zeros(1), prompts=[(1,)], prompt_weights=[1.0], max_len=2,
+              reward={"name": "count", "token": 1})
+    lc = _cache(lt)
+    assert not lc.exact_keys
+    Wl = np.full((70, 40), 3)
+    Wl[:, -1] = np.arange(70) % 3
+    Wl[:, -2] = np.arange(70) // 3 % 4 - 1  # -1 pads a whole-history window
+    Wl[:, 0] = np.arange(70) // 12
+    lids = lc.ids(Wl)
+    assert len(set(lids.tolist())) == len({tuple(r) for r in Wl.tolist()}) > 64
+    assert np.array_equal(lc.windows_of(lids), Wl)
+
+
 def test_per_window_arrays_match_the_plain_formulas():
     task = load_config("default")
     cache, W = _cache(task), _windows(task)
