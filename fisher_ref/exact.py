@@ -123,8 +123,8 @@ def _carry(block, par, xi, G):
 
 def _complete(run, cache, batch, block, arrs, idx):
     """The complete responses among the block's children ``idx`` (the same tokens ``K``
-    under every parent): rewards at once, every sum of :func:`fisher_ref.grouped.level_sums`
-    per stream, the autodiff queue and the kept records."""
+    under every parent): their rewards at once, the sums of each stream (weights per
+    window and token, then per parent), the autodiff queue and the kept records."""
     task, d, V = run.task, block["depth"], run.task.model.vocab_size
     B = block["prompt"].shape[0]
     k = len(idx) // B
@@ -135,25 +135,44 @@ def _complete(run, cache, batch, block, arrs, idx):
     resp = np.full((B * k, task.max_len), -1, dtype=np.int64)  # (C, T)
     resp[:, :d], resp[:, d] = np.repeat(gen, k, axis=0), tok
     R = task.reward.batch(resp, np.full(B * k, d + 1), task.prompts, done["prompt"])  # (C,)
-    wp, full = done["rp"].reshape(B, k), k == V
-    per_stream = []
-    for s, (name, wname, c) in enumerate(run.streams):
-        mom, xi, r = run.moments[name], arrs.xiT[s], block[REACH[wname]]
-        w = done[REACH[wname]].reshape(B, k)  # (B, k)
-        Rc = mom.centered(R).reshape(B, k)
-        wR = w * Rc
-        rho_w = importance_weighted(w, wp) if wname == "q" else None
-        acc = [wR, wR, wR * Rc] if rho_w is None else [rho_w, rho_w * Rc, wR, wR, wR * Rc]
-        cache.accumulate(s, arrs.rows, K, np.stack(acc, axis=1))  # see _accumulated
-        if full:
-            cache.accumulate_reach(s, arrs.rows, r, d)
-        per_stream.append((mom, xi, w, Rc, rho_w, r))
-    step = max(1, _SUB_ELEMENTS // task.model.num_params)
-    for lo in range(0, B, step):  # parents in sub-blocks: the passes stay in cache
+    weights = [_stream_weights(run, cache, s, block, arrs, done, K, R)
+               for s in range(len(run.streams))]
+    _parent_sums(run, cache, block, arrs, gen, K, weights)
+    path = np.repeat(block["wpath"], k, axis=0)  # (C, T)
+    path[:, d] = np.repeat(block["wid"], k)
+    if batch.add(path, resp, d + 1, done["prompt"], R):
+        run.grad_ad += batch.flush()
+    run.keep_responses(done, resp, R)
+
+
+def _stream_weights(run, cache, s, block, arrs, done, K, R):
+    """Stream ``s``'s weights ``w (B, k)``, rewards ``R - r0``, importance weights; the
+    weights of its per-(window, token) sums and of its sums without ``H`` handed to the
+    window cache."""
+    name, wname, _ = run.streams[s]
+    mom, r, B = run.moments[name], block[REACH[wname]], block["prompt"].shape[0]
+    w = done[REACH[wname]].reshape(B, len(K))  # (B, k)
+    Rc = mom.centered(R).reshape(w.shape)
+    wR = w * Rc
+    rho_w = importance_weighted(w, done["rp"].reshape(w.shape)) if wname == "q" else None
+    acc = [wR, wR, wR * Rc] if rho_w is None else [rho_w, rho_w * Rc, wR, wR, wR * Rc]
+    cache.accumulate(s, arrs.rows, K, np.stack(acc, axis=1))  # see _accumulated
+    if len(K) == run.task.model.vocab_size:  # w = r q: the sums without H, per window
+        cache.accumulate_reach(s, arrs.rows, r, block["depth"])
+    return mom, arrs.xiT[s], w, Rc, rho_w, r
+
+
+def _parent_sums(run, cache, block, arrs, gen, K, weights):
+    """Every sum of :func:`fisher_ref.grouped.level_sums`, parents in sub-blocks (bounded
+    temporaries); with every token terminal, the reward-weighted products per window
+    later."""
+    d, B, full = block["depth"], block["prompt"].shape[0], len(K) == run.task.model.vocab_size
+    step = max(1, _SUB_ELEMENTS // run.task.model.num_params)
+    for lo in range(0, B, step):
         sl = slice(lo, lo + step)
         starts = prefix_starts(block["prompt"][sl], gen[sl])
         g, prow, last, rows = gen[sl], block["path_rows"][sl], block["last"][sl], arrs.rows[sl]
-        for s, (mom, xi, w, Rc, rho_w, r) in enumerate(per_stream):
+        for s, (mom, xi, w, Rc, rho_w, r) in enumerate(weights):
             w, Rc, rho_w, H = w[sl], Rc[sl], None if rho_w is None else rho_w[sl], block["H"][s, sl]
             X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w, 3 if full else 4)
             C = np.stack([w * Rc, w * Rc * Rc], axis=1)  # (b, 2, k)
@@ -170,11 +189,6 @@ def _complete(run, cache, batch, block, arrs, idx):
 
             mom.add_sums(**level_sums(H, arrs.G[s, sl], hist_at, w, Rc, rho_w, X[:3], starts,
                                       Z, pure))
-    path = np.repeat(block["wpath"], k, axis=0)  # (C, T)
-    path[:, d] = np.repeat(block["wid"], k)
-    if batch.add(path, resp, d + 1, done["prompt"], R):
-        run.grad_ad += batch.flush()
-    run.keep_responses(done, resp, R)
 
 
 def _accumulated(run):

@@ -101,6 +101,22 @@ class _Windows:
         return torch.tensor([self.row[key] for key in keys], dtype=torch.long)
 
 
+def _add_complete(table, rows, Hs, reach, term, last, F, Eh):
+    """Add to ``F``, ``Eh`` the responses ending at tokens ``term`` of a level's states
+    (window rows ``rows``, running sums ``Hs``, reach ``reach``), chunk by chunk."""
+    P = Hs.shape[1]
+    step = max(1, CHUNK_ELEMENTS // max(1, len(term) * P))
+    for lo in range(0, len(rows), step):
+        r = rows[lo:lo + step]
+        S, p = table.S.index_select(0, r), table.p.index_select(0, r)  # (c, V, P), (c, V)
+        if not last:
+            S, p = S[:, term], p[:, term]
+        h = S.add_(Hs[lo:lo + step, None]).reshape(-1, P)  # (c*K, P): each response's own h
+        w = (reach[lo:lo + step, None] * p).reshape(-1)  # (c*K,)
+        Eh += w @ h
+        F += w @ h.square_()
+
+
 def peer_exact(task):
     """``F = E[h^2]``, ``E[h]`` and the token Fisher of every state of a task-file dict.
 
@@ -120,19 +136,18 @@ def peer_exact(task):
     eos, T = bool(model.get("eos", True)), task["max_len"]
     theta = torch.tensor(task["theta"] if "theta" in task else peer_theta(model),
                          dtype=torch.float64)
-    P = theta.numel()
     prompts = [list(x) for x in task["prompts"]]
-    weights = task.get("prompt_weights") or [1.0 / len(prompts)] * len(prompts)
+    n = len(prompts)
     beta = V - 1 if eos else V
-    n_states = len(prompts) * sum(beta ** t for t in range(T))
-    table = _Windows(theta, (V, k, d, H), min(n_states, (V + 1) ** k))
-    bos = [V] * k
-    win = torch.tensor([(bos + x)[-k:] for x in prompts], dtype=torch.long)  # (n, k)
-    reach = torch.tensor(weights, dtype=torch.float64)  # (n,)
-    Hs = torch.zeros(len(prompts), P, dtype=torch.float64)  # (n, P) running score sums
-    prompt, gen = torch.arange(len(prompts)), torch.zeros(len(prompts), 0, dtype=torch.long)
-    F, Eh = torch.zeros(P, dtype=torch.float64), torch.zeros(P, dtype=torch.float64)
+    table = _Windows(theta, (V, k, d, H), min(n * sum(beta ** t for t in range(T)),
+                                             (V + 1) ** k))
+    win = torch.tensor([([V] * k + x)[-k:] for x in prompts], dtype=torch.long)  # (n, k)
+    reach = torch.tensor(task.get("prompt_weights") or [1.0 / n] * n, dtype=torch.float64)
+    Hs = torch.zeros(n, theta.numel(), dtype=torch.float64)  # (n, P) running score sums
+    prompt, gen = torch.arange(n), torch.zeros(n, 0, dtype=torch.long)
+    F, Eh = torch.zeros_like(theta), torch.zeros_like(theta)
     out = {"token_fisher": [], "prompt": [], "depth": [], "tokens": []}
+    keep = torch.arange(1 if eos else 0, V)  # tokens that leave a state open
     for depth in range(T):
         rows = table.rows(win)  # (n,)
         out["token_fisher"].append(table.f[rows])
@@ -141,25 +156,14 @@ def peer_exact(task):
         out["tokens"] += [tuple(t) for t in gen.tolist()]
         last = depth == T - 1
         term = torch.arange(V) if last else torch.tensor([0] if eos else [], dtype=torch.long)
-        step = max(1, CHUNK_ELEMENTS // max(1, len(term) * P))
-        for lo in range(0, len(rows), step):  # complete responses, chunk by chunk
-            r = rows[lo:lo + step]
-            S, p = table.S.index_select(0, r), table.p.index_select(0, r)  # (c, V, P), (c, V)
-            if not last:
-                S, p = S[:, term], p[:, term]
-            h = S.add_(Hs[lo:lo + step, None]).reshape(-1, P)  # (c*K, P): each response's own h
-            w = (reach[lo:lo + step, None] * p).reshape(-1)  # (c*K,)
-            Eh += w @ h
-            F += w @ h.square_()
-        if last:
-            break
-        keep = torch.arange(1 if eos else 0, V)  # tokens that leave the state open
-        par = torch.arange(len(rows)).repeat_interleave(len(keep))  # (C,)
-        tok = keep.repeat(len(rows))  # (C,)
-        Hs = Hs[par] + table.S[rows[par], tok]  # (C, P)
-        reach = reach[par] * table.p[rows[par], tok]
-        win = torch.cat([win[par, 1:], tok[:, None]], dim=1)
-        prompt, gen = prompt[par], torch.cat([gen[par], tok[:, None]], dim=1)
+        _add_complete(table, rows, Hs, reach, term, last, F, Eh)
+        if not last:  # the next level: every open child
+            par = torch.arange(len(rows)).repeat_interleave(len(keep))  # (C,)
+            tok = keep.repeat(len(rows))  # (C,)
+            Hs = Hs[par] + table.S[rows[par], tok]  # (C, P)
+            reach = reach[par] * table.p[rows[par], tok]
+            win = torch.cat([win[par, 1:], tok[:, None]], dim=1)
+            prompt, gen = prompt[par], torch.cat([gen[par], tok[:, None]], dim=1)
     return {"fisher": F.numpy(), "score_mean": Eh.numpy(),
             "token_fisher": torch.cat(out["token_fisher"]).numpy(),
             "prompt": torch.cat(out["prompt"]).numpy(), "depth": torch.cat(out["depth"]).numpy(),
