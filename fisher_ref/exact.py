@@ -174,21 +174,22 @@ def _parent_sums(run, cache, block, arrs, gen, K, weights):
         g, prow, last, rows = gen[sl], block["path_rows"][sl], block["last"][sl], arrs.rows[sl]
         for s, (mom, xi, w, Rc, rho_w, r) in enumerate(weights):
             w, Rc, rho_w, H = w[sl], Rc[sl], None if rho_w is None else rho_w[sl], block["H"][s, sl]
-            X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w, 3 if full else 4)
+            X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w, 2 if full else 4)
             C = np.stack([w * Rc, w * Rc * Rc], axis=1)  # (b, 2, k)
-            if full:  # the H-free and reward-weighted products: per window, later
+            if full:  # sums without H and products with per-window arrays: later
                 Z = pure = None
-                cache.defer(s, rows, C, H, ("Rh2", "R2h2"))
+                cache.defer(s, rows, C, H, ("Rh2", "R2h2"), r[sl])
             else:
                 Z, pure = window_products(C, xi, rows, K), [x.sum(axis=0) for x in X[:2] + X[3:]]
+                X = X[:3]
 
             def hist_at(t, at, s=s, xi=xi):  # the parents' score xi_t, rows ``at``
                 if t == d - 1:
                     return last[:, s] if len(at) == len(last) else last[at, s]
                 return xi[prow[at, t], g[at, t]]
 
-            mom.add_sums(**level_sums(H, arrs.G[s, sl], hist_at, w, Rc, rho_w, X[:3], starts,
-                                      Z, pure))
+            mom.add_sums(**level_sums(H, arrs.G[s, sl], hist_at, w, Rc, rho_w, X, starts, Z,
+                                      pure))
 
 
 def _accumulated(run):

@@ -190,7 +190,8 @@ def level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z=None, pure=None):
         w, Rc: ``(B, k)`` weights and rewards (relative to the stream's ``r0``).
         rho_w: ``(B, k)`` importance-weighted weights, or ``None`` when the stream is
             drawn from the policy (then :math:`\rho w = w` and the caller copies).
-        X: :math:`X_1, X_2, X_3` of :func:`parent_powers`.
+        X: :math:`X_1, X_2, X_3` of :func:`parent_powers`, or only :math:`X_1, X_2` when
+            :math:`2\sum_g H_g X_1` and :math:`4\sum_g H_g X_3` are added elsewhere.
         Z: :func:`window_products` of ``[w R, w R^2]``, or ``None`` when the terms
             :math:`2\sum_g H_g \odot Z_g` are added elsewhere (deferred per window).
         pure: :math:`(\sum_g X_1, \sum_g X_2, \sum_g X_4)`, the terms without
@@ -203,15 +204,18 @@ def level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z=None, pure=None):
     """
     wR = w * Rc  # (B, k)
     W, WR, WR2 = w.sum(axis=1), wR.sum(axis=1), (wR * Rc).sum(axis=1)  # (B,) each
-    X1, X2, X3 = X
+    X1, X2 = X[:2]
     H2 = H * H  # (B, P)
     lin = np.stack([W, WR]) @ H  # (2, P)
     quad = np.stack([W, WR, WR2]) @ H2  # (3, P)
     h4 = W @ (H2 * H2) + 4 * np.einsum("bp,bp,bp->p", H2, H, X1) \
-        + 6 * np.einsum("bp,bp->p", H2, X2) + 4 * np.einsum("bp,bp->p", H, X3)
+        + 6 * np.einsum("bp,bp->p", H2, X2)
     out = {"mass": W.sum(), "R": WR.sum(), "R2": WR2.sum(), "h": lin[0], "Rh": lin[1],
-           "h2": quad[0] + 2 * np.einsum("bp,bp->p", H, X1), "Rh2": quad[1], "R2h2": quad[2],
+           "h2": quad[0], "Rh2": quad[1], "R2h2": quad[2],
            "h4": h4, "g": W @ G, "g2": np.einsum("b,bp,bp->p", W, G, G)}
+    if len(X) > 2:  # else the terms H X_1, H X_3 are added per window elsewhere
+        out["h2"] = out["h2"] + 2 * np.einsum("bp,bp->p", H, X1)
+        out["h4"] = out["h4"] + 4 * np.einsum("bp,bp->p", H, X[2])
     if Z is not None:
         mix = np.einsum("bp,bip->ip", H, Z)  # (2, P)
         out["Rh2"], out["R2h2"] = out["Rh2"] + 2 * mix[0], out["R2h2"] + 2 * mix[1]

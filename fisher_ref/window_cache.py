@@ -207,15 +207,17 @@ class WindowCache:
         and ``cross[depth]`` (2), ``h4`` and ``cross4[depth]`` (4)."""
         np.add.at(self.acc[("r", s)][:, depth], rows, r)
 
-    def defer(self, s, rows, C, H, names):
-        r"""Add :math:`2\sum_g H_g \odot \sum_a C_{g,i,a}\,\xi_{\text{row}_g, a}` to
-        ``sums[s][names[i]]``, later: parents of one window are gathered over many blocks,
-        so that each window's scores are read once per matrix product.
+    def defer(self, s, rows, C, H, names, r):
+        r"""Later, add :math:`2\sum_g H_g \odot \sum_a C_{g,i,a}\,\xi_{\text{row}_g, a}` to
+        ``sums[s][names[i]]``, and :math:`\sum_g r_g H_g \odot y_l(\text{row}_g)` twice to
+        ``h2`` (``l = 1``) and four times to ``h4`` (``l = 3``): parents of one window are
+        gathered over many blocks, so that each window's arrays are read once per product.
 
         Args:
-            rows: ``(B,)``; ``C``: ``(B, n, V)`` weights of every token; ``H``: ``(B, P)``.
+            rows: ``(B,)``; ``C``: ``(B, n, V)`` weights of every token; ``H``: ``(B, P)``;
+            ``r``: ``(B,)`` the parents' reach.
         """
-        self.pending.append((s, rows, C, H, names))
+        self.pending.append((s, rows, C, H, names, r))
         self.pending_bytes += H.nbytes
         if self.pending_bytes > self.defer_bytes:
             self._products()
@@ -223,22 +225,29 @@ class WindowCache:
     def _products(self):
         """The deferred products (:meth:`defer`), window by window."""
         by = {}
-        for s, rows, C, H, names in self.pending:
-            by.setdefault((s, tuple(names)), []).append((rows, C, H))
+        for s, rows, C, H, names, r in self.pending:
+            by.setdefault((s, tuple(names)), []).append((rows, C, H, r))
         self.pending, self.pending_bytes = [], 0
         for (s, names), parts in by.items():
-            rows, C, H = (np.concatenate(x) for x in zip(*parts))  # (B,), (B, n, V), (B, P)
+            rows, C, H, r = (np.concatenate(x) for x in zip(*parts))  # (B,), (B, n, V), (B, P), (B,)
             xi, n = self.arrays[f"xi{self.streams[s][2]}"], C.shape[1]
+            y1, y3 = self.arrays[f"y{s}_1"], self.arrays[f"y{s}_3"]
             order = np.argsort(rows, kind="stable")
             srt = rows[order]
             cuts = np.flatnonzero(np.r_[True, srt[1:] != srt[:-1], True])
-            total = np.zeros((n, H.shape[1]))
+            total, ry = np.zeros((n, H.shape[1])), np.zeros((2, H.shape[1]))
             for lo, hi in zip(cuts[:-1], cuts[1:]):
-                idx = order[lo:hi]
-                Z = (C[idx].reshape(-1, C.shape[2]) @ xi[srt[lo]]).reshape(hi - lo, n, -1)
-                total += np.einsum("gp,gip->ip", H[idx], Z)
+                idx, u = order[lo:hi], srt[lo]
+                Hu = H[idx]  # (g, P)
+                Z = (C[idx].reshape(-1, C.shape[2]) @ xi[u]).reshape(hi - lo, n, -1)
+                total += np.einsum("gp,gip->ip", Hu, Z)
+                rH = r[idx] @ Hu  # (P,)
+                ry[0] += rH * y1[u]
+                ry[1] += rH * y3[u]
             for i, name in enumerate(names):
                 self.sums[s][name] += 2 * total[i]
+            self.sums[s]["h2"] += 2 * ry[0]
+            self.sums[s]["h4"] += 4 * ry[1]
 
     def flush(self):
         """Use every cached window's deferred and accumulated weights, then empty the cache."""

@@ -77,7 +77,7 @@ def test_accumulated_and_deferred_sums_survive_emptying_the_cache():
     V, P = task.model.vocab_size, task.model.num_params
     rng = np.random.default_rng(3)
     W = _windows(task)
-    want = {"Rh": np.zeros(P), "Rh2": np.zeros(P), "h2": np.zeros(P)}
+    want = {k: np.zeros(P) for k in ("Rh", "Rh2", "h2", "h4", "cross")}
     cache = _cache(task, budget=1, defer_bytes=0)
     ref = _cache(task)
     xi_of = ref.arrays  # filled below
@@ -91,13 +91,16 @@ def test_accumulated_and_deferred_sums_survive_emptying_the_cache():
         r = rng.random(len(half))
         cache.accumulate_reach(0, rows, r, 1)
         C, H = rng.normal(size=(len(half), 2, V)), rng.normal(size=(len(half), P))
-        cache.defer(0, rows, C, H, ("Rh", "Rh2"))
+        rd = rng.random(len(half))
+        cache.defer(0, rows, C, H, ("Rh", "Rh2"), rd)
         x = xi_of["xip"][refrows]  # (b, V, P)
         mix = 2 * np.einsum("bp,bip->ip", H, np.einsum("biv,bvp->bip", C, x))  # (2, P)
         want["Rh"] += np.einsum("bv,bvp->p", wts[:, 0], x) + mix[0]
         want["Rh2"] += np.einsum("bv,bvp->p", wts[:, 1], x ** 2) + mix[1]
-        want["h2"] += r @ xi_of["y0_2"][refrows]
+        want["cross"] += r @ xi_of["y0_2"][refrows]
+        want["h2"] += r @ xi_of["y0_2"][refrows] + 2 * (rd[:, None] * H * xi_of["y0_1"][refrows]).sum(0)
+        want["h4"] += r @ xi_of["y0_4"][refrows] + 4 * (rd[:, None] * H * xi_of["y0_3"][refrows]).sum(0)
     cache.flush()
-    for key in ("Rh", "Rh2", "h2"):
+    for key in ("Rh", "Rh2", "h2", "h4"):
         assert rel(cache.sums[0][key], want[key]) <= RTOL, key
-    assert rel(cache.sums[0]["cross"][1], want["h2"]) <= RTOL
+    assert rel(cache.sums[0]["cross"][1], want["cross"]) <= RTOL
