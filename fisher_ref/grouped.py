@@ -35,7 +35,7 @@ plain engine at 1e-10.
 Cross terms (:math:`E[\xi_u\xi_t]`, :math:`E[\xi_u^2\xi_t^2]`) use the
 responses' shared history: the parents of a block are in prefix order, and
 parents with the same first ``t + 1`` generated tokens share
-:math:`\xi_0..\xi_t`, so their weights are summed (``numpy.add.reduceat``)
+:math:`\xi_0..\xi_t`, so their weights are summed (:func:`segment_sum`)
 before they are multiplied by the shared scores.
 """
 from __future__ import annotations

@@ -19,8 +19,9 @@ A response ending under parent ``b`` has :math:`h = H_b + \xi_a`, with
 of a few hundred kilobytes, so memory holds one level's running sums, the
 distinct windows' scores and a chunk.
 
-Timing table (both sides pinned to one thread, interleaved repeats, medians
-and minima, with thread counts and the load average)::
+Timing table (both sides pinned to one thread, interleaved repeats, wall-clock
+medians and minima, the ratio of wall and of process-CPU medians, thread counts
+and the load average)::
 
     python scripts/torch_peer.py [--repeats 5] [--tasks medium v16] [--old PATH]
 
@@ -210,25 +211,31 @@ def main(argv=None):
     print(f"threads: {_threads()}; load average before: {os.getloadavg()}")
     cols = (["old exact"] if old else []) + ["exact", "peer"]
     print("| task | P | " + " | ".join(f"{c} median (min) s" for c in cols) +
-          " | exact / peer (medians) |")
-    print("|---|---|" + "---|" * len(cols) + "---|")
+          " | exact / peer, wall | exact / peer, CPU |")
+    print("|---|---|" + "---|" * len(cols) + "---|---|")
     for name in args.tasks:
         spec = json.loads((root / "fisher_ref/configs/scale" / f"{name}.json").read_text())
         runs = {"exact": lambda: exact(task_from_json(spec), progress=False),
                 "peer": lambda: peer_exact(spec)}
         if old:
             runs["old exact"] = lambda: old.exact(old.task_from_json(spec), progress=False)
-        times = {c: [] for c in cols}
+        wall, cpu = {c: [] for c in cols}, {c: [] for c in cols}
         for _ in range(args.repeats):  # interleaved: each repeat runs every side once
             for c in cols:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 runs[c]()
-                times[c].append(time.perf_counter() - t0)
-        med = {c: float(np.median(v)) for c, v in times.items()}
+                wall[c].append(time.perf_counter() - t0)
+                cpu[c].append(time.process_time() - c0)
+        med = {c: float(np.median(v)) for c, v in wall.items()}
+        cmed = {c: float(np.median(v)) for c, v in cpu.items()}
         P = peer_theta(spec["model"]).size
         print(f"| {name} | {P:,} | " + " | ".join(
-            f"{med[c]:.3f} ({min(times[c]):.3f})" for c in cols) +
-            f" | {med['exact'] / med['peer']:.2f} |", flush=True)
+            f"{med[c]:.3f} ({min(wall[c]):.3f})" for c in cols) +
+            f" | {med['exact'] / med['peer']:.2f} | {cmed['exact'] / cmed['peer']:.2f} |",
+            flush=True)
+        if old:
+            print(f"  old / new exact: wall {med['old exact'] / med['exact']:.1f}x, "
+                  f"CPU {cmed['old exact'] / cmed['exact']:.1f}x")
     print(f"load average after: {os.getloadavg()}")
 
 
