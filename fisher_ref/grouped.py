@@ -48,7 +48,8 @@ __all__ = ["parent_powers", "window_products", "prefix_starts", "segment_sum", "
 
 
 def parent_powers(a, s, xi, rows, K, r, w, n=4):
-    r""":math:`X_l = \sum_{a \in K} w_{g,a}\,\xi_{g,a}^{\,l}`, ``l = 1..n``: ``n`` arrays ``(B, P)``.
+    r""":math:`X_l = \sum_{a \in K} w_{g,a}\,\xi_{g,a}^{\,l}`, ``l = 1..n``: ``n`` arrays
+    ``(B, P)``.
 
     Args:
         a: the window cache's arrays; ``s`` the stream; ``xi`` its ``(n, V, P)`` scores.
@@ -101,7 +102,8 @@ def prefix_starts(prompt, gen):
         prompt: ``(B,)`` prompt index; ``gen``: ``(B, d)`` generated tokens.
 
     Example:
-        >>> [s.tolist() for s in prefix_starts(np.zeros(3, int), np.array([[1, 1], [1, 2], [2, 1]]))]
+        >>> gen = np.array([[1, 1], [1, 2], [2, 1]])
+        >>> [s.tolist() for s in prefix_starts(np.zeros(3, int), gen)]
         [[0, 2], [0, 1, 2]]
     """
     new = np.r_[True, prompt[1:] != prompt[:-1]]  # (B,)

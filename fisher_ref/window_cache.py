@@ -229,7 +229,8 @@ class WindowCache:
             by.setdefault((s, tuple(names)), []).append((rows, C, H, r))
         self.pending, self.pending_bytes = [], 0
         for (s, names), parts in by.items():
-            rows, C, H, r = (np.concatenate(x) for x in zip(*parts))  # (B,), (B, n, V), (B, P), (B,)
+            # rows (B,), weights C (B, n, V), running sums H (B, P), reach r (B,)
+            rows, C, H, r = (np.concatenate(x) for x in zip(*parts))
             xi, n = self.arrays[f"xi{self.streams[s][2]}"], C.shape[1]
             y1, y3 = self.arrays[f"y{s}_1"], self.arrays[f"y{s}_3"]
             order = np.argsort(rows, kind="stable")

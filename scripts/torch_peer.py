@@ -184,8 +184,8 @@ def _import_old(path):
     """The ``fisher_ref`` package of another checkout, imported as ``fisher_ref_old``."""
     import importlib.util
     init = os.path.join(path, "fisher_ref", "__init__.py")
-    spec = importlib.util.spec_from_file_location("fisher_ref_old", init,
-                                                  submodule_search_locations=[os.path.dirname(init)])
+    spec = importlib.util.spec_from_file_location(
+        "fisher_ref_old", init, submodule_search_locations=[os.path.dirname(init)])
     mod = importlib.util.module_from_spec(spec)
     sys.modules["fisher_ref_old"] = mod
     spec.loader.exec_module(mod)

@@ -30,7 +30,8 @@ def _config(name):
 
 def _states_by_key(prompt, depth, tokens, values):
     """``values`` rows keyed by (prompt, depth, generated tokens), in key order."""
-    keys = [(int(p), int(d), tuple(int(t) for t in tok)) for p, d, tok in zip(prompt, depth, tokens)]
+    keys = [(int(p), int(d), tuple(int(t) for t in tok))
+            for p, d, tok in zip(prompt, depth, tokens)]
     order = sorted(range(len(keys)), key=keys.__getitem__)
     return [keys[i] for i in order], values[order]
 

@@ -98,8 +98,9 @@ def test_accumulated_and_deferred_sums_survive_emptying_the_cache():
         want["Rh"] += np.einsum("bv,bvp->p", wts[:, 0], x) + mix[0]
         want["Rh2"] += np.einsum("bv,bvp->p", wts[:, 1], x ** 2) + mix[1]
         want["cross"] += r @ xi_of["y0_2"][refrows]
-        want["h2"] += r @ xi_of["y0_2"][refrows] + 2 * (rd[:, None] * H * xi_of["y0_1"][refrows]).sum(0)
-        want["h4"] += r @ xi_of["y0_4"][refrows] + 4 * (rd[:, None] * H * xi_of["y0_3"][refrows]).sum(0)
+        rH = rd[:, None] * H  # (b, P)
+        want["h2"] += r @ xi_of["y0_2"][refrows] + 2 * (rH * xi_of["y0_1"][refrows]).sum(0)
+        want["h4"] += r @ xi_of["y0_4"][refrows] + 4 * (rH * xi_of["y0_3"][refrows]).sum(0)
     cache.flush()
     for key in ("Rh", "Rh2", "h2", "h4"):
         assert rel(cache.sums[0][key], want[key]) <= RTOL, key
