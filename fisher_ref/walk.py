@@ -123,9 +123,10 @@ def model_probs(task, theta, W):
     return p, softmax(zq)
 
 
-def checked_sensitivities(task, W):
-    """Logit sensitivities ``j (B, P, V)`` of windows ``W (B, k)``, checked finite."""
-    J = sensitivities(task.model, task.theta, W)  # (B, P, V)
+def checked_sensitivities(task, W, tokens_first=False):
+    """Logit sensitivities ``j (B, P, V)`` of windows ``W (B, k)`` (``(B, V, P)`` with
+    ``tokens_first``), checked finite."""
+    J = sensitivities(task.model, task.theta, W, tokens_first)  # (B, P, V) or (B, V, P)
     if not np.isfinite(J).all():
         raise ValueError("non-finite logit sensitivities (check the model's derivatives)")
     return J

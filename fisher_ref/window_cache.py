@@ -159,23 +159,23 @@ class WindowCache:
         a["p"][lo:lo + U], a["q"][lo:lo + U] = pu, qu
         n_J, n = max(1, _J_ELEMENTS // (V * P)), max(1, _CHUNK_ELEMENTS // (V * P))
         for i in range(0, U, n_J):  # sensitivities of a batch of windows ...
-            J = checked_sensitivities(task, Wu[i:i + n_J])  # (u, P, V)
+            J = checked_sensitivities(task, Wu[i:i + n_J], tokens_first=True)  # (u, V, P)
             end = min(i + n_J, U)
             for j in range(i, end, n):  # ... and the passes over a few at a time
                 h = min(j + n, end)
                 self._compute_chunk(pu[j:h], qu[j:h], J[j - i:h - i], slice(lo + j, lo + h))
 
     def _compute_chunk(self, p, q, J, r):
-        r"""Centers, scores and moments of a few windows (``J (u, P, V)``) into rows ``r``.
+        r"""Centers, scores and moments of a few windows (``J (u, V, P)``, token rows of
+        :math:`j`) into rows ``r``.
 
         Sums over tokens are matrix products with the probabilities:
-        :math:`\bar j = j\,p`, :math:`y_n = q^\top \xi^{\circ n}`; the token moment of a
+        :math:`\bar j = p^\top j`, :math:`y_n = q^\top \xi^{\circ n}`; the token moment of a
         stream is its :math:`y_2 = \sum_a q_a (j_a - c)^2`."""
         a, dist = self.arrays, {"p": p[:, None, :], "q": q[:, None, :]}  # (u, 1, V)
         for c in self.centers:
             w = q if c == "q" else p if c == "p" else topk_weights(q, c)  # (u, V)
-            center = (J @ w[:, :, None]).transpose(0, 2, 1)  # (u, 1, P)
-            np.subtract(J.transpose(0, 2, 1), center, out=a[f"xi{c}"][r])  # (u, V, P): j_a - c
+            np.subtract(J, w[:, None, :] @ J, out=a[f"xi{c}"][r])  # (u, V, P): j_a - c
         for s, (_, wname, c) in enumerate(self.streams):
             d, xi = dist[wname], a[f"xi{c}"][r]  # (u, 1, V), (u, V, P)
             x2 = xi * xi  # (u, V, P)
@@ -185,8 +185,8 @@ class WindowCache:
             a[f"y{s}_3"][r] = (d @ x3)[:, 0]
             a[f"y{s}_4"][r] = (d @ np.multiply(x2, x2, out=x3))[:, 0]
         if self.keep:
-            dev = J - J.mean(axis=2, keepdims=True)  # (u, P, V)
-            a["uniform"][r] = (dev * dev).mean(axis=2)  # (u, P)
+            dev = J - J.mean(axis=1, keepdims=True)  # (u, V, P)
+            a["uniform"][r] = (dev * dev).mean(axis=1)  # (u, P)
 
     # ------------------------------------------------------------ accumulated sums
 
