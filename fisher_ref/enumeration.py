@@ -29,7 +29,7 @@ import numpy as np
 
 from .limits import MAX_COUNT, check_limit, readable, readable_log10
 from .model import state_windows
-from .rewards import evaluate_reward
+from .rewards import Reward, evaluate_reward
 
 __all__ = ["Cost", "EnumerationTooLarge", "estimate_cost", "check_cost", "count_states",
            "state_windows", "DEFAULT_MAX_SECONDS", "DEFAULT_MAX_BYTES"]
@@ -37,13 +37,19 @@ __all__ = ["Cost", "EnumerationTooLarge", "estimate_cost", "check_cost", "count_
 DEFAULT_MAX_SECONDS = 900.0
 DEFAULT_MAX_BYTES = 8 * 2 ** 30
 # Throughput assumed by the estimate (floating-point operations per second of
-# vectorised numpy on one core, and seconds of Python work per response: the
-# reward call). Calibrated on the 2-core x86_64 development machine against
-# measured exact() times (python -m fisher_ref.scaling); the estimate errs high.
-_FLOPS = 1.0e9
-_SECONDS_PER_RESPONSE = 1.0e-5
-# Per-window arrays kept between blocks (fisher_ref.exact.WINDOW_CACHE_BYTES).
+# vectorised numpy on one core, seconds of Python work per response: the reward,
+# per block of responses for the built-in rewards and one call each for any other,
+# and a fixed start-up). Calibrated on the 2-core x86_64 development machine against
+# measured exact() CPU times (medium: 0.20 s; V=16, T=4, P=4,376: 1.6 s, under load);
+# the estimate errs high.
+_FLOPS = 5.0e8
+_SECONDS_PER_RESPONSE = 1.0e-6
+_SECONDS_PER_CALLED_REWARD = 1.0e-5
+_SECONDS_FIXED = 0.01
+# Per-window arrays kept between blocks (fisher_ref.exact.WINDOW_CACHE_BYTES), and the
+# parents' score sums held for per-window products (fisher_ref.exact.DEFER_BYTES).
 _WINDOW_CACHE_BYTES = 256 * 2 ** 20
+_DEFER_BYTES = 64 * 2 ** 20
 
 
 class EnumerationTooLarge(ValueError):
@@ -141,12 +147,16 @@ def estimate_cost(task, n_streams=None, chunk=None, keep_states=False, keep_sequ
     S = n_streams if n_streams is not None else (1 if task.sampler is None else 3)
     chunk = chunk or default_chunk(P, V, T, S)
     N, M = count_states(V, T, m.eos, len(task.prompts))
-    # per state: sensitivities and centering; per response: h, h^2, h^4, A h (about
-    # 24 passes over P) and the score history of open children (T + 1 slots)
-    flops = N * P * V * (12 + 6 * S) + M * P * S * (24 + T)
-    seconds = flops / _FLOPS + M * _SECONDS_PER_RESPONSE
     windows = min(N, (V + 1) ** m.context)
+    # per distinct window: sensitivities, centers, the sums y_1..y_4 of each stream;
+    # per state: about 40 passes over P (the regrouped sums of its complete responses,
+    # its cross terms, what its children carry); per response: its reward
+    flops = windows * P * V * (10 + 8 * S) + N * P * S * 40
+    called = type(task.reward).batch is Reward.batch  # no vectorised form: one call each
+    per_response = _SECONDS_PER_CALLED_REWARD if called else _SECONDS_PER_RESPONSE
+    seconds = _SECONDS_FIXED + flops / _FLOPS + M * per_response
     cache = min(_WINDOW_CACHE_BYTES, 8 * windows * P * V * S * 2)
+    cache += min(_DEFER_BYTES, 8 * N * P * S)
     # one block's work arrays, plus the children (score histories) of up to T - 1
     # partly expanded blocks waiting on the depth-first stack
     rows = min(chunk, N)  # a block never holds more states than the tree has

@@ -1,197 +1,224 @@
-r"""The exact engine: every quantity of DESIGN §1 by enumerating every response.
+r"""The fast exact engine: every quantity of docs/theory.md §2-3 by enumerating
+every response.
 
-It computes what :func:`fisher_ref.exact_reference.exact_reference` computes
-— the same streams (``"policy"``; with a sampler ``"raw"``, ``"centered"``,
-``"top{k}"``; see that module), every response-level expectation as a sum over
-complete responses of probability times the response's own value, every
-token-level one as a sum over states of reach times the state's value —
-and nothing here assumes the identities of §1 that relate the two routes.
+It computes what :func:`fisher_ref.exact_reference.exact_reference` computes —
+the same streams (``"policy"``; with a sampler ``"raw"``, ``"centered"``,
+``"top{k}"``), every response-level expectation as a sum over complete
+responses of probability times the response's own value, every token-level one
+as a sum over states of reach times the state's value — and nothing here
+assumes the identities of docs/theory.md §2.9 that relate the two routes. The
+plain engine is the judge at 1e-10 (tests/test_fast_paths.py).
 
-Speed without changing what is summed (the plain engine,
-:func:`fisher_ref.exact_reference.exact_reference`, is the judge at 1e-10):
+The sums are regrouped (docs/theory.md §7.5):
 
-- everything a state computes (logits, ``j``, centers, scores) depends on the
-  state only through its window of the last ``k`` tokens, so it is computed
-  once per distinct window of a block and gathered;
-- each open state carries its running score sum ``H`` and its score history;
-  a complete response's ``h = H(parent) + xi(parent, a)`` is formed per
-  response, so :math:`E[h^2]`, :math:`E[h^4]`, :math:`E[Ah]` stay sums of each
-  response's own value;
-- cross terms are the same finite sum over responses, grouped by parent: the
-  responses ending at a block's children share the parent's history
-  :math:`\xi_u` for ``u < depth``, so
-  :math:`\sum_a w_a\,\xi_u\,\xi_t(a) = \xi_u \sum_a w_a\,\xi_t(a)`. This is
-  only the distributive law on a finite sum over enumerated responses; it does
-  not use that conditional score means vanish.
+- per distinct window (:class:`fisher_ref.window_cache.WindowCache`): logits,
+  ``j``, centers, scores and the sums :math:`y_l = \sum_a q_a \xi_a^l`, computed
+  once; the autodiff gradient reuses the walk's window ids;
+- per parent (:mod:`fisher_ref.grouped`): a complete response has
+  :math:`h = H + \xi`; the powers of ``h`` are expanded by the binomial theorem
+  and summed over a parent's responses, a window's responses or the whole run,
+  whichever keeps the same finite sum cheapest;
+- cross terms per run of parents that share their first tokens.
+
+The fast engine's walk carries per state its running score sum ``H``, its path
+sum of token moments ``G``, the score of its last token and the window ids of
+its ancestors (not the whole score history).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .enumeration import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, responses
+from .enumeration import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, expand
 from .exact_reference import exact_reference
-from .walk import (REACH, BlockArrays, Run, autodiff_gradient, check_support, checked_sensitivities,
-                   model_probs, topk_center)
-from .token_fisher import mean_sensitivity, token_fisher, token_second_moment, uniform_token_fisher
+from .grouped import level_sums, parent_powers, prefix_starts, window_products
+from .results import importance_weighted
+from .walk import (REACH, BlockArrays, Run, check_support, reward_gradient, state_places,
+                   topk_center)
+from .window_cache import WindowCache
 
-__all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES"]
+__all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES", "DEFER_BYTES"]
 
 # Response-state rows gathered before one autodiff call (fewer calls, bounded memory).
 _AUTODIFF_ROWS = 2 ** 16
+# Elements of a (parents, P) array in one sub-block of complete-response sums (8 MiB:
+# bounds the temporaries; smaller sub-blocks fit the CPU cache but cost more calls).
+_SUB_ELEMENTS = 2 ** 20
 # Bytes of per-window arrays kept between blocks (speed only; results do not depend on it).
 WINDOW_CACHE_BYTES = 256 * 2 ** 20
-# Per-state arrays kept for result.states (with a sampler, also _KEPT_SAMPLER).
-_KEPT = ("token_fisher", "uniform", "score_mean")
-_KEPT_SAMPLER = ("sampler_token_fisher", "raw_score_mean")
-
-
-class _WindowCache:
-    """Per-window arrays (probabilities, centered scores, token moments), computed
-    once per distinct window of ``k`` tokens and reused by every state ending in it.
-
-    Holds at most ``budget`` bytes: when a block's new windows would not fit, it
-    is emptied first (memory stays bounded; only speed depends on the budget).
-    """
-
-    def __init__(self, task, streams, keep_states, budget=None):
-        self.task, self.streams, self.keep = task, streams, keep_states
-        V, P = task.model.vocab_size, task.model.num_params
-        self.centers = list(dict.fromkeys(c for _, _, c in streams))
-        per = 8 * (len(self.centers) * V * P + (2 * len(streams) + 6) * P + 2 * V)
-        budget = WINDOW_CACHE_BYTES if budget is None else budget
-        self.capacity = max(1, budget // per)
-        # window entries lie in -1..V (-1 pads a model's whole-history window)
-        self.base = (V + 2) ** np.arange(task.model.context, dtype=object)
-        self.exact_keys = (V + 2) ** task.model.context < 2 ** 62
-        self.clear()
-
-    def clear(self):
-        self.index, self.parts, self.n = {}, [], 0
-        self.arrays = None
-
-    def _keys(self, W):
-        if self.exact_keys:
-            return ((W + 1) * self.base.astype(np.int64)).sum(axis=1).tolist()  # (B,)
-        return [tuple(r) for r in W.tolist()]
-
-    def rows(self, W):
-        """Row of each window of ``W (B, k)`` in :attr:`arrays` (computing new ones)."""
-        keys = self._keys(W)
-        new = {}
-        for i, key in enumerate(keys):
-            if key not in self.index and key not in new:
-                new[key] = i
-        if new:
-            if self.n + len(new) > self.capacity:
-                self.clear()
-                return self.rows(W) if len(set(keys)) <= self.capacity else self._uncached(W)
-            for key in new:
-                self.index[key] = self.n
-                self.n += 1
-            self.parts.append(self._compute(W[list(new.values())]))
-            self.arrays = None
-        if self.arrays is None:
-            self.parts = [{k: np.concatenate([p[k] for p in self.parts]) for k in self.parts[0]}]
-            self.arrays = self.parts[0]
-        return self.arrays, np.array([self.index[k] for k in keys], dtype=np.int64)
-
-    def _uncached(self, W):
-        Wu, inv = np.unique(W, axis=0, return_inverse=True)
-        return self._compute(Wu), inv.ravel()
-
-    def _compute(self, Wu):
-        """Arrays of distinct windows ``Wu (U, k)``."""
-        task, theta = self.task, self.task.theta
-        pu, qu = model_probs(task, theta, Wu)  # (U, V) each
-        J = checked_sensitivities(task, Wu)  # (U, P, V)
-        jbar = {"p": mean_sensitivity(pu, J), "q": mean_sensitivity(qu, J)}  # (U, P)
-        dist = {"p": pu, "q": qu}
-        out = {"p": pu, "q": qu}
-        for c in self.centers:
-            center = jbar[c] if isinstance(c, str) else topk_center(qu, J, c)  # (U, P)
-            xi = J - center[:, :, None]  # (U, P, V): the score of every candidate token
-            out[f"xiT{c}"] = np.ascontiguousarray(xi.transpose(0, 2, 1))  # (U, V, P)
-            out[f"center{c}"] = center
-        for s, (_, wname, c) in enumerate(self.streams):
-            out[f"m{s}"] = token_second_moment(dist[wname], J, out[f"center{c}"])  # (U, P)
-            out[f"cond{s}"] = np.einsum("uv,uvp->up", dist[wname], out[f"xiT{c}"])  # E[xi|s]
-        if self.keep:
-            out["token_fisher"] = token_fisher(pu, J)
-            out["uniform"] = uniform_token_fisher(J)
-            out["score_mean"] = np.einsum("uv,uvp->up", pu, out["xiTp"])
-            if task.sampler is not None:
-                out["sampler_token_fisher"] = token_fisher(qu, J)
-                out["raw_score_mean"] = np.einsum("uv,uvp->up", qu, out["xiTp"])
-        return out
+# Bytes of parents' score sums held for the per-window products (speed only; at most
+# what one block's children would hold with their score histories, so that memory
+# stays set by the block size).
+DEFER_BYTES = 64 * 2 ** 20
 
 
 class _AutodiffBatch:
-    """Complete responses gathered for one :func:`autodiff_gradient` call."""
+    """Complete responses gathered for one :func:`fisher_ref.walk.reward_gradient` call,
+    each given by the run-wide ids of its states' windows (the walk's own)."""
 
-    def __init__(self, task):
-        self.task, self.parts, self.rows = task, [], 0
+    def __init__(self, task, cache):
+        self.task, self.cache, self.parts, self.rows = task, cache, [], 0
 
-    def add(self, done, plen, R):
-        """Queue a block's responses; True once about ``_AUTODIFF_ROWS`` state rows wait."""
-        self.parts.append((done["tokens"], done["length"], plen,
-                           self.task.prompt_weights[done["prompt"]], R))
-        self.rows += len(R) * self.task.max_len
+    def add(self, paths, tokens, n, prompt, R):
+        """Queue responses: window ids ``paths (M, T)`` and tokens ``(M, T)`` of which the
+        first ``n`` are generated, prompts ``(M,)``, rewards ``(M,)``. True once about
+        ``_AUTODIFF_ROWS`` state rows wait."""
+        live = np.broadcast_to(np.arange(tokens.shape[1]) < n, tokens.shape)  # (M, T)
+        self.parts.append((paths, tokens, live, self.task.prompt_weights[prompt], R))
+        self.rows += live.sum()
         return self.rows >= _AUTODIFF_ROWS
 
     def flush(self):
         """Gradient ``(P,)`` of the queued responses' expected reward; empties the queue."""
         if not self.parts:
             return 0.0
-        args = [np.concatenate(a) for a in zip(*self.parts)]
+        paths, tokens, live, weights, R = [np.concatenate(a) for a in zip(*self.parts)]
         self.parts, self.rows = [], 0
-        return autodiff_gradient(self.task, self.task.theta, *args)
+        ids, win = np.unique(paths[live], return_inverse=True)  # (U,), (L,)
+        rows = np.zeros(paths.shape, dtype=np.int64)  # (M, T): dead slots read row 0
+        rows[live] = win
+        nxt = np.where(live, tokens, 0)  # (M, T)
+        return reward_gradient(self.task, self.task.theta, self.cache.windows_of(ids), rows, nxt,
+                               live, weights, R)
 
 
 def _block_arrays(run, cache, block):
     """A block's per-state arrays, gathered from the per-window cache; adds its
-    token-level terms and keeps its state records."""
+    token-level terms (summed per distinct window) and keeps its state records."""
     task, S = run.task, len(run.streams)
+    B, d = block["prompt"].shape[0], block["depth"]
     W = task.model.windows(block["tokens"], block["length"])  # (B, k)
-    arr, inv = cache.rows(W)  # per-window arrays, (B,) row of each state
-    p, q = arr["p"][inv], arr["q"][inv]  # (B, V)
+    block["wid"] = cache.ids(W)  # (B,) run-wide window ids
+    both = cache.rows(np.concatenate([block["wid"], block["wpath"][:, :d].ravel()]))
+    rows, block["path_rows"] = both[:B], both[B:].reshape(B, d)  # cache rows of states, ancestors
+    a = cache.arrays
+    p, q = a["p"][rows], a["q"][rows]  # (B, V)
     if task.sampler is not None:
         check_support(block, p, q)
-    ms = [arr[f"m{s}"][inv] for s in range(S)]  # S arrays (B, P)
-    run.add_states(block, ms, [arr[f"cond{s}"][inv] for s in range(S)])
+    ur, inv = np.unique(rows, return_inverse=True)  # (U,), (B,)
+    reach = {k: np.bincount(inv, block[REACH[k]], minlength=len(ur)) for k in REACH}  # (U,)
+    run.add_states(reach, [a[f"y{s}_2"][ur] for s in range(S)],
+                   [a[f"y{s}_1"][ur] for s in range(S)], block["depth"], len(rows))
+    ms = np.stack([a[f"y{s}_2"][rows] for s in range(S)])  # (S, B, P) token moments m
     if run.keep_states:
-        keys = _KEPT + (_KEPT_SAMPLER if task.sampler is not None else ())
-        run.keep_state_arrays(block, p, q, {k: arr[k][inv] for k in keys})
-    xiT = [arr[f"xiT{c}"] for _, _, c in run.streams]  # S arrays (U, V, P)
-    return BlockArrays(p, q, inv, xiT, block["G"] + np.stack(ms))  # G: (S, B, P)
+        kept = {"token_fisher": ms[0], "uniform": (a["uniform"], rows),
+                "score_mean": (a["y0_1"], rows)}
+        if task.sampler is not None:  # streams 1, 2: raw (mu, center p), centered (mu, mu)
+            kept.update({"sampler_token_fisher": ms[2], "raw_score_mean": (a["y1_1"], rows)})
+        run.keep_state_arrays(block, p, q, kept, at=state_places(task, block))
+    xiT = [a[f"xi{c}"] for _, _, c in run.streams]  # S arrays (n, V, P)
+    return BlockArrays(p, q, rows, xiT, block["G"] + ms)  # G: (S, B, P)
 
 
-def _complete(run, batch, block, arrs, par, xi, done):
-    r"""Complete responses: :math:`h = H(\text{parent}) + \xi` formed per response
-    (so :math:`h^2, h^4, Ah` are summed response by response); path sums and cross
-    terms grouped by parent, which shares :math:`\xi_u` for ``u < depth``.
+def _carry(block, par, xi, G):
+    """What the children of parents ``par (C,)`` carry: running score sums ``H (S, C, P)``,
+    path sums ``G (S, C, P)`` (the parents' own ``m`` included), the score of their last
+    token ``last (C, S, P)`` and the run-wide window ids of their ancestors
+    ``wpath (C, T)``."""
+    xi = xi[0][None] if len(xi) == 1 else np.stack(xi)  # (S, C, P)
+    path = block["wpath"][par]  # (C, T)
+    path[:, block["depth"]] = block["wid"][par]
+    return {"H": block["H"][:, par] + xi, "G": G[:, par], "last": xi.transpose(1, 0, 2),
+            "wpath": path}
 
-    Args:
-        par: ``(C,)`` parent row of each response (sorted); ``xi``: ``S`` arrays
-            ``(C, P)``, the score of its last token; ``done``: the responses' block.
-    """
-    task, depth = run.task, block["depth"]
-    resp, R, plen = responses(task, done)
-    starts = np.flatnonzero(np.r_[True, par[1:] != par[:-1]])  # (Pn,) first row per parent
-    pg = par[starts]  # (Pn,) parents with complete children
-    for s, (name, wname, _) in enumerate(run.streams):
-        h = block["H"][s, par] + xi[s]  # (C, P): each response's own h
-        run.moments[name].add_responses_grouped(
-            done[REACH[wname]], R, h, done["rp"], starts, arrs.G[s, pg],
-            block["hist"][s, pg, :depth], xi[s], depth)
-    if batch.add(done, plen, R):
+
+def _complete(run, cache, batch, block, arrs, idx):
+    """The complete responses among the block's children ``idx`` (the same tokens ``K``
+    under every parent): their rewards at once, the sums of each stream (weights per
+    window and token, then per parent), the autodiff queue and the kept records."""
+    task, d, V = run.task, block["depth"], run.task.model.vocab_size
+    B = block["prompt"].shape[0]
+    k = len(idx) // B
+    K = idx[:k] % V  # (k,) terminal tokens
+    _, tok, done = expand(task, block, idx, arrs.p, arrs.q)
+    gen = block["tokens"][np.arange(B)[:, None],
+                          (block["length"] - d)[:, None] + np.arange(d)]  # (B, d)
+    resp = np.full((B * k, task.max_len), -1, dtype=np.int64)  # (C, T)
+    resp[:, :d], resp[:, d] = np.repeat(gen, k, axis=0), tok
+    R = task.reward.batch(resp, np.full(B * k, d + 1), task.prompts, done["prompt"])  # (C,)
+    weights = [_stream_weights(run, cache, s, block, arrs, done, K, R)
+               for s in range(len(run.streams))]
+    _parent_sums(run, cache, block, arrs, gen, K, weights)
+    path = np.repeat(block["wpath"], k, axis=0)  # (C, T)
+    path[:, d] = np.repeat(block["wid"], k)
+    if batch.add(path, resp, d + 1, done["prompt"], R):
         run.grad_ad += batch.flush()
     run.keep_responses(done, resp, R)
+
+
+def _stream_weights(run, cache, s, block, arrs, done, K, R):
+    """Stream ``s``'s weights ``w (B, k)``, rewards ``R - r0``, importance weights; the
+    weights of its per-(window, token) sums and of its sums without ``H`` handed to the
+    window cache."""
+    name, wname, _ = run.streams[s]
+    mom, r, B = run.moments[name], block[REACH[wname]], block["prompt"].shape[0]
+    w = done[REACH[wname]].reshape(B, len(K))  # (B, k)
+    Rc = mom.centered(R).reshape(w.shape)
+    wR = w * Rc
+    rho_w = importance_weighted(w, done["rp"].reshape(w.shape)) if wname == "q" else None
+    acc = [wR, wR, wR * Rc] if rho_w is None else [rho_w, rho_w * Rc, wR, wR, wR * Rc]
+    cache.accumulate(s, arrs.rows, K, np.stack(acc, axis=1))  # see _accumulated
+    if len(K) == run.task.model.vocab_size:  # w = r q: the sums without H, per window
+        cache.accumulate_reach(s, arrs.rows, r, block["depth"])
+    return mom, arrs.xiT[s], w, Rc, rho_w, r
+
+
+def _parent_sums(run, cache, block, arrs, gen, K, weights):
+    """Every sum of :func:`fisher_ref.grouped.level_sums`, parents in sub-blocks (bounded
+    temporaries); with every token terminal, the reward-weighted products per window
+    later."""
+    d, B, full = block["depth"], block["prompt"].shape[0], len(K) == run.task.model.vocab_size
+    step = max(1, _SUB_ELEMENTS // run.task.model.num_params)
+    for lo in range(0, B, step):
+        sl = slice(lo, lo + step)
+        starts = prefix_starts(block["prompt"][sl], gen[sl])
+        g, prow, last, rows = gen[sl], block["path_rows"][sl], block["last"][sl], arrs.rows[sl]
+        for s, (mom, xi, w, Rc, rho_w, r) in enumerate(weights):
+            w, Rc, rho_w, H = w[sl], Rc[sl], None if rho_w is None else rho_w[sl], block["H"][s, sl]
+            X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w, 2 if full else 4)
+            C = np.stack([w * Rc, w * Rc * Rc], axis=1)  # (b, 2, k)
+            if full:  # sums without H and products with per-window arrays: later
+                Z = pure = None
+                cache.defer(s, rows, C, H, ("Rh2", "R2h2"), r[sl])
+            else:
+                Z, pure = window_products(C, xi, rows, K), [x.sum(axis=0) for x in X[:2] + X[3:]]
+                X = X[:3]
+
+            def hist_at(t, at, s=s, xi=xi):  # the parents' score xi_t, rows ``at``
+                if t == d - 1:
+                    return last[:, s] if len(at) == len(last) else last[at, s]
+                return xi[prow[at, t], g[at, t]]
+
+            mom.add_sums(**level_sums(H, arrs.G[s, sl], hist_at, w, Rc, rho_w, X, starts, Z,
+                                      pure))
+
+
+def _accumulated(run):
+    """Per stream, the sums the per-(window, token) weights of :func:`_complete` add to,
+    with the power of the score each takes (:meth:`WindowCache.accumulate`)."""
+    on = [("Rh", 1), ("Rh2", 2), ("R2h2", 2)]
+    return {s: on if wname == "p" else [("is_h", 1), ("is_Rh", 1)] + on
+            for s, (_, wname, _) in enumerate(run.streams)}
+
+
+def _finish(run, cache):
+    """Add what the window cache accumulated; a stream drawn from the policy has
+    :math:`\rho = 1`, so its importance-weighted sums are its plain ones."""
+    cache.flush()
+    T = run.task.max_len
+    for s, (name, wname, _) in enumerate(run.streams):
+        mom, sums = run.moments[name], dict(cache.sums[s])
+        diag, diag4 = np.zeros((T, T, mom.h.shape[0])), np.zeros((T, T, mom.h.shape[0]))
+        diag[np.arange(T), np.arange(T)] = sums.pop("cross")
+        diag4[np.arange(T), np.arange(T)] = sums.pop("cross4")
+        mom.add_sums(cross=diag, cross4=diag4, **sums)
+        if wname == "p":
+            mom.is_h, mom.is_Rh = mom.h.copy(), mom.Rh.copy()
 
 
 def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
           max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES, progress=True,
           reference=False):
-    r"""Every quantity of DESIGN §1 for ``task``, exactly, in float64.
+    r"""Every quantity of docs/theory.md §2-3 for ``task``, exactly, in float64.
 
     Args:
         task: a :class:`fisher_ref.tasks.Task`.
@@ -219,9 +246,22 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     if reference:
         return exact_reference(task, **kw)
     run = Run(task, **kw)
-    cache = _WindowCache(task, run.streams, run.keep_states)
-    batch = _AutodiffBatch(task)
-    run.walk(("hist", "H", "G"), lambda block: _block_arrays(run, cache, block),
-             lambda *args: _complete(run, batch, *args))
+    V, k = task.model.vocab_size, task.model.context
+    cache = WindowCache(task, run.streams, run.keep_states, WINDOW_CACHE_BYTES, _accumulated(run),
+                        expected=min(run.cost.n_states, (V + 2) ** min(k, 8)),
+                        defer_bytes=min(DEFER_BYTES, 8 * run.cost.chunk * V * task.model.num_params
+                                        * len(run.streams) * (task.max_len + 2)))
+    batch = _AutodiffBatch(task, cache)
+
+    def block_arrays(block):
+        if "wpath" not in block:  # the root: nothing generated yet
+            n, S, P = block["prompt"].shape[0], len(run.streams), task.model.num_params
+            block.update(wpath=np.zeros((n, task.max_len), dtype=np.int64),
+                         last=np.zeros((n, S, P)))
+        return _block_arrays(run, cache, block)
+
+    run.walk(("H", "G"), block_arrays, lambda *args: _complete(run, cache, batch, *args),
+             _carry)
     run.grad_ad += batch.flush()
+    _finish(run, cache)
     return run.finish()

@@ -30,7 +30,7 @@ import numpy as np
 from .enumeration import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, carry, responses
 from .token_fisher import mean_sensitivity, token_fisher, token_second_moment, uniform_token_fisher
 from .walk import (REACH, BlockArrays, Run, autodiff_gradient, check_support, checked_sensitivities,
-                   model_probs, topk_center)
+                   children, model_probs, topk_center)
 
 __all__ = ["exact_reference", "topk_center"]
 
@@ -52,7 +52,7 @@ def _block_arrays(run, block):
         ms.append(token_second_moment(dist[wname], J, center))  # (B, P)
         conds.append(np.einsum("bv,bpv->bp", dist[wname], xi))  # (B, P): E[xi | s]
         xiT.append(xi.transpose(0, 2, 1))  # (B, V, P)
-    run.add_states(block, ms, conds)
+    run.add_states({"p": block["rp"], "q": block["rq"]}, ms, conds, block["depth"], p.shape[0])
     if run.keep_states:
         kept = {"token_fisher": token_fisher(p, J), "uniform": uniform_token_fisher(J),
                 "score_mean": np.einsum("bv,bvp->bp", p, xiT[0])}
@@ -63,10 +63,11 @@ def _block_arrays(run, block):
     return BlockArrays(p, q, np.arange(p.shape[0]), xiT, block["G"] + np.stack(ms))
 
 
-def _complete(run, block, arrs, par, xi, done):
-    """Complete responses: every response-level sum taken response by response
-    over each response's full score history ``(M, T, P)``."""
+def _complete(run, block, arrs, idx):
+    """Complete responses (children ``idx`` of the block): every response-level sum
+    taken response by response over each response's full score history ``(M, T, P)``."""
     task = run.task
+    par, xi, done = children(task, block, idx, arrs)
     done.update(carry(block, par, xi, arrs.G))
     resp, R, plen = responses(task, done)
     for s, (name, wname, _) in enumerate(run.streams):

@@ -60,7 +60,7 @@ class Moments:
             self.cond_mean_max = np.maximum(self.cond_mean_max,
                                             np.abs(cond_mean[live]).max(axis=0))
 
-    def _centered(self, R):
+    def centered(self, R):
         """``R - r0`` (fixing ``r0`` at the first reward seen)."""
         if self.r0 is None and len(R):
             self.r0 = float(R[0])
@@ -70,7 +70,7 @@ class Moments:
         """Responses: weights ``w (M,)``, rewards ``R (M,)``, scores ``hist (M, T, P)``,
         path sums ``g (M, P)``, policy probabilities ``w_policy (M,)`` (importance weights)."""
         h = hist.sum(axis=1)  # (M, P)
-        R = self._centered(R)
+        R = self.centered(R)
         h2 = h * h
         self.mass += w.sum()
         self.R += w @ R
@@ -90,85 +90,16 @@ class Moments:
         self.is_Rh += (rho_w * R) @ h
         self.is_h += rho_w @ h
 
-    def add_responses_grouped(self, w, R, h, w_policy, starts, g_par, hist_par, xi, depth):
-        r"""Responses ending at one block's children (rows sorted by parent).
-
-        Args:
-            w, R, w_policy: ``(C,)`` weights, rewards, policy probabilities.
-            h: ``(C, P)`` each response's own score sum.
-            starts: ``(Pn,)`` first row of each parent's group.
-            g_par: ``(Pn, P)`` path sum of ``m``, shared by a parent's responses.
-            hist_par: ``(Pn, depth, P)`` scores :math:`\xi_u`, ``u < depth``, shared
-                by a parent's responses.
-            xi: ``(C, P)`` score of each response's last token (slot ``depth``).
-
-        :math:`h`, :math:`h^2`, :math:`h^4`, :math:`Ah` are summed response by
-        response. Path sums and cross terms use the distributive law on the same
-        finite sum: :math:`\sum_{a} w_a \xi_u\xi_t(a) = \xi_u \sum_a w_a\xi_t(a)`
-        when every response of the group shares :math:`\xi_u` (and ``g``).
-        """
-        R = self._centered(R)
-        wR = w * R
-        rho_w = importance_weighted(w, w_policy)  # (C,)
-        self.mass += w.sum()
-        self.R += w @ R
-        self.R2 += wR @ R
-        # one pass over h for four weighted sums (a (4, C) @ (C, P) product)
-        Eh, ERh, Erh, ErRh = np.stack([w, wR, rho_w, rho_w * R]) @ h  # (P,) each
-        self.h += Eh
-        self.Rh += ERh
-        self.is_h += Erh
-        self.is_Rh += ErRh
-        h2 = h * h  # (C, P)
-        Eh2, ERh2, ER2h2 = np.stack([w, wR, wR * R]) @ h2  # (P,) each
-        self.h2 += Eh2
-        self.Rh2 += ERh2
-        self.R2h2 += ER2h2
-        self.h4 += _wsum(w, h2, h2)
-        del h2
-        G, k = len(starts), len(w) // len(starts)
-        equal = k * G == len(w) and np.array_equal(starts, np.arange(G) * k)
-        if equal:  # every group has k rows: sums over a group are a batched contraction
-            wg, xg = w.reshape(G, k), xi.reshape(G, k, -1)  # (G, k), (G, k, P)
-            Wg = wg.sum(axis=1)  # (G,) group weights
-        else:
-            Wg = np.add.reduceat(w, starts)  # (G,)
-        self.g += Wg @ g_par
-        self.g2 += _wsum(Wg, g_par, g_par)
-        d = depth
-        xi2 = xi * xi  # (C, P)
-        self.cross[d, d] += w @ xi2
-        self.cross4[d, d] += _wsum(w, xi2, xi2)
-        if d == 0:
-            return
-        if equal:
-            X1 = np.einsum("gk,gkp->gp", wg, xg)  # (G, P): sum_a w_a xi_d(a) per group
-            X2 = np.einsum("gk,gkp->gp", wg, xi2.reshape(G, k, -1))  # sum_a w_a xi_d(a)^2
-        else:
-            X1 = np.add.reduceat(w[:, None] * xi, starts)  # (G, P)
-            X2 = np.add.reduceat(w[:, None] * xi2, starts)  # (G, P)
-        for u in range(d):
-            hu = hist_par[:, u]  # (G, P)
-            c, c4 = np.einsum("gp,gp->p", hu, X1), _wsum(None, hu * hu, X2)
-            self.cross[u, d] += c
-            self.cross[d, u] += c
-            self.cross4[u, d] += c4
-            self.cross4[d, u] += c4
-            for t in range(u, d):
-                ht = hist_par[:, t]  # (G, P)
-                c, c4 = _wsum(Wg, hu, ht), _wsum(Wg, hu * hu, ht * ht)
-                self.cross[u, t] += c
-                self.cross4[u, t] += c4
-                if t != u:
-                    self.cross[t, u] += c
-                    self.cross4[t, u] += c4
-
-
-def _wsum(w, a, b):
-    r""":math:`\sum_c w_c a_{c,p} b_{c,p}` (``w=None``: unweighted) without a ``(C, P)`` temporary."""
-    if w is None:
-        return np.einsum("cp,cp->p", a, b)
-    return np.einsum("c,cp,cp->p", w, a, b, optimize=False)
+    def add_sums(self, cross=None, cross4=None, **sums):
+        """Add sums over responses computed elsewhere (the fast engine's regrouped
+        sums): ``sums`` maps attribute names (``mass``, ``R``, ``h``, ``h2``, ...) to
+        values; ``cross``, ``cross4`` ``(n, n, P)`` add to the leading ``n x n`` slots."""
+        for name, value in sums.items():
+            setattr(self, name, getattr(self, name) + value)
+        if cross is not None:
+            n = cross.shape[0]
+            self.cross[:n, :n] += cross
+            self.cross4[:n, :n] += cross4
 
 
 @dataclass
@@ -273,6 +204,30 @@ def _concat(records, key):
     return np.concatenate([r[key] for r in records]) if records else None
 
 
+def _sorted_records(records, sort_keys):
+    """The records' arrays concatenated and sorted by ``sort_keys(out) -> lexsort keys``,
+    where ``out`` holds the concatenated small (1-D and integer) arrays. Each large array
+    is written once, straight into its sorted place (no concatenated copy)."""
+    small = {k: _concat(records, k) for k, v in records[0].items()
+             if v.ndim == 1 or v.dtype.kind in "iub"}
+    order = np.lexsort(sort_keys(small))  # (N,)
+    dest = np.empty(len(order), dtype=np.int64)  # (N,) sorted place of each row
+    dest[order] = np.arange(len(order))
+    out = {k: v[order] for k, v in small.items()}
+    for k, v in records[0].items():
+        if k not in small:
+            out[k] = np.empty((len(dest),) + v.shape[1:], dtype=v.dtype)
+            lo = 0
+            for r in records:
+                n, at = r[k].shape[0], dest[lo:lo + r[k].shape[0]]
+                if n and at[-1] - at[0] == n - 1 and (np.diff(at) == 1).all():
+                    out[k][at[0]:at[0] + n] = r[k]  # a block of consecutive states: one copy
+                else:
+                    out[k][at] = r[k]
+                lo += n
+    return out
+
+
 class ExactResult:
     """Everything the exact engine computed for one task.
 
@@ -282,7 +237,8 @@ class ExactResult:
     from ``streams["policy"]``. With a sampler, ``streams["raw"]``,
     ``streams["centered"]`` and ``streams["top{k}"]`` hold the off-policy ones.
     ``states`` and ``sequences`` hold the per-state and per-response arrays
-    (sorted by prompt, depth, tokens) when they were kept.
+    (sorted by prompt, depth, tokens) when they were kept; ``build`` takes the
+    states as block records (sorted here) or as arrays already in that order.
     """
 
     @classmethod
@@ -295,7 +251,7 @@ class ExactResult:
                      "token_fisher_sum_paths", "cross_terms", "expected_reward", "reward_std",
                      "baseline", "gradient", "covariance", "bound", "correlation"):
             setattr(self, name, getattr(on, name))
-        self.states = cls._sorted_states(states)
+        self.states = states if isinstance(states, dict) else cls._sorted_states(states)
         self.sequences = cls._sorted_seqs(seqs, on.baseline, streams)
         return self
 
@@ -303,19 +259,15 @@ class ExactResult:
     def _sorted_states(states):
         if not states:
             return None
-        out = {k: _concat(states, k) for k in states[0]}
-        keys = [out["tokens"][:, c] for c in range(out["tokens"].shape[1] - 1, -1, -1)]
-        order = np.lexsort(keys + [out["depth"], out["prompt"]])
-        return {k: v[order] for k, v in out.items()}
+        return _sorted_records(states, lambda o: [o["tokens"][:, c] for c in range(
+            o["tokens"].shape[1] - 1, -1, -1)] + [o["depth"], o["prompt"]])
 
     @staticmethod
     def _sorted_seqs(seqs, baseline, streams):
         if not seqs:
             return None
-        out = {k: _concat(seqs, k) for k in seqs[0]}
-        keys = [out["tokens"][:, c] for c in range(out["tokens"].shape[1] - 1, -1, -1)]
-        order = np.lexsort(keys + [out["prompt"]])
-        out = {k: v[order] for k, v in out.items()}
+        out = _sorted_records(seqs, lambda o: [o["tokens"][:, c] for c in range(
+            o["tokens"].shape[1] - 1, -1, -1)] + [o["prompt"]])
         out["advantage"] = out["reward"] - baseline
         if "centered" in streams:
             out["sampler_advantage"] = out["reward"] - streams["centered"].baseline

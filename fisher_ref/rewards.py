@@ -3,10 +3,17 @@
 ``response`` is the tuple of generated tokens, the EOS included when the
 response ended with it. Built-in rewards are named and serialisable; any Python
 callable of ``(prompt, response)`` returning a finite float may be used too.
+
+:meth:`Reward.batch` evaluates a reward on a whole block of responses at once:
+the built-ins vectorise over the ``(M, T)`` token array, any other reward falls
+back to one call per response (:func:`evaluate_reward`). Both give the same
+numbers (tests/test_rewards.py holds them equal on random responses).
 """
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from .limits import MAX_ABS_VALUE
 
@@ -21,6 +28,24 @@ class Reward:
 
     def __call__(self, prompt, response):  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def batch(self, tokens, lengths, prompts, prompt_ids):
+        """Rewards of ``M`` responses at once: ``(M,)`` float.
+
+        Args:
+            tokens: ``(M, T)`` int, response ``m`` in ``tokens[m, :lengths[m]]`` (its
+                final EOS included), ``-1`` after it.
+            lengths: ``(M,)`` number of generated tokens of each response (``>= 1``).
+            prompts: the task's prompts (token tuples).
+            prompt_ids: ``(M,)`` index into ``prompts`` of each response's prompt.
+
+        This default calls the reward once per response (:func:`evaluate_reward`);
+        the built-in rewards override it with a vectorised form.
+        """
+        rows = tokens.tolist()
+        return np.array([evaluate_reward(self, prompts[i], row[:n])
+                         for i, row, n in zip(prompt_ids.tolist(), rows, lengths.tolist())],
+                        dtype=float)  # (M,)
 
     def to_json(self):
         return {"name": self.name}
@@ -45,6 +70,14 @@ def _strip_eos(response, eos):
     return tuple(response[:-1]) if eos and response and response[-1] == 0 else tuple(response)
 
 
+def _stripped_lengths(tokens, lengths, eos):
+    """``(M,)`` lengths with a final EOS removed (:func:`_strip_eos` of each row)."""
+    if not eos:
+        return lengths
+    last = tokens[np.arange(len(lengths)), np.maximum(lengths - 1, 0)]  # (M,)
+    return lengths - ((lengths > 0) & (last == 0))
+
+
 class CountReward(Reward):
     """Number of times ``token`` appears among the generated tokens.
 
@@ -62,6 +95,10 @@ class CountReward(Reward):
 
     def __call__(self, prompt, response):
         return float(sum(1 for t in response if t == self.token))
+
+    def batch(self, tokens, lengths, prompts, prompt_ids):
+        live = np.arange(tokens.shape[1])[None, :] < lengths[:, None]  # (M, T)
+        return ((tokens == self.token) & live).sum(axis=1).astype(float)  # (M,)
 
     def check_vocabulary(self, vocab_size, eos):
         self._check_ids([self.token], vocab_size)
@@ -84,6 +121,13 @@ class MatchReward(Reward):
 
     def __call__(self, prompt, response):
         return float(_strip_eos(response, self.eos) == self.target)
+
+    def batch(self, tokens, lengths, prompts, prompt_ids):
+        n, k = _stripped_lengths(tokens, lengths, self.eos), len(self.target)  # (M,), int
+        if k > tokens.shape[1]:
+            return np.zeros(len(lengths))
+        same = (tokens[:, :k] == np.array(self.target, dtype=tokens.dtype)).all(axis=1)  # (M,)
+        return ((n == k) & same).astype(float)
 
     def check_vocabulary(self, vocab_size, eos):
         self._check_ids(self.target, vocab_size)
@@ -123,6 +167,9 @@ class LengthReward(Reward):
 
     def __call__(self, prompt, response):
         return float(len(_strip_eos(response, self.eos)))
+
+    def batch(self, tokens, lengths, prompts, prompt_ids):
+        return _stripped_lengths(tokens, lengths, self.eos).astype(float)  # (M,)
 
 
 class FunctionReward(Reward):

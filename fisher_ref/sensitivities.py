@@ -22,8 +22,9 @@ def sensitivities_autograd(model, theta, windows):
     return np.ascontiguousarray(np.transpose(jac, (0, 2, 1)))  # (B, P, V)
 
 
-def mlp_sensitivities(model, theta, windows):
-    r"""Closed-form ``j`` for :class:`MLPModel`, ``(B, P, V)``.
+def mlp_sensitivities(model, theta, windows, tokens_first=False):
+    r"""Closed-form ``j`` for :class:`MLPModel`, ``(B, P, V)`` (``(B, V, P)`` with
+    ``tokens_first``: the same numbers, each token's row contiguous).
 
     With :math:`g_{h,a} = (1-\mathrm{hid}_h^2) W2_{h,a}`:
     :math:`\partial z_a/\partial b2_c = \delta_{ca}`,
@@ -40,6 +41,14 @@ def mlp_sensitivities(model, theta, windows):
     g = (1.0 - hid ** 2)[:, :, None] * p["W2"][None]  # (B, H, V)
     q = np.einsum("pdh,bha->bpda", p["W1"].reshape(k, d, H), g)  # (B, k, d, V)
     onehot = (windows[:, :, None] == np.arange(V + 1)[None, None]).astype(float)  # (B, k, V+1)
+    if tokens_first:
+        eye = np.eye(V)
+        jE = np.einsum("bpv,bpda->bavd", onehot, q).reshape(B, V, (V + 1) * d)
+        gt = g.transpose(0, 2, 1)  # (B, V, H)
+        jW1 = (e[:, None, :, None] * gt[:, :, None, :]).reshape(B, V, k * d * H)
+        jW2 = (hid[:, None, :, None] * eye[None, :, None, :]).reshape(B, V, H * V)
+        return np.concatenate([jE, jW1, gt, jW2, np.broadcast_to(eye, (B, V, V))],
+                              axis=2)  # (B, V, P)
     jE = np.einsum("bpv,bpda->bvda", onehot, q).reshape(B, (V + 1) * d, V)
     jW1 = (e[:, :, None, None] * g[:, None]).reshape(B, k * d * H, V)
     eye = np.eye(V)
@@ -48,15 +57,17 @@ def mlp_sensitivities(model, theta, windows):
     return np.concatenate([jE, jW1, g, jW2, jb2], axis=1)  # (B, P, V)
 
 
-def sensitivities(model, theta, windows):
-    """``j`` for a batch of windows, ``(B, P, V)``: closed form for the MLP, the model's
-    own ``sensitivities`` method where it has one (the GPT-2's per-state stack),
-    else autograd's Jacobian."""
+def sensitivities(model, theta, windows, tokens_first=False):
+    """``j`` for a batch of windows, ``(B, P, V)`` (``(B, V, P)`` with ``tokens_first``):
+    closed form for the MLP, the model's own ``sensitivities`` method where it has one
+    (the GPT-2's per-state stack), else autograd's Jacobian."""
     if isinstance(model, MLPModel):
-        return mlp_sensitivities(model, theta, windows)
+        return mlp_sensitivities(model, theta, windows, tokens_first)
     if callable(getattr(model, "sensitivities", None)):
-        return model.sensitivities(theta, windows)
-    return sensitivities_autograd(model, theta, windows)
+        J = model.sensitivities(theta, windows)
+    else:
+        J = sensitivities_autograd(model, theta, windows)
+    return np.ascontiguousarray(J.transpose(0, 2, 1)) if tokens_first else J
 
 
 def finite_difference_sensitivities(model, theta, windows, step=1e-6):

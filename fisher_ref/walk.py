@@ -36,9 +36,9 @@ from .sensitivities import sensitivities
 from .tasks import require_task
 from .token_fisher import mean_sensitivity
 
-__all__ = ["REACH", "BlockArrays", "topk_center", "check_topk", "stream_specs", "check_logits",
-           "model_probs", "checked_sensitivities", "check_support", "autodiff_gradient", "plan",
-           "children", "Run"]
+__all__ = ["REACH", "BlockArrays", "topk_center", "topk_weights", "check_topk", "stream_specs", "check_logits",
+           "model_probs", "checked_sensitivities", "check_support", "autodiff_gradient",
+           "reward_gradient", "plan", "state_places", "children", "Run"]
 
 # Block key of the reach probability under each distribution a stream draws from.
 REACH = {"p": "rp", "q": "rq"}
@@ -60,14 +60,23 @@ def topk_center(q, sens, k):
         >>> topk_center(np.array([[0.5, 0.3, 0.2]]), np.array([[[1.0, 2.0, 4.0]]]), 2)
         array([[1.375]])
     """
+    return mean_sensitivity(topk_weights(q, k), sens)
+
+
+def topk_weights(q, k):
+    """``q (B, V)`` kept on its ``k`` largest entries (ties: lowest id first), renormalised.
+
+    Example:
+        >>> topk_weights(np.array([[0.5, 0.3, 0.2]]), 2)
+        array([[0.625, 0.375, 0.   ]])
+    """
     if k >= q.shape[-1]:
-        return mean_sensitivity(q, sens)
+        return q
     order = np.argsort(-q, axis=-1, kind="stable")  # (B, V)
     keep = np.zeros_like(q, dtype=bool)
     np.put_along_axis(keep, order[:, :k], True, axis=-1)
     qk = np.where(keep, q, 0.0)  # (B, V)
-    qk = qk / qk.sum(axis=-1, keepdims=True)
-    return mean_sensitivity(qk, sens)
+    return qk / qk.sum(axis=-1, keepdims=True)
 
 
 def check_topk(topk):
@@ -115,9 +124,10 @@ def model_probs(task, theta, W):
     return p, softmax(zq)
 
 
-def checked_sensitivities(task, W):
-    """Logit sensitivities ``j (B, P, V)`` of windows ``W (B, k)``, checked finite."""
-    J = sensitivities(task.model, task.theta, W)  # (B, P, V)
+def checked_sensitivities(task, W, tokens_first=False):
+    """Logit sensitivities ``j (B, P, V)`` of windows ``W (B, k)`` (``(B, V, P)`` with
+    ``tokens_first``), checked finite."""
+    J = sensitivities(task.model, task.theta, W, tokens_first)  # (B, P, V) or (B, V, P)
     if not np.isfinite(J).all():
         raise ValueError("non-finite logit sensitivities (check the model's derivatives)")
     return J
@@ -138,18 +148,31 @@ def check_support(block, p, q):
 def autodiff_gradient(task, theta, tokens, lengths, prompt_len, weights, R):
     r"""grad_theta of :math:`\sum_m w_m \prod_t p(y_t|s_t) R_m` over responses (autograd).
 
-    The logits of each distinct window are evaluated once and gathered (the same
-    function of theta, without repeated rows). Slots past a response's end are
-    dropped with a ``where``, not multiplied by 0: a slot's log-probability may be
-    ``-inf`` (a masked token), and ``0 * -inf`` is NaN."""
+    The windows of every response's states are listed and made distinct
+    (``numpy.unique``), then :func:`reward_gradient` differentiates."""
     M, T = tokens.shape[0], task.max_len
     t = np.arange(T)[None, :]
     live = t < (lengths - prompt_len)[:, None]  # (M, T) slots holding a generated token
     state_len = np.minimum(prompt_len[:, None] + t, lengths[:, None] - 1)  # (M, T)
     W = task.model.windows(np.repeat(tokens, T, axis=0), state_len.ravel())  # (M*T, k)
     Wu, inv = np.unique(W, axis=0, return_inverse=True)  # (U, k), (M*T,)
-    nxt = tokens[np.arange(M)[:, None], state_len].ravel()  # (M*T,)
-    flat = inv.ravel() * task.model.vocab_size + nxt  # (M*T,) into the (U*V,) log-probs
+    nxt = tokens[np.arange(M)[:, None], state_len]  # (M, T)
+    return reward_gradient(task, theta, Wu, inv.reshape(M, T), nxt, live, weights, R)
+
+
+def reward_gradient(task, theta, Wu, win, nxt, live, weights, R):
+    r"""grad_theta of :math:`\sum_m w_m \exp(\sum_{t\,\text{live}} \log p(y_{m,t} | s_{m,t})) R_m`.
+
+    Args:
+        Wu: ``(U, k)`` distinct windows; their logits are evaluated once.
+        win, nxt: ``(M, T)`` window (row of ``Wu``) and next token of every slot.
+        live: ``(M, T)`` slots holding a generated token; the others are dropped with
+            a ``where``, not multiplied by 0 (a slot's log-probability may be
+            ``-inf``, a masked token, and ``0 * -inf`` is NaN).
+        weights, R: ``(M,)`` prompt weights and rewards.
+    """
+    M, T = win.shape
+    flat = (win * task.model.vocab_size + nxt).ravel()  # (M*T,) into the (U*V,) log-probs
 
     def expected_reward(th):
         lp = anp.reshape(log_softmax(task.model.logits(th, Wu)), (-1,))[flat]  # (M*T,)
@@ -187,6 +210,23 @@ def plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes)
     return streams, cost, keep_states, keep_sequences
 
 
+def state_places(task, block):
+    """Place of each state of a block among all states sorted by (prompt, depth,
+    generated tokens), as in :attr:`fisher_ref.results.ExactResult.states`: ``(B,)``.
+
+    Per prompt there are :math:`\beta^t` open states at depth ``t`` (``beta = V - 1``
+    with EOS, whose open states never hold token 0; ``V`` without), in
+    lexicographic order of their generated tokens."""
+    V, T, d = task.model.vocab_size, task.max_len, block["depth"]
+    low = 1 if task.model.eos else 0
+    beta = V - low
+    gen = block["tokens"][np.arange(block["prompt"].shape[0])[:, None],
+                          (block["length"] - d)[:, None] + np.arange(d)]  # (B, d)
+    rank = (gen - low) @ (beta ** np.arange(d - 1, -1, -1, dtype=np.int64))  # (B,)
+    per_prompt = sum(beta ** t for t in range(T))
+    return block["prompt"] * per_prompt + sum(beta ** t for t in range(d)) + rank
+
+
 def children(task, block, idx, arrs):
     """Children ``idx`` of a block with the score of each one's last token.
 
@@ -215,45 +255,70 @@ class Run:
         self.width = max(len(p) for p in task.prompts) + T - 1  # longest state
         self.bar = Progress(self.cost.n_states, "exact enumeration", enabled=progress)
 
-    def walk(self, carried, block_arrays, complete):
+    def walk(self, carried, block_arrays, complete, carry=carry):
         """Visit every state depth-first (then call :meth:`finish`).
 
         Args:
             carried: per-stream arrays each state carries (names in ``PER_STREAM``).
             block_arrays: ``block -> BlockArrays``; adds the block's token-level terms.
-            complete: ``(block, arrs, par, xi, done)`` adds the complete responses
-                ``done`` of a block (see :func:`children`).
+            complete: ``(block, arrs, idx)`` adds the complete responses, children
+                ``idx`` (rows ``b*V + a``, sorted) of the block.
+            carry: ``(block, par, xi, G) -> dict``, the arrays the children carry
+                (default :func:`fisher_ref.enumeration.carry`).
         """
         stack = [root_block(self.task, len(self.streams), carried)]
         for block in depth_first(stack, self.cost.chunk):
             arrs = block_arrays(block)
             term = terminal(self.task, block)  # (B*V,)
             if term.any():  # complete responses
-                par, xi, done = children(self.task, block, np.flatnonzero(term), arrs)
-                complete(block, arrs, par, xi, done)
+                complete(block, arrs, np.flatnonzero(term))
             if not term.all():
                 par, xi, child = children(self.task, block, np.flatnonzero(~term), arrs)
                 child.update(carry(block, par, xi, arrs.G))
                 stack.append(child)
 
-    def add_states(self, block, ms, conds):
-        """Token-level terms of a block: ``ms``, ``conds`` are ``S`` arrays ``(B, P)``,
-        the token second moment ``m`` and :math:`E[\\xi | s]` of each stream."""
+    def add_states(self, reach, ms, conds, depth, n_states):
+        """Token-level terms: ``reach`` maps ``"p"``, ``"q"`` to ``(B,)`` reach
+        probabilities, ``ms``, ``conds`` are ``S`` arrays ``(B, P)``, the token second
+        moment ``m`` and :math:`E[\\xi | s]` of each stream (rows may be states or
+        distinct windows with their summed reach); ``n_states`` advances the bar."""
         for s, (name, wname, _) in enumerate(self.streams):
-            self.moments[name].add_states(block[REACH[wname]], ms[s], conds[s], block["depth"])
-        self.bar.update(block["prompt"].shape[0])
+            self.moments[name].add_states(reach[wname], ms[s], conds[s], depth)
+        self.bar.update(n_states)
 
-    def keep_state_arrays(self, block, p, q, values):
-        """Record a block's states (``values``: name -> ``(B, P)``) if states are kept."""
+    def keep_state_arrays(self, block, p, q, values, at=None):
+        """Record a block's states if states are kept. ``values``: name -> ``(B, ...)``
+        array, or ``(table, rows)`` for the rows ``table[rows]``.
+
+        With ``at`` (:func:`state_places`), write them straight into their place in
+        the sorted per-state arrays; else keep the block's records, sorted at the end."""
         if not self.keep_states:
             return
         n = block["prompt"].shape[0]
-        rec = {"tokens": block["tokens"][:, :self.width].copy(), "prompt": block["prompt"],
+        rec = {"tokens": block["tokens"][:, :self.width], "prompt": block["prompt"],
                "depth": np.full(n, block["depth"]), "reach": block["rp"], "probs": p}
         if self.task.sampler is not None:
             rec.update({"sampler_reach": block["rq"], "sampler_probs": q})
         rec.update(values)
-        self.states.append(rec)
+        if at is None:
+            rec = {k: v[0][v[1]] if isinstance(v, tuple) else v for k, v in rec.items()}
+            rec["tokens"] = rec["tokens"].copy()  # not a view that keeps the block alive
+            self.states.append(rec)
+            return
+        if not isinstance(self.states, dict):  # the first block: room for every state
+            N = self.cost.n_states
+            self.states = {k: np.empty((N,) + (v[0] if isinstance(v, tuple) else v).shape[1:],
+                                       dtype=(v[0] if isinstance(v, tuple) else v).dtype)
+                           for k, v in rec.items()}
+        lo = int(at[0])
+        run = n and int(at[-1]) - lo == n - 1 and (np.diff(at) == 1).all()  # consecutive places
+        for k, v in rec.items():
+            if run and isinstance(v, tuple):
+                np.take(v[0], v[1], axis=0, out=self.states[k][lo:lo + n])
+            elif run:
+                self.states[k][lo:lo + n] = v
+            else:
+                self.states[k][at] = v[0][v[1]] if isinstance(v, tuple) else v
 
     def keep_responses(self, done, resp, R):
         """Record complete responses ``resp (M, T)`` with rewards ``R (M,)`` if kept."""

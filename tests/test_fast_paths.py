@@ -1,23 +1,29 @@
 """The fast exact engine against the plain reference engine, quantity by quantity.
 
-:func:`fisher_ref.exact.exact` regroups the finite sums over responses (per
-parent), reuses per-window arrays between states and dedups windows in the
-autodiff gradient; :func:`fisher_ref.exact_reference.exact_reference` sums
-response by response. Every array of the result must agree at 1e-10 relative
-on every case of ``tests/cases.py``, on hypothesis-generated tasks, for small
-chunks (block splitting) and for a window cache too small to hold a block.
+:func:`fisher_ref.exact.exact` regroups the finite sums over responses (powers
+of ``h = H + xi`` expanded, sums per parent and per window), reuses per-window
+arrays between states and reuses the walk's window ids in the autodiff
+gradient; :func:`fisher_ref.exact_reference.exact_reference` carries every
+response's score history and sums response by response. Every array of the
+result must agree at 1e-10 relative on every case of ``tests/cases.py``, on
+hypothesis-generated MLP and GPT-2 tasks, for small chunks (block splitting),
+one parent per sub-block, a window cache too small to hold a block and deferred
+products used early. Each test compares the fast engine with the plain one or
+with the brute force of ``tests/cases.py``, never a code path with itself.
 """
+import json
+
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import importlib
-from fisher_ref import load_config
+from fisher_ref import load_config, task_from_json
 from fisher_ref.exact import exact
 from fisher_ref.exact_reference import exact_reference
 from fisher_ref.scaling import load_scale_config
 
-from cases import CASES, RTOL, rel
+from cases import CASES, RTOL, brute_force, rel
 
 exact_mod = importlib.import_module("fisher_ref.exact")  # the module (the package exports the function)
 from test_exact import small_tasks
@@ -123,7 +129,30 @@ def test_window_cache_overflow_changes_nothing(monkeypatch, budget):
     assert_same(exact(task, progress=False, chunk=5), ref, f"cache budget {budget}")
 
 
-def test_reference_flag_runs_the_plain_engine(monkeypatch):
+@pytest.mark.parametrize("knob", ["_SUB_ELEMENTS", "DEFER_BYTES", "_AUTODIFF_ROWS"])
+def test_fast_engine_split_work_changes_nothing(monkeypatch, knob):
+    """Sub-blocks of one parent, per-window products used after every block instead of
+    gathered over many blocks, an autodiff call per block: the same sums, grouped
+    otherwise."""
+    task = load_config("offpolicy_stale")
+    ref = exact_reference(task, topk=(1, 2), progress=False)
+    monkeypatch.setattr(exact_mod, knob, 1)
+    assert_same(exact(task, topk=(1, 2), progress=False), ref, knob)
+
+
+def test_reference_flag_runs_the_plain_engine():
+    """``exact(reference=True)`` is the plain engine: held to the brute force of
+    tests/cases.py (the fast engine is held to it above)."""
+    task = load_config("no_eos")
+    r, b = exact(task, reference=True, progress=False), brute_force(task)
+    h = b["xi"].sum(axis=1)  # (M, P)
+    assert rel(r.sequence_fisher, b["P"] @ h ** 2) <= RTOL
+    assert rel(r.cross_terms, np.einsum("m,mup,mtp->utp", b["P"], b["xi"], b["xi"])) <= RTOL
+    assert rel(r.gradient, b["P"] @ ((b["R"] - r.baseline)[:, None] * h),
+               natural_scale(r.streams["policy"])) <= RTOL
+
+
+def test_reference_flag_dispatches_to_the_plain_engine(monkeypatch):
     """``reference=True`` hands the task and every option to the plain engine, and the
     default never calls it. (Running both engines and comparing their results would run
     the same code on both sides whenever the flag is honoured.)"""
@@ -158,3 +187,34 @@ def test_kept_arrays_off_still_match():
 @given(small_tasks())
 def test_fast_engine_matches_reference_on_random_tasks(task):
     assert_same(*run_both(task), repr(task.model.spec))
+
+
+_gpt2 = st.fixed_dictionaries({
+    "vocab_size": st.integers(2, 4), "eos": st.booleans(), "n_layer": st.integers(1, 2),
+    "n_head": st.sampled_from([1, 2]), "head_dim": st.integers(1, 2),
+    "init_seed": st.integers(0, 10 ** 6), "init_scale": st.floats(0.1, 2.0),
+    "max_len": st.integers(1, 3), "prompts": st.lists(st.lists(st.integers(0, 3), max_size=2),
+                                                      min_size=1, max_size=2),
+    "reward": st.sampled_from([{"name": "count", "token": 1}, {"name": "length"}]),
+    "baseline": st.one_of(st.just("mean"), st.floats(-2, 2)),
+    "sampler": st.sampled_from([None, {"kind": "temperature", "temperature": 0.7},
+                                {"kind": "perturbed", "scale": 0.5, "seed": 1}]),
+})
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=8,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(_gpt2)
+def test_fast_engine_matches_reference_on_random_gpt2_tasks(d):
+    """The transformer reads its whole history: every state is its own window."""
+    V, T = d["vocab_size"], d["max_len"]
+    prompts = [[t % V for t in p] for p in d["prompts"]]
+    data = {"model": {"arch": "gpt2", "vocab_size": V, "eos": d["eos"],
+                      "n_positions": max(len(p) for p in prompts) + T,
+                      "embed_dim": d["n_head"] * d["head_dim"], "n_layer": d["n_layer"],
+                      "n_head": d["n_head"], "init_seed": d["init_seed"],
+                      "init_scale": d["init_scale"]},
+            "prompts": prompts, "max_len": T, "reward": d["reward"], "baseline": d["baseline"],
+            "sampler": d["sampler"]}
+    task = task_from_json(json.loads(json.dumps(data)))
+    assert_same(*run_both(task), f"gpt2 {data}")

@@ -1,8 +1,10 @@
-"""Rewards: built-ins by hand, custom callables, and bad values through exact()."""
+"""Rewards: built-ins by hand, custom callables, bad values through exact(), and the
+vectorised ``batch`` form against per-response calls."""
 import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from fisher_ref import exact, load_config
 from fisher_ref.rewards import (CountReward, FunctionReward, LengthReward, MatchReward,
@@ -71,3 +73,63 @@ def test_reward_sees_prompt_and_response_with_eos():
     assert len(seen) == r.n_responses
     assert ((1, 2), (0,)) in seen and ((3,), (4, 4, 4)) in seen
     assert all(math.isfinite(x) for x in r.gradient)
+
+
+# ---------------------------------------------------------------- vectorised rewards
+
+@st.composite
+def response_blocks(draw):
+    """A block of responses as the engines hold them: ``(M, T)`` tokens, -1 after each
+    response's end, EOS (0) only as a last token when ``eos`` is on."""
+    V, T, eos = draw(st.integers(2, 6)), draw(st.integers(1, 4)), draw(st.booleans())
+    M = draw(st.integers(1, 12))
+    tokens = np.full((M, T), -1, dtype=np.int64)
+    lengths = np.zeros(M, dtype=np.int64)
+    for m in range(M):
+        n = draw(st.integers(1, T))
+        body = draw(st.lists(st.integers(1 if eos else 0, V - 1), min_size=n, max_size=n))
+        if eos and (n < T or draw(st.booleans())):
+            body[-1] = 0
+        tokens[m, :n], lengths[m] = body, n
+    return V, T, eos, tokens, lengths
+
+
+def _rewards_for(draw, V, T, eos, first):
+    """Built-in rewards for a block; one match target is the block's first response
+    (EOS stripped), so that matches occur."""
+    target = draw(st.lists(st.integers(1 if eos else 0, V - 1), max_size=T + 1))
+    own = list(first[:-1]) if eos and first[-1] == 0 else list(first)
+    return [CountReward(draw(st.integers(0, V - 1))), CountReward(0), MatchReward(target, eos=eos),
+            MatchReward(own, eos=eos), LengthReward(eos=eos)]
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=200)
+@given(response_blocks(), st.data())
+def test_vectorised_rewards_equal_per_response_calls(block, data):
+    """``reward.batch`` on a block equals ``reward(prompt, response)`` response by response."""
+    V, T, eos, tokens, lengths = block
+    prompts = [(), (1,), (V - 1, 0)]
+    ids = np.array(data.draw(st.lists(st.integers(0, 2), min_size=len(lengths),
+                                      max_size=len(lengths))))
+    for reward in _rewards_for(data.draw, V, T, eos, tokens[0, :lengths[0]].tolist()):
+        got = reward.batch(tokens, lengths, prompts, ids)
+        want = [reward(prompts[i], tuple(row[:n])) for i, row, n in zip(ids, tokens.tolist(),
+                                                                         lengths)]
+        assert got.dtype == float and got.shape == (len(lengths),)
+        assert got.tolist() == want, reward
+
+
+def test_custom_reward_batch_calls_the_function_per_response():
+    seen = []
+
+    def spy(prompt, response):
+        seen.append((prompt, response))
+        return float(len(prompt)) + sum(response)
+
+    tokens = np.array([[1, 2, 0], [3, -1, -1]])
+    got = FunctionReward(spy).batch(tokens, np.array([3, 1]), [(), (4, 4)], np.array([1, 0]))
+    assert got.tolist() == [2.0 + 3, 3.0]
+    assert seen == [((4, 4), (1, 2, 0)), ((), (3,))]
+    with pytest.raises(ValueError, match="non-finite value nan"):
+        FunctionReward(lambda p, y: float("nan")).batch(tokens, np.array([3, 1]), [()],
+                                                        np.array([0, 0]))

@@ -37,6 +37,18 @@ def test_mlp_closed_form_matches_autograd(name):
     assert np.max(np.abs(a - b)) <= RTOL * np.max(np.abs(b))
 
 
+@pytest.mark.parametrize("name", list(SPECS) + ["tabular"])
+def test_tokens_first_layout_is_the_transpose(name):
+    """``tokens_first`` gives the same numbers with each token's row contiguous (the
+    MLP's closed form written transposed; any other model transposed)."""
+    m = TabularModel(3, context=2, init_seed=1) if name == "tabular" else MLPModel(SPECS[name])
+    th = m.init_params()
+    W = _windows(m.vocab_size, m.context)
+    a, b = sensitivities(m, th, W), sensitivities(m, th, W, tokens_first=True)
+    assert b.shape == (len(W), m.vocab_size, m.num_params) and b.flags.c_contiguous
+    assert np.max(np.abs(b - a.transpose(0, 2, 1))) <= RTOL * np.max(np.abs(a))
+
+
 @pytest.mark.parametrize("name", list(SPECS))
 def test_autograd_matches_central_differences(name):
     m = MLPModel(SPECS[name])

@@ -1,0 +1,285 @@
+r"""Per-window arrays of the fast exact engine, computed once per distinct window.
+
+A state enters every per-state quantity only through its window (the ``k``
+tokens the model reads, docs/theory.md §7.5): its probabilities ``p``, ``mu``,
+its sensitivities :math:`j`, the centers, the scores
+:math:`\xi_{i,a} = j_{i,a} - c_i` of every candidate token, the token moments.
+:class:`WindowCache` computes them once per distinct window and serves them to
+every state that ends in it:
+
+- every distinct window gets an id for the whole run (:meth:`WindowCache.ids`);
+  the window of an id stays known (:meth:`WindowCache.windows_of`), so the
+  autodiff gradient reuses the ids the walk already has;
+- the per-window arrays live in a cache of bounded size (:meth:`WindowCache.rows`),
+  emptied when a block's new windows would not fit;
+- sums of the form :math:`\sum_{(g, a)} c_{g,a}\,\xi_{u_g, a}^{\,j}` over the
+  complete responses of many blocks are collected as weights per (window, token)
+  (:meth:`WindowCache.accumulate`) and contracted with the window's scores once,
+  when the window leaves the cache: the distributive law on the same finite sum.
+
+Per-window arrays (``U`` windows; streams ``s`` as in :mod:`fisher_ref.walk`):
+
+- ``p``, ``q`` ``(U, V)``: the policy's and the sampler's next-token probabilities;
+- ``xi{c}`` ``(U, V, P)``: the score of every token under center ``c``;
+- ``y{s}_{n}`` ``(U, P)``, ``n = 1..4``: :math:`\sum_a q_a \xi_a^n` under the
+  distribution ``q`` stream ``s`` draws from: ``y{s}_1`` is :math:`E[\xi \mid s]`,
+  ``y{s}_2`` the token moment :math:`m = \sum_a q_a (j_a - c)^2`;
+- ``uniform`` ``(U, P)`` when states are kept: :math:`\frac1V\sum_a (j_a - \bar j^{\,unif})^2`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .walk import checked_sensitivities, model_probs, topk_weights
+
+__all__ = ["WindowCache"]
+
+# Elements of the (windows, V, P) arrays of one pass over a few windows (about 2 MiB),
+# and of one sensitivities call (about 16 MiB).
+_CHUNK_ELEMENTS = 2 ** 18
+_J_ELEMENTS = 2 ** 21
+
+
+class WindowCache:
+    r"""Per-window arrays of a run, computed once per distinct window (module docstring).
+
+    Args:
+        task: the :class:`fisher_ref.tasks.Task`.
+        streams: ``(name, drawn from, centered at)`` of each stream.
+        keep_states: also compute what the kept per-state records need.
+        budget: bytes of per-window arrays to keep between blocks (speed only).
+        names: ``{stream: [(name, n), ...]}``: the sum each of the stream's weights given
+            to :meth:`accumulate` adds to and the power of :math:`\xi` it takes.
+        expected: how many distinct windows the run will likely see (first allocation).
+        defer_bytes: parents' score sums held by :meth:`defer` before they are used.
+    """
+
+    def __init__(self, task, streams, keep_states, budget, names, expected=64,
+                 defer_bytes=64 * 2 ** 20):
+        self.task, self.streams, self.keep = task, streams, keep_states
+        V, P = task.model.vocab_size, task.model.num_params
+        self.centers = list(dict.fromkeys(c for _, _, c in streams))
+        self.shapes = {"p": (V,), "q": (V,)}
+        self.shapes.update({f"xi{c}": (V, P) for c in self.centers})
+        for s in range(len(streams)):
+            self.shapes.update({f"y{s}_{n}": (P,) for n in range(1, 5)})
+        if keep_states:
+            self.shapes["uniform"] = (P,)
+        self.names = {s: [name for name, _ in v] for s, v in names.items()}
+        self.powers = {s: np.array([n for _, n in v], dtype=int) for s, v in names.items()}
+        T = task.max_len
+        per = 8 * sum(int(np.prod(sh)) for sh in self.shapes.values())
+        per += 8 * (V * sum(len(p) for p in self.powers.values()) + T * len(streams))
+        self.capacity = max(1, budget // per)
+        # window entries lie in -1..V (-1 pads a model's whole-history window)
+        k = task.model.context
+        self.exact_keys = (V + 2) ** k < 2 ** 62
+        self.base = ((V + 2) ** np.arange(k)).astype(np.int64) if self.exact_keys else None
+        self.key_id, self.table, self.n_ids = {}, np.zeros((64, k), dtype=np.int64), 0
+        self.row_of = np.full(64, -1, dtype=np.int64)  # (n_ids,) cache row of each id
+        self.sums = {s: {k: np.zeros(P) for k in self.names[s] + ["h", "h2", "h4"]}
+                     for s in range(len(streams))}
+        for s in self.sums:
+            self.sums[s].update(cross=np.zeros((T, P)), cross4=np.zeros((T, P)))
+        self.pending, self.pending_bytes, self.defer_bytes = [], 0, defer_bytes
+        self.arrays, self.acc, self.size, self.n = {}, {}, 0, 0
+        self.first = max(1, min(self.capacity, expected))  # rows allocated at first
+
+    # ------------------------------------------------------------ ids
+
+    def ids(self, W):
+        """Run-wide id of each window of ``W (B, k)``: ``(B,)`` int64."""
+        if self.exact_keys:
+            keys = ((W + 1) @ self.base).tolist()  # (B,)
+        else:
+            keys = [tuple(r) for r in W.tolist()]
+        out = np.empty(len(keys), dtype=np.int64)
+        for i, key in enumerate(keys):
+            j = self.key_id.get(key)
+            if j is None:
+                j = self.key_id[key] = self._new_id(W[i])
+            out[i] = j
+        return out
+
+    def _new_id(self, window):
+        if self.n_ids == len(self.table):
+            self.table = np.concatenate([self.table, np.zeros_like(self.table)])
+            self.row_of = np.concatenate([self.row_of, np.full(len(self.row_of), -1)])
+        self.table[self.n_ids] = window
+        self.n_ids += 1
+        return self.n_ids - 1
+
+    def windows_of(self, ids):
+        """The windows ``(len(ids), k)`` of run-wide ids."""
+        return self.table[ids]
+
+    # ------------------------------------------------------------ cached arrays
+
+    def rows(self, ids):
+        """Cache row ``(B,)`` of each id, computing the windows not cached yet.
+
+        Rows stay valid until the next call (which may empty the cache).
+        """
+        new = np.unique(ids[self.row_of[ids] < 0])  # (U_new,)
+        if len(new):
+            if self.n + len(new) > self.capacity:
+                self.flush()
+                new = np.unique(ids)
+            self._grow(self.n + len(new))
+            lo, hi = self.n, self.n + len(new)
+            self._compute(self.table[new], lo)
+            self.row_of[new] = np.arange(lo, hi)
+            self.n = hi
+        return self.row_of[ids]
+
+    def _grow(self, n):
+        """Room for ``n`` rows (doubling; past the capacity only when one block needs it)."""
+        if n <= self.size:
+            return
+        size = max(n, min(self.capacity, max(self.first, 2 * self.size)))
+        for name, shape in self.shapes.items():
+            old, self.arrays[name] = self.arrays.get(name), np.empty((size,) + shape)
+            if old is not None:
+                self.arrays[name][:self.n] = old[:self.n]
+        for s, p in self.powers.items():
+            old, self.acc[s] = self.acc.get(s), np.zeros((size, len(p), self.shapes["p"][0]))
+            if old is not None:
+                self.acc[s][:self.n] = old[:self.n]
+        for s in range(len(self.streams)):
+            old, self.acc[("r", s)] = self.acc.get(("r", s)), np.zeros((size, self.task.max_len))
+            if old is not None:
+                self.acc[("r", s)][:self.n] = old[:self.n]
+        self.size = size
+
+    def _compute(self, Wu, lo):
+        """Arrays of the distinct windows ``Wu (U, k)`` into rows ``lo..lo+U``."""
+        task, a = self.task, self.arrays
+        U, (V, P) = len(Wu), self.shapes["xi" + str(self.centers[0])]
+        pu, qu = model_probs(task, task.theta, Wu)  # (U, V) each
+        a["p"][lo:lo + U], a["q"][lo:lo + U] = pu, qu
+        n_J, n = max(1, _J_ELEMENTS // (V * P)), max(1, _CHUNK_ELEMENTS // (V * P))
+        for i in range(0, U, n_J):  # sensitivities of a batch of windows ...
+            J = checked_sensitivities(task, Wu[i:i + n_J], tokens_first=True)  # (u, V, P)
+            end = min(i + n_J, U)
+            for j in range(i, end, n):  # ... and the passes over a few at a time
+                h = min(j + n, end)
+                self._compute_chunk(pu[j:h], qu[j:h], J[j - i:h - i], slice(lo + j, lo + h))
+
+    def _compute_chunk(self, p, q, J, r):
+        r"""Centers, scores and moments of a few windows (``J (u, V, P)``, token rows of
+        :math:`j`) into rows ``r``.
+
+        Sums over tokens are matrix products with the probabilities:
+        :math:`\bar j = p^\top j`, :math:`y_n = q^\top \xi^{\circ n}`; the token moment of a
+        stream is its :math:`y_2 = \sum_a q_a (j_a - c)^2`."""
+        a, dist = self.arrays, {"p": p[:, None, :], "q": q[:, None, :]}  # (u, 1, V)
+        for c in self.centers:
+            w = q if c == "q" else p if c == "p" else topk_weights(q, c)  # (u, V)
+            np.subtract(J, w[:, None, :] @ J, out=a[f"xi{c}"][r])  # (u, V, P): j_a - c
+        for s, (_, wname, c) in enumerate(self.streams):
+            d, xi = dist[wname], a[f"xi{c}"][r]  # (u, 1, V), (u, V, P)
+            x2 = xi * xi  # (u, V, P)
+            a[f"y{s}_1"][r] = (d @ xi)[:, 0]
+            a[f"y{s}_2"][r] = (d @ x2)[:, 0]
+            x3 = x2 * xi
+            a[f"y{s}_3"][r] = (d @ x3)[:, 0]
+            a[f"y{s}_4"][r] = (d @ np.multiply(x2, x2, out=x3))[:, 0]
+        if self.keep:
+            dev = J - J.mean(axis=1, keepdims=True)  # (u, V, P)
+            a["uniform"][r] = (dev * dev).mean(axis=1)  # (u, P)
+
+    # ------------------------------------------------------------ accumulated sums
+
+    def accumulate(self, s, rows, tokens, weights):
+        r"""Add weights ``(B, n, k)`` of tokens ``(k,)`` at rows ``(B,)`` for stream ``s``:
+        at :meth:`flush`, weight ``i`` adds
+        :math:`\sum_{b,a} w_{b,i,a}\,\xi_{\text{row}_b, a}^{\,n_i}` to ``sums[s][name_i]``."""
+        acc = self.acc[s]  # (size, n, V)
+        n = weights.shape[1]
+        idx = (rows[:, None, None] * n + np.arange(n)[None, :, None]) * acc.shape[2] \
+            + tokens[None, None, :]  # (B, n, k)
+        np.add.at(acc.reshape(-1), idx.ravel(), weights.ravel())
+
+    def accumulate_reach(self, s, rows, r, depth):
+        r"""Add reach ``r (B,)`` of parents at rows ``(B,)`` and ``depth`` whose every token
+        ends a response (weights :math:`w_{g,a} = r_g q_a`): at :meth:`flush`, the sums
+        without :math:`H`, :math:`\sum_g r_g\,y_n(u_g)`, go to ``h`` (``n = 1``), ``h2``
+        and ``cross[depth]`` (2), ``h4`` and ``cross4[depth]`` (4)."""
+        np.add.at(self.acc[("r", s)][:, depth], rows, r)
+
+    def defer(self, s, rows, C, H, names, r):
+        r"""Later, add :math:`2\sum_g H_g \odot \sum_a C_{g,i,a}\,\xi_{\text{row}_g, a}` to
+        ``sums[s][names[i]]``, and :math:`\sum_g r_g H_g \odot y_l(\text{row}_g)` twice to
+        ``h2`` (``l = 1``) and four times to ``h4`` (``l = 3``): parents of one window are
+        gathered over many blocks, so that each window's arrays are read once per product.
+
+        Args:
+            rows: ``(B,)``; ``C``: ``(B, n, V)`` weights of every token; ``H``: ``(B, P)``;
+            ``r``: ``(B,)`` the parents' reach.
+        """
+        self.pending.append((s, rows, C, H, names, r))
+        self.pending_bytes += H.nbytes
+        if self.pending_bytes > self.defer_bytes:
+            self._products()
+
+    def _products(self):
+        """The deferred products (:meth:`defer`), window by window."""
+        by = {}
+        for s, rows, C, H, names, r in self.pending:
+            by.setdefault((s, tuple(names)), []).append((rows, C, H, r))
+        self.pending, self.pending_bytes = [], 0
+        for (s, names), parts in by.items():
+            # rows (B,), weights C (B, n, V), running sums H (B, P), reach r (B,)
+            rows, C, H, r = (np.concatenate(x) for x in zip(*parts))
+            xi, n = self.arrays[f"xi{self.streams[s][2]}"], C.shape[1]
+            y1, y3 = self.arrays[f"y{s}_1"], self.arrays[f"y{s}_3"]
+            order = np.argsort(rows, kind="stable")
+            srt = rows[order]
+            cuts = np.flatnonzero(np.r_[True, srt[1:] != srt[:-1], True])
+            total, ry = np.zeros((n, H.shape[1])), np.zeros((2, H.shape[1]))
+            for lo, hi in zip(cuts[:-1], cuts[1:]):
+                idx, u = order[lo:hi], srt[lo]
+                Hu = H[idx]  # (g, P)
+                Z = (C[idx].reshape(-1, C.shape[2]) @ xi[u]).reshape(hi - lo, n, -1)
+                total += np.einsum("gp,gip->ip", Hu, Z)
+                rH = r[idx] @ Hu  # (P,)
+                ry[0] += rH * y1[u]
+                ry[1] += rH * y3[u]
+            for i, name in enumerate(names):
+                self.sums[s][name] += 2 * total[i]
+            self.sums[s]["h2"] += 2 * ry[0]
+            self.sums[s]["h4"] += 4 * ry[1]
+
+    def flush(self):
+        """Use every cached window's deferred and accumulated weights, then empty the cache."""
+        self._products()
+        for s, (_, _, c) in enumerate(self.streams):
+            xi = self.arrays.get(f"xi{c}")
+            if xi is None:
+                continue
+            self._contract(s, xi)
+            A, a = self.acc[("r", s)][:self.n], self.arrays  # (n, T)
+            tot, out = A.sum(axis=1), self.sums[s]  # (n,)
+            for name, l in (("h", 1), ("h2", 2), ("h4", 4)):
+                out[name] += tot @ a[f"y{s}_{l}"][:self.n]
+            out["cross"] += A.T @ a[f"y{s}_2"][:self.n]  # (T, P)
+            out["cross4"] += A.T @ a[f"y{s}_4"][:self.n]
+            A[:] = 0.0
+        self.row_of[:self.n_ids] = -1
+        self.n = 0
+
+    def _contract(self, s, xi):
+        """Contract stream ``s``'s per-(window, token) weights with powers of its scores."""
+        powers, acc = self.powers[s], self.acc[s]
+        V, P = xi.shape[1:]
+        step = max(1, _CHUNK_ELEMENTS // (V * P))
+        for lo in range(0, self.n, step):
+            hi = min(lo + step, self.n)
+            x, A = xi[lo:hi], acc[lo:hi]  # (u, V, P), (u, n, V)
+            xn = x.copy()
+            for n in range(1, powers.max() + 1):
+                if n > 1:
+                    xn *= x
+                for i in np.flatnonzero(powers == n):
+                    self.sums[s][self.names[s][i]] += np.einsum("uv,uvp->p", A[:, i], xn)
+        acc[:self.n] = 0.0

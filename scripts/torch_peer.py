@@ -1,0 +1,243 @@
+r"""An independent torch peer of fisher_ref's exact engine: the benchmark baseline.
+
+It shares no code with fisher_ref. From a task file's JSON (an ``mlp_window``
+model, docs/theory.md §4.1) it builds its own parameters, its own windows and
+its own MLP forward in torch (float64), and computes, by enumerating every
+response:
+
+- ``fisher``: the sequence Fisher :math:`F = E[h^2]` and ``score_mean``
+  :math:`E[h]`, each response's own score sum :math:`h` formed explicitly;
+- ``token_fisher``: the token Fisher :math:`f(s) = \sum_a p_a\,\xi_a(s)^2` of
+  every open state, with the state's ``prompt``, ``depth`` and generated
+  ``tokens``.
+
+It walks the prefix tree level by level. The scores
+:math:`\xi_a = \partial\log p_a / \partial\theta` of a window come from
+``torch.func.vmap(jacrev(...))``, once per distinct window of the whole run.
+A response ending under parent ``b`` has :math:`h = H_b + \xi_a`, with
+:math:`H_b` the parent's running sum; complete responses are formed in chunks
+of a few hundred kilobytes, so memory holds one level's running sums, the
+distinct windows' scores and a chunk.
+
+Timing table (both sides pinned to one thread, interleaved repeats, wall-clock
+medians and minima, the ratio of wall and of process-CPU medians, thread counts
+and the load average)::
+
+    python scripts/torch_peer.py [--repeats 5] [--tasks medium v16] [--old PATH]
+
+``--old PATH`` adds a column for the ``fisher_ref`` package of another checkout
+(imported under another name) — how the README's "before" numbers were taken.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__":  # pin every thread pool before numpy and torch load
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
+import numpy as np
+import torch
+from torch.func import jacrev, vmap
+
+__all__ = ["peer_exact", "peer_theta"]
+
+# Elements of one chunk of complete responses' score sums (about 2 MiB).
+CHUNK_ELEMENTS = 2 ** 18
+# Distinct windows per vmap(jacrev) call.
+WINDOWS_PER_CALL = 256
+
+
+def peer_theta(model):
+    """The flat parameters of a task-file model: ``init_scale`` times a standard normal
+    draw of ``numpy.random.default_rng(init_seed)`` (docs/theory.md §4)."""
+    V, k, d, H = (model[key] for key in ("vocab_size", "context", "embed_dim", "hidden"))
+    P = (V + 1) * d + k * d * H + H + H * V + V
+    rng = np.random.default_rng(model.get("init_seed", 0))
+    return model.get("init_scale", 1.0) * rng.standard_normal(P)
+
+
+def _log_probs(theta, window, V, k, d, H):
+    """Log-softmax of the §4.1 MLP at one window ``(k,)``: ``(V,)``. Layout: ``E (V+1, d)``,
+    ``W1 (k*d, H)``, ``b1 (H,)``, ``W2 (H, V)``, ``b2 (V,)``, each row-major."""
+    o1 = (V + 1) * d
+    o2 = o1 + k * d * H
+    o3, o4 = o2 + H, o2 + H + H * V
+    E = theta[:o1].reshape(V + 1, d)
+    e = E[window].reshape(k * d)  # (k*d,)
+    hid = torch.tanh(e @ theta[o1:o2].reshape(k * d, H) + theta[o2:o3])  # (H,)
+    z = hid @ theta[o3:o4].reshape(H, V) + theta[o4:o4 + V]  # (V,)
+    return torch.log_softmax(z, dim=0)
+
+
+class _Windows:
+    """Scores ``(U, V, P)``, probabilities ``(U, V)`` and token Fisher ``(U, P)`` of every
+    distinct window seen so far, each computed once (room for ``capacity`` windows)."""
+
+    def __init__(self, theta, dims, capacity):
+        V, P = dims[0], theta.numel()
+        self.theta, self.row = theta, {}
+        f = lambda th, w: _log_probs(th, w, *dims)  # noqa: E731
+        self.scores_of = vmap(jacrev(f), in_dims=(None, 0))  # (B, k) -> (B, V, P)
+        self.logp_of = vmap(f, in_dims=(None, 0))  # (B, k) -> (B, V)
+        self.S = torch.empty(capacity, V, P, dtype=torch.float64)
+        self.p = torch.empty(capacity, V, dtype=torch.float64)
+        self.f = torch.empty(capacity, P, dtype=torch.float64)
+
+    def rows(self, win):
+        """Row of each window of ``win (n, k)``, computing the new ones."""
+        keys = [tuple(r) for r in win.tolist()]
+        new = list(dict.fromkeys(key for key in keys if key not in self.row))
+        if new:
+            W, n = torch.tensor(new, dtype=torch.long), len(self.row)  # (U_new, k)
+            for lo in range(0, len(new), WINDOWS_PER_CALL):
+                w = W[lo:lo + WINDOWS_PER_CALL]
+                r = slice(n + lo, n + lo + len(w))
+                S = self.S[r] = self.scores_of(self.theta, w)  # (u, V, P)
+                p = self.p[r] = torch.exp(self.logp_of(self.theta, w))  # (u, V)
+                self.f[r] = torch.einsum("uv,uvp->up", p, S * S)  # (u, P)
+            for key in new:
+                self.row[key] = len(self.row)
+        return torch.tensor([self.row[key] for key in keys], dtype=torch.long)
+
+
+def _add_complete(table, rows, Hs, reach, term, last, F, Eh):
+    """Add to ``F``, ``Eh`` the responses ending at tokens ``term`` of a level's states
+    (window rows ``rows``, running sums ``Hs``, reach ``reach``), chunk by chunk."""
+    P = Hs.shape[1]
+    step = max(1, CHUNK_ELEMENTS // max(1, len(term) * P))
+    for lo in range(0, len(rows), step):
+        r = rows[lo:lo + step]
+        S, p = table.S.index_select(0, r), table.p.index_select(0, r)  # (c, V, P), (c, V)
+        if not last:
+            S, p = S[:, term], p[:, term]
+        h = S.add_(Hs[lo:lo + step, None]).reshape(-1, P)  # (c*K, P): each response's own h
+        w = (reach[lo:lo + step, None] * p).reshape(-1)  # (c*K,)
+        Eh += w @ h
+        F += w @ h.square_()
+
+
+def peer_exact(task):
+    """``F = E[h^2]``, ``E[h]`` and the token Fisher of every state of a task-file dict.
+
+    Args:
+        task: the JSON of a task file with an ``mlp_window`` model (``prompts``,
+            ``prompt_weights`` (default uniform), ``max_len``, optional ``theta``).
+
+    Returns:
+        dict: ``fisher``, ``score_mean`` ``(P,)``; ``token_fisher`` ``(N, P)`` with
+        ``prompt``, ``depth`` ``(N,)`` and ``tokens`` (a tuple per state: the generated
+        tokens), states level by level.
+    """
+    model = task["model"]
+    if model.get("arch", "mlp_window") != "mlp_window":
+        raise ValueError(f"the torch peer knows the mlp_window model only, not {model['arch']!r}")
+    V, k, d, H = (model[key] for key in ("vocab_size", "context", "embed_dim", "hidden"))
+    eos, T = bool(model.get("eos", True)), task["max_len"]
+    theta = torch.tensor(task["theta"] if "theta" in task else peer_theta(model),
+                         dtype=torch.float64)
+    prompts = [list(x) for x in task["prompts"]]
+    n = len(prompts)
+    beta = V - 1 if eos else V
+    table = _Windows(theta, (V, k, d, H), min(n * sum(beta ** t for t in range(T)),
+                                             (V + 1) ** k))
+    win = torch.tensor([([V] * k + x)[-k:] for x in prompts], dtype=torch.long)  # (n, k)
+    reach = torch.tensor(task.get("prompt_weights") or [1.0 / n] * n, dtype=torch.float64)
+    Hs = torch.zeros(n, theta.numel(), dtype=torch.float64)  # (n, P) running score sums
+    prompt, gen = torch.arange(n), torch.zeros(n, 0, dtype=torch.long)
+    F, Eh = torch.zeros_like(theta), torch.zeros_like(theta)
+    out = {"token_fisher": [], "prompt": [], "depth": [], "tokens": []}
+    keep = torch.arange(1 if eos else 0, V)  # tokens that leave a state open
+    for depth in range(T):
+        rows = table.rows(win)  # (n,)
+        out["token_fisher"].append(table.f[rows])
+        out["prompt"].append(prompt)
+        out["depth"].append(torch.full_like(prompt, depth))
+        out["tokens"] += [tuple(t) for t in gen.tolist()]
+        last = depth == T - 1
+        term = torch.arange(V) if last else torch.tensor([0] if eos else [], dtype=torch.long)
+        _add_complete(table, rows, Hs, reach, term, last, F, Eh)
+        if not last:  # the next level: every open child
+            par = torch.arange(len(rows)).repeat_interleave(len(keep))  # (C,)
+            tok = keep.repeat(len(rows))  # (C,)
+            Hs = Hs[par] + table.S[rows[par], tok]  # (C, P)
+            reach = reach[par] * table.p[rows[par], tok]
+            win = torch.cat([win[par, 1:], tok[:, None]], dim=1)
+            prompt, gen = prompt[par], torch.cat([gen[par], tok[:, None]], dim=1)
+    return {"fisher": F.numpy(), "score_mean": Eh.numpy(),
+            "token_fisher": torch.cat(out["token_fisher"]).numpy(),
+            "prompt": torch.cat(out["prompt"]).numpy(), "depth": torch.cat(out["depth"]).numpy(),
+            "tokens": out["tokens"]}
+
+
+# ---------------------------------------------------------------- the timing table
+
+def _threads():
+    blas = {v: os.environ.get(v, "unset") for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                   "MKL_NUM_THREADS")}
+    return f"torch threads {torch.get_num_threads()}, " + ", ".join(
+        f"{k}={v}" for k, v in blas.items())
+
+
+def _import_old(path):
+    """The ``fisher_ref`` package of another checkout, imported as ``fisher_ref_old``."""
+    import importlib.util
+    init = os.path.join(path, "fisher_ref", "__init__.py")
+    spec = importlib.util.spec_from_file_location(
+        "fisher_ref_old", init, submodule_search_locations=[os.path.dirname(init)])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["fisher_ref_old"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main(argv=None):
+    import argparse
+    import json
+    import time
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(description="fisher_ref exact against the torch peer")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--tasks", nargs="+", default=["medium", "v16"])
+    ap.add_argument("--old", help="a checkout whose fisher_ref to time as well")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    from fisher_ref import exact, task_from_json
+    old = _import_old(args.old) if args.old else None
+    print(f"threads: {_threads()}; load average before: {os.getloadavg()}")
+    cols = (["old exact"] if old else []) + ["exact", "peer"]
+    print("| task | P | " + " | ".join(f"{c} median (min) s" for c in cols) +
+          " | exact / peer, wall | exact / peer, CPU |")
+    print("|---|---|" + "---|" * len(cols) + "---|---|")
+    for name in args.tasks:
+        spec = json.loads((root / "fisher_ref/configs/scale" / f"{name}.json").read_text())
+        runs = {"exact": lambda: exact(task_from_json(spec), progress=False),
+                "peer": lambda: peer_exact(spec)}
+        if old:
+            runs["old exact"] = lambda: old.exact(old.task_from_json(spec), progress=False)
+        wall, cpu = {c: [] for c in cols}, {c: [] for c in cols}
+        for _ in range(args.repeats):  # interleaved: each repeat runs every side once
+            for c in cols:
+                t0, c0 = time.perf_counter(), time.process_time()
+                runs[c]()
+                wall[c].append(time.perf_counter() - t0)
+                cpu[c].append(time.process_time() - c0)
+        med = {c: float(np.median(v)) for c, v in wall.items()}
+        cmed = {c: float(np.median(v)) for c, v in cpu.items()}
+        P = peer_theta(spec["model"]).size
+        print(f"| {name} | {P:,} | " + " | ".join(
+            f"{med[c]:.3f} ({min(wall[c]):.3f})" for c in cols) +
+            f" | {med['exact'] / med['peer']:.2f} | {cmed['exact'] / cmed['peer']:.2f} |",
+            flush=True)
+        if old:
+            print(f"  old / new exact: wall {med['old exact'] / med['exact']:.1f}x, "
+                  f"CPU {cmed['old exact'] / cmed['exact']:.1f}x")
+    print(f"load average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
