@@ -152,6 +152,7 @@ def _stream_weights(run, cache, s, block, arrs, done, K, R):
     name, wname, _ = run.streams[s]
     mom, r, B = run.moments[name], block[REACH[wname]], block["prompt"].shape[0]
     w = done[REACH[wname]].reshape(B, len(K))  # (B, k)
+    mom.add_reward_spread(w.ravel(), R)
     Rc = mom.centered(R).reshape(w.shape)
     wR = w * Rc
     rho_w = importance_weighted(w, done["rp"].reshape(w.shape)) if wname == "q" else None

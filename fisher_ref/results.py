@@ -39,6 +39,8 @@ class Moments:
     def __init__(self, P, T):
         self.mass = 0.0
         self.r0 = None  # reference reward: every R sum is of R - r0
+        # weighted mean and sum of squared deviations of R, merged block by block
+        self.spread_mass = self.spread_mean = self.spread_m2 = 0.0
         self.R = self.R2 = 0.0
         self.h, self.h2, self.h4 = np.zeros(P), np.zeros(P), np.zeros(P)
         self.Rh, self.Rh2, self.R2h2 = np.zeros(P), np.zeros(P), np.zeros(P)
@@ -66,10 +68,29 @@ class Moments:
             self.r0 = float(R[0])
         return R - (self.r0 or 0.0)
 
+    def add_reward_spread(self, w, R):
+        r"""Merge a block's rewards ``R (M,)`` with weights ``w (M,)`` into the running
+        weighted mean and sum of squared deviations (Chan, Golub and LeVeque's pairwise
+        update): the block's own mean :math:`\bar R_b` and :math:`M_b = \sum w (R -
+        \bar R_b)^2`, then :math:`M \mathrel{+}= M_b + \delta^2 W W_b / (W + W_b)` with
+        :math:`\delta = \bar R_b - \bar R`. No difference of two large sums is taken,
+        so ``std(A)`` is right to rounding however far rewards sit from 0 or from ``r0``."""
+        Wb = float(np.sum(w))
+        if Wb <= 0:
+            return
+        mean_b = float(w @ R) / Wb
+        m2_b = float(w @ (R - mean_b) ** 2)
+        total = self.spread_mass + Wb
+        delta = mean_b - self.spread_mean
+        self.spread_mean += delta * Wb / total
+        self.spread_m2 += m2_b + delta * delta * self.spread_mass * Wb / total
+        self.spread_mass = total
+
     def add_responses(self, w, R, hist, g, w_policy):
         """Responses: weights ``w (M,)``, rewards ``R (M,)``, scores ``hist (M, T, P)``,
         path sums ``g (M, P)``, policy probabilities ``w_policy (M,)`` (importance weights)."""
         h = hist.sum(axis=1)  # (M, P)
+        self.add_reward_spread(w, R)
         R = self.centered(R)
         h2 = h * h
         self.mass += w.sum()
@@ -154,7 +175,7 @@ def finish_stream(m, baseline):
     ERc = m.R / m.mass  # E[R - r0]
     ER = r0 + ERc
     b = ER if baseline == "mean" else float(baseline)
-    var_R = max(m.R2 / m.mass - ERc * ERc, 0.0)  # of R - r0: no large offset to cancel
+    var_R = m.spread_m2 / m.spread_mass if m.spread_mass > 0 else 0.0  # merged, no cancellation
     std_A = np.sqrt(var_R)
     d = r0 - b  # A = (R - r0) + d
     G = m.Rh + d * m.h

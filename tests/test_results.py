@@ -175,3 +175,20 @@ def test_topk_overlap_of_every_case(case):
     for frac, n, overlap, rnd in r.topk_overlap((0.05, 0.1, 0.25, 0.5)):
         assert (n, overlap) == _overlap_by_ranks(r.gradient, r.sequence_fisher, frac)
         assert rnd == n / len(r.gradient)
+
+
+def test_reward_std_is_right_when_rewards_are_nearly_constant():
+    """A peaked model whose reward is almost always the same: Var(R) is tiny next to
+    E[R]^2 and next to (R - r0)^2 for the first reward seen. Both engines match a
+    two-pass variance over the kept responses (E[R] first, then E[(R - E[R])^2])."""
+    from fisher_ref import exact, load_config
+    task = load_config("gpt2_small")
+    task = task.with_(theta=10 * task.theta)
+    for reference in (False, True):
+        r = exact(task, progress=False, reference=reference)
+        p, R = r.sequences["prob"], r.sequences["reward"]
+        mean = (p @ R) / p.sum()
+        var = (p @ (R - mean) ** 2) / p.sum()
+        assert var > 0
+        assert abs(r.reward_std - np.sqrt(var)) <= 1e-8 * np.sqrt(var), (reference, r.reward_std,
+                                                                          np.sqrt(var))
