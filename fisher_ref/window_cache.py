@@ -176,17 +176,18 @@ class WindowCache:
         for c in self.centers:
             w = q if c == "q" else p if c == "p" else topk_weights(q, c)  # (u, V)
             np.subtract(J, w[:, None, :] @ J, out=a[f"xi{c}"][r])  # (u, V, P): j_a - c
+        x2, xn = np.empty_like(J), np.empty_like(J)  # (u, V, P): powers of xi
         for s, (_, wname, c) in enumerate(self.streams):
             d, xi = dist[wname], a[f"xi{c}"][r]  # (u, 1, V), (u, V, P)
-            x2 = xi * xi  # (u, V, P)
+            np.multiply(xi, xi, out=x2)
             a[f"y{s}_1"][r] = (d @ xi)[:, 0]
             a[f"y{s}_2"][r] = (d @ x2)[:, 0]
-            x3 = x2 * xi
-            a[f"y{s}_3"][r] = (d @ x3)[:, 0]
-            a[f"y{s}_4"][r] = (d @ np.multiply(x2, x2, out=x3))[:, 0]
-        if self.keep:
-            dev = J - J.mean(axis=1, keepdims=True)  # (u, V, P)
-            a["uniform"][r] = (dev * dev).mean(axis=1)  # (u, P)
+            a[f"y{s}_3"][r] = (d @ np.multiply(x2, xi, out=xn))[:, 0]
+            a[f"y{s}_4"][r] = (d @ np.multiply(x2, x2, out=xn))[:, 0]
+        if self.keep:  # sums over tokens as products with a row of 1/V
+            u = np.full((1, J.shape[1]), 1.0 / J.shape[1])  # (1, V)
+            np.subtract(J, u @ J, out=xn)  # (u, V, P): j_a minus the uniform mean
+            a["uniform"][r] = (u @ np.multiply(xn, xn, out=xn))[:, 0]  # (u, P)
 
     # ------------------------------------------------------------ accumulated sums
 
