@@ -277,10 +277,14 @@ class WindowCache:
         for lo in range(0, self.n, step):
             hi = min(lo + step, self.n)
             x, A = xi[lo:hi], acc[lo:hi]  # (u, V, P), (u, n, V)
-            xn = x.copy()
+            xn = x
             for n in range(1, powers.max() + 1):
                 if n > 1:
-                    xn *= x
-                for i in np.flatnonzero(powers == n):
-                    self.sums[s][self.names[s][i]] += np.einsum("uv,uvp->p", A[:, i], xn)
+                    xn = x * x if n == 2 else np.multiply(xn, x, out=xn)
+                i = np.flatnonzero(powers == n)
+                if len(i):  # (m, u*V) @ (u*V, P): one matrix product for the m weights
+                    Ai = A[:, i].transpose(1, 0, 2).reshape(len(i), -1)
+                    for name, v in zip([self.names[s][j] for j in i],
+                                       Ai @ xn.reshape(-1, P)):
+                        self.sums[s][name] += v
         acc[:self.n] = 0.0
