@@ -230,17 +230,19 @@ class WindowCache:
             by.setdefault((s, tuple(names)), []).append((rows, C, H, r))
         self.pending, self.pending_bytes = [], 0
         for (s, names), parts in by.items():
-            # rows (B,), weights C (B, n, V), running sums H (B, P), reach r (B,)
-            rows, C, H, r = (np.concatenate(x) for x in zip(*parts))
-            xi, n = self.arrays[f"xi{self.streams[s][2]}"], C.shape[1]
+            # rows (B,), weights C (B, n, V), reach r (B,); the running sums H (B, P) stay in
+            # their parts (no copy of them all): ``src`` names each row's part and place
+            rows, C, r = (np.concatenate(x) for x in zip(*[(p[0], p[1], p[3]) for p in parts]))
+            src = [(Hp, i) for _, _, Hp, _ in parts for i in range(len(Hp))]
+            xi, n, P = self.arrays[f"xi{self.streams[s][2]}"], C.shape[1], parts[0][2].shape[1]
             y1, y3 = self.arrays[f"y{s}_1"], self.arrays[f"y{s}_3"]
             order = np.argsort(rows, kind="stable")
             srt = rows[order]
             cuts = np.flatnonzero(np.r_[True, srt[1:] != srt[:-1], True])
-            total, ry = np.zeros((n, H.shape[1])), np.zeros((2, H.shape[1]))
+            total, ry = np.zeros((n, P)), np.zeros((2, P))
             for lo, hi in zip(cuts[:-1], cuts[1:]):
                 idx, u = order[lo:hi], srt[lo]
-                Hu = H[idx]  # (g, P)
+                Hu = np.stack([Hp[i] for Hp, i in map(src.__getitem__, idx)])  # (g, P)
                 Z = (C[idx].reshape(-1, C.shape[2]) @ xi[u]).reshape(hi - lo, n, -1)
                 total += np.einsum("gp,gip->ip", Hu, Z)
                 rH = r[idx] @ Hu  # (P,)
