@@ -234,24 +234,40 @@ class WindowCache:
             # their parts (no copy of them all): ``src`` names each row's part and place
             rows, C, r = (np.concatenate(x) for x in zip(*[(p[0], p[1], p[3]) for p in parts]))
             src = [(Hp, i) for _, _, Hp, _ in parts for i in range(len(Hp))]
-            xi, n, P = self.arrays[f"xi{self.streams[s][2]}"], C.shape[1], parts[0][2].shape[1]
-            y1, y3 = self.arrays[f"y{s}_1"], self.arrays[f"y{s}_3"]
+            n, P = C.shape[1], parts[0][2].shape[1]
             order = np.argsort(rows, kind="stable")
             srt = rows[order]
             cuts = np.flatnonzero(np.r_[True, srt[1:] != srt[:-1], True])
             total, ry = np.zeros((n, P)), np.zeros((2, P))
-            for lo, hi in zip(cuts[:-1], cuts[1:]):
-                idx, u = order[lo:hi], srt[lo]
-                Hu = np.stack([Hp[i] for Hp, i in map(src.__getitem__, idx)])  # (g, P)
-                Z = (C[idx].reshape(-1, C.shape[2]) @ xi[u]).reshape(hi - lo, n, -1)
-                total += np.einsum("gp,gip->ip", Hu, Z)
-                rH = r[idx] @ Hu  # (P,)
-                ry[0] += rH * y1[u]
-                ry[1] += rH * y3[u]
+            src = [src[j] for j in order]  # in window order; runs of windows go through buf
+            buf = np.empty((max(1, min(len(src), _CHUNK_ELEMENTS // P)), P))
+            k = 0
+            while k < len(cuts) - 1:  # windows k..m-1: their running sums copied into buf
+                m = max(k + 1, int(np.searchsorted(cuts, cuts[k] + len(buf), "right")) - 1)
+                base = cuts[k]
+                Hb = buf if cuts[m] - base <= len(buf) else np.empty((cuts[m] - base, P))
+                Hb = np.stack([Hp[i] for Hp, i in src[base:cuts[m]]], out=Hb[:cuts[m] - base])
+                self._window_products(s, C, r, order, srt, cuts[k:m + 1], Hb, base, total, ry)
+                k = m
             for i, name in enumerate(names):
                 self.sums[s][name] += 2 * total[i]
             self.sums[s]["h2"] += 2 * ry[0]
             self.sums[s]["h4"] += 4 * ry[1]
+
+    def _window_products(self, s, C, r, order, srt, cuts, Hb, base, total, ry):
+        """Add the products of :meth:`_products` for the windows between ``cuts`` (of the
+        rows sorted by window, ``order``, ``srt``) to ``total (n, P)`` and ``ry (2, P)``;
+        ``Hb`` holds their running sums from row ``base`` on."""
+        xi, n = self.arrays[f"xi{self.streams[s][2]}"], C.shape[1]
+        y1, y3 = self.arrays[f"y{s}_1"], self.arrays[f"y{s}_3"]
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            idx, u = order[lo:hi], srt[lo]
+            Hu = Hb[lo - base:hi - base]  # (g, P)
+            Z = (C[idx].reshape(-1, C.shape[2]) @ xi[u]).reshape(hi - lo, n, -1)  # (g, n, P)
+            total += np.einsum("gp,gip->ip", Hu, Z)
+            rH = r[idx] @ Hu  # (P,)
+            ry[0] += rH * y1[u]
+            ry[1] += rH * y3[u]
 
     def flush(self):
         """Use every cached window's deferred and accumulated weights, then empty the cache."""
