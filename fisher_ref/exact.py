@@ -73,7 +73,10 @@ class _AutodiffBatch:
             return 0.0
         paths, tokens, live, weights, R = [np.concatenate(a) for a in zip(*self.parts)]
         self.parts, self.rows = [], 0
-        ids, win = np.unique(paths[live], return_inverse=True)  # (U,), (L,)
+        flat = paths[live]  # (L,) run-wide ids, small integers: marked, not sorted
+        seen = np.zeros(int(flat.max()) + 1 if len(flat) else 0, dtype=bool)
+        seen[flat] = True
+        ids, win = np.flatnonzero(seen), (np.cumsum(seen) - 1)[flat]  # (U,), (L,) as np.unique
         rows = np.zeros(paths.shape, dtype=np.int64)  # (M, T): dead slots read row 0
         rows[live] = win
         nxt = np.where(live, tokens, 0)  # (M, T)
