@@ -73,7 +73,10 @@ class _AutodiffBatch:
             return 0.0
         paths, tokens, live, weights, R = [np.concatenate(a) for a in zip(*self.parts)]
         self.parts, self.rows = [], 0
-        ids, win = np.unique(paths[live], return_inverse=True)  # (U,), (L,)
+        flat = paths[live]  # (L,) run-wide ids, small integers: marked, not sorted
+        seen = np.zeros(int(flat.max()) + 1 if len(flat) else 0, dtype=bool)
+        seen[flat] = True
+        ids, win = np.flatnonzero(seen), (np.cumsum(seen) - 1)[flat]  # (U,), (L,) as np.unique
         rows = np.zeros(paths.shape, dtype=np.int64)  # (M, T): dead slots read row 0
         rows[live] = win
         nxt = np.where(live, tokens, 0)  # (M, T)
@@ -106,7 +109,9 @@ def _block_arrays(run, cache, block):
             kept.update({"sampler_token_fisher": ms[2], "raw_score_mean": (a["y1_1"], rows)})
         run.keep_state_arrays(block, p, q, kept, at=state_places(task, block))
     xiT = [a[f"xi{c}"] for _, _, c in run.streams]  # S arrays (n, V, P)
-    return BlockArrays(p, q, rows, xiT, block["G"] + ms)  # G: (S, B, P)
+    G = block["G"]  # (S, B, P): this block's own rows (depth_first splits without overlap)
+    G += ms
+    return BlockArrays(p, q, rows, xiT, G)
 
 
 def _carry(block, par, xi, G):
@@ -117,7 +122,9 @@ def _carry(block, par, xi, G):
     xi = xi[0][None] if len(xi) == 1 else np.stack(xi)  # (S, C, P)
     path = block["wpath"][par]  # (C, T)
     path[:, block["depth"]] = block["wid"][par]
-    return {"H": block["H"][:, par] + xi, "G": G[:, par], "last": xi.transpose(1, 0, 2),
+    H = np.take(block["H"], par, axis=1, mode="clip")  # (S, C, P): par holds valid rows
+    H += xi
+    return {"H": H, "G": np.take(G, par, axis=1, mode="clip"), "last": xi.transpose(1, 0, 2),
             "wpath": path}
 
 

@@ -114,25 +114,34 @@ def prefix_starts(prompt, gen):
     return out
 
 
-def segment_sum(x, starts):
-    """Sums of the runs of rows of ``x (n, ...)`` beginning at ``starts``: ``(len(starts), ...)``.
+def segment_sum(x, starts, w=None):
+    """Sums of the runs of rows of ``x (n, ...)`` beginning at ``starts``: ``(len(starts), ...)``;
+    with weights ``w (n,)``, of the rows times their weights (without forming the product).
 
     Runs of one length (all but perhaps the first and last, where a block cut a
-    run) are summed as a reshape; other patterns by a sparse indicator product
-    (``numpy.add.reduceat`` along the rows is several times slower)."""
+    run) are summed as a reshape (weighted: one small matrix product per run); other
+    patterns by a sparse indicator product (``numpy.add.reduceat`` along the rows is
+    several times slower)."""
     n, G = x.shape[0], len(starts)
     size = np.diff(np.r_[starts, n])  # (G,)
     if G <= 2 or (size[1:-1] == size[1]).all():
         out = np.empty((G,) + x.shape[1:])
         lo, hi = (1, G - 1) if G > 2 else (0, 0)
         if hi > lo:
-            mid = x[starts[lo]:starts[hi]]
-            out[lo:hi] = mid.reshape((hi - lo, size[1]) + x.shape[1:]).sum(axis=1)
+            mid = x[starts[lo]:starts[hi]].reshape((hi - lo, size[1]) + x.shape[1:])
+            if w is None:
+                out[lo:hi] = mid.sum(axis=1)
+            else:  # (g, size) weights of (g, size, m) rows; numpy's batched matmul is slower
+                wm = w[starts[lo]:starts[hi]].reshape(hi - lo, size[1])
+                out[lo:hi] = np.einsum("gk,gkm->gm", wm, mid.reshape(hi - lo, size[1], -1)
+                                       ).reshape(out[lo:hi].shape)
         for g in [0, G - 1] if G > 2 else range(G):
-            out[g] = x[starts[g]:starts[g] + size[g]].sum(axis=0)
+            part = slice(starts[g], starts[g] + size[g])
+            out[g] = x[part].sum(axis=0) if w is None else np.tensordot(w[part], x[part], 1)
         return out
     lab = np.repeat(np.arange(G), size)  # (n,)
-    S = sparse.csr_matrix((np.ones(n), (lab, np.arange(n))), shape=(G, n))
+    val = np.ones(n) if w is None else w
+    S = sparse.csr_matrix((val, (lab, np.arange(n))), shape=(G, n))
     return np.asarray(S @ x.reshape(n, -1)).reshape((G,) + x.shape[1:])
 
 
@@ -159,13 +168,13 @@ def history_cross(hist_at, W, X1, X2, starts):
         return c, c4
     h = hist_at(d - 1, starts[d - 1])  # (B, P): one row per parent
     h2 = h * h
-    v1 = segment_sum(W, starts[d - 1])[:, None] * h  # (B, P)
-    v2 = v1 * h
-    c[d - 1, d - 1], c4[d - 1, d - 1] = v2.sum(axis=0), np.einsum("gp,gp->p", h2, v2)
+    Wd = segment_sum(W, starts[d - 1])  # (B,)
+    c[d - 1, d - 1], c4[d - 1, d - 1] = Wd @ h2, Wd @ (h2 * h2)
     c[d - 1, d], c4[d - 1, d] = np.einsum("gp,gp->p", h, X1), np.einsum("gp,gp->p", h2, X2)
     if d > 1:  # coarser runs: the sums over each run, slots t = d, d-1, then each coarser one
         pos = np.searchsorted(starts[d - 1], starts[d - 2])
-        stack = np.stack([segment_sum(x, pos) for x in (X1, X2, v1, v2)], axis=1)  # (n, 4, P)
+        stack = np.stack([segment_sum(X1, pos), segment_sum(X2, pos), segment_sum(h, pos, Wd),
+                          segment_sum(h2, pos, Wd)], axis=1)  # (n, 4, P)
         ts = [d, d - 1]
         for L in range(d - 2, -1, -1):
             h = hist_at(L, starts[L])  # (n_L, P)
@@ -214,7 +223,7 @@ def level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z=None, pure=None):
         + 6 * np.einsum("bp,bp->p", H2, X2)
     out = {"mass": W.sum(), "R": WR.sum(), "R2": WR2.sum(), "h": lin[0], "Rh": lin[1],
            "h2": quad[0], "Rh2": quad[1], "R2h2": quad[2],
-           "h4": h4, "g": W @ G, "g2": np.einsum("b,bp,bp->p", W, G, G)}
+           "h4": h4, "g": W @ G, "g2": W @ (G * G)}
     if len(X) > 2:  # else the terms H X_1, H X_3 are added per window elsewhere
         out["h2"] = out["h2"] + 2 * np.einsum("bp,bp->p", H, X1)
         out["h4"] = out["h4"] + 4 * np.einsum("bp,bp->p", H, X[2])

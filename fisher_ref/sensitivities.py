@@ -42,19 +42,34 @@ def mlp_sensitivities(model, theta, windows, tokens_first=False):
     q = np.einsum("pdh,bha->bpda", p["W1"].reshape(k, d, H), g)  # (B, k, d, V)
     onehot = (windows[:, :, None] == np.arange(V + 1)[None, None]).astype(float)  # (B, k, V+1)
     if tokens_first:
-        eye = np.eye(V)
-        jE = np.einsum("bpv,bpda->bavd", onehot, q).reshape(B, V, (V + 1) * d)
-        gt = g.transpose(0, 2, 1)  # (B, V, H)
-        jW1 = (e[:, None, :, None] * gt[:, :, None, :]).reshape(B, V, k * d * H)
-        jW2 = (hid[:, None, :, None] * eye[None, :, None, :]).reshape(B, V, H * V)
-        return np.concatenate([jE, jW1, gt, jW2, np.broadcast_to(eye, (B, V, V))],
-                              axis=2)  # (B, V, P)
+        return _mlp_tokens_first(onehot, q, e, hid, g, V, d, H)
     jE = np.einsum("bpv,bpda->bvda", onehot, q).reshape(B, (V + 1) * d, V)
     jW1 = (e[:, :, None, None] * g[:, None]).reshape(B, k * d * H, V)
     eye = np.eye(V)
     jW2 = (hid[:, :, None, None] * eye[None, None]).reshape(B, H * V, V)
     jb2 = np.broadcast_to(eye, (B, V, V))
     return np.concatenate([jE, jW1, g, jW2, jb2], axis=1)  # (B, P, V)
+
+
+def _mlp_tokens_first(onehot, q, e, hid, g, V, d, H):
+    """The blocks of :func:`mlp_sensitivities` written straight into one ``(B, V, P)``
+    array (token rows), without stacking copies; ``W2``'s block is zero off its diagonal."""
+    B, kd = e.shape
+    o1 = (V + 1) * d
+    o2 = o1 + kd * H
+    o3 = o2 + H
+    o4 = o3 + H * V
+    out = np.empty((B, V, o4 + V))  # (B, V, P)
+    out[:, :, :o1] = np.einsum("bpv,bpda->bavd", onehot, q).reshape(B, V, o1)
+    gt = g.transpose(0, 2, 1)  # (B, V, H)
+    np.multiply(e[:, None, :, None], gt[:, :, None, :], out=out[:, :, o1:o2].reshape(B, V, kd, H))
+    out[:, :, o2:o3] = gt
+    w2 = out[:, :, o3:o4].reshape(B, V, H, V)  # a view: dz_a / dW2_{h,c} = hid_h [c = a]
+    w2[:] = 0.0
+    ar = np.arange(V)
+    w2[:, ar, :, ar] = hid[None]  # (V, B, H) <- (1, B, H)
+    out[:, :, o4:] = np.eye(V)
+    return out
 
 
 def sensitivities(model, theta, windows, tokens_first=False):

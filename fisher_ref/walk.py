@@ -314,7 +314,8 @@ class Run:
         run = n and int(at[-1]) - lo == n - 1 and (np.diff(at) == 1).all()  # consecutive places
         for k, v in rec.items():
             if run and isinstance(v, tuple):
-                np.take(v[0], v[1], axis=0, out=self.states[k][lo:lo + n])
+                # rows are valid: mode "clip" spares the copy that "raise" makes of out
+                np.take(v[0], v[1], axis=0, out=self.states[k][lo:lo + n], mode="clip")
             elif run:
                 self.states[k][lo:lo + n] = v
             else:

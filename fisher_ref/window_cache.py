@@ -176,17 +176,18 @@ class WindowCache:
         for c in self.centers:
             w = q if c == "q" else p if c == "p" else topk_weights(q, c)  # (u, V)
             np.subtract(J, w[:, None, :] @ J, out=a[f"xi{c}"][r])  # (u, V, P): j_a - c
+        x2, xn = np.empty_like(J), np.empty_like(J)  # (u, V, P): powers of xi
         for s, (_, wname, c) in enumerate(self.streams):
             d, xi = dist[wname], a[f"xi{c}"][r]  # (u, 1, V), (u, V, P)
-            x2 = xi * xi  # (u, V, P)
+            np.multiply(xi, xi, out=x2)
             a[f"y{s}_1"][r] = (d @ xi)[:, 0]
             a[f"y{s}_2"][r] = (d @ x2)[:, 0]
-            x3 = x2 * xi
-            a[f"y{s}_3"][r] = (d @ x3)[:, 0]
-            a[f"y{s}_4"][r] = (d @ np.multiply(x2, x2, out=x3))[:, 0]
-        if self.keep:
-            dev = J - J.mean(axis=1, keepdims=True)  # (u, V, P)
-            a["uniform"][r] = (dev * dev).mean(axis=1)  # (u, P)
+            a[f"y{s}_3"][r] = (d @ np.multiply(x2, xi, out=xn))[:, 0]
+            a[f"y{s}_4"][r] = (d @ np.multiply(x2, x2, out=xn))[:, 0]
+        if self.keep:  # sums over tokens as products with a row of 1/V
+            u = np.full((1, J.shape[1]), 1.0 / J.shape[1])  # (1, V)
+            np.subtract(J, u @ J, out=xn)  # (u, V, P): j_a minus the uniform mean
+            a["uniform"][r] = (u @ np.multiply(xn, xn, out=xn))[:, 0]  # (u, P)
 
     # ------------------------------------------------------------ accumulated sums
 
@@ -229,26 +230,44 @@ class WindowCache:
             by.setdefault((s, tuple(names)), []).append((rows, C, H, r))
         self.pending, self.pending_bytes = [], 0
         for (s, names), parts in by.items():
-            # rows (B,), weights C (B, n, V), running sums H (B, P), reach r (B,)
-            rows, C, H, r = (np.concatenate(x) for x in zip(*parts))
-            xi, n = self.arrays[f"xi{self.streams[s][2]}"], C.shape[1]
-            y1, y3 = self.arrays[f"y{s}_1"], self.arrays[f"y{s}_3"]
+            # rows (B,), weights C (B, n, V), reach r (B,); the running sums H (B, P) stay in
+            # their parts (no copy of them all): ``src`` names each row's part and place
+            rows, C, r = (np.concatenate(x) for x in zip(*[(p[0], p[1], p[3]) for p in parts]))
+            src = [(Hp, i) for _, _, Hp, _ in parts for i in range(len(Hp))]
+            n, P = C.shape[1], parts[0][2].shape[1]
             order = np.argsort(rows, kind="stable")
             srt = rows[order]
             cuts = np.flatnonzero(np.r_[True, srt[1:] != srt[:-1], True])
-            total, ry = np.zeros((n, H.shape[1])), np.zeros((2, H.shape[1]))
-            for lo, hi in zip(cuts[:-1], cuts[1:]):
-                idx, u = order[lo:hi], srt[lo]
-                Hu = H[idx]  # (g, P)
-                Z = (C[idx].reshape(-1, C.shape[2]) @ xi[u]).reshape(hi - lo, n, -1)
-                total += np.einsum("gp,gip->ip", Hu, Z)
-                rH = r[idx] @ Hu  # (P,)
-                ry[0] += rH * y1[u]
-                ry[1] += rH * y3[u]
+            total, ry = np.zeros((n, P)), np.zeros((2, P))
+            src = [src[j] for j in order]  # in window order; runs of windows go through buf
+            buf = np.empty((max(1, min(len(src), _CHUNK_ELEMENTS // P)), P))
+            k = 0
+            while k < len(cuts) - 1:  # windows k..m-1: their running sums copied into buf
+                m = max(k + 1, int(np.searchsorted(cuts, cuts[k] + len(buf), "right")) - 1)
+                base = cuts[k]
+                Hb = buf if cuts[m] - base <= len(buf) else np.empty((cuts[m] - base, P))
+                Hb = np.stack([Hp[i] for Hp, i in src[base:cuts[m]]], out=Hb[:cuts[m] - base])
+                self._window_products(s, C, r, order, srt, cuts[k:m + 1], Hb, base, total, ry)
+                k = m
             for i, name in enumerate(names):
                 self.sums[s][name] += 2 * total[i]
             self.sums[s]["h2"] += 2 * ry[0]
             self.sums[s]["h4"] += 4 * ry[1]
+
+    def _window_products(self, s, C, r, order, srt, cuts, Hb, base, total, ry):
+        """Add the products of :meth:`_products` for the windows between ``cuts`` (of the
+        rows sorted by window, ``order``, ``srt``) to ``total (n, P)`` and ``ry (2, P)``;
+        ``Hb`` holds their running sums from row ``base`` on."""
+        xi, n = self.arrays[f"xi{self.streams[s][2]}"], C.shape[1]
+        y1, y3 = self.arrays[f"y{s}_1"], self.arrays[f"y{s}_3"]
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            idx, u = order[lo:hi], srt[lo]
+            Hu = Hb[lo - base:hi - base]  # (g, P)
+            Z = (C[idx].reshape(-1, C.shape[2]) @ xi[u]).reshape(hi - lo, n, -1)  # (g, n, P)
+            total += np.einsum("gp,gip->ip", Hu, Z)
+            rH = r[idx] @ Hu  # (P,)
+            ry[0] += rH * y1[u]
+            ry[1] += rH * y3[u]
 
     def flush(self):
         """Use every cached window's deferred and accumulated weights, then empty the cache."""
@@ -276,10 +295,14 @@ class WindowCache:
         for lo in range(0, self.n, step):
             hi = min(lo + step, self.n)
             x, A = xi[lo:hi], acc[lo:hi]  # (u, V, P), (u, n, V)
-            xn = x.copy()
+            xn = x
             for n in range(1, powers.max() + 1):
                 if n > 1:
-                    xn *= x
-                for i in np.flatnonzero(powers == n):
-                    self.sums[s][self.names[s][i]] += np.einsum("uv,uvp->p", A[:, i], xn)
+                    xn = x * x if n == 2 else np.multiply(xn, x, out=xn)
+                i = np.flatnonzero(powers == n)
+                if len(i):  # (m, u*V) @ (u*V, P): one matrix product for the m weights
+                    Ai = A[:, i].transpose(1, 0, 2).reshape(len(i), -1)
+                    for name, v in zip([self.names[s][j] for j in i],
+                                       Ai @ xn.reshape(-1, P)):
+                        self.sums[s][name] += v
         acc[:self.n] = 0.0

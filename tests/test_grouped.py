@@ -105,6 +105,9 @@ def test_segment_sum_equals_a_loop(sizes, P, seed):
     want = np.array([x[s:s + n].sum(axis=0) for s, n in zip(starts, sizes)])
     assert rel(segment_sum(x, starts), want) <= RTOL
     assert rel(segment_sum(x[:, 0], starts), want[:, 0]) <= RTOL
+    w = np.random.default_rng(seed + 1).normal(size=len(x))
+    want_w = np.array([w[s:s + n] @ x[s:s + n] for s, n in zip(starts, sizes)])
+    assert rel(segment_sum(x, starts, w), want_w) <= RTOL  # weighted rows
 
 
 def test_segment_sum_takes_each_path():
@@ -114,6 +117,10 @@ def test_segment_sum_takes_each_path():
     assert segment_sum(x, np.array([0, 1, 4])).tolist() == [[0, 1], [12, 15], [18, 20]]
     assert segment_sum(x, np.array([0, 1, 3, 4])).tolist() == [[0, 1], [6, 8], [6, 7],
                                                                [18, 20]]  # unequal: sparse
+    w = np.array([1.0, 2.0, 0.5, -1.0, 3.0, 0.0])
+    for starts in ([0, 2, 4], [0, 1, 3, 5], [0, 1, 3, 4]):  # weighted: reshape, ends, sparse
+        want = [w[a:b] @ x[a:b] for a, b in zip(starts, starts[1:] + [6])]
+        assert segment_sum(x, np.array(starts), w).tolist() == np.array(want).tolist()
 
 
 def test_prefix_starts_by_hand():
