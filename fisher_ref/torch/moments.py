@@ -1,0 +1,168 @@
+r"""Running sums of one stream in torch, and the quantities derived from them.
+
+For responses ``y`` drawn with weight ``w(y)`` (policy or sampler probability) and
+states reached with :math:`\pi_w(s)`, a :class:`StreamSums` accumulates
+
+- the reward's mass, mean and :math:`M_2 = \sum w (R - E[R])^2`, merged block by block
+  (each block's own mean and :math:`M_2` in two passes, then Chan's update
+  :math:`M_2 \mathrel{+}= M_{2,B} + \delta^2 W W_B/(W + W_B)`), so ``std(A)`` cancels
+  neither under a large reward offset nor on a peaked model in low precision;
+- per response, with :math:`R_c = R - r_0` (a reference reward, the first one seen):
+  :math:`\sum w h`, :math:`\sum w h^2`, :math:`\sum w h^4`,
+  :math:`\sum w R_c h`, :math:`\sum w R_c h^2`, :math:`\sum w R_c^2 h^2`, the importance
+  weighted :math:`\sum w\rho h`, :math:`\sum w\rho R_c h` (:math:`w\rho = P(y)` where
+  :math:`w > 0`), the path sums :math:`\sum w g`, :math:`\sum w g^2` of
+  :math:`g = \sum_t m(s_t)`;
+- cross terms :math:`C_{ut} = \sum w\,\xi_u\xi_t` and :math:`\sum w\,\xi_u^2\xi_t^2`,
+  grouped by parent: the responses ending at one state's children share its history,
+  so :math:`\sum_a w_a \xi_u \xi_t(a) = \xi_u \sum_a w_a \xi_t(a)` (the distributive law
+  on a finite sum; no identity is used);
+- per state: :math:`\sum_s \pi_w(s)\, m(s)` (the token sum by states).
+
+:meth:`StreamSums.finish` gives, with :math:`d = r_0 - b` and :math:`A = R_c + d`,
+:math:`\mathrm{std}(A) = \sqrt{M_2/W}`, :math:`G = E[R_c h] + d\,E[h]`,
+:math:`\mathrm{Cov}(A,h) = E[R_c h] - E[R_c]E[h]`, the bound
+:math:`\mathrm{std}(A)\sqrt{E[h^2]}`, the correlation ``|Cov| / bound`` (0 where the bound
+is 0) and the exact variances of the per-response values.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["StreamSums", "Ranges"]
+
+
+class StreamSums:
+    """Running sums of one stream (see the module docstring); tensors on one device."""
+
+    def __init__(self, P, T, device, dtype):
+        z = lambda *shape: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
+        self.mass, self.mean, self.M2 = z(), z(), z()
+        self.h, self.h2, self.h4, self.Rh, self.Rh2, self.R2h2 = (z(P) for _ in range(6))
+        self.is_h, self.is_Rh, self.g, self.g2, self.token_sum = (z(P) for _ in range(5))
+        self.token_sum_by_depth = z(T, P)
+        self.cross, self.cross4 = z(T, T, P), z(T, T, P)
+
+    def add_states(self, reach, m, depth):
+        r""":math:`\sum_s \pi(s)\,m(s)` of a block: reach ``(B,)``, token moments ``m (B, P)``."""
+        contrib = reach @ m  # (P,)
+        self.token_sum += contrib
+        self.token_sum_by_depth[depth] += contrib
+
+    def add_rewards(self, w, R):
+        """Merge a block's rewards ``R`` with weights ``w`` ``(C,)`` into mass, mean, M2."""
+        wB = w.sum()
+        meanB = (w @ R) / torch.where(wB > 0, wB, torch.ones_like(wB))
+        M2B = w @ (R - meanB).square()
+        W = self.mass + wB
+        frac = wB / torch.where(W > 0, W, torch.ones_like(W))
+        delta = meanB - self.mean
+        self.mean = self.mean + delta * frac
+        self.M2 = self.M2 + M2B + delta * delta * self.mass * frac
+        self.mass = W
+
+    def add_responses(self, w, Rc, wp, h):
+        r"""Per-response sums: weights ``w``, rewards ``Rc = R - r0``, policy probabilities
+        ``wp`` (``(C,)`` each) and each response's own score sum ``h (C, P)``."""
+        wR = w * Rc
+        rho_w = torch.where(w > 0, wp, torch.zeros_like(wp))  # (C,) w * P/w
+        Eh, ERh, Erh, ErRh = torch.stack([w, wR, rho_w, rho_w * Rc]) @ h  # (P,) each
+        h2 = h * h  # (C, P)
+        Eh2, ERh2, ER2h2 = torch.stack([w, wR, wR * Rc]) @ h2  # (P,) each
+        self.h += Eh
+        self.Rh += ERh
+        self.is_h += Erh
+        self.is_Rh += ErRh
+        self.h2 += Eh2
+        self.Rh2 += ERh2
+        self.R2h2 += ER2h2
+        self.h4 += w @ (h2 * h2)
+        return h2
+
+    def add_paths(self, Wg, g):
+        """Path sums of one block's parents: group weights ``Wg (B,)``, ``g (B, P)``."""
+        self.g += Wg @ g
+        self.g2 += Wg @ (g * g)
+
+    def add_cross(self, depth, w, x, hist):
+        r"""Cross terms of the responses ending at a block's children.
+
+        Args:
+            depth: slot of their last score.
+            w: ``(B, k)`` weights of the ``k`` ending children of each parent.
+            x: ``(B, k, P)`` their last scores :math:`\xi_{depth}(a)`.
+            hist: ``(B, depth, P)`` the parents' scores :math:`\xi_u`, shared by the group.
+        """
+        d = depth
+        x2 = x * x  # (B, k, P)
+        self.cross[d, d] += torch.einsum("bk,bkp->p", w, x2)
+        self.cross4[d, d] += torch.einsum("bk,bkp->p", w, x2 * x2)
+        if d == 0:
+            return
+        X1 = torch.einsum("bk,bkp->bp", w, x)  # (B, P) sum_a w_a xi_d(a)
+        X2 = torch.einsum("bk,bkp->bp", w, x2)  # (B, P) sum_a w_a xi_d(a)^2
+        hist2 = hist * hist  # (B, d, P)
+        c, c4 = (hist * X1[:, None]).sum(0), (hist2 * X2[:, None]).sum(0)  # (d, P)
+        self.cross[:d, d] += c
+        self.cross[d, :d] += c
+        self.cross4[:d, d] += c4
+        self.cross4[d, :d] += c4
+        Wg = w.sum(1)[:, None]  # (B, 1)
+        for u in range(d):
+            wu, wu2 = Wg * hist[:, u], Wg * hist2[:, u]  # (B, P)
+            for t in range(u, d):
+                c, c4 = (wu * hist[:, t]).sum(0), (wu2 * hist2[:, t]).sum(0)  # (P,)
+                self.cross[u, t] += c
+                self.cross4[u, t] += c4
+                if t != u:
+                    self.cross[t, u] += c
+                    self.cross4[t, u] += c4
+
+    def finish(self, r0, baseline):
+        """Derived quantities (tensors); ``baseline`` a number or ``"mean"``."""
+        m, ER = self.mass, self.mean
+        ERc = ER - r0  # E[R - r0]
+        b = ER if baseline == "mean" else torch.as_tensor(float(baseline), dtype=m.dtype,
+                                                           device=m.device)
+        var_R = self.M2 / m
+        std_A = var_R.sqrt()
+        d = r0 - b  # A = (R - r0) + d
+        G = self.Rh + d * self.h
+        cov = self.Rh - ERc * self.h
+        bound = std_A * self.h2.sqrt()
+        corr = torch.where(bound > 0, cov.abs() / torch.where(bound > 0, bound, 1.0),
+                           torch.zeros_like(bound))
+        A2h2 = self.R2h2 + 2 * d * self.Rh2 + d * d * self.h2
+        variances = {"h": self.h2 - self.h ** 2, "h2": self.h4 - self.h2 ** 2,
+                     "token_sum": self.g2 - self.g ** 2, "Ah": A2h2 - G ** 2,
+                     "cross": self.cross4 - self.cross ** 2, "reward": var_R}
+        return {"score_mean": self.h, "sequence_fisher": self.h2,
+                "token_fisher_sum": self.token_sum, "token_fisher_sum_paths": self.g,
+                "token_fisher_by_depth": self.token_sum_by_depth,
+                "cross_terms": self.cross, "gradient": G, "covariance": cov,
+                "bound": bound, "correlation": corr, "expected_reward": ER,
+                "reward_std": std_A, "baseline": b,
+                "importance_gradient": self.is_Rh + d * self.is_h, "mass": m,
+                "variances": variances}
+
+
+class Ranges:
+    r"""The largest :math:`|x(y) - E[x]|` over on-policy responses of positive probability,
+    for :math:`x = h^2` and :math:`x = \sum_t f(s_t)` (the range ``b`` of a Bernstein
+    test), from running maxima and minima."""
+
+    def __init__(self, P, device, dtype):
+        inf = torch.full((P,), float("inf"), dtype=dtype, device=device)
+        self.hi = {"sequence_fisher": -inf, "token_fisher_sum": -inf.clone()}
+        self.lo = {"sequence_fisher": inf.clone(), "token_fisher_sum": inf.clone()}
+
+    def add(self, key, live, x):
+        """Rows ``x (C, P)`` of which ``live (C,)`` have positive probability."""
+        if live.any():
+            x = x if live.all() else x[live]
+            self.hi[key] = torch.maximum(self.hi[key], x.amax(0))
+            self.lo[key] = torch.minimum(self.lo[key], x.amin(0))
+
+    def finish(self, means):
+        """``{key: (P,)}`` given the exact means ``{key: (P,)}``."""
+        return {k: torch.maximum(self.hi[k] - means[k], means[k] - self.lo[k]) for k in self.hi}
