@@ -45,8 +45,9 @@ STREAM_QUANTITIES = ("score_mean", "sequence_fisher", "token_fisher_sum",
                      "importance_gradient")
 #: Response-state rows gathered before one autograd call of the expected reward.
 GRADIENT_ROWS = 2 ** 16
-#: Response-parameter entries summed at once (about 1 MiB of float64: passes stay in cache).
-CACHE_ROWS = 2 ** 17
+#: Response-parameter entries summed at once (8 MiB of float64: few Python calls, passes
+#: mostly in cache).
+CACHE_ROWS = 2 ** 20
 #: Kept per-state / per-response arrays when they fit in this many bytes (``"auto"``).
 KEEP_BYTES = 2 ** 30
 

@@ -94,13 +94,14 @@ class StreamSums:
             hist: ``(B, depth, P)`` the parents' scores :math:`\xi_u`, shared by the group.
         """
         d = depth
+        wb = w[:, None, :]  # (B, 1, k)
         x2 = x * x  # (B, k, P)
-        self.cross[d, d] += torch.einsum("bk,bkp->p", w, x2)
-        self.cross4[d, d] += torch.einsum("bk,bkp->p", w, x2 * x2)
+        X2 = torch.bmm(wb, x2)[:, 0]  # (B, P) sum_a w_a xi_d(a)^2
+        self.cross[d, d] += X2.sum(0)
+        self.cross4[d, d] += torch.bmm(wb, x2.square_())[:, 0].sum(0)
         if d == 0:
             return
-        X1 = torch.einsum("bk,bkp->bp", w, x)  # (B, P) sum_a w_a xi_d(a)
-        X2 = torch.einsum("bk,bkp->bp", w, x2)  # (B, P) sum_a w_a xi_d(a)^2
+        X1 = torch.bmm(wb, x)[:, 0]  # (B, P) sum_a w_a xi_d(a)
         hist2 = hist * hist  # (B, d, P)
         c, c4 = (hist * X1[:, None]).sum(0), (hist2 * X2[:, None]).sum(0)  # (d, P)
         self.cross[:d, d] += c

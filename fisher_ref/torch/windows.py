@@ -42,7 +42,22 @@ class WindowTable:
         self.clear()
 
     def clear(self):
-        self.index, self.parts, self.n, self.arrays = {}, [], 0, None
+        self.index, self.arrays, self.n = {}, None, 0
+
+    def _append(self, part):
+        """Store the arrays of new windows after the first ``n`` rows (storage grows by
+        doubling, so each row is copied a bounded number of times)."""
+        m = next(iter(part.values())).shape[0]
+        if self.arrays is None or self.n + m > next(iter(self.arrays.values())).shape[0]:
+            size = min(self.capacity, max(2 * (self.n + m), 16))
+            grown = {k: v.new_empty((size,) + v.shape[1:]) for k, v in part.items()}
+            if self.arrays is not None:
+                for k, v in grown.items():
+                    v[:self.n] = self.arrays[k][:self.n]
+            self.arrays = grown
+        for k, v in part.items():
+            self.arrays[k][self.n:self.n + m] = v
+        self.n += m
 
     def rows(self, W):
         """``(arrays, inv)``: per-window arrays ``{name: (U, ...)}`` and the row ``(B,)`` of
@@ -58,18 +73,13 @@ class WindowTable:
             if self.n + len(new) > self.capacity:
                 self.clear()
                 if len(set(keys)) > self.capacity:
-                    Wu, inv = torch.unique(W, dim=0, return_inverse=True)
+                    Wu, inv = unique_windows(W, self.run.adapter.vocab_size)
                     return self._compute(Wu), inv
                 return self.rows(W)
-            for key in new:
-                self.index[key] = self.n
-                self.n += 1
             rows = torch.as_tensor(list(new.values()), device=W.device)
-            self.parts.append(self._compute(W[rows]))
-            self.arrays = None
-        if self.arrays is None:
-            self.parts = [{k: torch.cat([p[k] for p in self.parts]) for k in self.parts[0]}]
-            self.arrays = self.parts[0]
+            for j, key in enumerate(new):
+                self.index[key] = self.n + j
+            self._append(self._compute(W[rows]))
         return self.arrays, torch.as_tensor([self.index[k] for k in keys], device=W.device)
 
     def _compute(self, Wu):
