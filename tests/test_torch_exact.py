@@ -88,13 +88,16 @@ def test_depth_first_visits_every_state_once_in_blocks_of_at_most_chunk():
                                                         len(task.prompts))[0]
 
 
-def test_kept_arrays_are_optional_and_change_nothing():
-    task = load_config("default")
-    full, lean = torch_exact(task), torch_exact(task, keep_states=False, keep_sequences=False)
-    assert lean["states"] is None and lean["sequences"] is None
-    for q, v in full["streams"]["policy"].items():
-        if q != "variances":
-            np.testing.assert_allclose(lean["streams"]["policy"][q], v, rtol=RTOL, atol=0)
+def test_kept_arrays_and_variances_are_optional_and_change_nothing():
+    task = load_config("offpolicy_stale")
+    full = torch_exact(task)
+    lean = torch_exact(task, keep_states=False, keep_sequences=False, variances=False)
+    assert lean["states"] is None and lean["sequences"] is None and lean["ranges"] is None
+    for s, d in full["streams"].items():
+        assert lean["streams"][s]["variances"] is None
+        for q, v in d.items():
+            if q != "variances":
+                np.testing.assert_allclose(lean["streams"][s][q], v, rtol=RTOL, atol=0)
 
 
 def test_reward_offset_leaves_std_and_bound_unchanged():

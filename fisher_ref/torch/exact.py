@@ -94,7 +94,7 @@ class GradientBatch:
 class _Run:
     """One enumeration: the task, its adapter, the streams' sums and what is kept."""
 
-    def __init__(self, task, adapter, chunk, keep_states, keep_sequences):
+    def __init__(self, task, adapter, chunk, keep_states, keep_sequences, variances):
         self.task, self.adapter = task, adapter
         ad, acc, dev = adapter, adapter.acc_dtype, adapter.device
         V, P, T = ad.vocab_size, ad.num_params, task.max_len
@@ -109,8 +109,8 @@ class _Run:
         self.theta = ad.theta(task.theta)
         self.theta_mu = None if task.sampler is None else \
             ad.theta(task.sampler.params(task.model, task.theta))
-        self.sums = [StreamSums(P, T, dev, acc) for _ in self.streams]
-        self.ranges = Ranges(P, dev, acc)
+        self.sums = [StreamSums(P, T, dev, acc, variances) for _ in self.streams]
+        self.ranges = Ranges(P, dev, acc) if variances else None
         self.prompt_len = torch.tensor([len(p) for p in task.prompts], device=dev)
         self.prompt_weights = torch.as_tensor(task.prompt_weights, dtype=acc, device=dev)
         self.r0 = None  # reference reward: every R sum is of R - r0
@@ -198,7 +198,7 @@ def add_complete(run, block, p, q, arr, inv, G, cols):
         h2 = run.sums[s].add_responses(w[wname].reshape(-1), Rc, wp, h.reshape(B * k, -1))
         run.sums[s].add_paths(w[wname].sum(1), G[s])
         run.sums[s].add_cross(d, w[wname], x, block.hist[s])
-        if s == 0:
+        if s == 0 and run.ranges is not None:
             run.ranges.add("sequence_fisher", wp > 0, h2)
             run.ranges.add("token_fisher_sum", (w["p"] > 0).any(1), G[0])
     par = torch.arange(B, device=p.device).repeat_interleave(k)  # (B*k,)
@@ -216,7 +216,7 @@ def add_complete(run, block, p, q, arr, inv, G, cols):
 
 
 def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None,
-                keep_states="auto", keep_sequences="auto"):
+                keep_states="auto", keep_sequences="auto", variances=True):
     r"""Every exact quantity of ``task`` by enumeration in torch (docs/theory.md §2, §3).
 
     Args:
@@ -232,6 +232,9 @@ def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None
             about 256 MiB of work arrays); memory grows with it, never with ``V^T``.
         keep_states, keep_sequences: return the per-state / per-response arrays
             (``"auto"``: when they fit in about 1 GiB).
+        variances: also the fourth moments, the exact variances of the per-response
+            values and the ``ranges`` (about a third of the work on a large task);
+            ``False`` returns ``variances`` and ``ranges`` as ``None``.
 
     Returns:
         dict: ``streams`` {name: {quantity: float64 numpy}} (:data:`STREAM_QUANTITIES`,
@@ -252,7 +255,7 @@ def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None
         True
     """
     adapter = torch_model(task.model, device=device, dtype=dtype) if adapter is None else adapter
-    run = _Run(task, adapter, chunk, keep_states, keep_sequences)
+    run = _Run(task, adapter, chunk, keep_states, keep_sequences, variances)
     stack = [root_block(task, len(run.streams), adapter.device, adapter.acc_dtype)]
     for block in depth_first(stack, run.chunk):
         child = visit_block(run, block)
@@ -267,13 +270,15 @@ def _result(run):
     streams = {}
     for s, (name, _, _) in enumerate(run.streams):
         res = run.sums[s].finish(run.r0, run.task.baseline)
-        res["variances"] = {k: _np(v) for k, v in res["variances"].items()}
-        streams[name] = {k: (_np(v) if k != "variances" else v) for k, v in res.items()}
-    pol = run.sums[0]
-    ranges = run.ranges.finish({"sequence_fisher": pol.h2 / pol.mass,
-                                "token_fisher_sum": pol.g / pol.mass})
-    return {"streams": streams, "gradient_autodiff": _np(run.grad.grad),
-            "ranges": {k: _np(v) for k, v in ranges.items()},
+        var = res.pop("variances")
+        streams[name] = {k: _np(v) for k, v in res.items()}
+        streams[name]["variances"] = None if var is None else {k: _np(v) for k, v in var.items()}
+    ranges = None
+    if run.ranges is not None:
+        pol = run.sums[0]
+        ranges = {k: _np(v) for k, v in run.ranges.finish(
+            {"sequence_fisher": pol.h2 / pol.mass, "token_fisher_sum": pol.g / pol.mass}).items()}
+    return {"streams": streams, "gradient_autodiff": _np(run.grad.grad), "ranges": ranges,
             "states": _sorted(run.states, ("depth", "prompt")) if run.keep_states else None,
             "sequences": _sorted(run.seqs, ("prompt",)) if run.keep_seqs else None}
 

@@ -8,10 +8,14 @@ see a model only through a small *adapter* (:class:`TorchAdapter`):
   starts with, or ``None``), ``num_params`` ``P``, ``context`` (width of a window);
 - ``windows(tokens, lengths)``: ``(B, L)`` and ``(B,)`` long tensors -> ``(B, k)`` long,
   what the model reads at each state;
-- ``logits(theta, windows)`` -> ``(B, V)``, a pure function of the flat ``theta``;
+- ``unpack(theta)`` -> ``{name: view}``, the named blocks of the flat ``theta``, and
+  ``logits_of(params, windows)`` -> ``(B, V)``, the logits from those blocks; so
+  ``logits(theta, windows)`` is a pure function of the flat ``theta``;
 - ``sensitivities(theta, windows)`` -> ``(B, P, V)``,
   :math:`j_{i,a}(s) = \partial z_a(s)/\partial\theta_i`, by ``vmap(jacrev)`` over
-  windows in chunks of :data:`JACOBIAN_CHUNK`.
+  windows (in chunks of :data:`JACOBIAN_CHUNK`) with respect to the named blocks, then
+  laid out flat (differentiating the slices of a flat vector instead would write a
+  zero-filled ``P``-vector per block, window and logit).
 
 Shipped adapters: :class:`TorchMLP` (``z = tanh(concat(E[c]) W1 + b1) W2 + b2``),
 :class:`TorchTabular` (the logits are the parameters) and, in
@@ -62,7 +66,7 @@ class TorchAdapter:
     """Base of the adapters: device, dtypes, ``theta`` conversion and ``vmap(jacrev)``.
 
     A subclass sets ``vocab_size, eos, bos, num_params, context`` and defines
-    ``windows`` and ``logits``. ``whole_history`` is True when a window holds the whole
+    ``windows``, ``unpack`` and ``logits_of``. ``whole_history`` is True when a window holds the whole
     state (no two states share one), so per-window caching is pointless.
     """
 
@@ -81,16 +85,29 @@ class TorchAdapter:
     def windows(self, tokens, lengths):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def logits(self, theta, windows):  # pragma: no cover - abstract
+    def unpack(self, theta):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _logits_one(self, theta, window):
-        return self.logits(theta, window[None])[0]  # (V,)
+    def logits_of(self, params, windows):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def logits(self, theta, windows):
+        """``(B, k)`` windows -> ``(B, V)`` logits at the flat ``theta``."""
+        return self.logits_of(self.unpack(theta), windows)
+
+    def _one(self, params, window):
+        return self.logits_of(params, window[None])[0]  # (V,)
+
+    def jacobian_blocks(self, params, windows):
+        """``(b, V, P)``: ``vmap(jacrev)`` over ``windows (b, k)`` w.r.t. every block, flat."""
+        jac = vmap(jacrev(self._one), in_dims=(None, 0))(params, windows)  # {name: (b, V, *)}
+        b = windows.shape[0]
+        return torch.cat([jac[n].reshape(b, self.vocab_size, -1) for n in params], dim=2)
 
     def sensitivities(self, theta, windows):
         r""":math:`j_{i,a}(s) = \partial z_a(s)/\partial\theta_i` by ``vmap(jacrev)``: ``(B, P, V)``."""
-        parts = [vmap(jacrev(self._logits_one), in_dims=(None, 0))(theta, w)  # (b, V, P)
-                 for w in windows.split(JACOBIAN_CHUNK)]
+        params = self.unpack(theta)
+        parts = [self.jacobian_blocks(params, w) for w in windows.split(JACOBIAN_CHUNK)]
         if not parts:
             return theta.new_zeros((0, self.num_params, self.vocab_size))
         return torch.cat(parts).transpose(1, 2)  # (B, P, V)
@@ -150,9 +167,8 @@ class TorchMLP(_WindowAdapter):
 
     name = "mlp_window"
 
-    def logits(self, theta, windows):
-        """``(B, k)`` long windows -> ``(B, V)`` logits."""
-        p = self.unpack(theta)
+    def logits_of(self, p, windows):
+        """``(B, k)`` long windows -> ``(B, V)`` logits from the blocks ``E, W1, b1, W2, b2``."""
         e = p["E"][windows].reshape(windows.shape[0], -1)  # (B, k*d)
         hid = torch.tanh(e @ p["W1"] + p["b1"])  # (B, H)
         return hid @ p["W2"] + p["b2"]  # (B, V)
@@ -163,11 +179,10 @@ class TorchTabular(_WindowAdapter):
 
     name = "tabular"
 
-    def logits(self, theta, windows):
+    def logits_of(self, params, windows):
         base = (self.vocab_size + 1) ** torch.arange(self.context - 1, -1, -1,
                                                      device=windows.device)  # (k,)
-        table = theta.reshape(-1, self.vocab_size)  # ((V+1)^k, V)
-        return table[(windows * base).sum(-1)]  # (B, V)
+        return params["table"][(windows * base).sum(-1)]  # (B, V)
 
 
 def torch_model(model, device="cpu", dtype="float64"):

@@ -32,7 +32,7 @@ import copy
 import numpy as np
 import torch
 from autograd.extend import defvjp, primitive
-from torch.func import functional_call, jacrev, vmap
+from torch.func import functional_call, jacrev
 
 from ..model import check_theta
 from .model import JACOBIAN_CHUNK, TorchAdapter
@@ -92,10 +92,10 @@ class ModuleAdapter(TorchAdapter):
             off += n
         return out
 
-    def call(self, theta, ids):
-        """Next-token logits ``(b, V)`` of unpadded sequences ``ids (b, n)`` at ``theta``."""
-        return _last_logits(functional_call(self.module, self.unpack(theta), (ids,)),
-                            self.vocab_size)
+    def call(self, params, ids):
+        """Next-token logits ``(b, V)`` of unpadded sequences ``ids (b, n)`` with the
+        parameter blocks ``params``."""
+        return _last_logits(functional_call(self.module, params, (ids,)), self.vocab_size)
 
     def windows(self, tokens, lengths):
         """Row ``b`` = ``[bos] + tokens[b, :lengths[b]]``, ``-1`` padded: ``(B, positions)``."""
@@ -124,28 +124,36 @@ class ModuleAdapter(TorchAdapter):
             rows = torch.nonzero(n == length).flatten()
             yield rows, windows[rows, :length]
 
-    def logits(self, theta, windows):
+    def logits_of(self, params, windows):
         """``(B, N)`` windows -> ``(B, V)`` logits, one unpadded call per length."""
-        out = theta.new_zeros((windows.shape[0], self.vocab_size))
+        out = None
         for rows, ids in self._groups(windows):
-            out = out.index_put((rows,), self.call(theta, ids))
+            z = self.call(params, ids)  # (b, V)
+            out = z.new_zeros((windows.shape[0], self.vocab_size)) if out is None else out
+            out = out.index_put((rows,), z)
         return out  # (B, V)
-
-    def _one(self, theta, ids):
-        return self.call(theta, ids[None])[0]  # (V,)
 
     def sensitivities(self, theta, windows):
         r""":math:`j (B, P, V)` by ``vmap(jacrev)`` per length group (a per-window ``jacrev``
         loop for modules without vmap rules, ``vectorize=False``)."""
+        params = self.unpack(theta)
         out = theta.new_zeros((windows.shape[0], self.vocab_size, self.num_params))
         for rows, ids in self._groups(windows):
             if self.vectorize:
-                jac = torch.cat([vmap(jacrev(self._one), in_dims=(None, 0))(theta, chunk)
+                jac = torch.cat([self.jacobian_blocks(params, chunk)
                                  for chunk in ids.split(JACOBIAN_CHUNK)])  # (b, V, P)
             else:
-                jac = torch.stack([jacrev(self._one)(theta, row) for row in ids])
+                jac = torch.stack([self._jac_loop(params, row) for row in ids])  # (b, V, P)
             out[rows] = jac
         return out.transpose(1, 2)  # (B, P, V)
+
+    def _one(self, params, ids):
+        return self.call(params, ids[None])[0]  # (V,)
+
+    def _jac_loop(self, params, ids):
+        """``(V, P)`` of one sequence by ``jacrev`` without ``vmap`` over windows."""
+        jac = jacrev(self._one)(params, ids)  # {name: (V, *)}
+        return torch.cat([jac[n].reshape(self.vocab_size, -1) for n in params], dim=1)
 
 
 def from_module(module, vocab_size, eos, bos=None, *, positions, device="cpu",

@@ -33,9 +33,13 @@ __all__ = ["StreamSums", "Ranges"]
 
 
 class StreamSums:
-    """Running sums of one stream (see the module docstring); tensors on one device."""
+    r"""Running sums of one stream (see the module docstring); tensors on one device.
+    With ``variances=False`` the fourth-moment sums (:math:`h^4`, :math:`R_c h^2`,
+    :math:`R_c^2 h^2`, :math:`g^2`, :math:`\xi_u^2\xi_t^2`) are skipped and
+    :meth:`finish` gives no ``variances``."""
 
-    def __init__(self, P, T, device, dtype):
+    def __init__(self, P, T, device, dtype, variances=True):
+        self.variances = variances
         z = lambda *shape: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
         self.mass, self.mean, self.M2 = z(), z(), z()
         self.h, self.h2, self.h4, self.Rh, self.Rh2, self.R2h2 = (z(P) for _ in range(6))
@@ -67,12 +71,15 @@ class StreamSums:
         wR = w * Rc
         rho_w = torch.where(w > 0, wp, torch.zeros_like(wp))  # (C,) w * P/w
         Eh, ERh, Erh, ErRh = torch.stack([w, wR, rho_w, rho_w * Rc]) @ h  # (P,) each
-        h2 = h * h  # (C, P)
-        Eh2, ERh2, ER2h2 = torch.stack([w, wR, wR * Rc]) @ h2  # (P,) each
         self.h += Eh
         self.Rh += ERh
         self.is_h += Erh
         self.is_Rh += ErRh
+        h2 = h * h  # (C, P)
+        if not self.variances:
+            self.h2 += w @ h2
+            return h2
+        Eh2, ERh2, ER2h2 = torch.stack([w, wR, wR * Rc]) @ h2  # (P,) each
         self.h2 += Eh2
         self.Rh2 += ERh2
         self.R2h2 += ER2h2
@@ -82,7 +89,8 @@ class StreamSums:
     def add_paths(self, Wg, g):
         """Path sums of one block's parents: group weights ``Wg (B,)``, ``g (B, P)``."""
         self.g += Wg @ g
-        self.g2 += Wg @ (g * g)
+        if self.variances:
+            self.g2 += Wg @ (g * g)
 
     def add_cross(self, depth, w, x, hist):
         r"""Cross terms of the responses ending at a block's children.
@@ -98,26 +106,33 @@ class StreamSums:
         x2 = x * x  # (B, k, P)
         X2 = torch.bmm(wb, x2)[:, 0]  # (B, P) sum_a w_a xi_d(a)^2
         self.cross[d, d] += X2.sum(0)
-        self.cross4[d, d] += torch.bmm(wb, x2.square_())[:, 0].sum(0)
+        v = self.variances
+        if v:
+            self.cross4[d, d] += torch.bmm(wb, x2.square_())[:, 0].sum(0)
         if d == 0:
             return
         X1 = torch.bmm(wb, x)[:, 0]  # (B, P) sum_a w_a xi_d(a)
-        hist2 = hist * hist  # (B, d, P)
-        c, c4 = (hist * X1[:, None]).sum(0), (hist2 * X2[:, None]).sum(0)  # (d, P)
+        c = (hist * X1[:, None]).sum(0)  # (d, P)
         self.cross[:d, d] += c
         self.cross[d, :d] += c
-        self.cross4[:d, d] += c4
-        self.cross4[d, :d] += c4
+        if v:
+            hist2 = hist * hist  # (B, d, P)
+            c4 = (hist2 * X2[:, None]).sum(0)  # (d, P)
+            self.cross4[:d, d] += c4
+            self.cross4[d, :d] += c4
         Wg = w.sum(1)[:, None]  # (B, 1)
         for u in range(d):
-            wu, wu2 = Wg * hist[:, u], Wg * hist2[:, u]  # (B, P)
+            wu = Wg * hist[:, u]  # (B, P)
             for t in range(u, d):
-                c, c4 = (wu * hist[:, t]).sum(0), (wu2 * hist2[:, t]).sum(0)  # (P,)
+                c = (wu * hist[:, t]).sum(0)  # (P,)
                 self.cross[u, t] += c
-                self.cross4[u, t] += c4
                 if t != u:
                     self.cross[t, u] += c
-                    self.cross4[t, u] += c4
+                if v:
+                    c4 = (Wg * hist2[:, u] * hist2[:, t]).sum(0)  # (P,)
+                    self.cross4[u, t] += c4
+                    if t != u:
+                        self.cross4[t, u] += c4
 
     def finish(self, r0, baseline):
         """Derived quantities (tensors); ``baseline`` a number or ``"mean"``."""
@@ -133,10 +148,12 @@ class StreamSums:
         bound = std_A * self.h2.sqrt()
         corr = torch.where(bound > 0, cov.abs() / torch.where(bound > 0, bound, 1.0),
                            torch.zeros_like(bound))
-        A2h2 = self.R2h2 + 2 * d * self.Rh2 + d * d * self.h2
-        variances = {"h": self.h2 - self.h ** 2, "h2": self.h4 - self.h2 ** 2,
-                     "token_sum": self.g2 - self.g ** 2, "Ah": A2h2 - G ** 2,
-                     "cross": self.cross4 - self.cross ** 2, "reward": var_R}
+        variances = None
+        if self.variances:
+            A2h2 = self.R2h2 + 2 * d * self.Rh2 + d * d * self.h2
+            variances = {"h": self.h2 - self.h ** 2, "h2": self.h4 - self.h2 ** 2,
+                         "token_sum": self.g2 - self.g ** 2, "Ah": A2h2 - G ** 2,
+                         "cross": self.cross4 - self.cross ** 2, "reward": var_R}
         return {"score_mean": self.h, "sequence_fisher": self.h2,
                 "token_fisher_sum": self.token_sum, "token_fisher_sum_paths": self.g,
                 "token_fisher_by_depth": self.token_sum_by_depth,

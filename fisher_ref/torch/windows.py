@@ -14,12 +14,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..enumeration import count_states
 from .model import sampler_logits
 
 __all__ = ["WindowTable", "WINDOW_CACHE_BYTES", "unique_windows"]
 
 #: Bytes of per-window arrays kept between blocks (speed only; results do not depend on it).
-WINDOW_CACHE_BYTES = 256 * 2 ** 20
+WINDOW_CACHE_BYTES = 2 ** 30
 
 
 class WindowTable:
@@ -39,6 +40,9 @@ class WindowTable:
         per = 8 * (len(self.centers) * V * P + (S + 2) * P + 2 * V)
         budget = WINDOW_CACHE_BYTES if budget is None else budget
         self.capacity = 0 if ad.whole_history else max(1, budget // per)
+        # distinct windows possible: tokens 0..V-1 and BOS in each of k places, or the states
+        n_states = count_states(V, run.task.max_len, ad.eos, len(run.task.prompts))[0]
+        self.most = min(n_states, (V + 1) ** ad.context) if ad.context < 16 else n_states
         self.clear()
 
     def clear(self):
@@ -49,7 +53,7 @@ class WindowTable:
         doubling, so each row is copied a bounded number of times)."""
         m = next(iter(part.values())).shape[0]
         if self.arrays is None or self.n + m > next(iter(self.arrays.values())).shape[0]:
-            size = min(self.capacity, max(2 * (self.n + m), 16))
+            size = min(self.capacity, self.most, max(2 * (self.n + m), 16))
             grown = {k: v.new_empty((size,) + v.shape[1:]) for k, v in part.items()}
             if self.arrays is not None:
                 for k, v in grown.items():
