@@ -173,9 +173,13 @@ def visit_block(run, block):
     ending, opening = ending_tokens(task, block.depth, p.device)
     if len(ending):  # in groups of parents whose responses' (k, P) rows fit in a cache
         step = max(1, CACHE_ROWS // (len(ending) * run.adapter.num_params))
-        for lo in range(0, block.size, step):
-            sl = slice(lo, lo + step)
-            add_complete(run, block.rows(sl), p[sl], q[sl], arr, inv[sl], G[:, sl], ending)
+        parts = [add_complete(run, block.rows(slice(lo, lo + step)), p[lo:lo + step],
+                              q[lo:lo + step], arr, inv[lo:lo + step], G[:, lo:lo + step],
+                              ending) for lo in range(0, block.size, step)]
+        if block.depth:  # cross terms with the parents' scores, once per block
+            for s, sums in enumerate(run.sums):
+                Wg, X1, X2 = (torch.cat([part[s][j] for part in parts]) for j in range(3))
+                sums.add_history(block.depth, Wg, X1, X2, block.hist[s])
     if len(opening):
         x = torch.stack([_pick(arr, inv, c, opening) for _, _, c in run.streams])
         return open_children(block, opening, p, q, x, G)
@@ -185,19 +189,25 @@ def visit_block(run, block):
 def add_complete(run, block, p, q, arr, inv, G, cols):
     r"""The responses ending at tokens ``cols`` of each state of ``block``: their own
     :math:`h = H + \xi(a)`, rewards, weights and scores into every stream's sums; the
-    policy stream's ranges; the gradient batch and the kept sequences."""
+    policy stream's ranges; the gradient batch and the kept sequences.
+
+    Returns:
+        per stream ``(Wg, X1, X2)``: each parent's total weight and sums of its ending
+        children's last scores (:meth:`~fisher_ref.torch.moments.StreamSums.add_last`).
+    """
     B, k, d = block.size, cols.shape[0], block.depth
     R = run.rewards(block, cols)  # (B, k)
     Rc = (R - run.r0).reshape(-1)  # (B*k,)
     w = {"p": block.rp[:, None] * p[:, cols], "q": block.rq[:, None] * q[:, cols]}  # (B, k)
     wp = w["p"].reshape(-1)  # (B*k,)
+    out = []
     for s, (_, wname, c) in enumerate(run.streams):
         x = _pick(arr, inv, c, cols)  # (B, k, P)
         h = block.H[s][:, None, :] + x  # (B, k, P): each response's own h
         run.sums[s].add_rewards(w[wname].reshape(-1), R.reshape(-1))
         h2 = run.sums[s].add_responses(w[wname].reshape(-1), Rc, wp, h.reshape(B * k, -1))
         run.sums[s].add_paths(w[wname].sum(1), G[s])
-        run.sums[s].add_cross(d, w[wname], x, block.hist[s])
+        out.append((w[wname].sum(1),) + run.sums[s].add_last(d, w[wname], x))
         if s == 0 and run.ranges is not None:
             run.ranges.add("sequence_fisher", wp > 0, h2)
             run.ranges.add("token_fisher_sum", (w["p"] > 0).any(1), G[0])
@@ -213,6 +223,7 @@ def add_complete(run, block, p, q, arr, inv, G, cols):
         run.seqs.append({"tokens": torch.where(torch.arange(T, device=p.device) < n, resp, -1),
                          "prompt": block.prompt[par], "prob": wp,
                          "sampler_prob": w["q"].reshape(-1), "reward": R.reshape(-1)})
+    return out
 
 
 def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None,

@@ -92,47 +92,58 @@ class StreamSums:
         if self.variances:
             self.g2 += Wg @ (g * g)
 
-    def add_cross(self, depth, w, x, hist):
-        r"""Cross terms of the responses ending at a block's children.
+    def add_last(self, depth, w, x):
+        r"""Diagonal cross terms of responses ending at slot ``depth``, and their sums per
+        parent for :meth:`add_history`.
 
         Args:
-            depth: slot of their last score.
             w: ``(B, k)`` weights of the ``k`` ending children of each parent.
             x: ``(B, k, P)`` their last scores :math:`\xi_{depth}(a)`.
-            hist: ``(B, depth, P)`` the parents' scores :math:`\xi_u`, shared by the group.
+
+        Returns:
+            ``(X1, X2)``: ``(B, P)`` each, :math:`\sum_a w_a \xi(a)` and
+            :math:`\sum_a w_a \xi(a)^2` per parent (``X1`` is ``None`` at depth 0).
         """
-        d = depth
         wb = w[:, None, :]  # (B, 1, k)
         x2 = x * x  # (B, k, P)
-        X2 = torch.bmm(wb, x2)[:, 0]  # (B, P) sum_a w_a xi_d(a)^2
-        self.cross[d, d] += X2.sum(0)
-        v = self.variances
-        if v:
-            self.cross4[d, d] += torch.bmm(wb, x2.square_())[:, 0].sum(0)
-        if d == 0:
-            return
-        X1 = torch.bmm(wb, x)[:, 0]  # (B, P) sum_a w_a xi_d(a)
+        X2 = torch.bmm(wb, x2)[:, 0]  # (B, P)
+        self.cross[depth, depth] += X2.sum(0)
+        if self.variances:
+            self.cross4[depth, depth] += torch.bmm(wb, x2.square_())[:, 0].sum(0)
+        X1 = torch.bmm(wb, x)[:, 0] if depth else None  # (B, P)
+        return X1, X2
+
+    def add_history(self, depth, Wg, X1, X2, hist):
+        r"""Cross terms that involve the parents' scores, grouped by parent:
+        :math:`\sum_a w_a \xi_u \xi_d(a) = \xi_u X_1`, and for ``u, t < d``
+        :math:`\sum_a w_a \xi_u\xi_t = W \xi_u \xi_t` (fourth moments likewise).
+
+        Args:
+            Wg: ``(B,)`` total weight of each parent's ending children.
+            X1, X2: ``(B, P)`` from :meth:`add_last`.
+            hist: ``(B, depth, P)`` the parents' scores :math:`\xi_u`.
+        """
+        d, v = depth, self.variances
         c = (hist * X1[:, None]).sum(0)  # (d, P)
         self.cross[:d, d] += c
         self.cross[d, :d] += c
+        hist2 = hist * hist if v else None  # (B, d, P)
         if v:
-            hist2 = hist * hist  # (B, d, P)
             c4 = (hist2 * X2[:, None]).sum(0)  # (d, P)
             self.cross4[:d, d] += c4
             self.cross4[d, :d] += c4
-        Wg = w.sum(1)[:, None]  # (B, 1)
+        Wg = Wg[:, None]  # (B, 1)
         for u in range(d):
             wu = Wg * hist[:, u]  # (B, P)
+            wu2 = Wg * hist2[:, u] if v else None
             for t in range(u, d):
-                c = (wu * hist[:, t]).sum(0)  # (P,)
-                self.cross[u, t] += c
-                if t != u:
-                    self.cross[t, u] += c
+                pairs = [(self.cross, (wu * hist[:, t]).sum(0))]  # (P,)
                 if v:
-                    c4 = (Wg * hist2[:, u] * hist2[:, t]).sum(0)  # (P,)
-                    self.cross4[u, t] += c4
+                    pairs.append((self.cross4, (wu2 * hist2[:, t]).sum(0)))
+                for acc, c in pairs:
+                    acc[u, t] += c
                     if t != u:
-                        self.cross4[t, u] += c4
+                        acc[t, u] += c
 
     def finish(self, r0, baseline):
         """Derived quantities (tensors); ``baseline`` a number or ``"mean"``."""
@@ -167,7 +178,9 @@ class StreamSums:
 class Ranges:
     r"""The largest :math:`|x(y) - E[x]|` over on-policy responses of positive probability,
     for :math:`x = h^2` and :math:`x = \sum_t f(s_t)` (the range ``b`` of a Bernstein
-    test), from running maxima and minima."""
+    test), from running maxima and minima: :math:`\max(\max x - E, E - \min x)`. For
+    :math:`h^2` the minimum is taken as 0 (a lower bound), which gives an upper bound on
+    the range, as valid for the test and one reduction cheaper."""
 
     def __init__(self, P, device, dtype):
         inf = torch.full((P,), float("inf"), dtype=dtype, device=device)
@@ -179,7 +192,10 @@ class Ranges:
         if live.any():
             x = x if live.all() else x[live]
             self.hi[key] = torch.maximum(self.hi[key], x.amax(0))
-            self.lo[key] = torch.minimum(self.lo[key], x.amin(0))
+            if key != "sequence_fisher":
+                self.lo[key] = torch.minimum(self.lo[key], x.amin(0))
+            else:
+                self.lo[key] = torch.zeros_like(self.lo[key])
 
     def finish(self, means):
         """``{key: (P,)}`` given the exact means ``{key: (P,)}``."""
