@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch", reason="the torch engine needs torch (the torch extra)")
 
@@ -21,6 +23,7 @@ from fisher_ref.tasks import Task  # noqa: E402
 from fisher_ref.torch.exact import torch_exact  # noqa: E402
 from fisher_ref.torch.tree import depth_first, root_block  # noqa: E402
 from torch_checks import mismatches  # noqa: E402
+from test_exact import small_tasks  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -48,6 +51,43 @@ def test_float64_matches_numpy_engine_on_hand_made_cases(case):
     task = cases.get_task(case)
     bad = mismatches(task, _ref(task), torch_exact(task), RTOL)
     assert not bad, f"{case}: {bad}"
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=20)
+@given(small_tasks())
+def test_float64_matches_numpy_engine_on_random_mlp_tasks(task):
+    bad = mismatches(task, _ref(task), torch_exact(task, chunk=3), RTOL)
+    assert not bad, f"{task.model.spec}: {bad}"
+
+
+@st.composite
+def gpt2_tasks(draw):
+    """Task files of small GPT-2s: vocabulary, layers, heads, widths, prompts, EOS,
+    reward, baseline and sampler drawn."""
+    from fisher_ref.tasks import task_from_json
+    V, eos, T = draw(st.integers(2, 4)), draw(st.booleans()), draw(st.integers(1, 2))
+    heads = draw(st.integers(1, 2))
+    prompts = draw(st.lists(st.lists(st.integers(0, V - 1), max_size=2), min_size=1,
+                            max_size=2))
+    spec = {"model": {"arch": "gpt2", "vocab_size": V, "eos": eos,
+                      "n_positions": max(len(p) for p in prompts) + T + draw(st.integers(0, 2)),
+                      "embed_dim": heads * draw(st.integers(1, 3)),
+                      "n_layer": draw(st.integers(1, 2)), "n_head": heads,
+                      "init_seed": draw(st.integers(0, 10 ** 6)),
+                      "init_scale": draw(st.floats(0.1, 1.5))},
+            "prompts": prompts, "max_len": T,
+            "reward": {"name": "count", "token": draw(st.integers(0, V - 1))},
+            "baseline": draw(st.one_of(st.just("mean"), st.floats(-1.0, 1.0)))}
+    if draw(st.booleans()):
+        spec["sampler"] = {"kind": "temperature", "temperature": draw(st.floats(0.5, 2.0))}
+    return task_from_json(spec)
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=8)
+@given(gpt2_tasks())
+def test_float64_matches_numpy_engine_on_random_gpt2_tasks(task):
+    bad = mismatches(task, _ref(task), torch_exact(task), RTOL)
+    assert not bad, f"{task.spec}: {bad}"
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 7])
