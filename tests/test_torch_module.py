@@ -233,3 +233,14 @@ def test_too_few_output_columns_are_named():
 
     with pytest.raises(ValueError, match="fewer than vocab_size=3"):
         exact_causal_lm(Narrow(), [[1]], 2, reward, vocab_size=3, eos=True, bos=3)
+
+
+def test_verify_runs_on_a_module_task():
+    """The numpy engines run a user's module too: every exact identity of verify holds."""
+    from fisher_ref.verify import verify_task
+    torch.manual_seed(5)
+    task = causal_lm_task(CausalConvLM(3), [[1], [2]], 3, reward, vocab_size=3, eos=True,
+                          bos=3, baseline="mean")
+    _, rows = verify_task(task, mc=0, progress=False)
+    failed = [r.check for r in rows if r.kind != "info" and not r.passed]
+    assert rows and not failed, failed
