@@ -1,35 +1,12 @@
-r"""``python -m fisher_ref compare``: the torch implementation against fisher_ref.
+r"""``python -m fisher_ref compare``: the torch engine against fisher_ref's exact engine.
 
-For each dtype the torch side (:mod:`fisher_ref.torch.exact`) computes every
-quantity of DESIGN §1 on the device and each is held against fisher_ref's
-float64 exact engine. The error of a torch array ``a`` against the exact ``b``:
-
-.. math:: \text{abs} = \max|a - b|,\qquad \text{rel} = \max|a - b| \,/\, \max|b|
-
-(the denominator is the largest exact entry, so small entries are judged on
-the scale of the quantity; for ``score_mean``, exactly 0 on-policy, the scale
-is :math:`\max(\max|b|, \sqrt{\max F})`, the score's own spread; for the
-gradients :math:`E[Ah]`, a cancellation of terms as large as
-:math:`(\sqrt{E[R^2]} + |b|)\sqrt{\max F}` when the baseline ``b`` is large,
-the scale is at least that size (:func:`fisher_ref.verify.gradient_scale`); an
-all-zero exact array is judged by the absolute error). A row passes when
-``rel <= tolerance`` of its dtype:
-
-- ``float64``: :data:`TOL_FLOAT64` = 1e-10 — both sides are float64 and run
-  the same arithmetic in a different order; measured errors are ~1e-14.
-- ``float32`` (matmul precision ``"highest"``, TF32 off): eps32 = 1.2e-7
-  times a conditioning factor. The factor covers the tanh layer, the softmax,
-  centering :math:`j - \bar j` (cancellation) and sums over up to ``V^T``
-  responses. Measured worst rel error on the shipped configs (2-core x86_64
-  CPU): 2.2e-6 (``raw.correlation`` of ``offpolicy_stale``, a ratio; factor
-  ~18); :data:`TOL_FLOAT32` = 2e-5 (factor ~170) leaves a 10x margin for
-  bigger tasks and GPU reduction orders.
-- ``bfloat16`` (eps = 2^-7 = 7.8e-3): logits and sensitivities in bfloat16,
-  probabilities and every sum in float32 (:func:`fisher_ref.torch.model.accumulation_dtype`).
-  Errors are dominated by the bfloat16 rounding of ``theta``, the logits and
-  ``j``; measured worst rel error on the shipped configs: 3.0e-2
-  (``centered.cross_terms`` of ``offpolicy_stale``; about 4 eps);
-  :data:`TOL_BFLOAT16` = 0.1 (about 13 eps, a 3x margin).
+For each dtype the torch engine (:func:`fisher_ref.torch.exact.torch_exact`, with the
+adapter of the task's model: the MLP, the tabular model, the GPT-2 through
+``transformers``, or a user's torch module) computes every exact quantity on the device,
+and each is held against fisher_ref's float64 numpy engine. A row passes when its
+relative error, on the scale of the quantity (:mod:`fisher_ref.error_scales`: derived
+ratios such as the correlation are judged by error propagation from their parts), is at
+most its dtype's tolerance (1e-10 in float64, 2e-5 in float32, 0.1 in bfloat16).
 
 A Monte Carlo row per quantity (``E[h^2]`` and the token sum) draws ``--mc``
 responses with the torch sampler (float64, ``torch.Generator`` seeded with
@@ -53,34 +30,16 @@ import sys
 import numpy as np
 
 from .command import task_from_args
+from .error_scales import (TOL_BFLOAT16, TOL_FLOAT32, TOL_FLOAT64, TOLERANCES,
+                           gradient_judge_scale, rel_error, scale)
+from .fileio import atomic_output
 
 __all__ = ["TOLERANCES", "TOL_FLOAT64", "TOL_FLOAT32", "TOL_BFLOAT16", "MC_ALPHA",
            "DEFAULT_MC", "bernstein_threshold", "compare", "rel_error", "add_arguments", "run", "format_table"]
 
-TOL_FLOAT64 = 1e-10  # same arithmetic, other order: measured ~1e-14
-TOL_FLOAT32 = 2e-5  # eps32 1.2e-7 x conditioning ~170 (measured worst 2.2e-6)
-TOL_BFLOAT16 = 0.1  # ~13 eps_bf16; bf16 compute, fp32 sums (measured worst 3.0e-2)
-TOLERANCES = {"float64": TOL_FLOAT64, "float32": TOL_FLOAT32, "bfloat16": TOL_BFLOAT16}
 MC_ALPHA = 1e-6  # false-failure rate of one Monte Carlo row (Bonferroni over parameters)
 DEFAULT_MC = 4000
 DEFAULT_DTYPES = ("float64", "float32")
-
-
-def rel_error(a, b, scale=None):
-    """``(max|a-b|, max|a-b| / max|b|)``; ``scale`` overrides the denominator.
-
-    Example:
-        >>> rel_error(np.array([1.0, 2.5]), np.array([1.0, 2.0]))
-        (0.5, 0.25)
-    """
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if a.shape != b.shape:
-        raise ValueError(f"shape mismatch: torch {a.shape} vs fisher_ref {b.shape}")
-    err = float(np.max(np.abs(a - b))) if a.size else 0.0
-    den = float(np.max(np.abs(b))) if scale is None else float(scale)
-    if not np.isfinite(err):
-        return err, float("inf")
-    return err, (err / den if den > 0 else err)
 
 
 @contextlib.contextmanager
@@ -99,26 +58,19 @@ def highest_matmul_precision():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old[1:]
 
 
-# E[A h] with A = R - b is a cancellation when |b| >> |E[A h]|: its rounding error
-# scales with the summands, so it is judged against their Cauchy–Schwarz size
-# (sqrt(E[R^2]) + |b|) sqrt(max F) — verify.gradient_scale, the same scale verify uses.
-GRADIENT_QUANTITIES = ("gradient", "importance_gradient")
-
-
-def _pairs(task, ref, out, tm, theta_t):
+def _pairs(task, ref, out, tm):
     """(name, torch array, exact array, scale) for every compared quantity."""
     import torch
-    from .enumeration import state_windows
     from .sensitivities import sensitivities
     from .torch.exact import STREAM_QUANTITIES
-    from .verify import gradient_scale
     st = ref.states
     lengths = np.array([len(task.prompts[p]) for p in st["prompt"]]) + st["depth"]
-    W = state_windows(st["tokens"], lengths, tm.context, tm.bos)  # (N, k)
+    W = task.model.windows(st["tokens"], lengths)  # (N, k)
     with torch.no_grad():
-        J = tm.sensitivities(theta_t, torch.as_tensor(W, device=tm.device))  # (N, P, V)
-    yield "sensitivities", J.to("cpu", torch.float64).numpy(), sensitivities(
-        task.model, task.theta, W), None
+        J = tm.sensitivities(tm.theta(task.theta), torch.as_tensor(W, device=tm.device))
+    J_exact = sensitivities(task.model, task.theta, W)  # (N, P, V)
+    yield "sensitivities", J.to("cpu", torch.float64).numpy(), J_exact, None
+    jmax = np.abs(J_exact).max(axis=(0, 2))  # (P,)
     for key in ("reach", "probs", "token_fisher", "uniform"):
         yield f"states.{key}", out["states"][key], st[key], None
     yield "sequences.prob", out["sequences"]["prob"], ref.sequences["prob"], None
@@ -129,16 +81,9 @@ def _pairs(task, ref, out, tm, theta_t):
         exact_s = ref.streams[sname]
         prefix = "" if sname == "policy" else sname + "."
         for q in STREAM_QUANTITIES:
-            b = getattr(exact_s, q)
-            scale = None
-            if q == "score_mean":
-                scale = max(float(np.max(np.abs(b))),
-                            float(np.sqrt(np.max(exact_s.sequence_fisher))))
-            elif q in GRADIENT_QUANTITIES:
-                scale = max(float(np.max(np.abs(b))), gradient_scale(exact_s))
-            yield prefix + q, d[q], b, scale
-    yield "gradient_autodiff", out["gradient_autodiff"], ref.gradient_autodiff, max(
-        float(np.max(np.abs(ref.gradient_autodiff))), gradient_scale(ref.streams["policy"]))
+            yield prefix + q, d[q], getattr(exact_s, q), scale(q, exact_s, jmax, task.max_len)
+    yield "gradient_autodiff", out["gradient_autodiff"], ref.gradient_autodiff, \
+        gradient_judge_scale(ref.gradient_autodiff, ref.streams["policy"])
 
 
 def _row(quantity, dtype, device, abs_err, rel_err, test, stat, tol):
@@ -167,14 +112,13 @@ def bernstein_threshold(var, b, n, alpha=MC_ALPHA, m=1):
     return bernstein_halfwidth(n, var, b, alpha / m)
 
 
-def _mc_rows(task, ref, device, n, seed):
+def _mc_rows(task, ref, device, n, seed, ranges):
+    """Bernstein rows of the torch Monte Carlo; ``ranges`` from a float64 enumeration."""
     import torch
-    from .torch import exact as tex
     from .mc_stats import ZERO_VAR_RTOL, bernstein_ratio
     from .torch.monte_carlo import torch_monte_carlo
     gen = torch.Generator(device=device).manual_seed(int(seed))
     est = torch_monte_carlo(task, n, gen, device=device, dtype="float64")
-    ranges = tex.torch_exact(task, device=device, dtype="float64")["ranges"]
     pol = ref.streams["policy"]
     rows = []
     for q, var_key in (("sequence_fisher", "h2"), ("token_fisher_sum", "token_sum")):
@@ -194,42 +138,61 @@ def _mc_rows(task, ref, device, n, seed):
     return rows
 
 
+def check_dtypes(dtypes):
+    """The dtype names as a list, refusing an empty or unknown one (``ValueError``)."""
+    dtypes = list(dtypes)
+    if not dtypes:
+        raise ValueError(f"no dtype to compare: give one or more of {', '.join(TOLERANCES)} "
+                         "(--dtype float64,float32)")
+    for d in dtypes:
+        if d not in TOLERANCES:
+            raise ValueError(f"unknown dtype {d!r}; choose from {', '.join(TOLERANCES)}")
+    return dtypes
+
+
 def compare(task, device="cpu", dtypes=DEFAULT_DTYPES, mc=DEFAULT_MC, seed=0, ref=None):
-    """Rows of errors of the torch side against fisher_ref, per quantity and dtype.
+    """Rows of errors of the torch engine against fisher_ref, per quantity and dtype.
 
     Args:
-        task: a :class:`fisher_ref.tasks.Task` with an MLP model.
+        task: a :class:`fisher_ref.tasks.Task` whose model has a torch adapter (MLP,
+            tabular, GPT-2, a torch module from :func:`fisher_ref.torch.causal_lm_task`).
         device: ``"cpu"`` or ``"cuda"``.
-        dtypes: names from ``float64``, ``float32``, ``bfloat16``.
-        mc: Monte Carlo draws for the z-score rows (0: none).
+        dtypes: names from ``float64``, ``float32``, ``bfloat16`` (at least one).
+        mc: Monte Carlo draws for the Bernstein rows (0: none).
         seed: seed of the ``torch.Generator``.
-        ref: a precomputed ``fisher_ref.exact.exact(task)`` (else computed here).
+        ref: a precomputed ``fisher_ref.exact.exact(task)`` with states and sequences kept
+            (else computed here).
 
     Returns:
         list of dicts with keys ``quantity, dtype, device, max_abs_error,
         max_rel_error, test, statistic, tolerance, passed``.
     """
     import torch
-    from .torch import exact as tex
     from .exact import exact
-    from .torch.model import resolve_dtype, torch_model
-    dtypes = [d for d in dtypes]
-    for d in dtypes:
-        resolve_dtype(d)
+    from .torch import exact as tex
+    from .torch.model import torch_model
+    dtypes = check_dtypes(dtypes)
+    if isinstance(mc, bool) or not isinstance(mc, (int, np.integer)) or mc < 0:
+        raise ValueError(f"mc must be a non-negative integer number of draws, got {mc!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda asked for, but torch sees no CUDA device")
     ref = exact(task, progress=False, keep_states=True, keep_sequences=True) if ref is None else ref
-    rows = []
+    rows, ranges = [], None
     with highest_matmul_precision():
         for d in dtypes:
             tm = torch_model(task.model, device=device, dtype=d)
-            out = tex.torch_exact(task, device=device, dtype=d)
-            for name, a, b, scale in _pairs(task, ref, out, tm, tm.theta(task.theta)):
-                abs_err, rel_err = rel_error(a, b, scale)
+            out = tex.torch_exact(task, device=device, dtype=d, adapter=tm,
+                                  keep_states=True, keep_sequences=True)
+            ranges = out["ranges"] if d == "float64" else ranges
+            for name, a, b, s in _pairs(task, ref, out, tm):
+                abs_err, rel_err = rel_error(a, b, s)
                 rows.append(_row(name, d, device, abs_err, rel_err, "rel", rel_err,
                                  TOLERANCES[d]))
         if mc:
-            rows += _mc_rows(task, ref, device, int(mc), seed)
+            if ranges is None:
+                ranges = tex.torch_exact(task, device=device, dtype="float64",
+                                         keep_states=False, keep_sequences=False)["ranges"]
+            rows += _mc_rows(task, ref, device, int(mc), seed, ranges)
     return rows
 
 
@@ -256,15 +219,14 @@ def _default_device():
 
 
 def _dtype_list(values):
+    """``--dtype`` values (repeated, comma separated) as a checked list without repeats."""
     out = []
     for v in values or [",".join(DEFAULT_DTYPES)]:
         for d in v.split(","):
             d = d.strip()
-            if d and d not in TOLERANCES:
-                raise ValueError(f"unknown dtype {d!r}; choose from {', '.join(TOLERANCES)}")
             if d and d not in out:
                 out.append(d)
-    return out
+    return check_dtypes(out)
 
 
 def add_arguments(parser):
@@ -274,32 +236,37 @@ def add_arguments(parser):
     parser.add_argument("--dtype", action="append", default=None,
                         help="float64, float32, bfloat16; repeatable or comma separated "
                              "(default: float64,float32)")
-    parser.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--json", default=None, metavar="FILE",
+                        help="also write the rows as JSON (atomically: a failed run leaves no file)")
     parser.add_argument("--mc", type=int, default=DEFAULT_MC,
-                        help=f"Monte Carlo draws for the z-score rows (default {DEFAULT_MC}; 0: none)")
+                        help=f"Monte Carlo draws for the Bernstein rows (default {DEFAULT_MC}; 0: none)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the torch.Generator")
 
 
+RELATIVE_ERROR = "max_i |torch - exact|_i / scale_i (fisher_ref.error_scales)"
+
+
 def run(args):
-    """Print the table (and write ``--json``); exit code 1 if any row fails."""
+    """Print the table (and write ``--json``); exit code 1 if any row fails, 2 on bad input."""
     task = task_from_args(args)
     device = args.device or _default_device()
     dtypes = _dtype_list(args.dtype)
-    try:
-        rows = compare(task, device=device, dtypes=dtypes, mc=args.mc, seed=args.seed)
-    except NotImplementedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    failed = [r for r in rows if not r["passed"]]
-    print(format_table(rows, title=f"fisher_ref compare: task {task.name!r}, device {device}; "
-                                   "rel = max|torch - exact| / max|exact|"))
-    print(f"{len(rows) - len(failed)}/{len(rows)} rows pass"
-          + (f"; FAILED: {', '.join(r['quantity'] + ' ' + r['dtype'] for r in failed)}"
-             if failed else ""))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"task": task.name, "device": device, "dtypes": dtypes,
-                       "relative_error": "max|torch - exact| / max|exact|",
-                       "tolerances": TOLERANCES, "rows": rows}, fh, indent=1)
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(atomic_output(args.json, "--json file")) if args.json else None
+        try:
+            rows = compare(task, device=device, dtypes=dtypes, mc=args.mc, seed=args.seed)
+        except NotImplementedError as exc:  # a model without a torch twin: bad input
+            raise ValueError(str(exc)) from None
+        failed = [r for r in rows if not r["passed"]]
+        print(format_table(rows, title=f"fisher_ref compare: task {task.name!r}, device "
+                                       f"{device}; rel = {RELATIVE_ERROR}"))
+        print(f"{len(rows) - len(failed)}/{len(rows)} rows pass"
+              + (f"; FAILED: {', '.join(r['quantity'] + ' ' + r['dtype'] for r in failed)}"
+                 if failed else ""))
+        if tmp is not None:
+            with open(tmp, "w") as fh:
+                json.dump({"task": task.name, "device": device, "dtypes": dtypes,
+                           "relative_error": RELATIVE_ERROR, "tolerances": TOLERANCES,
+                           "rows": rows}, fh, indent=1)
     sys.stdout.flush()
     return 1 if failed else 0

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Compare the torch implementation with fisher_ref on a CUDA machine.
+# Compare the torch engine with fisher_ref on a CUDA machine, and time it.
 #
 # Run from the repository root of a copy of the working tree:
 #     OUT=/some/dir bash scripts/gpu_compare.sh
-# For every shipped MLP config it runs
+# For every shipped config it runs
 #     python -m fisher_ref compare --config NAME --device cuda --dtype float64,float32,bfloat16
-# and writes NAME.txt (the table) and NAME.json (the rows) to $OUT, then the
-# benchmark of the default config (bench_default.txt/json), and prints the GPU name.
+# and writes NAME.txt (the table) and NAME.json (the rows) to $OUT. The GPT-2 configs
+# need transformers; where it cannot be imported they are listed as skipped (not failed).
+# Then: the benchmark of the default config and of the V=16 scale config
+# (bench_default.txt/json, bench_v16.txt/json; one process per side, one thread each on
+# the CPU), the task the numpy engine refuses run on CUDA (big_task_cuda.json), and the
+# GPU name.
 # Installs nothing that is already there: torch must be importable with CUDA;
-# fisher_ref's own dependencies (numpy, scipy, autograd; all pure Python but
-# numpy/scipy) are looked for first on PYTHONPATH and in ./.gpu_site (a folder
-# of copied packages, for a machine without network: e.g.
+# fisher_ref's own dependencies (numpy, scipy, autograd) are looked for first on
+# PYTHONPATH and in ./.gpu_site (a folder of copied packages, for a machine without
+# network: e.g.
 #     mkdir -p .gpu_site && cp -r $(python -c 'import autograd,os;print(os.path.dirname(autograd.__file__))') .gpu_site/
 # ), and installed from PyPI with pip only when still missing (that step needs
 # network access to PyPI).
@@ -30,8 +34,14 @@ for mod in numpy scipy autograd; do
   "$PY" -c "import $mod" 2>/dev/null || "$PY" -m pip install --quiet "$mod" || exit 3
 done
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+HAVE_HF=0
+"$PY" -c "import transformers" 2>/dev/null && HAVE_HF=1
 status=0
-for cfg in $("$PY" -c "from fisher_ref import list_configs; print(' '.join(c for c in list_configs() if c != 'tabular'))"); do
+for cfg in $("$PY" -c "from fisher_ref import list_configs; print(' '.join(list_configs()))"); do
+  if [ "$HAVE_HF" -eq 0 ] && [ "${cfg#gpt2}" != "$cfg" ]; then
+    echo "=== $cfg: skipped (transformers cannot be imported here)" | tee "$OUT/$cfg.skipped"
+    continue
+  fi
   echo "=== $cfg"
   "$PY" -m fisher_ref compare --config "$cfg" --device cuda --dtype float64,float32,bfloat16 \
       --json "$OUT/$cfg.json" > "$OUT/$cfg.txt" 2>&1
@@ -42,5 +52,11 @@ done
 "$PY" -m fisher_ref bench --config default --device cuda --repeats 5 \
     --json "$OUT/bench_default.json" > "$OUT/bench_default.txt" 2>&1
 cat "$OUT/bench_default.txt"
+"$PY" -m fisher_ref bench --task fisher_ref/configs/scale/v16.json --device cuda --repeats 3 \
+    --json "$OUT/bench_v16.json" > "$OUT/bench_v16.txt" 2>&1
+cat "$OUT/bench_v16.txt"
+"$PY" scripts/torch_big_task.py --device cuda --out "$OUT/big_task_cuda.json" \
+    > "$OUT/big_task_cuda.txt" 2>&1
+tail -n 14 "$OUT/big_task_cuda.txt"
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu_name.txt"
 exit "$status"

@@ -1,15 +1,20 @@
 """The compare harness and its command line (fisher_ref.compare)."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
-torch = pytest.importorskip("torch", reason="the torch extra is needed (CI installs it)")
 
-import fisher_ref.torch.exact as tex
-from fisher_ref import load_config
-from fisher_ref.cli import main
-from fisher_ref.compare import (TOL_BFLOAT16, bernstein_threshold, TOL_FLOAT32, TOL_FLOAT64, TOLERANCES, _dtype_list,
-                                compare, format_table, highest_matmul_precision, rel_error)
+torch = pytest.importorskip("torch", reason="compare runs the torch engine (the torch extra)")
+
+import fisher_ref.torch.exact as tex  # noqa: E402
+from fisher_ref import load_config  # noqa: E402
+from fisher_ref.cli import main  # noqa: E402
+from fisher_ref.compare import (TOL_BFLOAT16, TOL_FLOAT32, TOL_FLOAT64,  # noqa: E402
+                                TOLERANCES, _dtype_list, bernstein_threshold, compare,
+                                format_table, highest_matmul_precision, rel_error)
+from fisher_ref.exact import exact  # noqa: E402
+from fisher_ref.tasks import task_from_json  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -23,7 +28,7 @@ def test_cli_compare_passes_and_writes_json(tmp_path, capsys):
     data = json.loads(path.read_text())
     assert data["task"] == "default" and data["device"] == "cpu"
     assert data["dtypes"] == ["float64", "float32"]
-    assert data["relative_error"] == "max|torch - exact| / max|exact|"
+    assert data["relative_error"].startswith("max_i |torch - exact|_i / scale_i")
     rows = data["rows"]
     names = {r["quantity"] for r in rows}
     assert {"sensitivities", "sequence_fisher", "token_fisher_sum", "cross_terms", "gradient",
@@ -42,8 +47,8 @@ def test_cli_compare_passes_and_writes_json(tmp_path, capsys):
 def test_perturbed_torch_value_makes_run_fail(tmp_path, monkeypatch, capsys):
     real = tex.torch_exact
 
-    def broken(task, device="cpu", dtype="float64", levels=None):
-        out = real(task, device, dtype, levels)
+    def broken(task, device="cpu", dtype="float64", **kwargs):
+        out = real(task, device, dtype, **kwargs)
         F = out["streams"]["policy"]["sequence_fisher"]
         F[np.argmax(F)] *= 1 + 1e-8  # far inside float32's tolerance, far outside float64's
         return out
@@ -66,10 +71,12 @@ def test_bfloat16_rows_within_their_tolerance():
     assert worst > TOL_FLOAT32  # bf16 really ran in bf16
 
 
-def test_tabular_config_exits_with_clear_error(capsys):
-    rc = main(["compare", "--config", "tabular", "--device", "cpu", "--mc", "0"])
-    assert rc == 2
-    assert "arch 'tabular'" in capsys.readouterr().err
+def test_model_without_torch_twin_is_refused():
+    from fisher_ref.model import FunctionModel
+    t = load_config("default")
+    fn = FunctionModel(t.model.logits, t.model.num_params, 5, 2, name="my_fn")
+    with pytest.raises(NotImplementedError, match="arch 'my_fn'"):
+        compare(t.with_(model=fn), dtypes=["float64"], mc=0)
 
 
 def test_dtype_option_is_repeatable_and_comma_separated():
@@ -78,6 +85,35 @@ def test_dtype_option_is_repeatable_and_comma_separated():
         ["float64", "bfloat16", "float32"]
     with pytest.raises(ValueError, match="unknown dtype 'float16'"):
         _dtype_list(["float16"])
+
+
+@pytest.mark.parametrize("value", ["", ",", " , "])
+def test_empty_dtype_list_exits_2_and_names_the_option(value, tmp_path, capsys):
+    path = tmp_path / "cmp.json"
+    assert main(["compare", "--config", "default", "--dtype", value, "--mc", "0",
+                 "--json", str(path)]) == 2
+    assert "no dtype to compare" in capsys.readouterr().err
+    assert not path.exists()
+    with pytest.raises(ValueError, match="no dtype to compare"):
+        compare(load_config("default"), dtypes=[], mc=0)
+
+
+def test_failed_run_leaves_no_json_file(tmp_path, monkeypatch):
+    def crash(*args, **kwargs):
+        raise RuntimeError("simulated failure inside the torch engine")
+
+    monkeypatch.setattr(tex, "torch_exact", crash)
+    path = tmp_path / "cmp.json"
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        main(["compare", "--config", "no_eos", "--mc", "0", "--json", str(path)])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_json_into_a_missing_directory_exits_2_before_running(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(tex, "torch_exact", None)  # must not be reached
+    rc = main(["compare", "--config", "no_eos", "--mc", "0",
+               "--json", str(tmp_path / "nowhere" / "cmp.json")])
+    assert rc == 2 and "does not exist" in capsys.readouterr().err
 
 
 def test_unknown_dtype_on_command_line_exits_2(capsys):
@@ -195,3 +231,75 @@ def test_gpu_script_is_valid_bash():
     res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "--device cuda --dtype float64,float32,bfloat16" in script.read_text()
+
+
+@pytest.mark.parametrize("config", ["gpt2_small", "gpt2_offpolicy"])
+def test_gpt2_configs_pass_every_row(config):
+    rows = compare(load_config(config), device="cpu", dtypes=["float64", "float32"], mc=1500)
+    failed = [r for r in rows if not r["passed"]]
+    assert not failed, format_table(failed)
+    f64 = [r for r in rows if r["dtype"] == "float64" and r["test"] == "rel"]
+    assert len(f64) >= 19 and max(r["max_rel_error"] for r in f64) <= TOL_FLOAT64
+
+
+def _peaked(config):
+    spec = json.loads((Path(__file__).resolve().parents[1] / "fisher_ref" / "configs" /
+                       f"{config}.json").read_text())
+    spec["model"]["init_scale"] = 3.0
+    return task_from_json(spec, name=f"{config}_peaked")
+
+
+@pytest.mark.parametrize("config", ["offpolicy_stale", "no_eos"])
+def test_float32_passes_on_peaked_models(config):
+    """init_scale 3: probabilities near 0 and 1, bounds spanning decades. The correlation
+    |Cov|/bound, judged by error propagation from its parts, passes in float32; judged
+    flatly against its largest entry (the old rule) it did not."""
+    task = _peaked(config)
+    rows = compare(task, device="cpu", dtypes=["float64", "float32"], mc=0)
+    failed = [r for r in rows if not r["passed"]]
+    assert not failed, format_table(failed)
+    out = tex.torch_exact(task, dtype="float32")
+    ref = exact(task, progress=False)
+    flat = max(rel_error(out["streams"][s]["correlation"], ref.streams[s].correlation)[1]
+               for s in out["streams"])
+    assert flat > TOL_FLOAT32  # really ill-conditioned: the flat rule fails
+
+
+def test_propagated_rule_still_catches_a_wrong_correlation(monkeypatch):
+    """A 1e-4 relative error in the correlation of the parameter with the largest bound
+    (where the ratio is well conditioned) fails the float32 row."""
+    task = _peaked("offpolicy_stale")
+    real = tex.torch_exact
+
+    def skewed(task, device="cpu", dtype="float64", **kwargs):
+        out = real(task, device, dtype, **kwargs)
+        pol = out["streams"]["policy"]
+        pol["correlation"][np.argmax(pol["bound"])] *= 1 + 1e-4
+        return out
+
+    monkeypatch.setattr(tex, "torch_exact", skewed)
+    rows = compare(task, device="cpu", dtypes=["float32"], mc=0)
+    assert [r["quantity"] for r in rows if not r["passed"]] == ["correlation"]
+
+
+def test_user_module_task_passes_in_float64_and_float32():
+    """compare covers the generic adapter: a torch module of the user's, on the numpy
+    engine (through torch autograd) and on the torch engine (through vmap(jacrev))."""
+    from fisher_ref.torch import causal_lm_task
+
+    class Conv(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(4, 3)
+            self.conv = torch.nn.Conv1d(3, 4, kernel_size=2, padding=1)
+            self.head = torch.nn.Linear(4, 3)
+
+        def forward(self, ids):  # (b, n) -> (b, n+1, 3); the adapter takes the last row
+            return self.head(torch.tanh(self.conv(self.emb(ids).transpose(1, 2))).transpose(1, 2)[:, :-1])
+
+    torch.manual_seed(1)
+    task = causal_lm_task(Conv().double(), [[1], [2, 1]], 3, lambda p, r: float(len(r)),
+                          vocab_size=3, eos=True, bos=3, baseline="mean")
+    rows = compare(task, device="cpu", dtypes=["float64", "float32"], mc=1500)
+    failed = [r for r in rows if not r["passed"]]
+    assert not failed, format_table(failed)

@@ -1,211 +1,297 @@
-r"""Exact enumeration in torch, level by level on the device.
+r"""Exact enumeration in torch, depth-first in blocks on the device, for any adapter.
 
-All states of one depth are processed at once: logits, probabilities and the
-sensitivities ``j`` (``vmap(jacrev)``) of the whole level, then every child
-``b*V + a`` (state ``b`` followed by token ``a``) inherits its parent's score
-history with :math:`\xi_t = j_{\cdot,a} - c(s_t)` written in slot ``t``.
-Children that end (EOS, or ``max_len`` tokens) are complete responses; the
-others form the next level. Rewards come from
-:func:`fisher_ref.rewards.evaluate_reward` on the enumerated responses.
+The same finite sums as :func:`fisher_ref.exact.exact` (docs/theory.md §2, §3, §7),
+computed in torch on any device and dtype, for any model with a torch adapter
+(:func:`fisher_ref.torch.model.torch_model`: the MLP, the tabular model, the GPT-2
+through ``transformers``, any ``torch.nn.Module`` through
+:func:`fisher_ref.torch.module.from_module`). Streams: ``"policy"`` (drawn from ``p``,
+centered at :math:`\bar j_p`); with a sampler ``"raw"`` (drawn from :math:`\mu`, centered
+at :math:`\bar j_p`) and ``"centered"`` (drawn from :math:`\mu`, centered at
+:math:`\bar j_\mu`).
 
-Streams as in :mod:`fisher_ref.exact`: ``"policy"`` (drawn from ``p``,
-centered at :math:`\bar j_p`); with a sampler ``"raw"`` (from ``mu``, centered
-at :math:`\bar j_p`) and ``"centered"`` (from ``mu``, centered at
-:math:`\bar j_\mu`). For a stream with response weights ``w(y)`` and state
-reach :math:`\pi_w(s)`:
+The steps, one block of open states at a time (:mod:`fisher_ref.torch.tree`):
 
-.. math::
-    E[h] = \sum_y w\,h,\quad F = \sum_y w\,h^2,\quad C_{ut} = \sum_y w\,\xi_u\xi_t,\quad
-    \textstyle\sum_s \pi_w(s)\,m(s),\quad G = \sum_y w\,(R-b)\,h,\quad
-    \mathrm{Cov}(A,h) = E[Rh] - E[R]E[h],
+1. :func:`visit_block` — the block's windows, their arrays from the
+   :class:`~fisher_ref.torch.windows.WindowTable` (logits, ``j`` by ``vmap(jacrev)`` once
+   per distinct window, scores, token moments), the token sums by states;
+2. :func:`add_complete` — the responses ending at the block's children: each one's own
+   :math:`h = H(\text{parent}) + \xi(a)` and reward, the per-response sums, and the
+   cross terms grouped by parent (:class:`~fisher_ref.torch.moments.StreamSums`);
+3. the open children go onto the stack as the next block
+   (:func:`~fisher_ref.torch.tree.open_children`);
+4. :class:`GradientBatch` — the second route to the policy gradient: torch autograd of
+   the exact :math:`E[R] = \sum_y w_x \prod_t p(y_t|s_t) R(y)` over batches of responses.
 
-the bound :math:`\mathrm{std}(A)\sqrt F`, the correlation
-:math:`|\mathrm{Cov}|/\mathrm{bound}`, and the gradient by torch autograd of
-:math:`E[R] = \sum_y w_x \prod_t p(y_t|s_t) R(y)`.
+Memory is bounded by ``chunk`` (states per block), never by the number of responses: the
+stack holds at most ``T`` blocks of ``chunk * V`` rows and no ``(M, T, P)`` history exists.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from ..enumeration import count_states, default_chunk
 from ..rewards import evaluate_reward
-from .model import sampler_logits, state_windows, token_fisher, torch_model
+from .model import torch_model
+from .moments import Ranges, StreamSums
+from .tree import depth_first, ending_tokens, open_children, root_block
+from .windows import WindowTable, unique_windows
 
-__all__ = ["enumerate_tree", "torch_exact", "STREAM_QUANTITIES"]
+__all__ = ["torch_exact", "STREAM_QUANTITIES", "GradientBatch", "visit_block", "add_complete"]
 
 STREAM_QUANTITIES = ("score_mean", "sequence_fisher", "token_fisher_sum",
                      "token_fisher_sum_paths", "cross_terms", "gradient", "covariance",
                      "bound", "correlation", "expected_reward", "reward_std",
                      "importance_gradient")
+#: Response-state rows gathered before one autograd call of the expected reward.
+GRADIENT_ROWS = 2 ** 16
+#: Response-parameter entries summed at once (8 MiB of float64: few Python calls, passes
+#: mostly in cache).
+CACHE_ROWS = 2 ** 20
+#: Kept per-state / per-response arrays when they fit in this many bytes (``"auto"``).
+KEEP_BYTES = 2 ** 30
 
 
-def enumerate_tree(task, device="cpu"):
-    """The prefix tree of ``task`` level by level (structure only, no numerics).
+class GradientBatch:
+    r"""Complete responses gathered for one autograd call of
+    :math:`\sum_y w_x \exp(\sum_t \log p(y_t|s_t))\,R(y)`; :meth:`flush` adds its gradient."""
+
+    def __init__(self, run):
+        self.run, self.parts, self.rows = run, [], 0
+        self.grad = torch.zeros(run.adapter.num_params, dtype=run.adapter.acc_dtype,
+                                device=run.adapter.device)
+
+    def add(self, tokens, length, prompt, R):
+        """Responses ``tokens (C, L)``, ``length``, ``prompt``, rewards ``R`` ``(C,)``."""
+        self.parts.append((tokens, length, prompt, R))
+        self.rows += tokens.shape[0] * self.run.task.max_len
+        if self.rows >= GRADIENT_ROWS:
+            self.flush()
+
+    def flush(self):
+        if not self.parts:
+            return
+        tokens, length, prompt, R = (torch.cat(x) for x in zip(*self.parts))
+        self.parts, self.rows = [], 0
+        run, ad = self.run, self.run.adapter
+        M, T = tokens.shape[0], run.task.max_len
+        t = torch.arange(T, device=tokens.device)[None, :]  # (1, T)
+        plen = run.prompt_len[prompt]  # (M,)
+        live = t < (length - plen)[:, None]  # (M, T) slots holding a generated token
+        state_len = torch.minimum(plen[:, None] + t, length[:, None] - 1)  # (M, T)
+        W = ad.windows(tokens.repeat_interleave(T, dim=0), state_len.reshape(-1))  # (M*T, k)
+        Wu, inv = unique_windows(W, ad.vocab_size)  # (U, k), (M*T,)
+        nxt = tokens.gather(1, state_len).reshape(-1)  # (M*T,)
+        th = run.theta.detach().clone().requires_grad_(True)
+        lp = torch.log_softmax(ad.logits(th, Wu).to(ad.acc_dtype), -1)  # (U, V)
+        lpt = lp[inv, nxt].reshape(M, T)
+        logP = torch.where(live, lpt, torch.zeros_like(lpt)).sum(1)  # (M,)
+        ER = (run.prompt_weights[prompt] * logP.exp() * R).sum()
+        (g,) = torch.autograd.grad(ER, th)
+        self.grad += g.to(ad.acc_dtype)
+
+
+class _Run:
+    """One enumeration: the task, its adapter, the streams' sums and what is kept."""
+
+    def __init__(self, task, adapter, chunk, keep_states, keep_sequences, variances):
+        self.task, self.adapter = task, adapter
+        ad, acc, dev = adapter, adapter.acc_dtype, adapter.device
+        V, P, T = ad.vocab_size, ad.num_params, task.max_len
+        self.streams = [("policy", "p", "p")] if task.sampler is None else \
+            [("policy", "p", "p"), ("raw", "q", "p"), ("centered", "q", "q")]
+        S = len(self.streams)
+        N, M = count_states(V, T, ad.eos, len(task.prompts))
+        self.keep_states = N * P * 8 * 3 < KEEP_BYTES if keep_states == "auto" else keep_states
+        self.keep_seqs = M * (T + 6) * 8 < KEEP_BYTES if keep_sequences == "auto" \
+            else keep_sequences
+        self.chunk = default_chunk(P, V, T, S) if chunk is None else _check_chunk(chunk)
+        self.theta = ad.theta(task.theta)
+        self.theta_mu = None if task.sampler is None else \
+            ad.theta(task.sampler.params(task.model, task.theta))
+        self.sums = [StreamSums(P, T, dev, acc, variances) for _ in self.streams]
+        self.ranges = Ranges(P, dev, acc) if variances else None
+        self.prompt_len = torch.tensor([len(p) for p in task.prompts], device=dev)
+        self.prompt_weights = torch.as_tensor(task.prompt_weights, dtype=acc, device=dev)
+        self.r0 = None  # reference reward: every R sum is of R - r0
+        self.table = WindowTable(self)
+        self.grad = GradientBatch(self)
+        self.states, self.seqs = [], []
+        self.width = max(len(p) for p in task.prompts) + T - 1  # longest state
+
+    def rewards(self, block, cols):
+        """Rewards ``(B, k)`` of the responses ``state b + token cols[j]`` and their tokens."""
+        task, pl = self.task, self.prompt_len[block.prompt].tolist()
+        toks, lens, cs = block.tokens.tolist(), block.length.tolist(), cols.tolist()
+        R = [[evaluate_reward(task.reward, task.prompts[pi], toks[b][pl[b]:lens[b]] + [a])
+              for a in cs] for b, pi in enumerate(block.prompt.tolist())]
+        R = torch.as_tensor(R, dtype=torch.float64).reshape(block.size, len(cs))
+        if self.r0 is None:
+            self.r0 = float(R.flatten()[0])
+        return R.to(self.adapter.device, self.adapter.acc_dtype)  # (B, k)
+
+
+def _check_chunk(chunk):
+    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise ValueError(f"chunk must be a positive integer (states per block) or None, "
+                         f"got {chunk!r}")
+    return int(chunk)
+
+
+def _check_support(run, block, p, q):
+    """Refuse a sampler that gives probability 0 to a token the policy can emit."""
+    bad = (p > 0) & (q == 0) & (block.rp[:, None] > 0)  # (B, V)
+    if bad.any():
+        from ..walk import check_support
+        check_support({"rp": block.rp.cpu().numpy(), "tokens": block.tokens.cpu().numpy(),
+                       "length": block.length.cpu().numpy(),
+                       "prompt": block.prompt.cpu().numpy()}, p.cpu().numpy(), q.cpu().numpy())
+
+
+def _pick(arr, inv, c, cols):
+    """Scores of tokens ``cols`` at each state: ``(B, k, P)`` from the ``(U, V, P)`` table."""
+    return arr[f"xi{c}"][inv[:, None], cols[None, :]]
+
+
+def visit_block(run, block):
+    """Token-level terms of a block, its ending responses, and its open children (returned)."""
+    task, S = run.task, len(run.streams)
+    W = run.adapter.windows(block.tokens, block.length)  # (B, k)
+    arr, inv = run.table.rows(W)
+    p, q = arr["p"][inv], arr["q"][inv]  # (B, V)
+    if task.sampler is not None:
+        _check_support(run, block, p, q)
+    ms = torch.stack([arr[f"m{s}"][inv] for s in range(S)])  # (S, B, P)
+    for s, (_, wname, _) in enumerate(run.streams):
+        run.sums[s].add_states(block.rp if wname == "p" else block.rq, ms[s], block.depth)
+    if run.keep_states:
+        run.states.append({"tokens": block.tokens[:, :run.width], "prompt": block.prompt,
+                           "depth": torch.full_like(block.prompt, block.depth),
+                           "reach": block.rp, "probs": p, "token_fisher": ms[0],
+                           "uniform": arr["uniform"][inv]})
+    G = block.G + ms  # (S, B, P) path sums including the states' own moments
+    ending, opening = ending_tokens(task, block.depth, p.device)
+    if len(ending):  # in groups of parents whose responses' (k, P) rows fit in a cache
+        step = max(1, CACHE_ROWS // (len(ending) * run.adapter.num_params))
+        parts = [add_complete(run, block.rows(slice(lo, lo + step)), p[lo:lo + step],
+                              q[lo:lo + step], arr, inv[lo:lo + step], G[:, lo:lo + step],
+                              ending) for lo in range(0, block.size, step)]
+        if block.depth:  # cross terms with the parents' scores, once per block
+            for s, sums in enumerate(run.sums):
+                Wg, X1, X2 = (torch.cat([part[s][j] for part in parts]) for j in range(3))
+                sums.add_history(block.depth, Wg, X1, X2, block.hist[s])
+    if len(opening):
+        x = torch.stack([_pick(arr, inv, c, opening) for _, _, c in run.streams])
+        return open_children(block, opening, p, q, x, G)
+    return None
+
+
+def add_complete(run, block, p, q, arr, inv, G, cols):
+    r"""The responses ending at tokens ``cols`` of each state of ``block``: their own
+    :math:`h = H + \xi(a)`, rewards, weights and scores into every stream's sums; the
+    policy stream's ranges; the gradient batch and the kept sequences.
 
     Returns:
-        list of ``T`` dicts, one per depth: ``tokens (N, L)`` long ``-1`` padded,
-        ``length (N,)``, ``prompt (N,)``; ``term (N*V,)`` bool over children;
-        ``rewards`` float64 numpy ``(n_term,)``, ``responses`` list of token lists.
+        per stream ``(Wg, X1, X2)``: each parent's total weight and sums of its ending
+        children's last scores (:meth:`~fisher_ref.torch.moments.StreamSums.add_last`).
     """
-    m, T, V = task.model, task.max_len, task.model.vocab_size
-    L = max(len(p) for p in task.prompts) + T
-    tokens = torch.full((len(task.prompts), L), -1, dtype=torch.long)
-    for i, pr in enumerate(task.prompts):
-        tokens[i, :len(pr)] = torch.tensor(pr, dtype=torch.long)
-    length = torch.tensor([len(p) for p in task.prompts], dtype=torch.long)
-    prompt = torch.arange(len(task.prompts))
-    plen = length.clone()
-    levels = []
-    for depth in range(T):
-        n = tokens.shape[0]
-        a_tok = torch.arange(V).repeat(n)  # (N*V,)
-        ct = tokens.repeat_interleave(V, dim=0)  # (N*V, L)
-        cl = length.repeat_interleave(V)
-        ct[torch.arange(n * V), cl] = a_tok
-        cl = cl + 1
-        cp = prompt.repeat_interleave(V)
-        term = torch.full((n * V,), depth + 1 == T) | ((a_tok == 0) & bool(m.eos))
-        responses = [(int(pi), ct[c, plen[pi]:cl[c]].tolist())
-                     for c, pi in zip(term.nonzero().flatten().tolist(), cp[term].tolist())]
-        rewards = np.array([evaluate_reward(task.reward, task.prompts[pi], r)
-                            for pi, r in responses], dtype=np.float64)
-        levels.append({"tokens": tokens.to(device), "length": length.to(device),
-                       "prompt": prompt.to(device), "term": term.to(device),
-                       "rewards": rewards, "responses": responses})
-        keep = ~term
-        tokens, length, prompt = ct[keep], cl[keep], cp[keep]
-    return levels
+    B, k, d = block.size, cols.shape[0], block.depth
+    R = run.rewards(block, cols)  # (B, k)
+    Rc = (R - run.r0).reshape(-1)  # (B*k,)
+    w = {"p": block.rp[:, None] * p[:, cols], "q": block.rq[:, None] * q[:, cols]}  # (B, k)
+    wp = w["p"].reshape(-1)  # (B*k,)
+    out = []
+    for s, (_, wname, c) in enumerate(run.streams):
+        x = _pick(arr, inv, c, cols)  # (B, k, P)
+        h = block.H[s][:, None, :] + x  # (B, k, P): each response's own h
+        run.sums[s].add_rewards(w[wname].reshape(-1), R.reshape(-1))
+        h2 = run.sums[s].add_responses(w[wname].reshape(-1), Rc, wp, h.reshape(B * k, -1))
+        run.sums[s].add_paths(w[wname].sum(1), G[s])
+        out.append((w[wname].sum(1),) + run.sums[s].add_last(d, w[wname], x))
+        if s == 0 and run.ranges is not None:
+            run.ranges.add("sequence_fisher", wp > 0, h2)
+            run.ranges.add("token_fisher_sum", (w["p"] > 0).any(1), G[0])
+    par = torch.arange(B, device=p.device).repeat_interleave(k)  # (B*k,)
+    tokens = block.tokens[par]  # (B*k, L)
+    tokens[torch.arange(B * k, device=p.device), block.length[par]] = cols.repeat(B)
+    run.grad.add(tokens, block.length[par] + 1, block.prompt[par], R.reshape(-1))
+    if run.keep_seqs:
+        T = run.task.max_len
+        col = run.prompt_len[block.prompt[par]][:, None] + torch.arange(T, device=p.device)
+        n = (block.length[par] + 1 - run.prompt_len[block.prompt[par]])[:, None]  # (B*k, 1)
+        resp = tokens.gather(1, col.clamp(max=tokens.shape[1] - 1))  # (B*k, T)
+        run.seqs.append({"tokens": torch.where(torch.arange(T, device=p.device) < n, resp, -1),
+                         "prompt": block.prompt[par], "prob": wp,
+                         "sampler_prob": w["q"].reshape(-1), "reward": R.reshape(-1)})
+    return out
 
 
-def _streams(task):
-    if task.sampler is None:
-        return [("policy", "p", "p")]
-    return [("policy", "p", "p"), ("raw", "q", "p"), ("centered", "q", "q")]
-
-
-def _cross(w, hist):
-    """:math:`C_{ut} = \\sum_y w\\,\\xi_u\\xi_t`, one row ``u`` at a time: ``(T, T, P)``."""
-    X = hist * w[:, None, None]  # (M, T, P)
-    return torch.stack([(X[:, u, None, :] * hist).sum(0) for u in range(hist.shape[1])])
-
-
-def _finish(w, wp, R, hist, g, baseline):
-    """Stream quantities from response weights ``w (M,)``, policy probs ``wp (M,)``,
-    rewards ``R (M,)``, scores ``hist (M, T, P)`` and path sums ``g (M, P)``."""
-    h = hist.sum(dim=1)  # (M, P)
-    mass = w.sum()
-    ER = (w @ R) / mass
-    b = ER if baseline == "mean" else torch.as_tensor(float(baseline), dtype=w.dtype,
-                                                        device=w.device)
-    std_A = torch.clamp((w @ (R * R)) / mass - ER * ER, min=0.0).sqrt()
-    Eh, F, Rh = w @ h, w @ (h * h), (w * R) @ h  # (P,) each
-    cov = Rh - ER * Eh
-    bound = std_A * F.sqrt()
-    corr = torch.where(bound > 0, cov.abs() / torch.where(bound > 0, bound, 1.0),
-                       torch.zeros_like(bound))
-    return {"score_mean": Eh, "sequence_fisher": F, "token_fisher_sum_paths": w @ g,
-            "cross_terms": _cross(w, hist),
-            "gradient": Rh - b * Eh, "covariance": cov, "bound": bound,
-            "correlation": corr, "expected_reward": ER, "reward_std": std_A,
-            "baseline": b, "importance_gradient": (wp * R) @ h - b * (wp @ h)}
-
-
-def torch_exact(task, device="cpu", dtype="float64", levels=None):
-    r"""Every quantity of DESIGN §1 for ``task`` by enumeration in torch.
+def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None,
+                keep_states="auto", keep_sequences="auto", variances=True):
+    r"""Every exact quantity of ``task`` by enumeration in torch (docs/theory.md §2, §3).
 
     Args:
-        task: a :class:`fisher_ref.tasks.Task` with an MLP model.
+        task: a :class:`fisher_ref.tasks.Task` whose model has a torch adapter (MLP,
+            tabular, GPT-2, a torch module from
+            :func:`fisher_ref.torch.module.causal_lm_task`).
         device: torch device.
         dtype: compute dtype of logits and sensitivities (sums in
             :func:`fisher_ref.torch.model.accumulation_dtype`).
-        levels: a precomputed :func:`enumerate_tree` (else built here).
+        adapter: the :class:`fisher_ref.torch.model.TorchAdapter` to use (default:
+            :func:`fisher_ref.torch.model.torch_model` of ``task.model``).
+        chunk: states per block (default :func:`fisher_ref.enumeration.default_chunk`,
+            about 256 MiB of work arrays); memory grows with it, never with ``V^T``.
+        keep_states, keep_sequences: return the per-state / per-response arrays
+            (``"auto"``: when they fit in about 1 GiB).
+        variances: also the fourth moments, the exact variances of the per-response
+            values and the ``ranges`` (about a third of the work on a large task);
+            ``False`` returns ``variances`` and ``ranges`` as ``None``.
 
     Returns:
-        dict: ``streams`` {name: {quantity: float64 numpy}} (``token_fisher_sum``
-        and :data:`STREAM_QUANTITIES`), ``gradient_autodiff`` ``(P,)``, ``states``
-        (``tokens (N, L-1)``, ``prompt``, ``depth``, ``reach``, ``probs (N, V)``,
-        ``token_fisher (N, P)``, ``uniform (N, P)``; sorted by prompt, depth,
-        tokens as in fisher_ref) and ``sequences`` (``tokens (M, T)``,
-        ``prompt``, ``prob``, ``sampler_prob``, ``reward``; sorted by prompt, tokens);
-        ``ranges`` {``"sequence_fisher"``, ``"token_fisher_sum"``: ``(P,)``}, the largest
-        :math:`|x(y) - E[x]|` over on-policy responses of :math:`x = h^2` and
-        :math:`x = \sum_t f(s_t)` (the bound ``b`` of a Bernstein test).
+        dict: ``streams`` {name: {quantity: float64 numpy}} (:data:`STREAM_QUANTITIES`,
+        ``token_fisher_by_depth``, ``baseline``, ``mass`` and ``variances``),
+        ``gradient_autodiff (P,)``, ``ranges`` {``"sequence_fisher"``,
+        ``"token_fisher_sum"``: ``(P,)``, the largest :math:`|x(y) - E[x]|` over on-policy
+        responses}, ``states`` (``tokens (N, L-1)``, ``prompt``, ``depth``, ``reach``,
+        ``probs (N, V)``, ``token_fisher (N, P)``, ``uniform (N, P)``; sorted by prompt,
+        depth, tokens as in fisher_ref) and ``sequences`` (``tokens (M, T)``, ``prompt``,
+        ``prob``, ``sampler_prob``, ``reward``; sorted by prompt, tokens), each ``None``
+        when not kept.
 
     Example:
         >>> from fisher_ref import load_config
         >>> out = torch_exact(load_config("default"))
-        >>> F, tsum = out["streams"]["policy"]["sequence_fisher"], out["streams"]["policy"]["token_fisher_sum"]
-        >>> bool(np.allclose(F, tsum, rtol=1e-10, atol=0))
+        >>> pol = out["streams"]["policy"]
+        >>> bool(np.allclose(pol["sequence_fisher"], pol["token_fisher_sum"], rtol=1e-10, atol=0))
         True
     """
-    tm = torch_model(task.model, device=device, dtype=dtype)
-    acc, dev, T, P, V = tm.acc_dtype, tm.device, task.max_len, tm.num_params, tm.vocab_size
-    levels = enumerate_tree(task, dev) if levels is None else levels
-    th = tm.theta(task.theta)
-    th_mu = None if task.sampler is None else tm.theta(task.sampler.params(task.model, task.theta))
-    th_grad = th.clone().requires_grad_(True)
-    streams = _streams(task)
-    S = len(streams)
-    w0 = torch.as_tensor(task.prompt_weights, dtype=acc, device=dev)
-    reach = {"p": w0, "q": w0.clone()}
-    reach_grad = w0.clone()
-    hist = torch.zeros((S, len(task.prompts), T, P), dtype=acc, device=dev)
-    g = torch.zeros((S, len(task.prompts), P), dtype=acc, device=dev)
-    token_sum = torch.zeros((S, P), dtype=acc, device=dev)
-    done = {k: [] for k in ("p", "q", "grad", "hist", "g")}
-    states = []
-    for depth, lv in enumerate(levels):
-        n = lv["tokens"].shape[0]
-        W = state_windows(lv["tokens"], lv["length"], tm.context, tm.bos)  # (N, k)
-        z = tm.logits(th, W)  # (N, V)
-        J = tm.sensitivities(th, W).to(acc)  # (N, P, V)
-        za = z.to(acc)
-        dist = {"p": za.softmax(-1)}  # (N, V)
-        dist["q"] = dist["p"] if task.sampler is None else \
-            sampler_logits(task.sampler, tm, th, th_mu, W, z).to(acc).softmax(-1)
-        jbar = {k: (J * d[:, None, :]).sum(-1) for k, d in dist.items()}  # (N, P)
-        xis, ms = [], []
-        for s, (name, wname, cname) in enumerate(streams):
-            xi = J - jbar[cname][:, :, None]  # (N, P, V)
-            m = (dist[wname][:, None, :] * xi.square()).sum(-1)  # (N, P)
-            token_sum[s] += reach[wname] @ m
-            xis.append(xi.transpose(1, 2).reshape(n * V, P))  # (N*V, P)
-            ms.append(m)
-        states.append({"tokens": lv["tokens"], "prompt": lv["prompt"],
-                       "depth": torch.full((n,), depth, device=dev), "reach": reach["p"],
-                       "probs": dist["p"], "token_fisher": token_fisher(za, J),
-                       "uniform": token_fisher(torch.zeros_like(za), J)})
-        # children: row b*V + a is state b followed by token a
-        ch = hist.repeat_interleave(V, dim=1)  # (S, N*V, T, P)
-        ch[:, :, depth, :] = torch.stack(xis)
-        cg = (g + torch.stack(ms)).repeat_interleave(V, dim=1)  # (S, N*V, P)
-        cr = {k: (reach[k][:, None] * dist[k]).reshape(-1) for k in ("p", "q")}  # (N*V,)
-        logp = torch.log_softmax(tm.logits(th_grad, W).to(acc), -1)  # (N, V), differentiable
-        cr_grad = (reach_grad[:, None] * logp.exp()).reshape(-1)
-        term = lv["term"]
-        for key, val in (("p", cr["p"]), ("q", cr["q"]), ("grad", cr_grad)):
-            done[key].append(val[term])
-        done["hist"].append(ch[:, term])
-        done["g"].append(cg[:, term])
-        keep = ~term
-        reach = {k: v[keep] for k, v in cr.items()}
-        reach_grad, hist, g = cr_grad[keep], ch[:, keep], cg[:, keep]
-    R = torch.as_tensor(np.concatenate([lv["rewards"] for lv in levels]), dtype=acc, device=dev)
-    wp, wq = torch.cat(done["p"]), torch.cat(done["q"])
-    H, G = torch.cat(done["hist"], dim=1), torch.cat(done["g"], dim=1)
-    (grad_ad,) = torch.autograd.grad(torch.cat(done["grad"]) @ R, th_grad)
-    out_streams = {}
-    for s, (name, wname, _) in enumerate(streams):
-        res = _finish(wp if wname == "p" else wq, wp, R, H[s], G[s], task.baseline)
-        res["token_fisher_sum"] = token_sum[s]
-        out_streams[name] = {k: _np(v) for k, v in res.items()}
-    live = wp > 0  # responses the policy can produce
-    h0 = H[0].sum(dim=1)  # (M, P)
-    ranges = {q: _np((x[live] - x[live].T.matmul(wp[live]) / wp[live].sum()).abs().amax(0))
-              for q, x in (("sequence_fisher", h0 * h0), ("token_fisher_sum", G[0]))}
-    return {"streams": out_streams, "gradient_autodiff": _np(grad_ad), "ranges": ranges,
-            "states": _sorted_states(states),
-            "sequences": _sorted_sequences(levels, wp, wq, R, T)}
+    adapter = torch_model(task.model, device=device, dtype=dtype) if adapter is None else adapter
+    run = _Run(task, adapter, chunk, keep_states, keep_sequences, variances)
+    stack = [root_block(task, len(run.streams), adapter.device, adapter.acc_dtype)]
+    for block in depth_first(stack, run.chunk):
+        child = visit_block(run, block)
+        if child is not None:
+            stack.append(child)
+    run.grad.flush()
+    return _result(run)
+
+
+def _result(run):
+    """The result dict of a finished run, as float64 numpy."""
+    streams = {}
+    for s, (name, _, _) in enumerate(run.streams):
+        res = run.sums[s].finish(run.r0, run.task.baseline)
+        var = res.pop("variances")
+        streams[name] = {k: _np(v) for k, v in res.items()}
+        streams[name]["variances"] = None if var is None else {k: _np(v) for k, v in var.items()}
+    ranges = None
+    if run.ranges is not None:
+        pol = run.sums[0]
+        ranges = {k: _np(v) for k, v in run.ranges.finish(
+            {"sequence_fisher": pol.h2 / pol.mass, "token_fisher_sum": pol.g / pol.mass}).items()}
+    return {"streams": streams, "gradient_autodiff": _np(run.grad.grad), "ranges": ranges,
+            "states": _sorted(run.states, ("depth", "prompt")) if run.keep_states else None,
+            "sequences": _sorted(run.seqs, ("prompt",)) if run.keep_seqs else None}
 
 
 def _np(x):
@@ -213,23 +299,11 @@ def _np(x):
     return x.to("cpu", torch.float64).numpy() if x.ndim else float(x)
 
 
-def _sorted_states(states):
-    out = {k: torch.cat([s[k] for s in states]) for k in states[0]}
+def _sorted(records, keys):
+    """Concatenated records sorted by ``keys`` (last the most significant), then tokens."""
+    out = {k: torch.cat([r[k] for r in records]) for k in records[0]}
     out = {k: (_np(v) if v.is_floating_point() else v.cpu().numpy()) for k, v in out.items()}
-    out["tokens"] = out["tokens"][:, :-1]  # (N, L-1): a state never holds all L tokens
-    cols = [out["tokens"][:, c] for c in range(out["tokens"].shape[1] - 1, -1, -1)]
-    order = np.lexsort(cols + [out["depth"], out["prompt"]])
-    return {k: v[order] for k, v in out.items()}
-
-
-def _sorted_sequences(levels, wp, wq, R, T):
-    resp = [r for lv in levels for r in lv["responses"]]
-    tokens = np.full((len(resp), T), -1, dtype=np.int64)  # (M, T)
-    for i, (_, r) in enumerate(resp):
-        tokens[i, :len(r)] = r
-    prompt = np.array([pi for pi, _ in resp], dtype=np.int64)
-    cols = [tokens[:, c] for c in range(T - 1, -1, -1)]
-    order = np.lexsort(cols + [prompt])
-    out = {"tokens": tokens, "prompt": prompt, "prob": _np(wp), "sampler_prob": _np(wq),
-           "reward": _np(R)}
+    tok = out["tokens"]
+    order = np.lexsort([tok[:, c] for c in range(tok.shape[1] - 1, -1, -1)]
+                       + [out[k] for k in keys])
     return {k: v[order] for k, v in out.items()}

@@ -1,27 +1,31 @@
-r"""The torch side: the DESIGN §2 MLP, its logit sensitivities by ``torch.func``
-and the seeds' token-Fisher snippet, on any device and dtype.
+r"""Torch adapters: a model as a pure function of a flat ``theta`` tensor, its logit
+sensitivities by ``torch.func``, the three-line token Fisher and the samplers' logits.
 
-Nothing here holds numerics of its own beyond torch's: the model spec, the
-parameter layout, ``theta`` and the sampler's parameters come from fisher_ref;
-the logits, the Jacobians and every reduction are torch operations.
+The torch engines (:mod:`fisher_ref.torch.exact`, :mod:`fisher_ref.torch.monte_carlo`)
+see a model only through a small *adapter* (:class:`TorchAdapter`):
 
-- :class:`TorchMLP` — ``z = tanh(concat(E[c]) W1 + b1) W2 + b2`` as a pure
-  function of the flat ``theta`` (unpacked with ``model.layout()``);
-- :meth:`TorchMLP.sensitivities` — :math:`j_{i,a}(s) = \partial z_a(s)/\partial\theta_i`
-  by ``vmap(jacrev(...))`` over states, ``(B, P, V)``;
-- :func:`token_fisher` — :math:`f_i = \sum_a p_a (j_{i,a} - \bar j_i)^2` in the
-  seeds' three lines;
-- :func:`sampler_logits` — :math:`\mu`'s logits with the semantics of
-  :mod:`fisher_ref.samplers` (temperature, perturbed, rounded, custom).
+- ``vocab_size`` ``V``, ``eos`` (id 0 ends a response), ``bos`` (the id a state's input
+  starts with, or ``None``), ``num_params`` ``P``, ``context`` (width of a window);
+- ``windows(tokens, lengths)``: ``(B, L)`` and ``(B,)`` long tensors -> ``(B, k)`` long,
+  what the model reads at each state;
+- ``unpack(theta)`` -> ``{name: view}``, the named blocks of the flat ``theta``, and
+  ``logits_of(params, windows)`` -> ``(B, V)``, the logits from those blocks; so
+  ``logits(theta, windows)`` is a pure function of the flat ``theta``;
+- ``sensitivities(theta, windows)`` -> ``(B, P, V)``,
+  :math:`j_{i,a}(s) = \partial z_a(s)/\partial\theta_i`, by ``vmap(jacrev)`` over
+  windows (in chunks of :data:`JACOBIAN_CHUNK`) with respect to the named blocks, then
+  laid out flat (differentiating the slices of a flat vector instead would write a
+  zero-filled ``P``-vector per block, window and logit).
 
-The exact enumeration is in :mod:`fisher_ref.torch.exact`, Monte Carlo in
-:mod:`fisher_ref.torch.monte_carlo`.
+Shipped adapters: :class:`TorchMLP` (``z = tanh(concat(E[c]) W1 + b1) W2 + b2``),
+:class:`TorchTabular` (the logits are the parameters) and, in
+:mod:`fisher_ref.torch.module`, any ``torch.nn.Module`` (the GPT-2 through
+``transformers`` among them). :func:`torch_model` picks the adapter of a fisher_ref model.
 
-Precision policy: ``dtype`` is the *compute* dtype of the logits and the
-sensitivities; probabilities, Fisher terms and every sum over states and
-responses are accumulated in :func:`accumulation_dtype` (``float32`` when the
-compute dtype is ``bfloat16``, the compute dtype otherwise) — the usual mixed
-precision recipe: low-precision matmuls, float32 reductions.
+Precision policy: ``dtype`` is the *compute* dtype of the logits and the sensitivities;
+probabilities, Fisher terms and every sum over states and responses are accumulated in
+:func:`accumulation_dtype` (``float32`` when the compute dtype is ``bfloat16``, the compute
+dtype otherwise) — low-precision model arithmetic, float32 reductions.
 """
 from __future__ import annotations
 
@@ -29,13 +33,16 @@ import numpy as np
 import torch
 from torch.func import jacrev, vmap
 
-from ..model import MLPModel
+from ..model import MLPModel, TabularModel
 from ..samplers import LogitsSampler, PerturbedSampler, RoundedSampler, TemperatureSampler
 
-__all__ = ["DTYPES", "resolve_dtype", "accumulation_dtype", "TorchMLP", "torch_model",
-           "token_fisher", "state_windows", "sampler_logits"]
+__all__ = ["DTYPES", "JACOBIAN_CHUNK", "resolve_dtype", "accumulation_dtype", "TorchAdapter",
+           "TorchMLP", "TorchTabular", "torch_model", "token_fisher", "state_windows",
+           "sampler_logits"]
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+#: Windows per ``vmap(jacrev)`` call (bounds the memory of one Jacobian batch).
+JACOBIAN_CHUNK = 256
 
 
 def resolve_dtype(dtype):
@@ -55,18 +62,93 @@ def accumulation_dtype(dtype):
     return torch.float32 if dtype == torch.bfloat16 else dtype
 
 
-def torch_model(model, device="cpu", dtype="float64"):
-    """The torch twin of a fisher_ref model, or :class:`NotImplementedError` naming its arch."""
-    if not isinstance(model, MLPModel):
-        arch = getattr(model, "name", type(model).__name__)
-        raise NotImplementedError(
-            f"the torch implementation covers the DESIGN §2 MLP (arch 'mlp_window') only; "
-            f"this task's model has arch {arch!r}")
-    return TorchMLP(model, device=device, dtype=dtype)
+class TorchAdapter:
+    """Base of the adapters: device, dtypes, ``theta`` conversion and ``vmap(jacrev)``.
+
+    A subclass sets ``vocab_size, eos, bos, num_params, context`` and defines
+    ``windows``, ``unpack`` and ``logits_of``. ``whole_history`` is True when a window holds the whole
+    state (no two states share one), so per-window caching is pointless.
+    """
+
+    whole_history = False
+    name = "adapter"
+
+    def __init__(self, device="cpu", dtype="float64"):
+        self.device = torch.device(device)
+        self.dtype = resolve_dtype(dtype)
+        self.acc_dtype = accumulation_dtype(self.dtype)
+
+    def theta(self, theta):
+        """A flat numpy ``theta`` as a tensor of the compute dtype on the device, ``(P,)``."""
+        return torch.as_tensor(np.asarray(theta, dtype=np.float64)).to(self.device, self.dtype)
+
+    def windows(self, tokens, lengths):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def unpack(self, theta):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def logits_of(self, params, windows):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def logits(self, theta, windows):
+        """``(B, k)`` windows -> ``(B, V)`` logits at the flat ``theta``."""
+        return self.logits_of(self.unpack(theta), windows)
+
+    def _one(self, params, window):
+        return self.logits_of(params, window[None])[0]  # (V,)
+
+    def jacobian_blocks(self, params, windows):
+        """``(b, V, P)``: ``vmap(jacrev)`` over ``windows (b, k)`` w.r.t. every block, flat."""
+        jac = vmap(jacrev(self._one), in_dims=(None, 0))(params, windows)  # {name: (b, V, *)}
+        b = windows.shape[0]
+        return torch.cat([jac[n].reshape(b, self.vocab_size, -1) for n in params], dim=2)
+
+    def sensitivities(self, theta, windows):
+        r""":math:`j_{i,a}(s) = \partial z_a(s)/\partial\theta_i` by ``vmap(jacrev)``: ``(B, P, V)``."""
+        params = self.unpack(theta)
+        parts = [self.jacobian_blocks(params, w) for w in windows.split(JACOBIAN_CHUNK)]
+        if not parts:
+            return theta.new_zeros((0, self.num_params, self.vocab_size))
+        return torch.cat(parts).transpose(1, 2)  # (B, P, V)
 
 
-class TorchMLP:
-    r"""DESIGN §2 MLP in torch: ``hid = tanh(e W1 + b1)``, ``z = hid W2 + b2``.
+def state_windows(tokens, lengths, context, bos):
+    """Last ``context`` tokens of each state, BOS-padded, on the tokens' device: ``(B, k)``.
+
+    Args:
+        tokens: ``(B, L)`` long, ``-1`` padded.
+        lengths: ``(B,)`` number of real tokens per row.
+    """
+    ar = torch.arange(context, device=tokens.device)
+    idx = lengths[:, None] - context + ar[None, :]  # (B, k)
+    if tokens.shape[1] == 0:
+        return torch.full(idx.shape, bos, dtype=torch.long, device=tokens.device)
+    win = tokens.gather(1, idx.clamp(min=0))
+    return torch.where(idx >= 0, win, torch.full_like(win, bos))  # (B, k)
+
+
+class _WindowAdapter(TorchAdapter):
+    """An adapter over a fisher_ref window model (the last ``context`` tokens, BOS-padded)."""
+
+    def __init__(self, model, device="cpu", dtype="float64"):
+        super().__init__(device, dtype)
+        self.model = model
+        self.vocab_size, self.context, self.bos = model.vocab_size, model.context, model.bos
+        self.eos, self.num_params = model.eos, model.num_params
+        self.layout = model.layout()
+
+    def unpack(self, theta):
+        """Named views of the flat ``theta`` (row-major), from the model's layout."""
+        return {name: theta[off:off + int(np.prod(shape))].reshape(shape)
+                for name, shape, off in self.layout}
+
+    def windows(self, tokens, lengths):
+        return state_windows(tokens, lengths, self.context, self.bos)  # (B, k)
+
+
+class TorchMLP(_WindowAdapter):
+    r"""The MLP window model in torch: ``hid = tanh(e W1 + b1)``, ``z = hid W2 + b2``.
 
     Args:
         model: a :class:`fisher_ref.model.MLPModel` (spec and layout are read from it).
@@ -83,43 +165,53 @@ class TorchMLP:
         True
     """
 
-    def __init__(self, model, device="cpu", dtype="float64"):
-        self.model = model
-        self.spec = model.spec
-        self.device = torch.device(device)
-        self.dtype = resolve_dtype(dtype)
-        self.acc_dtype = accumulation_dtype(self.dtype)
-        self.layout = model.layout()
-        self.vocab_size, self.context, self.bos = model.vocab_size, model.context, model.bos
-        self.eos, self.num_params = model.eos, model.num_params
+    name = "mlp_window"
 
-    def theta(self, theta):
-        """A flat numpy ``theta`` as a tensor of the compute dtype on the device, ``(P,)``."""
-        return torch.as_tensor(np.asarray(theta, dtype=np.float64)).to(self.device, self.dtype)
-
-    def unpack(self, theta):
-        """Named views ``{E, W1, b1, W2, b2}`` of the flat ``theta`` (row-major)."""
-        return {name: theta[off:off + int(np.prod(shape))].reshape(shape)
-                for name, shape, off in self.layout}
-
-    def logits(self, theta, windows):
-        """``(B, k)`` long windows -> ``(B, V)`` logits."""
-        p = self.unpack(theta)
+    def logits_of(self, p, windows):
+        """``(B, k)`` long windows -> ``(B, V)`` logits from the blocks ``E, W1, b1, W2, b2``."""
         e = p["E"][windows].reshape(windows.shape[0], -1)  # (B, k*d)
         hid = torch.tanh(e @ p["W1"] + p["b1"])  # (B, H)
         return hid @ p["W2"] + p["b2"]  # (B, V)
 
-    def _logits_one(self, theta, window):
-        return self.logits(theta, window[None])[0]  # (V,)
 
-    def sensitivities(self, theta, windows):
-        r""":math:`j_{i,a}(s) = \partial z_a(s)/\partial\theta_i` by ``vmap(jacrev)``: ``(B, P, V)``."""
-        jac = vmap(jacrev(self._logits_one), in_dims=(None, 0))(theta, windows)  # (B, V, P)
-        return jac.transpose(1, 2)  # (B, P, V)
+class TorchTabular(_WindowAdapter):
+    """The tabular model in torch: row ``sum_p c_p (V+1)^(k-p)`` of ``theta`` as ``((V+1)^k, V)``."""
+
+    name = "tabular"
+
+    def logits_of(self, params, windows):
+        base = (self.vocab_size + 1) ** torch.arange(self.context - 1, -1, -1,
+                                                     device=windows.device)  # (k,)
+        return params["table"][(windows * base).sum(-1)]  # (B, V)
+
+
+def torch_model(model, device="cpu", dtype="float64"):
+    """The torch adapter of a fisher_ref model, or :class:`NotImplementedError` naming its arch.
+
+    MLP and tabular models get :class:`TorchMLP` / :class:`TorchTabular`; the GPT-2 gets
+    ``transformers``' ``GPT2LMHeadModel`` over the flat ``theta``
+    (:func:`fisher_ref.torch.module.gpt2_adapter`); a model built from a torch module
+    (:func:`fisher_ref.torch.module.causal_lm_task`) gets its own module adapter.
+    """
+    if isinstance(model, TorchAdapter):
+        return model
+    if isinstance(model, MLPModel):
+        return TorchMLP(model, device=device, dtype=dtype)
+    if isinstance(model, TabularModel):
+        return TorchTabular(model, device=device, dtype=dtype)
+    from .module import adapter_of
+    adapter = adapter_of(model, device=device, dtype=dtype)
+    if adapter is None:
+        arch = getattr(model, "name", type(model).__name__)
+        raise NotImplementedError(
+            f"the torch engine covers the arches 'mlp_window', 'tabular', 'gpt2' and torch "
+            f"modules (fisher_ref.torch.from_module); this task's model has arch {arch!r}, "
+            "an autograd function with no torch twin")
+    return adapter
 
 
 def token_fisher(logits, sens):
-    r"""The seeds' snippet, batched: :math:`f_i = \sum_a p_a (j_{i,a} - \bar j_i)^2`.
+    r"""The three-line token Fisher, batched: :math:`f_i = \sum_a p_a (j_{i,a} - \bar j_i)^2`.
 
     Args:
         logits: ``(..., V)``.
@@ -139,25 +231,12 @@ def token_fisher(logits, sens):
     return (probs * centered.square()).sum(dim=-1)  # (..., P)
 
 
-def state_windows(tokens, lengths, context, bos):
-    """Last ``context`` tokens of each state, BOS-padded, on the tokens' device: ``(B, k)``.
-
-    Args:
-        tokens: ``(B, L)`` long, ``-1`` padded.
-        lengths: ``(B,)`` number of real tokens per row.
-    """
-    ar = torch.arange(context, device=tokens.device)
-    idx = lengths[:, None] - context + ar[None, :]  # (B, k)
-    win = tokens.gather(1, idx.clamp(min=0))
-    return torch.where(idx >= 0, win, torch.full_like(win, bos))  # (B, k)
-
-
-def sampler_logits(sampler, tmodel, theta, theta_mu, windows, z):
+def sampler_logits(sampler, adapter, theta, theta_mu, windows, z):
     r"""Logits of :math:`\mu` at the windows, as :mod:`fisher_ref.samplers` defines them.
 
     Args:
         sampler: a fisher_ref sampler.
-        tmodel: the :class:`TorchMLP`.
+        adapter: the model's :class:`TorchAdapter`.
         theta: policy parameters (tensor, compute dtype), ``(P,)``.
         theta_mu: ``sampler.params(model, theta)`` as a tensor (computed by fisher_ref), ``(P,)``.
         windows: ``(B, k)``.
@@ -169,10 +248,10 @@ def sampler_logits(sampler, tmodel, theta, theta_mu, windows, z):
     if isinstance(sampler, TemperatureSampler):
         return z / sampler.temperature
     if isinstance(sampler, PerturbedSampler):
-        return tmodel.logits(theta_mu, windows)
+        return adapter.logits(theta_mu, windows)
     if isinstance(sampler, RoundedSampler):
         return torch.round(z, decimals=sampler.decimals)
     if isinstance(sampler, LogitsSampler):
-        zq = np.asarray(sampler.logits(tmodel.model, None, windows.cpu().numpy()), dtype=float)
+        zq = np.asarray(sampler.logits(None, None, windows.cpu().numpy()), dtype=float)
         return torch.as_tensor(zq).to(z.device, z.dtype)
-    raise NotImplementedError(f"the torch implementation has no sampler of kind {sampler.kind!r}")
+    raise NotImplementedError(f"the torch engine has no sampler of kind {sampler.kind!r}")

@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .model import state_windows, token_fisher, torch_model
+from .windows import unique_windows
+from .model import token_fisher, torch_model
 
 __all__ = ["torch_monte_carlo"]
 
@@ -23,8 +24,12 @@ __all__ = ["torch_monte_carlo"]
 def torch_monte_carlo(task, n, generator, device="cpu", dtype="float64"):
     """Estimates of ``E[h^2]``, ``E[sum_t f(s_t)]`` and ``E[h]`` from ``n`` on-policy draws.
 
+    Logits and sensitivities are computed once per distinct window of a depth and
+    gathered for the draws that share it.
+
     Args:
-        task: a :class:`fisher_ref.tasks.Task` with an MLP model.
+        task: a :class:`fisher_ref.tasks.Task` whose model has a torch adapter
+            (:func:`fisher_ref.torch.model.torch_model`).
         n: number of responses.
         generator: a ``torch.Generator`` on ``device`` (the only randomness used).
         device, dtype: as in :func:`fisher_ref.torch.exact.torch_exact`.
@@ -58,15 +63,15 @@ def torch_monte_carlo(task, n, generator, device="cpu", dtype="float64"):
     g = torch.zeros_like(h)
     rows = torch.arange(n, device=dev)
     for _ in range(T):
-        W = state_windows(tokens, length, tm.context, tm.bos)  # (n, k)
-        z = tm.logits(th, W).to(acc)  # (n, V)
-        J = tm.sensitivities(th, W).to(acc)  # (n, P, V)
-        p = z.softmax(-1)  # (n, V)
+        Wu, inv = unique_windows(tm.windows(tokens, length), tm.vocab_size)  # (U, k), (n,)
+        zu = tm.logits(th, Wu).to(acc)  # (U, V)
+        Ju = tm.sensitivities(th, Wu).to(acc)  # (U, P, V)
+        p = zu.softmax(-1)[inv]  # (n, V)
         y = torch.multinomial(p, 1, generator=generator).squeeze(1)  # (n,)
-        xi = J[rows, :, y] - (J * p[:, None, :]).sum(-1)  # (n, P)
+        xi = Ju[inv, :, y] - (Ju * zu.softmax(-1)[:, None, :]).sum(-1)[inv]  # (n, P)
         live = alive[:, None].to(acc)
         h += live * xi
-        g += live * token_fisher(z, J)
+        g += live * token_fisher(zu, Ju)[inv]
         tokens[rows[alive], length[alive]] = y[alive]
         length = length + alive.long()
         if tm.eos:
