@@ -148,9 +148,8 @@ def thread_report():
 
 
 def _max_rss_bytes():
-    import resource
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024)
+    from .peak_memory import peak_rss_bytes
+    return peak_rss_bytes()
 
 
 def _worker(conn, name, task_bytes, threads):

@@ -78,7 +78,8 @@ class Moments:
         Wb = float(np.sum(w))
         if Wb <= 0:
             return
-        mean_b = float(w @ R) / Wb
+        r1 = float(R[0])  # a block whose rewards are all equal gets exactly that mean
+        mean_b = r1 + float(w @ (R - r1)) / Wb
         m2_b = float(w @ (R - mean_b) ** 2)
         total = self.spread_mass + Wb
         delta = mean_b - self.spread_mean

@@ -187,13 +187,13 @@ def budget_run(task=None, budget_bytes=2 * 2 ** 30):
     Returns:
         :func:`measure`'s dict plus ``budget_bytes`` and ``within_budget``.
     """
-    import resource
+    from .peak_memory import peak_rss_bytes
     task = scale_task(*BUDGET_TASK) if task is None else task
     out = measure(task, keep_states=False, keep_sequences=False, max_bytes=budget_bytes,
                   max_seconds=3600.0)
     out["budget_bytes"] = int(budget_bytes)
     out["within_budget"] = out["peak_bytes"] <= budget_bytes
-    out["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out["max_rss_bytes"] = peak_rss_bytes()
     return out
 
 

@@ -10,7 +10,7 @@ The default task (V=16, T=5, context 2, embed 8, hidden 768: P=25,496 parameters
 refusal, runs ``torch_exact(task, keep_states=False, keep_sequences=False,
 variances=False)`` — every stream quantity, cross terms and the autograd gradient, but
 not the fourth moments used only by Monte Carlo tests — and records the wall time, the
-peak resident memory of the process (``ru_maxrss``: interpreter, torch and the run), the
+peak resident memory of the process (``VmHWM``, see fisher_ref.peak_memory: interpreter, torch and the run), the
 1-minute load average before and after, and two exact identities as a check of the
 result: ``F = sum_s pi(s) f(s)`` and ``E[A h] = d E[R] / d theta`` (autograd), as
 relative errors. The record goes to ``--out`` as JSON (written atomically).
@@ -19,12 +19,13 @@ import argparse
 import json
 import os
 import platform
-import resource
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fisher_ref.peak_memory import peak_rss_bytes  # noqa: E402
 
 
 def main(argv=None):
@@ -56,13 +57,13 @@ def main(argv=None):
         refused = str(exc)
     print(f"task: V={args.vocab}, T={args.max_len}, hidden {args.hidden}: {cost.describe()}")
     print(f"numpy engine at its default limits: {refused or 'ACCEPTED (not too big)'}")
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss0 = peak_rss_bytes()
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     out = torch_exact(task, device=args.device, chunk=args.chunk, keep_states=False,
                       keep_sequences=False, variances=False)
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss_bytes()
     pol = out["streams"]["policy"]
     F, tsum, G = pol["sequence_fisher"], pol["token_fisher_sum"], pol["gradient"]
     rec = {"task": {"vocab_size": args.vocab, "max_len": args.max_len, "hidden": args.hidden,

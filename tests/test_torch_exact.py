@@ -186,17 +186,18 @@ def test_autograd_function_model_is_not_implemented_and_named():
 
 def test_v16_task_runs_within_2_gib():
     """fisher_ref/configs/scale/v16.json (V=16, T=4, H=128, P=4,376; 54,241 responses) in a
-    fresh process; its peak resident memory (ru_maxrss, interpreter and torch included)
+    fresh process; its peak resident memory (VmHWM: interpreter and torch included)
     stays below 2 GiB. The numbers are checked against the numpy engine elsewhere; here
     only that it completes and F equals the token sum."""
     code = textwrap.dedent("""
-        import json, resource, torch
+        import json, torch
+        from fisher_ref.peak_memory import peak_rss_bytes
         torch.set_num_threads(1)
         from fisher_ref.scaling import load_scale_config
         from fisher_ref.torch.exact import torch_exact
         out = torch_exact(load_scale_config("v16"))["streams"]["policy"]
         F, tsum = out["sequence_fisher"], out["token_fisher_sum"]
-        print(json.dumps({"maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        print(json.dumps({"maxrss": peak_rss_bytes(),
                           "P": int(F.size), "err": float(abs(F - tsum).max() / abs(F).max())}))
     """)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

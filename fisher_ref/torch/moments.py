@@ -56,7 +56,8 @@ class StreamSums:
     def add_rewards(self, w, R):
         """Merge a block's rewards ``R`` with weights ``w`` ``(C,)`` into mass, mean, M2."""
         wB = w.sum()
-        meanB = (w @ R) / torch.where(wB > 0, wB, torch.ones_like(wB))
+        r1 = R[:1].sum()  # the block's first reward: a constant block's mean is exact
+        meanB = r1 + (w @ (R - r1)) / torch.where(wB > 0, wB, torch.ones_like(wB))
         M2B = w @ (R - meanB).square()
         W = self.mass + wB
         frac = wB / torch.where(W > 0, W, torch.ones_like(W))
