@@ -13,6 +13,16 @@ __all__ = ["make_model", "ARCHS"]
 
 ARCHS = ("mlp_window", "tabular", "gpt2")
 
+_COMMON = {"vocab_size", "eos", "init_seed", "init_scale"}
+#: arch -> (the task-file keys it takes, how to build it from them)
+_BUILDERS = {
+    "mlp_window": (_COMMON | {"context", "embed_dim", "hidden"},
+                   lambda s: MLPModel(ModelSpec(**s))),
+    "tabular": (_COMMON | {"context"}, lambda s: TabularModel(**s)),
+    "gpt2": (_COMMON | {"n_positions", "embed_dim", "n_layer", "n_head"},
+             lambda s: GPT2Model(GPT2Spec(**s))),
+}
+
 
 def make_model(spec):
     """Build a model from a JSON-like dict (a task file's ``model``), a ModelSpec or a GPT2Spec."""
@@ -25,32 +35,13 @@ def make_model(spec):
     spec = dict(spec)
     arch = spec.pop("arch", "mlp_window")
     spec.pop("bos", None)
-    if arch == "mlp_window":
-        allowed = {"vocab_size", "context", "embed_dim", "hidden", "eos", "init_seed",
-                   "init_scale"}
-        extra = set(spec) - allowed
-        if extra:
-            raise ValueError(f"unknown model keys {sorted(extra)}; allowed: {sorted(allowed)}")
-        if "vocab_size" not in spec:
-            raise ValueError("model.vocab_size is required")
-        return MLPModel(ModelSpec(**spec))
-    if arch == "tabular":
-        allowed = {"vocab_size", "context", "eos", "init_seed", "init_scale"}
-        extra = set(spec) - allowed
-        if extra:
-            raise ValueError(f"unknown model keys {sorted(extra)} for arch 'tabular'; "
-                             f"allowed: {sorted(allowed)}")
-        if "vocab_size" not in spec:
-            raise ValueError("model.vocab_size is required")
-        return TabularModel(**spec)
-    if arch == "gpt2":
-        allowed = {"vocab_size", "eos", "n_positions", "embed_dim", "n_layer", "n_head",
-                   "init_seed", "init_scale"}
-        extra = set(spec) - allowed
-        if extra:
-            raise ValueError(f"unknown model keys {sorted(extra)} for arch 'gpt2'; "
-                             f"allowed: {sorted(allowed)}")
-        if "vocab_size" not in spec:
-            raise ValueError("model.vocab_size is required")
-        return GPT2Model(GPT2Spec(**spec))
-    raise ValueError(f"unknown model arch {arch!r}; known: 'mlp_window', 'tabular', 'gpt2'")
+    if arch not in _BUILDERS:
+        raise ValueError(f"unknown model arch {arch!r}; known: {', '.join(map(repr, ARCHS))}")
+    allowed, build = _BUILDERS[arch]
+    extra = set(spec) - allowed
+    if extra:
+        raise ValueError(f"unknown model keys {sorted(extra)} for arch {arch!r}; "
+                         f"allowed: {sorted(allowed)}")
+    if "vocab_size" not in spec:
+        raise ValueError("model.vocab_size is required")
+    return build(spec)

@@ -42,7 +42,8 @@ import numpy as np
 from autograd import jacobian
 
 from .limits import MAX_CONTEXT, MAX_LAYERS, check_size, readable
-from .model import SpecModel, check_common_fields, check_param_count, check_positive_int, softmax
+from .model import (LayoutSpec, SpecModel, check_common_fields, check_param_count,
+                    check_positive_int, layout_offsets, softmax)
 
 __all__ = ["GPT2Spec", "GPT2Model", "gelu_new", "layer_norm"]
 
@@ -76,7 +77,7 @@ def layer_norm(u, w, b):
 
 
 @dataclass(frozen=True)
-class GPT2Spec:
+class GPT2Spec(LayoutSpec):
     """A GPT-2 language model, fully specified (task-file keys, plus ``arch: "gpt2"``).
 
     ``init_params`` draws ``theta ~ init_scale * N(0, 1)`` from
@@ -108,10 +109,6 @@ class GPT2Spec:
                           f"vocab_size={readable(V)}, n_positions={N}, embed_dim={readable(d)}, "
                           f"n_layer={L}")
 
-    @property
-    def bos(self):
-        return self.vocab_size
-
     def layout(self):
         """List of ``(name, shape, offset)``, in ``named_parameters()`` order."""
         V, N, d = self.vocab_size, self.n_positions, self.embed_dim
@@ -125,16 +122,7 @@ class GPT2Spec:
                        (h + "mlp.c_fc.weight", (d, 4 * d)), (h + "mlp.c_fc.bias", (4 * d,)),
                        (h + "mlp.c_proj.weight", (4 * d, d)), (h + "mlp.c_proj.bias", (d,))]
         shapes += [("transformer.ln_f.weight", (d,)), ("transformer.ln_f.bias", (d,))]
-        out, off = [], 0
-        for name, shape in shapes:
-            out.append((name, shape, off))
-            off += int(np.prod(shape))
-        return out
-
-    @property
-    def num_params(self):
-        name, shape, off = self.layout()[-1]
-        return off + int(np.prod(shape))
+        return layout_offsets(shapes)
 
     def to_json(self):
         return {"vocab_size": self.vocab_size, "eos": self.eos,

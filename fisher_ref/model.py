@@ -233,8 +233,36 @@ def check_common_fields(vocab_size, eos, init_seed, init_scale):
             "logits overflow")
 
 
+def layout_offsets(shapes):
+    """``[(name, shape, offset)]`` of blocks ``(name, shape)`` laid out one after
+    another, row-major, in a flat ``theta``.
+
+    Example:
+        >>> layout_offsets([("a", (2, 3)), ("b", (4,))])
+        [('a', (2, 3), 0), ('b', (4,), 6)]
+    """
+    out, off = [], 0
+    for name, shape in shapes:
+        out.append((name, shape, off))
+        off += int(np.prod(shape))
+    return out
+
+
+class LayoutSpec:
+    """Mixin of a frozen model spec with a ``layout()``: its ``num_params`` and ``bos``."""
+
+    @property
+    def bos(self):
+        return self.vocab_size
+
+    @property
+    def num_params(self):
+        name, shape, off = self.layout()[-1]
+        return off + int(np.prod(shape))
+
+
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(LayoutSpec):
     """The MLP language model of docs/theory.md §4.1, fully specified.
 
     ``e = concat(E[c_1..c_k])``, ``hid = tanh(e @ W1 + b1)``, ``z = hid @ W2 + b2``;
@@ -264,25 +292,12 @@ class ModelSpec:
                           f"vocab_size={readable(V)}, context={readable(k)}, "
                           f"embed_dim={readable(d)}, hidden={readable(H)}")
 
-    @property
-    def bos(self):
-        return self.vocab_size
-
     def layout(self):
         """List of ``(name, shape, offset)`` giving each block's place in ``theta``."""
         V, k, d, H = self.vocab_size, self.context, self.embed_dim, self.hidden
         shapes = [("E", (V + 1, d)), ("W1", (k * d, H)), ("b1", (H,)),
                   ("W2", (H, V)), ("b2", (V,))]
-        out, off = [], 0
-        for name, shape in shapes:
-            out.append((name, shape, off))
-            off += int(np.prod(shape))
-        return out
-
-    @property
-    def num_params(self):
-        name, shape, off = self.layout()[-1]
-        return off + int(np.prod(shape))
+        return layout_offsets(shapes)
 
     def to_json(self):
         return {"vocab_size": self.vocab_size, "context": self.context,

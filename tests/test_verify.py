@@ -89,6 +89,23 @@ def test_rel_err_and_table():
     assert table.count("PASS") == 1 and table.count("FAIL") == 2 and "info" in table
 
 
+_SAMPLERS = {None: None, "temperature": {"kind": "temperature", "temperature": 0.7},
+             "perturbed": {"kind": "perturbed", "scale": 0.5, "seed": 1},
+             "rounded": {"kind": "rounded", "decimals": 1}}
+
+
+def _assert_every_identity_holds(data):
+    """Load a task-file dict through JSON and require every exact verify row to pass."""
+    task = task_from_json(json.loads(json.dumps(data)))
+    rows = exact_checks(exact(task, progress=False))
+    failed = [(r.identity, r.check, r.value) for r in rows if not r.passed]
+    if failed and data["sampler"] is not None:
+        # the raw score's mean under mu can be ~0 only when mu equals p (rounding at a
+        # precision the logits already have); nothing else may fail
+        failed = [f for f in failed if "must be > 0" not in f[1]]
+    assert not failed, f"task {data}: {failed}"
+
+
 _task_dicts = st.fixed_dictionaries({
     "vocab_size": st.integers(2, 4), "context": st.integers(1, 3), "embed_dim": st.integers(1, 3),
     "hidden": st.integers(1, 4), "eos": st.booleans(), "init_seed": st.integers(0, 10 ** 6),
@@ -110,22 +127,13 @@ def test_verify_passes_on_unseen_task_files(d, rnd):
               # without EOS a target must have max_len tokens (a shorter one never matches)
               "match": {"name": "match",
                         "target": [V - 1] * (1 if d["eos"] else d["max_len"])}}[d["reward"]]
-    sampler = {None: None, "temperature": {"kind": "temperature", "temperature": 0.7},
-               "perturbed": {"kind": "perturbed", "scale": 0.5, "seed": 1},
-               "rounded": {"kind": "rounded", "decimals": 1}}[d["sampler"]]
+    sampler = _SAMPLERS[d["sampler"]]
     data = {"model": {k: d[k] for k in ("vocab_size", "context", "embed_dim", "hidden", "eos",
                                         "init_seed", "init_scale")},
             "prompts": prompts, "prompt_weights": (w / w.sum()).tolist(),
             "max_len": d["max_len"], "reward": reward, "baseline": d["baseline"],
             "sampler": sampler}
-    task = task_from_json(json.loads(json.dumps(data)))
-    rows = exact_checks(exact(task, progress=False))
-    failed = [(r.identity, r.check, r.value) for r in rows if not r.passed]
-    if failed and sampler is not None:
-        # the raw score's mean under mu can be ~0 only when mu equals p (e.g. rounding at
-        # a precision the logits already have); nothing else may fail
-        failed = [f for f in failed if "must be > 0" not in f[1]]
-    assert not failed, f"task {data}: {failed}"
+    _assert_every_identity_holds(data)
 
 
 def test_topk_without_sampler_is_refused():
@@ -232,9 +240,7 @@ def test_verify_passes_on_unseen_gpt2_task_files(d, rnd):
     target = [rnd.randrange(1 if d["eos"] else 0, V) for _ in range(T if not d["eos"] else 1)]
     reward = {"count": {"name": "count", "token": V - 1}, "length": {"name": "length"},
               "match": {"name": "match", "target": target}}[d["reward"]]
-    sampler = {None: None, "temperature": {"kind": "temperature", "temperature": 0.7},
-               "perturbed": {"kind": "perturbed", "scale": 0.5, "seed": 1},
-               "rounded": {"kind": "rounded", "decimals": 1}}[d["sampler"]]
+    sampler = _SAMPLERS[d["sampler"]]
     data = {"model": {"arch": "gpt2", "vocab_size": V, "eos": d["eos"],
                       "n_positions": max(len(p) for p in prompts) + T + rnd.randrange(2),
                       "embed_dim": d["n_head"] * d["head_dim"], "n_layer": d["n_layer"],
@@ -242,14 +248,7 @@ def test_verify_passes_on_unseen_gpt2_task_files(d, rnd):
                       "init_scale": d["init_scale"]},
             "prompts": prompts, "prompt_weights": (w / w.sum()).tolist(), "max_len": T,
             "reward": reward, "baseline": d["baseline"], "sampler": sampler}
-    task = task_from_json(json.loads(json.dumps(data)))
-    rows = exact_checks(exact(task, progress=False))
-    failed = [(r.identity, r.check, r.value) for r in rows if not r.passed]
-    if failed and sampler is not None:
-        # the raw score's mean under mu can be ~0 only when mu equals p (rounding at a
-        # precision the logits already have); nothing else may fail
-        failed = [f for f in failed if "must be > 0" not in f[1]]
-    assert not failed, f"task {data}: {failed}"
+    _assert_every_identity_holds(data)
 
 
 def test_gpt2_task_longer_than_n_positions_is_refused(tmp_path, capsys):
