@@ -376,6 +376,10 @@ def run(args):
     exit code 0, 2 on bad input."""
     from .fileio import atomic_output
     if getattr(args, "scaling", None):
+        import importlib.util
+        if importlib.util.find_spec("matplotlib") is None:  # the sweep ends in a plot
+            raise ValueError("bench --scaling draws a plot and needs matplotlib; install it "
+                             "(pip install -e \".[lessons]\") or run without --scaling")
         from .scaling import main as scaling_main
         return scaling_main(["--out", args.scaling])
     task = task_from_args(args)

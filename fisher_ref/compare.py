@@ -29,7 +29,7 @@ import sys
 
 import numpy as np
 
-from .command import task_from_args
+from .command import count_arg, task_from_args
 from .error_scales import (TOL_BFLOAT16, TOL_FLOAT32, TOL_FLOAT64, TOLERANCES,
                            gradient_judge_scale, rel_error, scale)
 from .fileio import atomic_output
@@ -238,7 +238,7 @@ def add_arguments(parser):
                              "(default: float64,float32)")
     parser.add_argument("--json", default=None, metavar="FILE",
                         help="also write the rows as JSON (atomically: a failed run leaves no file)")
-    parser.add_argument("--mc", type=int, default=DEFAULT_MC,
+    parser.add_argument("--mc", type=count_arg, default=DEFAULT_MC,
                         help=f"Monte Carlo draws for the Bernstein rows (default {DEFAULT_MC}; 0: none)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the torch.Generator")
 

@@ -379,8 +379,8 @@ def format_table(rows):
 def add_arguments(parser):
     """``--mc N``, ``--seed S`` and ``--quiet`` for ``python -m fisher_ref verify``."""
     parser.add_argument("--mc", type=count_arg, default=20000,
-                        help="Monte Carlo samples for the z-tests (0: exact checks only; "
-                             "2e4 is read as 20000)")
+                        help="Monte Carlo samples for the z-tests (default 20000; 0: exact checks "
+                             "only; 2e4 is read as 20000)")
     parser.add_argument("--seed", type=count_arg, default=0,
                         help="seed of the Monte Carlo generator (a non-negative integer)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

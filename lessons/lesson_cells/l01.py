@@ -153,8 +153,8 @@ print(f"after {n[-1]} responses: {run['mean'][-1]:.4f} ± {run['se'][-1]:.4f} "
     *exercise("early-end"),
     footer(STEM, [
         "On a single response the cross terms $\\xi_{u,i}\\xi_{t,i}$ are not zero; over the "
-        "model's own samples they average to exactly zero, because each later score has "
-        "conditional mean zero given its history.",
+        "model's own samples they average to exactly zero: once the earlier tokens are "
+        "fixed, the next token's score still averages to zero over that token.",
         "So the sequence Fisher is the token Fisher summed along the generated states: "
         "$F_i = E[\\sum_t f_i(s_t)]$.",
         "Positions after EOS carry a score of zero; they add nothing to $h_i$.",

@@ -93,8 +93,8 @@ print(f"largest |G| / bound: {r.correlation.max():.4f}")"""),
 ## Headline 1: does high Fisher pick out high gradient?
 
 The claim to test: *the top 1% of parameters by Fisher hold a large share of the top 1% by
-gradient magnitude, against 1% for a random choice* (the article this lesson follows reports
-47.4% on a large model). On the default model, 1% of 119
+gradient magnitude, against 1% for a random choice* (a published measurement of a full-size RL run reports
+47.4%). On the default model, 1% of 119
 parameters is a single parameter, so the question is empty there. The medium config shipped
 with the package has 1,044 parameters (vocabulary 12, responses up to 4 tokens, reward: count
 of token 2, baseline the exact mean reward), and the exact engine still lists every response:
