@@ -221,7 +221,7 @@ def level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z=None, pure=None):
     quad = np.stack([W, WR, WR2]) @ H2  # (3, P)
     h4 = W @ (H2 * H2) + 4 * np.einsum("bp,bp,bp->p", H2, H, X1) \
         + 6 * np.einsum("bp,bp->p", H2, X2)
-    out = {"mass": W.sum(), "R": WR.sum(), "R2": WR2.sum(), "h": lin[0], "Rh": lin[1],
+    out = {"mass": W.sum(), "R": WR.sum(), "h": lin[0], "Rh": lin[1],
            "h2": quad[0], "Rh2": quad[1], "R2h2": quad[2],
            "h4": h4, "g": W @ G, "g2": W @ (G * G)}
     if len(X) > 2:  # else the terms H X_1, H X_3 are added per window elsewhere

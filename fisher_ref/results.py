@@ -5,10 +5,11 @@ probability ``w(y)`` and over states ``s`` reached with probability
 :math:`\pi(s)`:
 
 - :math:`E[h]`, :math:`E[h^2]`, :math:`E[h^4]` (response level);
-- :math:`E[R]`, :math:`E[R^2]`, :math:`E[Rh]`, :math:`E[Rh^2]`, :math:`E[R^2h^2]`, each
-  with ``R`` taken relative to a reference reward ``r0`` (the first reward seen), so
-  that ``std(A)`` does not cancel catastrophically when rewards carry a large
-  offset (``1e8 + count``);
+- :math:`E[R]`, :math:`E[Rh]`, :math:`E[Rh^2]`, :math:`E[R^2h^2]`, each with ``R``
+  taken relative to a reference reward ``r0`` (the first reward seen), so that no
+  large reward offset (``1e8 + count``) enters a difference of sums;
+- the weighted mean and spread of ``R``, merged block by block (Chan's update), for
+  ``std(A)`` without cancellation;
 - :math:`C_{u,t} = E[\xi_u\xi_t]` and :math:`E[\xi_u^2\xi_t^2]` (``T x T x P``);
 - the token sum :math:`\sum_s \pi(s) m(s)` by states, and :math:`E[g]`,
   :math:`E[g^2]` for the per-response path sum :math:`g = \sum_t m(s_t)`;
@@ -41,7 +42,7 @@ class Moments:
         self.r0 = None  # reference reward: every R sum is of R - r0
         # weighted mean and sum of squared deviations of R, merged block by block
         self.spread_mass = self.spread_mean = self.spread_m2 = 0.0
-        self.R = self.R2 = 0.0
+        self.R = 0.0
         self.h, self.h2, self.h4 = np.zeros(P), np.zeros(P), np.zeros(P)
         self.Rh, self.Rh2, self.R2h2 = np.zeros(P), np.zeros(P), np.zeros(P)
         self.cross, self.cross4 = np.zeros((T, T, P)), np.zeros((T, T, P))
@@ -96,7 +97,6 @@ class Moments:
         h2 = h * h
         self.mass += w.sum()
         self.R += w @ R
-        self.R2 += w @ (R * R)
         self.h += w @ h
         self.h2 += w @ h2
         self.h4 += w @ (h2 * h2)

@@ -44,7 +44,7 @@ def brute(b):
     """Every sum response by response (loops over parents and tokens)."""
     B, k, P = b["xi"].shape
     d = b["hist"].shape[1]
-    out = {key: 0.0 for key in ("mass", "R", "R2")}
+    out = {key: 0.0 for key in ("mass", "R")}
     for key in ("h", "Rh", "h2", "Rh2", "R2h2", "h4", "g", "g2", "is_h", "is_Rh"):
         out[key] = np.zeros(P)
     out["cross"], out["cross4"] = np.zeros((d + 1, d + 1, P)), np.zeros((d + 1, d + 1, P))
@@ -55,7 +55,6 @@ def brute(b):
             hist = np.concatenate([b["hist"][g], b["xi"][g, a][None]])  # (d+1, P)
             out["mass"] += w
             out["R"] += w * R
-            out["R2"] += w * R * R
             for key, v in (("h", w * h), ("Rh", w * R * h), ("h2", w * h * h),
                            ("Rh2", w * R * h * h), ("R2h2", w * R * R * h * h),
                            ("h4", w * h ** 4), ("g", w * b["G"][g]), ("g2", w * b["G"][g] ** 2),
