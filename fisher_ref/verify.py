@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .command import count_arg, task_from_args
+from .mc_stats import ROUNDING_RTOL  # entries below this fraction of their scale: rounding
 from .sensitivities import sensitivities, sensitivities_autograd
 from .tasks import require_task
 from .token_fisher import token_fisher, token_fisher_pairwise, uniform_token_fisher
@@ -268,7 +269,6 @@ def _constant_rows(raw, centered):
     return rows
 
 
-ROUNDING_RTOL = 1e-12  # entries below this fraction of their natural scale are rounding
 
 
 def bound_broken_at_zero(raw, centered):
