@@ -31,9 +31,9 @@ import numpy as np
 from .enumeration import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, expand
 from .exact_reference import exact_reference
 from .grouped import level_sums, parent_powers, prefix_starts, window_products
-from .results import importance_weighted
-from .walk import (REACH, BlockArrays, Run, check_support, reward_gradient, state_places,
-                   topk_center)
+from .results import GatheredStates, importance_weighted
+from .walk import (REACH, BlockArrays, Run, check_support, last_scores, reward_gradient,
+                   state_places, topk_center)
 from .window_cache import WindowCache
 
 __all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES", "DEFER_BYTES"]
@@ -86,7 +86,10 @@ class _AutodiffBatch:
 
 def _block_arrays(run, cache, block):
     """A block's per-state arrays, gathered from the per-window cache; adds its
-    token-level terms (summed per distinct window) and keeps its state records."""
+    token-level terms (summed per distinct window) and keeps its state records.
+
+    A block of the last level (:func:`_carry`) carries no per-state arrays: its
+    path sums are formed per sub-block (:func:`_sub_arrays`), and ``G`` is ``None``."""
     task, S = run.task, len(run.streams)
     B, d = block["prompt"].shape[0], block["depth"]
     W = task.model.windows(block["tokens"], block["length"])  # (B, k)
@@ -101,31 +104,60 @@ def _block_arrays(run, cache, block):
     reach = {k: np.bincount(inv, block[REACH[k]], minlength=len(ur)) for k in REACH}  # (U,)
     run.add_states(reach, [a[f"y{s}_2"][ur] for s in range(S)],
                    [a[f"y{s}_1"][ur] for s in range(S)], block["depth"], len(rows))
-    ms = np.stack([a[f"y{s}_2"][rows] for s in range(S)])  # (S, B, P) token moments m
-    if run.keep_states:
-        kept = {"token_fisher": ms[0], "uniform": (a["uniform"], rows),
-                "score_mean": (a["y0_1"], rows)}
-        if task.sampler is not None:  # streams 1, 2: raw (mu, center p), centered (mu, mu)
-            kept.update({"sampler_token_fisher": ms[2], "raw_score_mean": (a["y1_1"], rows)})
-        run.keep_state_arrays(block, p, q, kept, at=state_places(task, block))
+    if run.keep_states:  # the per-window arrays: by window id (_kept_by_window)
+        run.keep_state_arrays(block, p, q, {"window": block["wid"]},
+                              at=state_places(task, block))
     xiT = [a[f"xi{c}"] for _, _, c in run.streams]  # S arrays (n, V, P)
-    G = block["G"]  # (S, B, P): this block's own rows (depth_first splits without overlap)
-    G += ms
+    G = block.get("G")  # (S, B, P): this block's own rows (depth_first splits without overlap)
+    for s in range(S if G is not None else 0):
+        G[s] += a[f"y{s}_2"][rows]
     return BlockArrays(p, q, rows, xiT, G)
 
 
-def _carry(block, par, xi, G):
-    """What the children of parents ``par (C,)`` carry: running score sums ``H (S, C, P)``,
-    path sums ``G (S, C, P)`` (the parents' own ``m`` included), the score of their last
-    token ``last (C, S, P)`` and the run-wide window ids of their ancestors
-    ``wpath (C, T)``."""
-    xi = xi[0][None] if len(xi) == 1 else np.stack(xi)  # (S, C, P)
+def _kept_by_window(task):
+    """Kept per-state arrays that are per-window arrays of the cache (stream 0 the
+    policy's; with a sampler, stream 1 raw: from mu, centered at p; stream 2 centered)."""
+    kept = {"token_fisher": "y0_2", "uniform": "uniform", "score_mean": "y0_1"}
+    if task.sampler is not None:
+        kept.update({"sampler_token_fisher": "y2_2", "raw_score_mean": "y1_1"})
+    return kept
+
+
+def _carry(run, block, par, tok, arrs):
+    """What the children of parents ``par (C,)`` (last tokens ``tok (C,)``) carry: the
+    run-wide window ids of their ancestors ``wpath (C, T)``; running score sums
+    ``H (S, C, P)``, path sums ``G (S, C, P)`` (the parents' own ``m`` included) and the
+    score of their last token ``last (C, S, P)``.
+
+    Children of the last level (every child of theirs ends a response, most of all
+    states) carry instead their parent rows ``src (C,)`` and the parents' ``H`` and
+    ``G`` (``from``): :func:`_sub_arrays` forms theirs a sub-block at a time, so that
+    the arrays of a whole level are never written out."""
     path = block["wpath"][par]  # (C, T)
     path[:, block["depth"]] = block["wid"][par]
+    if block["depth"] + 2 == run.task.max_len:
+        return {"wpath": path, "src": par, "from": (block["H"], arrs.G)}
+    xi = last_scores(arrs, par, tok)
+    xi = xi[0][None] if len(xi) == 1 else np.stack(xi)  # (S, C, P)
     H = np.take(block["H"], par, axis=1, mode="clip")  # (S, C, P): par holds valid rows
     H += xi
-    return {"H": H, "G": np.take(G, par, axis=1, mode="clip"), "last": xi.transpose(1, 0, 2),
-            "wpath": path}
+    return {"H": H, "G": np.take(arrs.G, par, axis=1, mode="clip"),
+            "last": xi.transpose(1, 0, 2), "wpath": path}
+
+
+def _sub_arrays(cache, block, arrs, s, sl, gen):
+    """Stream ``s``'s running score sums ``H``, path sums ``G`` and last scores of the
+    block's parents ``sl``, each ``(b, P)``: slices of the carried arrays, or, on the last
+    level, formed from the parents' (:func:`_carry`)."""
+    if "src" not in block:
+        return block["H"][s, sl], arrs.G[s, sl], block["last"][sl, s]
+    d, (H0, G0), src = block["depth"], block["from"], block["src"][sl]
+    last = arrs.xiT[s][block["path_rows"][sl, d - 1], gen[sl, d - 1]]  # (b, P)
+    H = np.take(H0[s], src, axis=0, mode="clip")
+    H += last
+    G = np.take(G0[s], src, axis=0, mode="clip")
+    G += cache.arrays[f"y{s}_2"][arrs.rows[sl]]
+    return H, G, last
 
 
 def _complete(run, cache, batch, block, arrs, idx):
@@ -179,9 +211,10 @@ def _parent_sums(run, cache, block, arrs, gen, K, weights):
     for lo in range(0, B, step):
         sl = slice(lo, lo + step)
         starts = prefix_starts(block["prompt"][sl], gen[sl])
-        g, prow, last, rows = gen[sl], block["path_rows"][sl], block["last"][sl], arrs.rows[sl]
+        g, prow, rows = gen[sl], block["path_rows"][sl], arrs.rows[sl]
         for s, (mom, xi, w, Rc, rho_w, r) in enumerate(weights):
-            w, Rc, rho_w, H = w[sl], Rc[sl], None if rho_w is None else rho_w[sl], block["H"][s, sl]
+            H, G, last = _sub_arrays(cache, block, arrs, s, sl, gen)
+            w, Rc, rho_w = w[sl], Rc[sl], None if rho_w is None else rho_w[sl]
             X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w, 2 if full else 4)
             C = np.stack([w * Rc, w * Rc * Rc], axis=1)  # (b, 2, k)
             if full:  # sums without H and products with per-window arrays: later
@@ -191,13 +224,12 @@ def _parent_sums(run, cache, block, arrs, gen, K, weights):
                 Z, pure = window_products(C, xi, rows, K), [x.sum(axis=0) for x in X[:2] + X[3:]]
                 X = X[:3]
 
-            def hist_at(t, at, s=s, xi=xi):  # the parents' score xi_t, rows ``at``
+            def hist_at(t, at, xi=xi, last=last):  # the parents' score xi_t, rows ``at``
                 if t == d - 1:
-                    return last[:, s] if len(at) == len(last) else last[at, s]
+                    return last if len(at) == len(last) else last[at]
                 return xi[prow[at, t], g[at, t]]
 
-            mom.add_sums(**level_sums(H, arrs.G[s, sl], hist_at, w, Rc, rho_w, X, starts, Z,
-                                      pure))
+            mom.add_sums(**level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z, pure))
 
 
 def _accumulated(run):
@@ -258,7 +290,8 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     cache = WindowCache(task, run.streams, run.keep_states, WINDOW_CACHE_BYTES, _accumulated(run),
                         expected=min(run.cost.n_states, (V + 2) ** min(k, 8)),
                         defer_bytes=min(DEFER_BYTES, 8 * run.cost.chunk * V * task.model.num_params
-                                        * len(run.streams) * (task.max_len + 2)))
+                                        * len(run.streams) * (task.max_len + 2)),
+                        kept=_kept_by_window(task) if run.keep_states else None)
     batch = _AutodiffBatch(task, cache)
 
     def block_arrays(block):
@@ -269,7 +302,11 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         return _block_arrays(run, cache, block)
 
     run.walk(("H", "G"), block_arrays, lambda *args: _complete(run, cache, batch, *args),
-             _carry)
+             lambda *args: _carry(run, *args))
     run.grad_ad += batch.flush()
     _finish(run, cache)
-    return run.finish()
+    result = run.finish()
+    if run.keep_states:
+        states = dict(result.states)
+        result.states = GatheredStates(states, cache.by_id, states.pop("window"))
+    return result

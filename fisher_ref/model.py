@@ -315,6 +315,9 @@ class SpecModel:
         self.eos = bool(spec.eos)
         self.bos = spec.bos
         self.num_params = spec.num_params
+        # (name, shape, offset, size) of each block, read by every unpack
+        self._blocks = [(name, tuple(shape), off, int(np.prod(shape)))
+                        for name, shape, off in spec.layout()]
 
     def layout(self):
         return self.spec.layout()
@@ -322,11 +325,9 @@ class SpecModel:
     def unpack(self, theta):
         """Named views of ``theta (P,)``, or of a stack ``(B, P)`` with a leading ``B``
         axis (works under autograd)."""
-        out = {}
-        for name, shape, off in self.spec.layout():
-            n = int(np.prod(shape))
-            out[name] = anp.reshape(theta[..., off:off + n], theta.shape[:-1] + tuple(shape))
-        return out
+        lead = theta.shape[:-1]
+        return {name: anp.reshape(theta[..., off:off + n], lead + shape)
+                for name, shape, off, n in self._blocks}
 
     def init_params(self):
         """``theta = init_scale * default_rng(init_seed).standard_normal(P)`` in the layout."""

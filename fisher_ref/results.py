@@ -20,11 +20,13 @@ correlation and the exact variances the Monte Carlo z-tests use.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Moments", "StreamResult", "ExactResult", "finish_stream", "topk_overlap"]
+__all__ = ["Moments", "StreamResult", "ExactResult", "GatheredStates", "finish_stream",
+           "topk_overlap"]
 
 
 def importance_weighted(w, w_policy):
@@ -248,6 +250,47 @@ def _sorted_records(records, sort_keys):
                     out[k][at] = r[k]
                 lo += n
     return out
+
+
+class GatheredStates(Mapping):
+    """Per-state arrays (``ExactResult.states``), some of them kept once per distinct
+    window and gathered into per-state rows on first access.
+
+    A state enters its token-level arrays only through its window, so the fast
+    engine keeps those ``(U, P)`` per window and the window of each state; reading
+    ``states[key]`` gathers the ``(N, P)`` array once and keeps it. The values are
+    the same numbers as stored per state, in the same order.
+
+    Args:
+        arrays: ``{key: (N, ...) array}`` stored per state.
+        tables: ``{key: (U, ...) array}`` stored per window.
+        window: ``(N,)`` row of each state's window in ``tables``.
+
+    Example:
+        >>> st = GatheredStates({"depth": np.array([0, 1, 1])},
+        ...                     {"f": np.array([[1.0], [2.0]])}, np.array([0, 1, 1]))
+        >>> sorted(st), st["f"][:, 0].tolist()
+        (['depth', 'f'], [1.0, 2.0, 2.0])
+    """
+
+    def __init__(self, arrays, tables, window):
+        self._arrays, self._tables, self._window = dict(arrays), dict(tables), window
+        self._keys = list(arrays) + [k for k in tables if k not in arrays]
+
+    def __getitem__(self, key):
+        if key not in self._arrays:
+            table = self._tables.pop(key)  # KeyError for a key it does not hold
+            self._arrays[key] = np.take(table, self._window, axis=0, mode="clip")
+        return self._arrays[key]
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self):
+        return len(self._keys)
+
+    def __repr__(self):
+        return f"GatheredStates({len(self._window)} states: {', '.join(self._keys)})"
 
 
 class ExactResult:

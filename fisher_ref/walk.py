@@ -38,7 +38,7 @@ from .token_fisher import mean_sensitivity
 
 __all__ = ["REACH", "BlockArrays", "topk_center", "topk_weights", "check_topk", "stream_specs", "check_logits",
            "model_probs", "checked_sensitivities", "check_support", "autodiff_gradient",
-           "reward_gradient", "plan", "state_places", "children", "Run"]
+           "reward_gradient", "plan", "state_places", "children", "last_scores", "Run"]
 
 # Block key of the reach probability under each distribution a stream draws from.
 REACH = {"p": "rp", "q": "rq"}
@@ -235,7 +235,16 @@ def children(task, block, idx, arrs):
         (without per-stream arrays).
     """
     par, tok, child = expand(task, block, idx, arrs.p, arrs.q)
-    return par, [x[arrs.rows[par], tok] for x in arrs.xiT], child
+    return par, last_scores(arrs, par, tok), child
+
+
+def last_scores(arrs, par, tok):
+    """The score of token ``tok (C,)`` at parent rows ``par (C,)``: ``S`` arrays ``(C, P)``."""
+    return [x[arrs.rows[par], tok] for x in arrs.xiT]
+
+
+def _scored_carry(block, par, tok, arrs):
+    return carry(block, par, last_scores(arrs, par, tok), arrs.G)
 
 
 class Run:
@@ -255,7 +264,7 @@ class Run:
         self.width = max(len(p) for p in task.prompts) + T - 1  # longest state
         self.bar = Progress(self.cost.n_states, "exact enumeration", enabled=progress)
 
-    def walk(self, carried, block_arrays, complete, carry=carry):
+    def walk(self, carried, block_arrays, complete, carry=None):
         """Visit every state depth-first (then call :meth:`finish`).
 
         Args:
@@ -263,9 +272,11 @@ class Run:
             block_arrays: ``block -> BlockArrays``; adds the block's token-level terms.
             complete: ``(block, arrs, idx)`` adds the complete responses, children
                 ``idx`` (rows ``b*V + a``, sorted) of the block.
-            carry: ``(block, par, xi, G) -> dict``, the arrays the children carry
-                (default :func:`fisher_ref.enumeration.carry`).
+            carry: ``(block, par, tok, arrs) -> dict``, the arrays the children with
+                parent rows ``par (C,)`` and last tokens ``tok (C,)`` carry (default:
+                :func:`fisher_ref.enumeration.carry` of their last tokens' scores).
         """
+        carry = carry or _scored_carry
         stack = [root_block(self.task, len(self.streams), carried)]
         for block in depth_first(stack, self.cost.chunk):
             arrs = block_arrays(block)
@@ -273,8 +284,8 @@ class Run:
             if term.any():  # complete responses
                 complete(block, arrs, np.flatnonzero(term))
             if not term.all():
-                par, xi, child = children(self.task, block, np.flatnonzero(~term), arrs)
-                child.update(carry(block, par, xi, arrs.G))
+                par, tok, child = expand(self.task, block, np.flatnonzero(~term), arrs.p, arrs.q)
+                child.update(carry(block, par, tok, arrs))
                 stack.append(child)
 
     def add_states(self, reach, ms, conds, depth, n_states):

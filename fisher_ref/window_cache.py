@@ -35,9 +35,9 @@ from .walk import checked_sensitivities, model_probs, topk_weights
 __all__ = ["WindowCache"]
 
 # Elements of the (windows, V, P) arrays of one pass over a few windows (about 2 MiB),
-# and of one sensitivities call (about 16 MiB).
+# and of one sensitivities call (about 4 MiB).
 _CHUNK_ELEMENTS = 2 ** 18
-_J_ELEMENTS = 2 ** 21
+_J_ELEMENTS = 2 ** 19
 
 
 class WindowCache:
@@ -52,11 +52,14 @@ class WindowCache:
             to :meth:`accumulate` adds to and the power of :math:`\xi` it takes.
         expected: how many distinct windows the run will likely see (first allocation).
         defer_bytes: parents' score sums held by :meth:`defer` before they are used.
+        kept: ``{key: array name}``: per-window arrays also kept for the whole run in
+            ``by_id[key]`` ``(ids, ...)``, row ``i`` the window of run-wide id ``i``.
     """
 
     def __init__(self, task, streams, keep_states, budget, names, expected=64,
-                 defer_bytes=64 * 2 ** 20):
+                 defer_bytes=64 * 2 ** 20, kept=None):
         self.task, self.streams, self.keep = task, streams, keep_states
+        self.kept, self.by_id = dict(kept or {}), {}
         V, P = task.model.vocab_size, task.model.num_params
         self.centers = list(dict.fromkeys(c for _, _, c in streams))
         self.shapes = {"p": (V,), "q": (V,)}
@@ -81,8 +84,9 @@ class WindowCache:
                      for s in range(len(streams))}
         for s in self.sums:
             self.sums[s].update(cross=np.zeros((T, P)), cross4=np.zeros((T, P)))
-        self.pending, self.pending_bytes, self.defer_bytes = [], 0, defer_bytes
-        self.arrays, self.acc, self.size, self.n = {}, {}, 0, 0
+        self.pending, self.held, self.defer_bytes = [], 0, defer_bytes
+        self.held_H = np.empty((0, P))  # running sums of deferred parents (defer)
+        self.arrays, self.acc, self.size, self.n, self.scratch = {}, {}, 0, 0, {}
         self.first = max(1, min(self.capacity, expected))  # rows allocated at first
 
     # ------------------------------------------------------------ ids
@@ -130,7 +134,21 @@ class WindowCache:
             self._compute(self.table[new], lo)
             self.row_of[new] = np.arange(lo, hi)
             self.n = hi
+            self._keep_by_id(new, lo, hi)
         return self.row_of[ids]
+
+    def _keep_by_id(self, new, lo, hi):
+        """Copy the kept arrays of windows ``new`` (cache rows ``lo..hi``) into the tables
+        by run-wide id (:attr:`by_id`), which outlive the cache."""
+        for key, name in self.kept.items():
+            table = self.by_id.get(key)
+            if table is None or len(table) < self.n_ids:
+                grown = np.empty((max(self.n_ids, 2 * (0 if table is None else len(table))),)
+                                 + self.shapes[name])
+                if table is not None:
+                    grown[:len(table)] = table
+                table = self.by_id[key] = grown
+            table[new] = self.arrays[name][lo:hi]
 
     def _grow(self, n):
         """Room for ``n`` rows (doubling; past the capacity only when one block needs it)."""
@@ -176,7 +194,7 @@ class WindowCache:
         for c in self.centers:
             w = q if c == "q" else p if c == "p" else topk_weights(q, c)  # (u, V)
             np.subtract(J, w[:, None, :] @ J, out=a[f"xi{c}"][r])  # (u, V, P): j_a - c
-        x2, xn = np.empty_like(J), np.empty_like(J)  # (u, V, P): powers of xi
+        x2, xn = self._scratch(0, J.shape), self._scratch(1, J.shape)  # (u, V, P): powers of xi
         for s, (_, wname, c) in enumerate(self.streams):
             d, xi = dist[wname], a[f"xi{c}"][r]  # (u, 1, V), (u, V, P)
             np.multiply(xi, xi, out=x2)
@@ -188,6 +206,13 @@ class WindowCache:
             u = np.full((1, J.shape[1]), 1.0 / J.shape[1])  # (1, V)
             np.subtract(J, u @ J, out=xn)  # (u, V, P): j_a minus the uniform mean
             a["uniform"][r] = (u @ np.multiply(xn, xn, out=xn))[:, 0]  # (u, P)
+
+    def _scratch(self, i, shape):
+        """Work array ``i`` of ``shape``, reused from call to call (no fresh pages)."""
+        n = int(np.prod(shape))
+        if self.scratch.get(i, np.empty(0)).size < n:
+            self.scratch[i] = np.empty(n)
+        return self.scratch[i][:n].reshape(shape)
 
     # ------------------------------------------------------------ accumulated sums
 
@@ -215,59 +240,63 @@ class WindowCache:
         gathered over many blocks, so that each window's arrays are read once per product.
 
         Args:
-            rows: ``(B,)``; ``C``: ``(B, n, V)`` weights of every token; ``H``: ``(B, P)``;
-            ``r``: ``(B,)`` the parents' reach.
+            rows: ``(B,)``; ``C``: ``(B, n, V)`` weights of every token; ``H``: ``(B, P)``,
+            copied into a buffer reused between blocks; ``r``: ``(B,)`` the parents' reach.
         """
-        self.pending.append((s, rows, C, H, names, r))
-        self.pending_bytes += H.nbytes
-        if self.pending_bytes > self.defer_bytes:
-            self._products()
+        B, P = H.shape
+        if self.held + B > len(self.held_H):
+            cap = self.defer_bytes // (8 * P)
+            if self.held + B > cap:  # past defer_bytes: use what is held first
+                self._products()
+            if self.held + B > len(self.held_H):  # grow (doubling, up to defer_bytes)
+                grown = np.empty((max(self.held + B, min(cap, 2 * len(self.held_H))), P))
+                grown[:self.held] = self.held_H[:self.held]
+                self.held_H = grown
+        self.held_H[self.held:self.held + B] = H
+        self.pending.append((s, tuple(names), rows, C, r, np.arange(self.held, self.held + B)))
+        self.held += B
 
     def _products(self):
-        """The deferred products (:meth:`defer`), window by window."""
+        """The deferred products (:meth:`defer`), windows with as many parents at once."""
         by = {}
-        for s, rows, C, H, names, r in self.pending:
-            by.setdefault((s, tuple(names)), []).append((rows, C, H, r))
-        self.pending, self.pending_bytes = [], 0
+        for s, names, *part in self.pending:
+            by.setdefault((s, names), []).append(part)
+        self.pending, self.held = [], 0
         for (s, names), parts in by.items():
-            # rows (B,), weights C (B, n, V), reach r (B,); the running sums H (B, P) stay in
-            # their parts (no copy of them all): ``src`` names each row's part and place
-            rows, C, r = (np.concatenate(x) for x in zip(*[(p[0], p[1], p[3]) for p in parts]))
-            src = [(Hp, i) for _, _, Hp, _ in parts for i in range(len(Hp))]
-            n, P = C.shape[1], parts[0][2].shape[1]
-            order = np.argsort(rows, kind="stable")
-            srt = rows[order]
-            cuts = np.flatnonzero(np.r_[True, srt[1:] != srt[:-1], True])
-            total, ry = np.zeros((n, P)), np.zeros((2, P))
-            src = [src[j] for j in order]  # in window order; runs of windows go through buf
-            buf = np.empty((max(1, min(len(src), _CHUNK_ELEMENTS // P)), P))
-            k = 0
-            while k < len(cuts) - 1:  # windows k..m-1: their running sums copied into buf
-                m = max(k + 1, int(np.searchsorted(cuts, cuts[k] + len(buf), "right")) - 1)
-                base = cuts[k]
-                Hb = buf if cuts[m] - base <= len(buf) else np.empty((cuts[m] - base, P))
-                Hb = np.stack([Hp[i] for Hp, i in src[base:cuts[m]]], out=Hb[:cuts[m] - base])
-                self._window_products(s, C, r, order, srt, cuts[k:m + 1], Hb, base, total, ry)
-                k = m
+            rows, C, r, src = (np.concatenate(x) for x in zip(*parts))
+            total, ry = self._window_products(s, rows, C, r, src)
             for i, name in enumerate(names):
                 self.sums[s][name] += 2 * total[i]
             self.sums[s]["h2"] += 2 * ry[0]
             self.sums[s]["h4"] += 4 * ry[1]
 
-    def _window_products(self, s, C, r, order, srt, cuts, Hb, base, total, ry):
-        """Add the products of :meth:`_products` for the windows between ``cuts`` (of the
-        rows sorted by window, ``order``, ``srt``) to ``total (n, P)`` and ``ry (2, P)``;
-        ``Hb`` holds their running sums from row ``base`` on."""
+    def _window_products(self, s, rows, C, r, src):
+        r""":math:`\sum_g H_g \odot Z_g` with :math:`Z_g = C_g\,\xi_{\text{row}_g}`
+        ``(n, P)`` and :math:`\sum_g r_g H_g \odot y_l(\text{row}_g)`, ``l = 1, 3``
+        ``(2, P)``, for parents at cache rows ``rows (B,)`` whose running sums are the rows
+        ``src (B,)`` of the held buffer. Windows with ``g`` parents each go through one
+        batched matrix product ``(m, g n, V) @ (m, V, P)``, a few windows at a time."""
         xi, n = self.arrays[f"xi{self.streams[s][2]}"], C.shape[1]
         y1, y3 = self.arrays[f"y{s}_1"], self.arrays[f"y{s}_3"]
-        for lo, hi in zip(cuts[:-1], cuts[1:]):
-            idx, u = order[lo:hi], srt[lo]
-            Hu = Hb[lo - base:hi - base]  # (g, P)
-            Z = (C[idx].reshape(-1, C.shape[2]) @ xi[u]).reshape(hi - lo, n, -1)  # (g, n, P)
-            total += np.einsum("gp,gip->ip", Hu, Z)
-            rH = r[idx] @ Hu  # (P,)
-            ry[0] += rH * y1[u]
-            ry[1] += rH * y3[u]
+        V, P = xi.shape[1:]
+        order = np.argsort(rows, kind="stable")  # (B,): parents in window order
+        us, first, count = np.unique(rows[order], return_index=True, return_counts=True)
+        total, ry = np.zeros((n, P)), np.zeros((2, P))
+        for g in np.unique(count):
+            sel = np.flatnonzero(count == g)  # windows with g parents
+            step = max(1, _CHUNK_ELEMENTS // (g * (n + 1) * P))
+            for lo in range(0, len(sel), step):
+                c = sel[lo:lo + step]
+                m, u = len(c), us[c]
+                idx = order[first[c][:, None] + np.arange(g)]  # (m, g)
+                Hs = self.held_H[src[idx]]  # (m, g, P)
+                x = xi[u[0]:u[-1] + 1] if u[-1] - u[0] == m - 1 else xi[u]  # (m, V, P)
+                Z = np.matmul(C[idx].reshape(m, g * n, V), x)  # (m, g*n, P)
+                total += np.einsum("mgp,mgip->ip", Hs, Z.reshape(m, g, n, P))
+                rH = np.einsum("mg,mgp->mp", r[idx], Hs)  # (m, P)
+                ry[0] += np.einsum("mp,mp->p", rH, y1[u])
+                ry[1] += np.einsum("mp,mp->p", rH, y3[u])
+        return total, ry
 
     def flush(self):
         """Use every cached window's deferred and accumulated weights, then empty the cache."""
