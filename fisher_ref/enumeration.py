@@ -134,10 +134,26 @@ def _too_many(states, responses, V, T, n_p):
         "(fisher_ref.monte_carlo.estimate), shorten max_len or shrink the vocabulary.")
 
 
-def default_chunk(num_params, vocab_size, max_len, n_streams, budget_bytes=256 * 2 ** 20):
-    """Rows per block so that one block's children fit in ``budget_bytes``."""
+def default_chunk(num_params, vocab_size, max_len, n_streams, budget_bytes=256 * 2 ** 20,
+                  siblings=None):
+    """Rows per block so that one block's children fit in ``budget_bytes``.
+
+    With ``siblings`` (the open children of a state, ``beta``), rounded down to a
+    multiple of the largest power of ``beta`` it holds: a level's states come in runs
+    of ``beta^j`` that share their first tokens, and blocks then cut no run short.
+
+    Example:
+        >>> default_chunk(1044, 12, 4, 1), default_chunk(1044, 12, 4, 1, siblings=11)
+        (267, 242)
+    """
     per_row = 8 * vocab_size * num_params * (n_streams * (max_len + 2) + 4)
-    return int(max(1, min(4096, budget_bytes // max(per_row, 1))))
+    chunk = int(max(1, min(4096, budget_bytes // max(per_row, 1))))
+    if siblings and siblings > 1:
+        run = 1
+        while run * siblings <= chunk:
+            run *= siblings
+        chunk -= chunk % run
+    return chunk
 
 
 def estimate_cost(task, n_streams=None, chunk=None, keep_states=False, keep_sequences=False):
@@ -145,7 +161,7 @@ def estimate_cost(task, n_streams=None, chunk=None, keep_states=False, keep_sequ
     m = task.model
     V, P, T = m.vocab_size, m.num_params, task.max_len
     S = n_streams if n_streams is not None else (1 if task.sampler is None else 3)
-    chunk = chunk or default_chunk(P, V, T, S)
+    chunk = chunk or default_chunk(P, V, T, S, siblings=V - bool(m.eos))
     N, M = count_states(V, T, m.eos, len(task.prompts))
     windows = min(N, (V + 1) ** m.context)
     # per distinct window: sensitivities, centers, the sums y_1..y_4 of each stream;

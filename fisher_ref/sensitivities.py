@@ -40,9 +40,9 @@ def mlp_sensitivities(model, theta, windows, tokens_first=False):
     B = windows.shape[0]
     g = (1.0 - hid ** 2)[:, :, None] * p["W2"][None]  # (B, H, V)
     q = np.einsum("pdh,bha->bpda", p["W1"].reshape(k, d, H), g)  # (B, k, d, V)
-    onehot = (windows[:, :, None] == np.arange(V + 1)[None, None]).astype(float)  # (B, k, V+1)
     if tokens_first:
-        return _mlp_tokens_first(onehot, q, e, hid, g, V, d, H)
+        return _mlp_tokens_first(windows, q, e, hid, g, V, d, H)
+    onehot = (windows[:, :, None] == np.arange(V + 1)[None, None]).astype(float)  # (B, k, V+1)
     jE = np.einsum("bpv,bpda->bvda", onehot, q).reshape(B, (V + 1) * d, V)
     jW1 = (e[:, :, None, None] * g[:, None]).reshape(B, k * d * H, V)
     eye = np.eye(V)
@@ -51,16 +51,22 @@ def mlp_sensitivities(model, theta, windows, tokens_first=False):
     return np.concatenate([jE, jW1, g, jW2, jb2], axis=1)  # (B, P, V)
 
 
-def _mlp_tokens_first(onehot, q, e, hid, g, V, d, H):
+def _mlp_tokens_first(windows, q, e, hid, g, V, d, H):
     """The blocks of :func:`mlp_sensitivities` written straight into one ``(B, V, P)``
-    array (token rows), without stacking copies; ``W2``'s block is zero off its diagonal."""
+    array (token rows), without stacking copies; ``W2``'s block is zero off its diagonal,
+    ``E``'s off the rows of the window's tokens (added position by position, so that a
+    token twice in a window gets both terms)."""
     B, kd = e.shape
     o1 = (V + 1) * d
     o2 = o1 + kd * H
     o3 = o2 + H
     o4 = o3 + H * V
     out = np.empty((B, V, o4 + V))  # (B, V, P)
-    out[:, :, :o1] = np.einsum("bpv,bpda->bavd", onehot, q).reshape(B, V, o1)
+    jE = out[:, :, :o1].reshape(B, V, V + 1, d)  # a view: dz_a / dE_{v,r}
+    jE[:] = 0.0
+    rows = np.arange(B)
+    for pos in range(windows.shape[1]):  # q[b, pos, r, a] to E's row windows[b, pos]
+        jE[rows, :, windows[:, pos], :] += q[:, pos].transpose(0, 2, 1)  # (B, V, d)
     gt = g.transpose(0, 2, 1)  # (B, V, H)
     np.multiply(e[:, None, :, None], gt[:, :, None, :], out=out[:, :, o1:o2].reshape(B, V, kd, H))
     out[:, :, o2:o3] = gt
