@@ -61,9 +61,10 @@ WORK = {
 
 
 def measure_fisher_ref(task):
-    """``exact(task)`` — the numpy engine, CPU float64."""
+    """``exact(task)`` — the numpy engine, CPU float64, with every per-state array formed
+    (as the torch engine stores them)."""
     from .exact import exact
-    return lambda: exact(task, progress=False)
+    return lambda: exact(task, progress=False).gathered()
 
 
 def _measure_torch(device):

@@ -338,6 +338,15 @@ class ExactResult:
             out["sampler_advantage"] = out["reward"] - streams["centered"].baseline
         return out
 
+    def gathered(self):
+        """This result with every per-state array formed (the fast engine keeps some per
+        window until they are read, :class:`GatheredStates`): what timing against an
+        implementation that stores them all should call."""
+        if self.states is not None:
+            for key in self.states:
+                self.states[key]
+        return self
+
     @property
     def offpolicy(self):
         """The ``raw`` and ``centered`` streams (``None`` on-policy)."""

@@ -215,7 +215,8 @@ def main(argv=None):
     print("|---|---|" + "---|" * len(cols) + "---|---|")
     for name in args.tasks:
         spec = json.loads((root / "fisher_ref/configs/scale" / f"{name}.json").read_text())
-        runs = {"exact": lambda: exact(task_from_json(spec), progress=False),
+        # every per-state array formed: the peer returns its token Fisher per state
+        runs = {"exact": lambda: exact(task_from_json(spec), progress=False).gathered(),
                 "peer": lambda: peer_exact(spec)}
         if old:
             runs["old exact"] = lambda: old.exact(old.task_from_json(spec), progress=False)
