@@ -35,9 +35,9 @@ from .walk import checked_sensitivities, model_probs, topk_weights
 __all__ = ["WindowCache"]
 
 # Elements of the (windows, V, P) arrays of one pass over a few windows (about 2 MiB),
-# and of one sensitivities call (about 4 MiB).
+# and of one sensitivities call (about 16 MiB).
 _CHUNK_ELEMENTS = 2 ** 18
-_J_ELEMENTS = 2 ** 19
+_J_ELEMENTS = 2 ** 21
 
 
 class WindowCache:
