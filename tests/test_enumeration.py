@@ -123,3 +123,21 @@ def test_keep_states_false_still_gives_the_aggregates():
 def test_bad_engine_arguments(kw, words):
     with pytest.raises(ValueError, match=words):
         exact(load_config("offpolicy_temperature"), progress=False, **kw)
+
+
+@pytest.mark.parametrize("P,V,T,S,eos", [(1044, 12, 4, 1, True), (4376, 16, 4, 1, True),
+                                          (119, 5, 3, 3, True), (68, 4, 3, 1, False),
+                                          (10 ** 6, 50, 8, 4, True), (12, 3, 2, 1, True)])
+def test_default_chunk_is_a_multiple_of_a_run_of_siblings(P, V, T, S, eos):
+    """With ``siblings`` the default block size is the plain one rounded down to a
+    multiple of the largest power of beta it holds (so a level's runs of beta^j states
+    that share their first tokens are never cut), and never 0."""
+    from fisher_ref.enumeration import default_chunk
+    plain = default_chunk(P, V, T, S)
+    beta = V - eos
+    chunk = default_chunk(P, V, T, S, siblings=beta)
+    run = 1
+    while run * beta <= plain:
+        run *= beta
+    assert 1 <= chunk <= plain and chunk % run == 0 and plain - chunk < run
+    assert estimate_cost(load_config("default")).chunk % 4 == 0  # beta = 4 on default

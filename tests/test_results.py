@@ -192,3 +192,37 @@ def test_reward_std_is_right_when_rewards_are_nearly_constant():
         assert var > 0
         assert abs(r.reward_std - np.sqrt(var)) <= 1e-8 * np.sqrt(var), (reference, r.reward_std,
                                                                           np.sqrt(var))
+
+
+def test_gathered_states_form_each_array_once_on_first_read():
+    """GatheredStates holds some arrays per window and forms the (N, ...) rows on the
+    first read; later reads return the same array; an unknown key is a KeyError."""
+    from fisher_ref.results import GatheredStates
+    table = np.arange(6.0).reshape(3, 2)  # 3 windows
+    window = np.array([2, 0, 2, 1])  # 4 states
+    st = GatheredStates({"depth": np.array([0, 1, 1, 2])}, {"f": table}, window)
+    assert list(st) == ["depth", "f"] and len(st) == 2 and "f" in st
+    f = st["f"]
+    assert np.array_equal(f, table[window])
+    assert st["f"] is f  # formed once
+    assert "4 states" in repr(st)
+    try:
+        st["missing"]
+    except KeyError as e:
+        assert "missing" in str(e)
+    else:
+        raise AssertionError("an unknown key must raise KeyError")
+
+
+def test_fast_engine_states_equal_per_state_rows_of_the_reference(case):
+    """The fast engine keeps token arrays per window; read per state they are the plain
+    engine's rows (the same numbers, so equal to rounding of the sums), and
+    ``gathered()`` forms them all."""
+    task = get_task(case)
+    fast = exact(task, progress=False, keep_states=True)
+    ref = exact(task, progress=False, keep_states=True, reference=True)
+    assert fast.gathered() is fast
+    assert sorted(fast.states) == sorted(ref.states)
+    scale = np.abs(ref.states["token_fisher"]).max()
+    for k in ("token_fisher", "uniform"):
+        assert np.abs(fast.states[k] - ref.states[k]).max() <= RTOL * max(scale, 1e-300), k
