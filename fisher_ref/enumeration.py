@@ -266,7 +266,7 @@ def terminal(task, block):
     return (block["depth"] + 1 == task.max_len) | ((a_tok == 0) & task.model.eos)
 
 
-def expand(task, block, idx, p, q):
+def expand(task, block, idx, p, q, tokens=True):
     r"""The children ``idx`` (rows ``b*V + a``) of a block, without per-stream arrays.
 
     A child's reach is :math:`\pi(s)\,p(a|s)` under each distribution.
@@ -274,17 +274,21 @@ def expand(task, block, idx, p, q):
     Args:
         idx: ``(C,)`` sorted child rows.
         p, q: ``(B, V)`` next-token probabilities under the policy and the sampler.
+        tokens: also the children's token rows and lengths (not needed for complete
+            responses whose tokens the caller writes itself).
 
     Returns:
         ``(par, tok, child)``: parent row and token ``(C,)`` each, and the child block.
     """
     V = task.model.vocab_size
     par, tok = idx // V, idx % V  # (C,)
-    tokens = block["tokens"][par]  # (C, L+1)
-    tokens[np.arange(len(idx)), block["length"][par]] = tok
-    return par, tok, {"prompt": block["prompt"][par], "tokens": tokens,
-                      "length": block["length"][par] + 1, "depth": block["depth"] + 1,
-                      "rp": block["rp"][par] * p[par, tok], "rq": block["rq"][par] * q[par, tok]}
+    child = {"prompt": block["prompt"][par], "depth": block["depth"] + 1,
+             "rp": block["rp"][par] * p[par, tok], "rq": block["rq"][par] * q[par, tok]}
+    if tokens:
+        rows = block["tokens"][par]  # (C, L+1)
+        rows[np.arange(len(idx)), block["length"][par]] = tok
+        child.update(tokens=rows, length=block["length"][par] + 1)
+    return par, tok, child
 
 
 def carry(block, par, xi, G):

@@ -168,7 +168,7 @@ def _complete(run, cache, batch, block, arrs, idx):
     B = block["prompt"].shape[0]
     k = len(idx) // B
     K = idx[:k] % V  # (k,) terminal tokens
-    _, tok, done = expand(task, block, idx, arrs.p, arrs.q)
+    _, tok, done = expand(task, block, idx, arrs.p, arrs.q, tokens=False)
     gen = block["tokens"][np.arange(B)[:, None],
                           (block["length"] - d)[:, None] + np.arange(d)]  # (B, d)
     resp = np.full((B * k, task.max_len), -1, dtype=np.int64)  # (C, T)

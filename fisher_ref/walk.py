@@ -25,8 +25,7 @@ from __future__ import annotations
 from collections import namedtuple
 
 import numpy as np
-from autograd import grad
-import autograd.numpy as anp
+from autograd import make_vjp
 
 from .enumeration import carry, check_cost, depth_first, estimate_cost, expand, root_block, terminal
 from .model import log_softmax, softmax
@@ -163,6 +162,13 @@ def autodiff_gradient(task, theta, tokens, lengths, prompt_len, weights, R):
 def reward_gradient(task, theta, Wu, win, nxt, live, weights, R):
     r"""grad_theta of :math:`\sum_m w_m \exp(\sum_{t\,\text{live}} \log p(y_{m,t} | s_{m,t})) R_m`.
 
+    The chain rule, one step at a time: the derivative with respect to each
+    log-probability :math:`\ell_{u,a}` is :math:`\sum c_m` over the live slots that read
+    it, :math:`c_m = w_m P(y_m) R_m` (a ``bincount``); through the log-softmax
+    :math:`\partial/\partial z_{u,b} = g_{u,b} - p_{u,b} \sum_a g_{u,a}`; through the
+    model, autograd's vector-Jacobian product of its logits at ``theta``. Nothing here
+    reads the sensitivities or scores the moment sums use.
+
     Args:
         Wu: ``(U, k)`` distinct windows; their logits are evaluated once.
         win, nxt: ``(M, T)`` window (row of ``Wu``) and next token of every slot.
@@ -172,14 +178,15 @@ def reward_gradient(task, theta, Wu, win, nxt, live, weights, R):
         weights, R: ``(M,)`` prompt weights and rewards.
     """
     M, T = win.shape
-    flat = (win * task.model.vocab_size + nxt).ravel()  # (M*T,) into the (U*V,) log-probs
-
-    def expected_reward(th):
-        lp = anp.reshape(log_softmax(task.model.logits(th, Wu)), (-1,))[flat]  # (M*T,)
-        logP = anp.sum(anp.where(live, anp.reshape(lp, (M, T)), 0.0), axis=1)  # (M,)
-        return anp.sum(weights * anp.exp(logP) * R)
-
-    return grad(expected_reward)(theta)
+    flat = win * task.model.vocab_size + nxt  # (M, T) into the (U*V,) log-probs
+    vjp, z = make_vjp(lambda th: task.model.logits(th, Wu))(theta)
+    z = np.asarray(z, dtype=float)  # (U, V)
+    lp = log_softmax(z)  # (U, V)
+    logP = np.where(live, lp.reshape(-1)[flat], 0.0).sum(axis=1)  # (M,)
+    c = weights * np.exp(logP) * R  # (M,) the derivative with respect to logP
+    g = np.bincount(flat[live], np.broadcast_to(c[:, None], (M, T))[live],
+                    minlength=lp.size).reshape(lp.shape)  # (U, V)
+    return vjp(g - softmax(z) * g.sum(axis=1, keepdims=True))
 
 
 def plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes):

@@ -93,17 +93,25 @@ class WindowCache:
 
     def ids(self, W):
         """Run-wide id of each window of ``W (B, k)``: ``(B,)`` int64."""
-        if self.exact_keys:
-            keys = ((W + 1) @ self.base).tolist()  # (B,)
-        else:
+        if not self.exact_keys:
             keys = [tuple(r) for r in W.tolist()]
-        out = np.empty(len(keys), dtype=np.int64)
-        for i, key in enumerate(keys):
+            out = np.empty(len(keys), dtype=np.int64)
+            for i, key in enumerate(keys):
+                j = self.key_id.get(key)
+                if j is None:
+                    j = self.key_id[key] = self._new_id(W[i])
+                out[i] = j
+            return out
+        # each distinct key looked up once, in order of first appearance (new ids follow it)
+        uk, first, inv = np.unique((W + 1) @ self.base, return_index=True, return_inverse=True)
+        ids = np.empty(len(uk), dtype=np.int64)
+        for u in np.argsort(first, kind="stable"):
+            key = int(uk[u])
             j = self.key_id.get(key)
             if j is None:
-                j = self.key_id[key] = self._new_id(W[i])
-            out[i] = j
-        return out
+                j = self.key_id[key] = self._new_id(W[first[u]])
+            ids[u] = j
+        return ids[inv.reshape(-1)]
 
     def _new_id(self, window):
         if self.n_ids == len(self.table):

@@ -34,7 +34,6 @@ import torch
 from autograd.extend import defvjp, primitive
 from torch.func import functional_call, jacrev
 
-from ..model import check_theta
 from .model import JACOBIAN_CHUNK, TorchAdapter
 
 __all__ = ["from_module", "ModuleAdapter", "TorchModuleModel", "causal_lm_task", "exact_causal_lm",
