@@ -303,7 +303,8 @@ class ExactResult:
     ``streams["centered"]`` and ``streams["top{k}"]`` hold the off-policy ones.
     ``states`` and ``sequences`` hold the per-state and per-response arrays
     (sorted by prompt, depth, tokens) when they were kept; ``build`` takes the
-    states as block records (sorted here) or as arrays already in that order.
+    states and responses as block records (sorted here) or as arrays already in that
+    order.
     """
 
     @classmethod
@@ -331,8 +332,9 @@ class ExactResult:
     def _sorted_seqs(seqs, baseline, streams):
         if not seqs:
             return None
-        out = _sorted_records(seqs, lambda o: [o["tokens"][:, c] for c in range(
-            o["tokens"].shape[1] - 1, -1, -1)] + [o["prompt"]])
+        out = seqs if isinstance(seqs, dict) else _sorted_records(
+            seqs, lambda o: [o["tokens"][:, c] for c in range(o["tokens"].shape[1] - 1, -1, -1)]
+            + [o["prompt"]])
         out["advantage"] = out["reward"] - baseline
         if "centered" in streams:
             out["sampler_advantage"] = out["reward"] - streams["centered"].baseline

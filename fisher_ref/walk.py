@@ -37,7 +37,8 @@ from .token_fisher import mean_sensitivity
 
 __all__ = ["REACH", "BlockArrays", "topk_center", "topk_weights", "check_topk", "stream_specs", "check_logits",
            "model_probs", "checked_sensitivities", "check_support", "autodiff_gradient",
-           "reward_gradient", "plan", "state_places", "children", "last_scores", "Run"]
+           "reward_gradient", "plan", "state_places", "response_places", "children", "last_scores",
+           "Run"]
 
 # Block key of the reach probability under each distribution a stream draws from.
 REACH = {"p": "rp", "q": "rq"}
@@ -234,6 +235,28 @@ def state_places(task, block):
     return block["prompt"] * per_prompt + sum(beta ** t for t in range(d)) + rank
 
 
+def response_places(task, prompt, resp):
+    """Place of each complete response among all responses sorted by (prompt, generated
+    tokens), as in :attr:`fisher_ref.results.ExactResult.sequences`: ``(M,)``.
+
+    Responses are prefix-free (each ends with EOS or at ``max_len``), so the order is
+    lexicographic in the tokens, and a response's place counts the responses before it:
+    at each of its positions ``t``, every smaller token ends one response (EOS, or any
+    token at the last position) or opens a subtree of ``S(t + 1)`` responses.
+
+    Args:
+        prompt: ``(M,)`` prompt index; ``resp``: ``(M, T)`` tokens, ``-1`` past the end.
+    """
+    V, T, eos = task.model.vocab_size, task.max_len, task.model.eos
+    S = np.ones(T + 1, dtype=np.int64)  # S[t]: responses under a state with t tokens
+    for t in range(T - 1, -1, -1):
+        S[t] = 1 + (V - 1) * S[t + 1] if eos and t < T - 1 else V * S[t + 1]
+    a, t = resp, np.arange(T)[None, :]  # (M, T)
+    opens = eos & (t < T - 1)  # EOS ends the response; the other tokens open subtrees
+    below = np.where(opens, np.where(a >= 1, 1 + (a - 1) * S[t + 1], 0), a * S[t + 1])
+    return prompt * S[0] + np.where(a >= 0, below, 0).sum(axis=1)
+
+
 def children(task, block, idx, arrs):
     """Children ``idx`` of a block with the score of each one's last token.
 
@@ -340,10 +363,18 @@ class Run:
                 self.states[k][at] = v[0][v[1]] if isinstance(v, tuple) else v
 
     def keep_responses(self, done, resp, R):
-        """Record complete responses ``resp (M, T)`` with rewards ``R (M,)`` if kept."""
-        if self.keep_sequences:
-            self.seqs.append({"tokens": resp, "prompt": done["prompt"], "prob": done["rp"],
-                              "sampler_prob": done["rq"], "reward": R})
+        """Record complete responses ``resp (M, T)`` with rewards ``R (M,)`` if kept, each
+        written straight into its sorted place (:func:`response_places`)."""
+        if not self.keep_sequences:
+            return
+        rec = {"tokens": resp, "prompt": done["prompt"], "prob": done["rp"],
+               "sampler_prob": done["rq"], "reward": R}
+        if not isinstance(self.seqs, dict):  # the first block: room for every response
+            M = self.cost.n_responses
+            self.seqs = {k: np.empty((M,) + v.shape[1:], dtype=v.dtype) for k, v in rec.items()}
+        at = response_places(self.task, done["prompt"], resp)
+        for k, v in rec.items():
+            self.seqs[k][at] = v
 
     def finish(self):
         """Close the progress bar; the :class:`ExactResult` of the accumulated sums."""

@@ -232,14 +232,15 @@ class WindowCache:
         n = weights.shape[1]
         idx = (rows[:, None, None] * n + np.arange(n)[None, :, None]) * acc.shape[2] \
             + tokens[None, None, :]  # (B, n, k)
-        np.add.at(acc.reshape(-1), idx.ravel(), weights.ravel())
+        used = acc[:self.n].reshape(-1)  # rows are < n: a bincount over those (add.at is slow)
+        used += np.bincount(idx.ravel(), weights.ravel(), minlength=used.size)
 
     def accumulate_reach(self, s, rows, r, depth):
         r"""Add reach ``r (B,)`` of parents at rows ``(B,)`` and ``depth`` whose every token
         ends a response (weights :math:`w_{g,a} = r_g q_a`): at :meth:`flush`, the sums
         without :math:`H`, :math:`\sum_g r_g\,y_n(u_g)`, go to ``h`` (``n = 1``), ``h2``
         and ``cross[depth]`` (2), ``h4`` and ``cross4[depth]`` (4)."""
-        np.add.at(self.acc[("r", s)][:, depth], rows, r)
+        self.acc[("r", s)][:self.n, depth] += np.bincount(rows, r, minlength=self.n)
 
     def defer(self, s, rows, C, H, names, r):
         r"""Later, add :math:`2\sum_g H_g \odot \sum_a C_{g,i,a}\,\xi_{\text{row}_g, a}` to
