@@ -30,7 +30,7 @@ import numpy as np
 
 from .enumeration import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, expand
 from .exact_reference import exact_reference
-from .grouped import level_sums, parent_powers, prefix_starts, window_products
+from .grouped import level_sums, parent_powers, prefix_starts, segment_sum, window_products
 from .results import GatheredStates, importance_weighted
 from .walk import (REACH, BlockArrays, Run, check_support, last_scores, reward_gradient,
                    state_places, topk_center)
@@ -146,18 +146,43 @@ def _carry(run, block, par, tok, arrs):
 
 
 def _sub_arrays(cache, block, arrs, s, sl, gen):
-    """Stream ``s``'s running score sums ``H``, path sums ``G`` and last scores of the
-    block's parents ``sl``, each ``(b, P)``: slices of the carried arrays, or, on the last
-    level, formed from the parents' (:func:`_carry`)."""
-    if "src" not in block:
-        return block["H"][s, sl], arrs.G[s, sl], block["last"][sl, s]
+    """Stream ``s``'s running score sums ``H`` and path sums ``G`` (``(b, P)`` each) of the
+    block's parents ``sl``, slices of the arrays they carry; and ``hist_at(t, rows)``,
+    their score at slot ``t`` (:func:`fisher_ref.grouped.history_cross`)."""
+    H, G, last = block["H"][s, sl], arrs.G[s, sl], block["last"][sl, s]
+    return H, G, _history(arrs.xiT[s], block["path_rows"][sl], gen[sl], last)
+
+
+def _history(xi, prow, gen, last):
+    def hist_at(t, at):  # the parents' score xi_t, rows ``at``
+        if t == prow.shape[1] - 1:
+            return last if len(at) == len(last) else last[at]
+        return xi[prow[at, t], gen[at, t]]
+    return hist_at
+
+
+def _last_level(cache, block, arrs, s, sl, gen, W, r):
+    r"""Stream ``s``'s arrays of the last level's parents ``sl``, formed from their parents'
+    (:func:`_carry`): ``H = H_parent + \xi_{last}`` written where
+    :meth:`WindowCache.defer` holds it; ``X = (r y_1, r y_2)`` of their windows; the path
+    sums :math:`\sum_g W_g G_g` and :math:`\sum_g W_g G_g^2` with
+    :math:`G_g = G_{parent} + m_g`, expanded per parent (all terms nonnegative); and
+    ``hist_at``."""
     d, (H0, G0), src = block["depth"], block["from"], block["src"][sl]
-    last = arrs.xiT[s][block["path_rows"][sl, d - 1], gen[sl, d - 1]]  # (b, P)
-    H = np.take(H0[s], src, axis=0, mode="clip")
+    prow, g, rows, a = block["path_rows"][sl], gen[sl], arrs.rows[sl], cache.arrays
+    last = arrs.xiT[s][prow[:, d - 1], g[:, d - 1]]  # (b, P)
+    H = cache.reserve(len(src), last.shape[1])
+    np.take(H0[s], src, axis=0, out=H, mode="clip")
     H += last
-    G = np.take(G0[s], src, axis=0, mode="clip")
-    G += cache.arrays[f"y{s}_2"][arrs.rows[sl]]
-    return H, G, last
+    m = a[f"y{s}_2"][rows]  # (b, P) the parents' own token moments
+    runs = np.flatnonzero(np.r_[True, src[1:] != src[:-1]])  # parents of one grandparent
+    Wp, Gp = segment_sum(W, runs), np.take(G0[s], src[runs], axis=0, mode="clip")  # (n,), (n, P)
+    path = Wp @ Gp + W @ m
+    path2 = Wp @ (Gp * Gp) + 2 * np.einsum("gp,gp->p", Gp, segment_sum(m, runs, W)) + W @ (m * m)
+    X1 = a[f"y{s}_1"][rows]
+    X1 *= r[:, None]
+    m *= r[:, None]  # now X2 = r y_2
+    return H, (X1, m), path, path2, _history(arrs.xiT[s], prow, g, last)
 
 
 def _complete(run, cache, batch, block, arrs, idx):
@@ -206,29 +231,31 @@ def _parent_sums(run, cache, block, arrs, gen, K, weights):
     """Every sum of :func:`fisher_ref.grouped.level_sums`, parents in sub-blocks (bounded
     temporaries); with every token terminal, the reward-weighted products per window
     later."""
-    d, B, full = block["depth"], block["prompt"].shape[0], len(K) == run.task.model.vocab_size
+    B, full = block["prompt"].shape[0], len(K) == run.task.model.vocab_size
     step = max(1, _SUB_ELEMENTS // run.task.model.num_params)
     for lo in range(0, B, step):
         sl = slice(lo, lo + step)
         starts = prefix_starts(block["prompt"][sl], gen[sl])
-        g, prow, rows = gen[sl], block["path_rows"][sl], arrs.rows[sl]
+        rows = arrs.rows[sl]
         for s, (mom, xi, w, Rc, rho_w, r) in enumerate(weights):
-            H, G, last = _sub_arrays(cache, block, arrs, s, sl, gen)
             w, Rc, rho_w = w[sl], Rc[sl], None if rho_w is None else rho_w[sl]
-            X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w, 2 if full else 4)
             C = np.stack([w * Rc, w * Rc * Rc], axis=1)  # (b, 2, k)
+            if "src" in block:  # the last level: every token terminal
+                H, X, g, g2, hist_at = _last_level(cache, block, arrs, s, sl, gen,
+                                                   w.sum(axis=1), r[sl])
+                cache.defer(s, rows, C, H, ("Rh2", "R2h2"), r[sl])
+                sums = level_sums(H, None, hist_at, w, Rc, rho_w, X, starts)
+                sums["g"], sums["g2"] = g, g2
+                mom.add_sums(**sums)
+                continue
+            H, G, hist_at = _sub_arrays(cache, block, arrs, s, sl, gen)
+            X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w, 2 if full else 4)
             if full:  # sums without H and products with per-window arrays: later
                 Z = pure = None
                 cache.defer(s, rows, C, H, ("Rh2", "R2h2"), r[sl])
             else:
                 Z, pure = window_products(C, xi, rows, K), [x.sum(axis=0) for x in X[:2] + X[3:]]
                 X = X[:3]
-
-            def hist_at(t, at, xi=xi, last=last):  # the parents' score xi_t, rows ``at``
-                if t == d - 1:
-                    return last if len(at) == len(last) else last[at]
-                return xi[prow[at, t], g[at, t]]
-
             mom.add_sums(**level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z, pure))
 
 

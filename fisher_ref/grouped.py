@@ -203,7 +203,8 @@ def level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z=None, pure=None):
 
     Args:
         H, G: ``(B, P)`` parents' running score sums and path sums of ``m`` (their own
-            included).
+            included); ``G`` ``None`` when :math:`\sum W G` and :math:`\sum W G^2` are formed
+            elsewhere.
         hist_at: the parents' scores (:func:`history_cross`); ``starts``: :func:`prefix_starts`.
         w, Rc: ``(B, k)`` weights and rewards (relative to the stream's ``r0``).
         rho_w: ``(B, k)`` importance-weighted weights, or ``None`` when the stream is
@@ -228,8 +229,9 @@ def level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z=None, pure=None):
         + 6 * np.einsum("bp,bp->p", H2, X2)
     # one matrix-vector product per weight (faster here than one with a few rows)
     out = {"mass": W.sum(), "R": WR.sum(), "h": W @ H, "Rh": WR @ H,
-           "h2": W @ H2, "Rh2": WR @ H2, "R2h2": WR2 @ H2,
-           "h4": h4, "g": W @ G, "g2": W @ (G * G)}
+           "h2": W @ H2, "Rh2": WR @ H2, "R2h2": WR2 @ H2, "h4": h4}
+    if G is not None:  # else the path sums are added elsewhere
+        out["g"], out["g2"] = W @ G, W @ (G * G)
     if len(X) > 2:  # else the terms H X_1, H X_3 are added per window elsewhere
         out["h2"] = out["h2"] + 2 * np.einsum("bp,bp->p", H, X1)
         out["h4"] = out["h4"] + 4 * np.einsum("bp,bp->p", H, X[2])

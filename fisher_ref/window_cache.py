@@ -242,17 +242,10 @@ class WindowCache:
         and ``cross[depth]`` (2), ``h4`` and ``cross4[depth]`` (4)."""
         self.acc[("r", s)][:self.n, depth] += np.bincount(rows, r, minlength=self.n)
 
-    def defer(self, s, rows, C, H, names, r):
-        r"""Later, add :math:`2\sum_g H_g \odot \sum_a C_{g,i,a}\,\xi_{\text{row}_g, a}` to
-        ``sums[s][names[i]]``, and :math:`\sum_g r_g H_g \odot y_l(\text{row}_g)` twice to
-        ``h2`` (``l = 1``) and four times to ``h4`` (``l = 3``): parents of one window are
-        gathered over many blocks, so that each window's arrays are read once per product.
-
-        Args:
-            rows: ``(B,)``; ``C``: ``(B, n, V)`` weights of every token; ``H``: ``(B, P)``,
-            copied into a buffer reused between blocks; ``r``: ``(B,)`` the parents' reach.
-        """
-        B, P = H.shape
+    def reserve(self, B, P):
+        """Room for the running sums of ``B`` parents in the held buffer, ``(B, P)``: the
+        caller writes them there and passes that view to :meth:`defer` (no copy). Uses
+        what is held first when the buffer would pass ``defer_bytes``."""
         if self.held + B > len(self.held_H):
             cap = self.defer_bytes // (8 * P)
             if self.held + B > cap:  # past defer_bytes: use what is held first
@@ -261,7 +254,23 @@ class WindowCache:
                 grown = np.empty((max(self.held + B, min(cap, 2 * len(self.held_H))), P))
                 grown[:self.held] = self.held_H[:self.held]
                 self.held_H = grown
-        self.held_H[self.held:self.held + B] = H
+        return self.held_H[self.held:self.held + B]
+
+    def defer(self, s, rows, C, H, names, r):
+        r"""Later, add :math:`2\sum_g H_g \odot \sum_a C_{g,i,a}\,\xi_{\text{row}_g, a}` to
+        ``sums[s][names[i]]``, and :math:`\sum_g r_g H_g \odot y_l(\text{row}_g)` twice to
+        ``h2`` (``l = 1``) and four times to ``h4`` (``l = 3``): parents of one window are
+        gathered over many blocks, so that each window's arrays are read once per product.
+
+        Args:
+            rows: ``(B,)``; ``C``: ``(B, n, V)`` weights of every token; ``H``: ``(B, P)``,
+            the view :meth:`reserve` returned, or an array copied into it here;
+            ``r``: ``(B,)`` the parents' reach.
+        """
+        B, P = H.shape
+        slot = self.reserve(B, P)
+        if H.ctypes.data != slot.ctypes.data:  # not written in place
+            slot[:] = H
         self.pending.append((s, tuple(names), rows, C, r, np.arange(self.held, self.held + B)))
         self.held += B
 
