@@ -250,8 +250,8 @@ class WindowCache:
             cap = self.defer_bytes // (8 * P)
             if self.held + B > cap:  # past defer_bytes: use what is held first
                 self._products()
-            if self.held + B > len(self.held_H):  # grow (doubling, up to defer_bytes)
-                grown = np.empty((max(self.held + B, min(cap, 2 * len(self.held_H))), P))
+            if self.held + B > len(self.held_H):  # grow (fourfold, up to defer_bytes)
+                grown = np.empty((max(self.held + B, min(cap, 4 * max(len(self.held_H), B))), P))
                 grown[:self.held] = self.held_H[:self.held]
                 self.held_H = grown
         return self.held_H[self.held:self.held + B]
