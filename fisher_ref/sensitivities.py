@@ -22,9 +22,10 @@ def sensitivities_autograd(model, theta, windows):
     return np.ascontiguousarray(np.transpose(jac, (0, 2, 1)))  # (B, P, V)
 
 
-def mlp_sensitivities(model, theta, windows, tokens_first=False):
+def mlp_sensitivities(model, theta, windows, tokens_first=False, out=None):
     r"""Closed-form ``j`` for :class:`MLPModel`, ``(B, P, V)`` (``(B, V, P)`` with
-    ``tokens_first``: the same numbers, each token's row contiguous).
+    ``tokens_first``: the same numbers, each token's row contiguous, written into ``out``
+    when given).
 
     With :math:`g_{h,a} = (1-\mathrm{hid}_h^2) W2_{h,a}`:
     :math:`\partial z_a/\partial b2_c = \delta_{ca}`,
@@ -41,7 +42,7 @@ def mlp_sensitivities(model, theta, windows, tokens_first=False):
     g = (1.0 - hid ** 2)[:, :, None] * p["W2"][None]  # (B, H, V)
     q = np.einsum("pdh,bha->bpda", p["W1"].reshape(k, d, H), g)  # (B, k, d, V)
     if tokens_first:
-        return _mlp_tokens_first(windows, q, e, hid, g, V, d, H)
+        return _mlp_tokens_first(windows, q, e, hid, g, V, d, H, out)
     onehot = (windows[:, :, None] == np.arange(V + 1)[None, None]).astype(float)  # (B, k, V+1)
     jE = np.einsum("bpv,bpda->bvda", onehot, q).reshape(B, (V + 1) * d, V)
     jW1 = (e[:, :, None, None] * g[:, None]).reshape(B, k * d * H, V)
@@ -51,7 +52,7 @@ def mlp_sensitivities(model, theta, windows, tokens_first=False):
     return np.concatenate([jE, jW1, g, jW2, jb2], axis=1)  # (B, P, V)
 
 
-def _mlp_tokens_first(windows, q, e, hid, g, V, d, H):
+def _mlp_tokens_first(windows, q, e, hid, g, V, d, H, out=None):
     """The blocks of :func:`mlp_sensitivities` written straight into one ``(B, V, P)``
     array (token rows), without stacking copies; ``W2``'s block is zero off its diagonal,
     ``E``'s off the rows of the window's tokens (added position by position, so that a
@@ -61,7 +62,7 @@ def _mlp_tokens_first(windows, q, e, hid, g, V, d, H):
     o2 = o1 + kd * H
     o3 = o2 + H
     o4 = o3 + H * V
-    out = np.empty((B, V, o4 + V))  # (B, V, P)
+    out = np.empty((B, V, o4 + V)) if out is None else out  # (B, V, P), every entry written
     jE = out[:, :, :o1].reshape(B, V, V + 1, d)  # a view: dz_a / dE_{v,r}
     jE[:] = 0.0
     rows = np.arange(B)
@@ -78,17 +79,25 @@ def _mlp_tokens_first(windows, q, e, hid, g, V, d, H):
     return out
 
 
-def sensitivities(model, theta, windows, tokens_first=False):
-    """``j`` for a batch of windows, ``(B, P, V)`` (``(B, V, P)`` with ``tokens_first``):
-    closed form for the MLP, the model's own ``sensitivities`` method where it has one
-    (the GPT-2's per-state stack), else autograd's Jacobian."""
+def sensitivities(model, theta, windows, tokens_first=False, out=None):
+    """``j`` for a batch of windows, ``(B, P, V)`` (``(B, V, P)`` with ``tokens_first``,
+    written into ``out`` when given): closed form for the MLP, the model's own
+    ``sensitivities`` method where it has one (the GPT-2's per-state stack), else
+    autograd's Jacobian."""
+    if out is not None and not tokens_first:
+        raise ValueError("out= takes the (B, V, P) layout: pass tokens_first=True")
     if isinstance(model, MLPModel):
-        return mlp_sensitivities(model, theta, windows, tokens_first)
+        return mlp_sensitivities(model, theta, windows, tokens_first, out)
     if callable(getattr(model, "sensitivities", None)):
         J = model.sensitivities(theta, windows)
     else:
         J = sensitivities_autograd(model, theta, windows)
-    return np.ascontiguousarray(J.transpose(0, 2, 1)) if tokens_first else J
+    if not tokens_first:
+        return J
+    if out is None:
+        return np.ascontiguousarray(J.transpose(0, 2, 1))
+    out[...] = J.transpose(0, 2, 1)
+    return out
 
 
 def finite_difference_sensitivities(model, theta, windows, step=1e-6):

@@ -184,25 +184,32 @@ class WindowCache:
         pu, qu = model_probs(task, task.theta, Wu)  # (U, V) each
         a["p"][lo:lo + U], a["q"][lo:lo + U] = pu, qu
         n_J, n = max(1, _J_ELEMENTS // (V * P)), max(1, _CHUNK_ELEMENTS // (V * P))
+        xi0 = a["xi" + str(self.centers[0])]  # j is written here, then centered in place
         for i in range(0, U, n_J):  # sensitivities of a batch of windows ...
-            J = checked_sensitivities(task, Wu[i:i + n_J], tokens_first=True)  # (u, V, P)
             end = min(i + n_J, U)
+            checked_sensitivities(task, Wu[i:end], tokens_first=True, out=xi0[lo + i:lo + end])
             for j in range(i, end, n):  # ... and the passes over a few at a time
                 h = min(j + n, end)
-                self._compute_chunk(pu[j:h], qu[j:h], J[j - i:h - i], slice(lo + j, lo + h))
+                self._compute_chunk(pu[j:h], qu[j:h], xi0[lo + j:lo + h], slice(lo + j, lo + h))
 
     def _compute_chunk(self, p, q, J, r):
-        r"""Centers, scores and moments of a few windows (``J (u, V, P)``, token rows of
-        :math:`j`) into rows ``r``.
+        r"""Centers, scores and moments of a few windows into rows ``r``; ``J (u, V, P)``,
+        the token rows of :math:`j`, are the first center's rows, centered in place.
 
         Sums over tokens are matrix products with the probabilities:
         :math:`\bar j = p^\top j`, :math:`y_n = q^\top \xi^{\circ n}`; the token moment of a
         stream is its :math:`y_2 = \sum_a q_a (j_a - c)^2`."""
         a, dist = self.arrays, {"p": p[:, None, :], "q": q[:, None, :]}  # (u, 1, V)
-        for c in self.centers:
-            w = q if c == "q" else p if c == "p" else topk_weights(q, c)  # (u, V)
-            np.subtract(J, w[:, None, :] @ J, out=a[f"xi{c}"][r])  # (u, V, P): j_a - c
         x2, xn = self._scratch(0, J.shape), self._scratch(1, J.shape)  # (u, V, P): powers of xi
+        if self.keep:  # first, while J holds j: sums over tokens as products with 1/V
+            u = np.full((1, J.shape[1]), 1.0 / J.shape[1])  # (1, V)
+            np.subtract(J, u @ J, out=xn)  # (u, V, P): j_a minus the uniform mean
+            a["uniform"][r] = (u @ np.multiply(xn, xn, out=xn))[:, 0]  # (u, P)
+        means = [(c, (q if c == "q" else p if c == "p" else topk_weights(q, c))[:, None, :] @ J)
+                 for c in self.centers]  # (u, 1, P) each: the centers
+        for c, mean in means[1:]:
+            np.subtract(J, mean, out=a[f"xi{c}"][r])  # (u, V, P): j_a - c
+        J -= means[0][1]
         for s, (_, wname, c) in enumerate(self.streams):
             d, xi = dist[wname], a[f"xi{c}"][r]  # (u, 1, V), (u, V, P)
             np.multiply(xi, xi, out=x2)
@@ -210,10 +217,6 @@ class WindowCache:
             a[f"y{s}_2"][r] = (d @ x2)[:, 0]
             a[f"y{s}_3"][r] = (d @ np.multiply(x2, xi, out=xn))[:, 0]
             a[f"y{s}_4"][r] = (d @ np.multiply(x2, x2, out=xn))[:, 0]
-        if self.keep:  # sums over tokens as products with a row of 1/V
-            u = np.full((1, J.shape[1]), 1.0 / J.shape[1])  # (1, V)
-            np.subtract(J, u @ J, out=xn)  # (u, V, P): j_a minus the uniform mean
-            a["uniform"][r] = (u @ np.multiply(xn, xn, out=xn))[:, 0]  # (u, P)
 
     def _scratch(self, i, shape):
         """Work array ``i`` of ``shape``, reused from call to call (no fresh pages)."""
