@@ -22,7 +22,9 @@ The sums are regrouped (docs/theory.md §7.5):
 
 The fast engine's walk carries per state its running score sum ``H``, its path
 sum of token moments ``G``, the score of its last token and the window ids of
-its ancestors (not the whole score history).
+its ancestors (not the whole score history). The states of the last level,
+most of all states, carry only their parents' rows: their ``H`` and path sums
+are formed from the parents' a sub-block at a time (:func:`_last_level`).
 """
 from __future__ import annotations
 
@@ -89,7 +91,7 @@ def _block_arrays(run, cache, block):
     token-level terms (summed per distinct window) and keeps its state records.
 
     A block of the last level (:func:`_carry`) carries no per-state arrays: its
-    path sums are formed per sub-block (:func:`_sub_arrays`), and ``G`` is ``None``."""
+    path sums are formed per sub-block (:func:`_last_level`), and ``G`` is ``None``."""
     task, S = run.task, len(run.streams)
     B, d = block["prompt"].shape[0], block["depth"]
     W = task.model.windows(block["tokens"], block["length"])  # (B, k)
@@ -131,7 +133,7 @@ def _carry(run, block, par, tok, arrs):
 
     Children of the last level (every child of theirs ends a response, most of all
     states) carry instead their parent rows ``src (C,)`` and the parents' ``H`` and
-    ``G`` (``from``): :func:`_sub_arrays` forms theirs a sub-block at a time, so that
+    ``G`` (``from``): :func:`_last_level` forms theirs a sub-block at a time, so that
     the arrays of a whole level are never written out."""
     path = block["wpath"][par]  # (C, T)
     path[:, block["depth"]] = block["wid"][par]
@@ -145,7 +147,7 @@ def _carry(run, block, par, tok, arrs):
             "last": xi.transpose(1, 0, 2), "wpath": path}
 
 
-def _sub_arrays(cache, block, arrs, s, sl, gen):
+def _sub_arrays(block, arrs, s, sl, gen):
     """Stream ``s``'s running score sums ``H`` and path sums ``G`` (``(b, P)`` each) of the
     block's parents ``sl``, slices of the arrays they carry; and ``hist_at(t, rows)``,
     their score at slot ``t`` (:func:`fisher_ref.grouped.history_cross`)."""
@@ -248,7 +250,7 @@ def _parent_sums(run, cache, block, arrs, gen, K, weights):
                 sums["g"], sums["g2"] = g, g2
                 mom.add_sums(**sums)
                 continue
-            H, G, hist_at = _sub_arrays(cache, block, arrs, s, sl, gen)
+            H, G, hist_at = _sub_arrays(block, arrs, s, sl, gen)
             X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w, 2 if full else 4)
             if full:  # sums without H and products with per-window arrays: later
                 Z = pure = None
@@ -335,5 +337,7 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     result = run.finish()
     if run.keep_states:
         states = dict(result.states)
-        result.states = GatheredStates(states, cache.by_id, states.pop("window"))
+        window = states.pop("window")
+        tables = {k: v[:cache.n_ids] for k, v in cache.by_id.items()}
+        result.states = GatheredStates(states, tables, window)
     return result

@@ -256,6 +256,9 @@ class GatheredStates(Mapping):
     """Per-state arrays (``ExactResult.states``), some of them kept once per distinct
     window and gathered into per-state rows on first access.
 
+    A read-only mapping (the plain engine's ``states`` is a ``dict``): ``dict(states)``
+    forms every array and gives a plain dictionary.
+
     A state enters its token-level arrays only through its window, so the fast
     engine keeps those ``(U, P)`` per window and the window of each state; reading
     ``states[key]`` gathers the ``(N, P)`` array once and keeps it. The values are
@@ -279,9 +282,14 @@ class GatheredStates(Mapping):
 
     def __getitem__(self, key):
         if key not in self._arrays:
-            table = self._tables.pop(key)  # KeyError for a key it does not hold
-            self._arrays[key] = np.take(table, self._window, axis=0, mode="clip")
+            if key not in self._tables:
+                raise KeyError(key)
+            self._arrays[key] = np.take(self._tables[key], self._window, axis=0)
+            del self._tables[key]
         return self._arrays[key]
+
+    def __contains__(self, key):
+        return key in self._arrays or key in self._tables
 
     def __iter__(self):
         return iter(self._keys)
@@ -303,8 +311,8 @@ class ExactResult:
     ``streams["centered"]`` and ``streams["top{k}"]`` hold the off-policy ones.
     ``states`` and ``sequences`` hold the per-state and per-response arrays
     (sorted by prompt, depth, tokens) when they were kept; ``build`` takes the
-    states and responses as block records (sorted here) or as arrays already in that
-    order.
+    states as block records (sorted here) or as arrays already in that order, and the
+    responses as arrays already in order.
     """
 
     @classmethod
@@ -332,9 +340,7 @@ class ExactResult:
     def _sorted_seqs(seqs, baseline, streams):
         if not seqs:
             return None
-        out = seqs if isinstance(seqs, dict) else _sorted_records(
-            seqs, lambda o: [o["tokens"][:, c] for c in range(o["tokens"].shape[1] - 1, -1, -1)]
-            + [o["prompt"]])
+        out = seqs  # written in sorted order (fisher_ref.walk.response_places)
         out["advantage"] = out["reward"] - baseline
         if "centered" in streams:
             out["sampler_advantage"] = out["reward"] - streams["centered"].baseline

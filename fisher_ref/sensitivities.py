@@ -41,6 +41,10 @@ def mlp_sensitivities(model, theta, windows, tokens_first=False, out=None):
     B = windows.shape[0]
     g = (1.0 - hid ** 2)[:, :, None] * p["W2"][None]  # (B, H, V)
     q = np.einsum("pdh,bha->bpda", p["W1"].reshape(k, d, H), g)  # (B, k, d, V)
+    if out is not None and (not tokens_first or out.shape != (B, V, model.num_params)
+                            or not out.flags.c_contiguous):
+        raise ValueError(f"out must be a C-contiguous ({B}, {V}, {model.num_params}) array "
+                         "with tokens_first=True")
     if tokens_first:
         return _mlp_tokens_first(windows, q, e, hid, g, V, d, H, out)
     onehot = (windows[:, :, None] == np.arange(V + 1)[None, None]).astype(float)  # (B, k, V+1)

@@ -12,8 +12,10 @@ Both numpy engines (:mod:`fisher_ref.exact_reference`, the plain judge, and
 - :class:`Run` walks every state depth-first in bounded blocks and accumulates
   per-stream :class:`fisher_ref.results.Moments`, the autodiff gradient and the
   kept per-state and per-response records;
-- :func:`autodiff_gradient` is the second route to the policy gradient:
-  autograd of the exact expected reward :math:`\sum_y P(y) R(y)`.
+- :func:`autodiff_gradient` is the second route to the policy gradient: the
+  derivative of the exact expected reward :math:`\sum_y P(y) R(y)` by the chain rule,
+  autograd's vector-Jacobian product for the model's logits
+  (:func:`reward_gradient`).
 
 Streams (see docs/theory.md): ``"policy"`` — drawn from ``p``, centered at
 :math:`\bar j_p`; with a sampler ``"raw"`` (from ``mu``, centered at
@@ -291,6 +293,7 @@ class Run:
         self.moments = {name: Moments(P, T) for name, _, _ in self.streams}
         self.grad_ad = np.zeros(P)  # (P,)
         self.states, self.seqs = [], []
+        self.written = {}  # part -> (rows written in place, which places were written)
         self.width = max(len(p) for p in task.prompts) + T - 1  # longest state
         self.bar = Progress(self.cost.n_states, "exact enumeration", enabled=progress)
 
@@ -329,7 +332,7 @@ class Run:
 
     def keep_state_arrays(self, block, p, q, values, at=None):
         """Record a block's states if states are kept. ``values``: name -> ``(B, ...)``
-        array, or ``(table, rows)`` for the rows ``table[rows]``.
+        array.
 
         With ``at`` (:func:`state_places`), write them straight into their place in
         the sorted per-state arrays; else keep the block's records, sorted at the end."""
@@ -342,25 +345,26 @@ class Run:
             rec.update({"sampler_reach": block["rq"], "sampler_probs": q})
         rec.update(values)
         if at is None:
-            rec = {k: v[0][v[1]] if isinstance(v, tuple) else v for k, v in rec.items()}
             rec["tokens"] = rec["tokens"].copy()  # not a view that keeps the block alive
             self.states.append(rec)
             return
         if not isinstance(self.states, dict):  # the first block: room for every state
             N = self.cost.n_states
-            self.states = {k: np.empty((N,) + (v[0] if isinstance(v, tuple) else v).shape[1:],
-                                       dtype=(v[0] if isinstance(v, tuple) else v).dtype)
+            self.states = {k: np.empty((N,) + v.shape[1:], dtype=v.dtype)
                            for k, v in rec.items()}
+        self._mark("states", at, self.cost.n_states)
         lo = int(at[0])
         run = n and int(at[-1]) - lo == n - 1 and (np.diff(at) == 1).all()  # consecutive places
         for k, v in rec.items():
-            if run and isinstance(v, tuple):
-                # rows are valid: mode "clip" spares the copy that "raise" makes of out
-                np.take(v[0], v[1], axis=0, out=self.states[k][lo:lo + n], mode="clip")
-            elif run:
+            if run:
                 self.states[k][lo:lo + n] = v
             else:
-                self.states[k][at] = v[0][v[1]] if isinstance(v, tuple) else v
+                self.states[k][at] = v
+
+    def _mark(self, part, at, total):
+        count, seen = self.written.get(part, (0, np.zeros(total, dtype=bool)))
+        seen[at] = True
+        self.written[part] = (count + len(at), seen)
 
     def keep_responses(self, done, resp, R):
         """Record complete responses ``resp (M, T)`` with rewards ``R (M,)`` if kept, each
@@ -373,12 +377,20 @@ class Run:
             M = self.cost.n_responses
             self.seqs = {k: np.empty((M,) + v.shape[1:], dtype=v.dtype) for k, v in rec.items()}
         at = response_places(self.task, done["prompt"], resp)
+        self._mark("sequences", at, self.cost.n_responses)
         for k, v in rec.items():
             self.seqs[k][at] = v
 
     def finish(self):
-        """Close the progress bar; the :class:`ExactResult` of the accumulated sums."""
+        """Close the progress bar; the :class:`ExactResult` of the accumulated sums.
+
+        Arrays written in place must have had every row written once: a walk that
+        missed or repeated a state or response is an error, not uninitialised rows."""
         self.bar.close()
+        for part, (count, seen) in self.written.items():
+            if count != len(seen) or not seen.all():
+                raise RuntimeError(f"the walk wrote {count} {part} rows into "
+                                   f"{int(seen.sum())} of {len(seen)} places (a bug in the walk)")
         results = {name: finish_stream(self.moments[name], self.task.baseline)
                    for name, _, _ in self.streams}
         return ExactResult.build(self.task, self.cost, results, self.grad_ad, self.states,

@@ -235,7 +235,7 @@ class WindowCache:
         n = weights.shape[1]
         idx = (rows[:, None, None] * n + np.arange(n)[None, :, None]) * acc.shape[2] \
             + tokens[None, None, :]  # (B, n, k)
-        used = acc[:self.n].reshape(-1)  # rows are < n: a bincount over those (add.at is slow)
+        used = acc[:int(rows.max()) + 1].reshape(-1)  # the rows in use (add.at is slow)
         used += np.bincount(idx.ravel(), weights.ravel(), minlength=used.size)
 
     def accumulate_reach(self, s, rows, r, depth):
@@ -243,7 +243,8 @@ class WindowCache:
         ends a response (weights :math:`w_{g,a} = r_g q_a`): at :meth:`flush`, the sums
         without :math:`H`, :math:`\sum_g r_g\,y_n(u_g)`, go to ``h`` (``n = 1``), ``h2``
         and ``cross[depth]`` (2), ``h4`` and ``cross4[depth]`` (4)."""
-        self.acc[("r", s)][:self.n, depth] += np.bincount(rows, r, minlength=self.n)
+        m = int(rows.max()) + 1
+        self.acc[("r", s)][:m, depth] += np.bincount(rows, r, minlength=m)
 
     def reserve(self, B, P):
         """Room for the running sums of ``B`` parents in the held buffer, ``(B, P)``: the

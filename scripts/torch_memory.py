@@ -29,7 +29,7 @@ task = load_scale_config({name!r})
 t0 = time.perf_counter()
 if {engine!r} == "numpy":
     from fisher_ref.exact import exact
-    exact(task, progress=False)
+    exact(task, progress=False).gathered()  # every per-state array formed, as torch keeps them
 else:
     from fisher_ref.torch.exact import torch_exact
     torch_exact(task, **{kwargs!r})

@@ -201,7 +201,8 @@ def test_gathered_states_form_each_array_once_on_first_read():
     table = np.arange(6.0).reshape(3, 2)  # 3 windows
     window = np.array([2, 0, 2, 1])  # 4 states
     st = GatheredStates({"depth": np.array([0, 1, 1, 2])}, {"f": table}, window)
-    assert list(st) == ["depth", "f"] and len(st) == 2 and "f" in st
+    assert list(st) == ["depth", "f"] and len(st) == 2
+    assert "f" in st and "missing" not in st and "f" in st._tables  # a test, not a read
     f = st["f"]
     assert np.array_equal(f, table[window])
     assert st["f"] is f  # formed once
@@ -223,6 +224,25 @@ def test_fast_engine_states_equal_per_state_rows_of_the_reference(case):
     ref = exact(task, progress=False, keep_states=True, reference=True)
     assert fast.gathered() is fast
     assert sorted(fast.states) == sorted(ref.states)
-    scale = np.abs(ref.states["token_fisher"]).max()
-    for k in ("token_fisher", "uniform"):
+    per_window = ["token_fisher", "uniform", "score_mean"]
+    if task.sampler is not None:
+        per_window += ["sampler_token_fisher", "raw_score_mean"]
+    for k in per_window:  # E[xi | s] on the score scale sqrt(max f); the others on their own
+        scale = np.abs(ref.states[k]).max()
+        if k.endswith("score_mean"):
+            scale = max(scale, np.sqrt(np.abs(ref.states["token_fisher"]).max()))
         assert np.abs(fast.states[k] - ref.states[k]).max() <= RTOL * max(scale, 1e-300), k
+
+
+def test_the_walk_refuses_rows_it_did_not_write(monkeypatch):
+    """A walk that put two responses in one place (so left another place unwritten)
+    raises instead of returning uninitialised rows."""
+    import fisher_ref.walk as walk
+    real = walk.response_places
+    monkeypatch.setattr(walk, "response_places", lambda *a: np.minimum(real(*a), 3))
+    try:
+        exact(load_config("default"), progress=False, keep_sequences=True)
+    except RuntimeError as e:
+        assert "places" in str(e)
+    else:
+        raise AssertionError("a walk that misses places must raise")
