@@ -21,7 +21,8 @@ distinct windows' scores and a chunk.
 
 Timing table (both sides pinned to one thread, interleaved repeats, wall-clock
 medians and minima, the ratio of wall and of process-CPU medians, thread counts
-and the load average)::
+and the load average; ``exact`` forms its per-state token Fisher, the peer's one
+per-state output, and keeps its other per-state arrays per window)::
 
     python scripts/torch_peer.py [--repeats 5] [--tasks medium v16] [--old PATH]
 
@@ -215,8 +216,9 @@ def main(argv=None):
     print("|---|---|" + "---|" * len(cols) + "---|---|")
     for name in args.tasks:
         spec = json.loads((root / "fisher_ref/configs/scale" / f"{name}.json").read_text())
-        # every per-state array formed: the peer returns its token Fisher per state
-        runs = {"exact": lambda: exact(task_from_json(spec), progress=False).gathered(),
+        # the same outputs formed: the peer returns its token Fisher per state, exact
+        # keeps its per-state arrays per window until read (ExactResult.gathered)
+        runs = {"exact": lambda: exact(task_from_json(spec), progress=False).states["token_fisher"],
                 "peer": lambda: peer_exact(spec)}
         if old:
             runs["old exact"] = lambda: old.exact(old.task_from_json(spec), progress=False)
