@@ -10,6 +10,7 @@ second route to every quantity of docs/theory.md §2.9.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import autograd.numpy as anp
 import numpy as np
@@ -36,6 +37,20 @@ def rel(a, b, scale=None):
     if num == 0.0:
         return 0.0
     return num / den if den > 0 else float("inf")
+
+
+def all_responses(V, T, eos):
+    """Every response by brute force: token tuples of length <= T, ending at the first EOS
+    (id 0) or at length T."""
+    out = []
+    for n in range(1, T + 1):
+        for y in itertools.product(range(V), repeat=n):
+            if eos and 0 in y[:-1]:
+                continue
+            if n < T and not (eos and y[-1] == 0):
+                continue
+            out.append(y)
+    return out
 
 
 def record(identity, case, err):

@@ -1,13 +1,13 @@
 """Any torch causal LM, exactly (fisher_ref.torch.module): user-defined modules with their
 own architectures against a brute-force enumeration written here with plain torch
 autograd, one backward pass per token score, and no fisher_ref code on the expected side."""
-import itertools
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="the torch engine needs torch (the torch extra)")
 
+from cases import all_responses  # noqa: E402
 from fisher_ref.exact import exact  # noqa: E402
 from fisher_ref.samplers import TemperatureSampler  # noqa: E402
 from fisher_ref.torch import causal_lm_task, exact_causal_lm, from_module  # noqa: E402
@@ -104,7 +104,7 @@ def brute_force(module, prompts, weights, T, V, eos, bos, baseline):
     # the exact expected reward, differentiated by autograd on a fresh graph
     total = 0.0
     for pi, pr in enumerate(prompts):
-        for y in responses(V, T, eos):
+        for y in all_responses(V, T, eos):
             logP = sum(log_probs(list(pr) + list(y[:t]))[y[t]] for t in range(len(y)))
             total = total + weights[pi] * torch.exp(logP) * reward(pr, y)
     out["gradient_autodiff"] = torch.cat([g.reshape(-1) for g in
@@ -112,19 +112,6 @@ def brute_force(module, prompts, weights, T, V, eos, bos, baseline):
     order = sorted(range(len(states)), key=lambda i: (states[i][0], states[i][2], states[i][1]))
     out["states.token_fisher"] = torch.stack([states[i][5] for i in order])
     return {k: v.detach().numpy() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
-
-
-def responses(V, T, eos):
-    """Every response: token tuples of length <= T, ending at the first EOS (id 0)."""
-    out = []
-    for n in range(1, T + 1):
-        for y in itertools.product(range(V), repeat=n):
-            if eos and 0 in y[:-1]:
-                continue
-            if n < T and not (eos and y[-1] == 0):
-                continue
-            out.append(y)
-    return out
 
 
 def rel(a, b):

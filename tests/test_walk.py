@@ -1,13 +1,12 @@
 """The shared walk: closed-form places of states and responses against an ordering
 computed here (lexsort of the brute-force enumeration)."""
-import itertools
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from cases import get_task
+from cases import all_responses, get_task
 from fisher_ref.exact_reference import exact_reference
 from fisher_ref.walk import response_places, state_places
 
@@ -27,19 +26,6 @@ def test_state_places_are_the_sorted_order(case):
         assert np.array_equal(state_places(task, block), rows)
 
 
-def _all_responses(V, T, eos):
-    """Every response by brute force: token tuples ending at EOS (0) or at length T."""
-    out = []
-    for n in range(1, T + 1):
-        for y in itertools.product(range(V), repeat=n):
-            if eos and 0 in y[:-1]:
-                continue
-            if n < T and not (eos and y[-1] == 0):
-                continue
-            out.append(y)
-    return out
-
-
 @settings(max_examples=40, deadline=None)
 @given(V=st.integers(2, 5), T=st.integers(1, 4), eos=st.booleans(), n_prompts=st.integers(1, 3),
        seed=st.integers(0, 2 ** 31 - 1))
@@ -47,7 +33,7 @@ def test_response_places_are_the_lexicographic_order(V, T, eos, n_prompts, seed)
     """``response_places`` of every response, given in a random order, is its row in the
     (prompt, tokens) order of a lexsort written here (``-1`` pads sort first)."""
     task = SimpleNamespace(model=SimpleNamespace(vocab_size=V, eos=eos), max_len=T)
-    ys = _all_responses(V, T, eos)
+    ys = all_responses(V, T, eos)
     resp = np.full((len(ys) * n_prompts, T), -1)
     prompt = np.repeat(np.arange(n_prompts), len(ys))
     for i, y in enumerate(ys * n_prompts):
