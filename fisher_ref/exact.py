@@ -32,7 +32,8 @@ import numpy as np
 
 from .enumeration import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, expand
 from .exact_reference import exact_reference
-from .grouped import level_sums, parent_powers, prefix_starts, segment_sum, window_products
+from .grouped import (fisher_sums, level_sums, parent_powers, prefix_starts, segment_sum,
+                      window_products)
 from .results import GatheredStates, importance_weighted
 from .walk import (REACH, BlockArrays, Run, check_support, last_scores, reward_gradient,
                    state_places, topk_center)
@@ -143,6 +144,8 @@ def _carry(run, block, par, tok, arrs):
     xi = xi[0][None] if len(xi) == 1 else np.stack(xi)  # (S, C, P)
     H = np.take(block["H"], par, axis=1, mode="clip")  # (S, C, P): par holds valid rows
     H += xi
+    if arrs.G is None:  # quantities="fisher": neither path sums nor cross terms
+        return {"H": H, "wpath": path}
     return {"H": H, "G": np.take(arrs.G, par, axis=1, mode="clip"),
             "last": xi.transpose(1, 0, 2), "wpath": path}
 
@@ -163,6 +166,18 @@ def _history(xi, prow, gen, last):
     return hist_at
 
 
+def _last_H(block, arrs, s, sl, gen, out):
+    r"""Stream ``s``'s running score sums of the last level's parents ``sl``,
+    :math:`H = H_{parent} + \xi_{last}`, written into ``out (b, P)``; returns
+    :math:`\xi_{last}`."""
+    d, H0, src = block["depth"], block["from"][0], block["src"][sl]
+    prow, g = block["path_rows"][sl], gen[sl]
+    last = arrs.xiT[s][prow[:, d - 1], g[:, d - 1]]  # (b, P)
+    np.take(H0[s], src, axis=0, out=out, mode="clip")
+    out += last
+    return last
+
+
 def _last_level(cache, block, arrs, s, sl, gen, W, r):
     r"""Stream ``s``'s arrays of the last level's parents ``sl``, formed from their parents'
     (:func:`_carry`): ``H = H_parent + \xi_{last}`` written where
@@ -170,12 +185,10 @@ def _last_level(cache, block, arrs, s, sl, gen, W, r):
     sums :math:`\sum_g W_g G_g` and :math:`\sum_g W_g G_g^2` with
     :math:`G_g = G_{parent} + m_g`, expanded per parent (all terms nonnegative); and
     ``hist_at``."""
-    d, (H0, G0), src = block["depth"], block["from"], block["src"][sl]
-    prow, g, rows, a = block["path_rows"][sl], gen[sl], arrs.rows[sl], cache.arrays
-    last = arrs.xiT[s][prow[:, d - 1], g[:, d - 1]]  # (b, P)
-    H = cache.reserve(len(src), last.shape[1])
-    np.take(H0[s], src, axis=0, out=H, mode="clip")
-    H += last
+    G0, src, prow, g = block["from"][1], block["src"][sl], block["path_rows"][sl], gen[sl]
+    rows, a = arrs.rows[sl], cache.arrays
+    H = cache.reserve(len(src), arrs.xiT[s].shape[2])
+    last = _last_H(block, arrs, s, sl, gen, H)
     m = a[f"y{s}_2"][rows]  # (b, P) the parents' own token moments
     runs = np.flatnonzero(np.r_[True, src[1:] != src[:-1]])  # parents of one grandparent
     Wp, Gp = segment_sum(W, runs), np.take(G0[s], src[runs], axis=0, mode="clip")  # (n,), (n, P)
@@ -261,6 +274,34 @@ def _parent_sums(run, cache, block, arrs, gen, K, weights):
             mom.add_sums(**level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z, pure))
 
 
+def _complete_fisher(run, cache, block, arrs, idx):
+    r"""``quantities="fisher"``: the complete responses among the block's children ``idx``
+    add only their probability, :math:`\sum w\,h` and :math:`\sum w\,h^2` per stream
+    (:func:`fisher_ref.grouped.fisher_sums`; with every token terminal, the terms without
+    ``H`` per window, :meth:`WindowCache.accumulate_reach`). No rewards are evaluated."""
+    task, d, V = run.task, block["depth"], run.task.model.vocab_size
+    B, P = block["prompt"].shape[0], task.model.num_params
+    k = len(idx) // B
+    K, full = idx[:k] % V, k == V  # (k,) terminal tokens
+    done = expand(task, block, idx, arrs.p, arrs.q, tokens=False)[2]
+    gen = block["tokens"][np.arange(B)[:, None], (block["length"] - d)[:, None] + np.arange(d)]
+    step = max(1, _SUB_ELEMENTS // P)
+    for s, (name, wname, _) in enumerate(run.streams):
+        r, w = block[REACH[wname]], done[REACH[wname]].reshape(B, k)  # (B,), (B, k)
+        if full:
+            cache.accumulate_reach(s, arrs.rows, r, d)
+        for lo in range(0, B, step):
+            sl = slice(lo, lo + step)
+            if "src" in block:  # the last level: H formed from the parents' rows
+                H = cache.work(2, (len(w[sl]), P))
+                _last_H(block, arrs, s, sl, gen, H)
+            else:
+                H = block["H"][s, sl]
+            X = parent_powers(cache.arrays, s, arrs.xiT[s], arrs.rows[sl], K, r[sl], w[sl],
+                              1 if full else 2)  # X_1 (and X_2 when summed here)
+            run.moments[name].add_sums(**fisher_sums(H, w[sl].sum(axis=1), *X))
+
+
 def _accumulated(run):
     """Per stream, the sums the per-(window, token) weights of :func:`_complete` add to,
     with the power of the score each takes (:meth:`WindowCache.accumulate`)."""
@@ -276,6 +317,9 @@ def _finish(run, cache):
     T = run.task.max_len
     for s, (name, wname, _) in enumerate(run.streams):
         mom, sums = run.moments[name], dict(cache.sums[s])
+        if run.quantities == "fisher":
+            mom.add_sums(h=sums["h"], h2=sums["h2"])
+            continue
         diag, diag4 = np.zeros((T, T, mom.h.shape[0])), np.zeros((T, T, mom.h.shape[0]))
         diag[np.arange(T), np.arange(T)] = sums.pop("cross")
         diag4[np.arange(T), np.arange(T)] = sums.pop("cross4")
@@ -286,7 +330,7 @@ def _finish(run, cache):
 
 def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
           max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES, progress=True,
-          reference=False):
+          reference=False, quantities="all"):
     r"""Every quantity of docs/theory.md §2-3 for ``task``, exactly, in float64.
 
     Args:
@@ -300,6 +344,11 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         progress: show a progress bar on stderr once the run exceeds 2 s.
         reference: run the plain engine
             (:func:`fisher_ref.exact_reference.exact_reference`) instead.
+        quantities: ``"all"`` (every quantity) or ``"fisher"``: per stream only
+            :math:`E[h]`, :math:`E[h^2]`, the token Fisher sums and the largest
+            conditional score mean (:class:`fisher_ref.results.FisherStreamResult`),
+            with the per-state arrays when kept and no per-response arrays; no
+            reward is evaluated. Reading a skipped quantity raises an ``AttributeError``.
 
     Returns:
         :class:`fisher_ref.results.ExactResult`.
@@ -311,12 +360,14 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         True
     """
     kw = dict(topk=topk, chunk=chunk, keep_states=keep_states, keep_sequences=keep_sequences,
-              max_seconds=max_seconds, max_bytes=max_bytes, progress=progress)
+              max_seconds=max_seconds, max_bytes=max_bytes, progress=progress,
+              quantities=quantities)
     if reference:
         return exact_reference(task, **kw)
     run = Run(task, **kw)
-    V, k = task.model.vocab_size, task.model.context
-    cache = WindowCache(task, run.streams, run.keep_states, WINDOW_CACHE_BYTES, _accumulated(run),
+    V, k, fisher = task.model.vocab_size, task.model.context, run.quantities == "fisher"
+    cache = WindowCache(task, run.streams, run.keep_states, WINDOW_CACHE_BYTES,
+                        {} if fisher else _accumulated(run), moments=2 if fisher else 4,
                         expected=min(run.cost.n_states, (V + 2) ** min(k, 8)),
                         defer_bytes=min(DEFER_BYTES, 8 * run.cost.chunk * V * task.model.num_params
                                         * len(run.streams) * (task.max_len + 2)),
@@ -330,7 +381,9 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
                          last=np.zeros((n, S, P)))
         return _block_arrays(run, cache, block)
 
-    run.walk(("H", "G"), block_arrays, lambda *args: _complete(run, cache, batch, *args),
+    complete = (lambda *args: _complete_fisher(run, cache, *args)) if fisher else \
+        (lambda *args: _complete(run, cache, batch, *args))
+    run.walk(("H",) if fisher else ("H", "G"), block_arrays, complete,
              lambda *args: _carry(run, *args))
     run.grad_ad += batch.flush()
     _finish(run, cache)

@@ -79,11 +79,14 @@ def _complete(run, block, arrs, idx):
 
 
 def exact_reference(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
-                    max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES, progress=True):
+                    max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES, progress=True,
+                    quantities="all"):
     r"""The plain engine: the arguments and result of :func:`fisher_ref.exact.exact`.
 
     Every response carries its full score history and every response-level sum is
     taken response by response; it is slow, and it is the judge of the fast engine.
+    It computes every quantity whatever ``quantities`` says; the result then holds
+    only those ``quantities`` names.
 
     Example:
         >>> from fisher_ref import load_config
@@ -91,7 +94,8 @@ def exact_reference(task, *, topk=(), chunk=None, keep_states="auto", keep_seque
         >>> bool(np.allclose(r.sequence_fisher, r.token_fisher_sum, rtol=1e-10, atol=0))
         True
     """
-    run = Run(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes, progress)
+    run = Run(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes, progress,
+              quantities)
     run.walk(("hist", "G"), lambda block: _block_arrays(run, block),
              lambda *args: _complete(run, *args))
     return run.finish()

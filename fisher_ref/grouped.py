@@ -44,7 +44,7 @@ import numpy as np
 from scipy import sparse
 
 __all__ = ["parent_powers", "window_products", "prefix_starts", "segment_sum", "history_cross",
-           "level_sums"]
+           "level_sums", "fisher_sums"]
 
 
 def parent_powers(a, s, xi, rows, K, r, w, n=4):
@@ -246,4 +246,20 @@ def level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z=None, pure=None):
         out["h"], out["h2"], out["h4"] = out["h"] + S1, out["h2"] + S2, out["h4"] + S4
         c[-1, -1], c4[-1, -1] = S2, S4
     out["cross"], out["cross4"] = c, c4
+    return out
+
+
+def fisher_sums(H, W, X1, X2=None):
+    r"""The sums of ``exact(..., quantities="fisher")`` over a block's complete responses:
+    probability, :math:`\sum w\,h = \sum_g W_g H_g + \sum_g X_{1,g}` and
+    :math:`\sum w\,h^2 = \sum_g W_g H_g^2 + 2 \sum_g H_g \odot X_{1,g} + \sum_g X_{2,g}`.
+
+    Args:
+        H: ``(B, P)`` parents' running score sums; ``W``: ``(B,)`` their responses' total
+            weight; ``X1, X2``: :func:`parent_powers`. Without ``X2`` the terms without
+            ``H`` are left out (summed per window elsewhere).
+    """
+    out = {"mass": W.sum(), "h": W @ H, "h2": W @ (H * H) + 2 * np.einsum("bp,bp->p", H, X1)}
+    if X2 is not None:
+        out["h"], out["h2"] = out["h"] + X1.sum(axis=0), out["h2"] + X2.sum(axis=0)
     return out

@@ -25,8 +25,30 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Moments", "StreamResult", "ExactResult", "GatheredStates", "finish_stream",
-           "topk_overlap"]
+__all__ = ["Moments", "StreamResult", "FisherStreamResult", "ExactResult", "GatheredStates",
+           "finish_stream", "finish_fisher", "topk_overlap", "QUANTITIES", "check_quantities"]
+
+#: What ``exact(..., quantities=...)`` computes: ``"all"`` (the default) every quantity;
+#: ``"fisher"`` only the Fisher ones of each stream (:class:`FisherStreamResult`), with
+#: the per-state arrays when they are kept.
+QUANTITIES = ("all", "fisher")
+
+
+def check_quantities(quantities):
+    """``quantities`` checked against :data:`QUANTITIES`."""
+    if not isinstance(quantities, str) or quantities not in QUANTITIES:
+        raise ValueError(f"quantities must be one of {QUANTITIES}, got {quantities!r}")
+    return quantities
+
+
+def _not_computed(obj, name, fields):
+    """The error for reading a quantity that ``exact(..., quantities="fisher")`` skipped."""
+    if name in fields:
+        return AttributeError(
+            f"{name} was not computed: this result comes from exact(..., quantities='fisher'), "
+            f"which computes only {', '.join(obj.computed)}; run exact(..., quantities='all') "
+            "for every quantity")
+    return AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
 
 
 def importance_weighted(w, w_policy):
@@ -172,6 +194,33 @@ class StreamResult:
         return self.gradient + c * self.gradient_shift
 
 
+@dataclass
+class FisherStreamResult:
+    r"""The Fisher quantities of one stream, all that ``exact(..., quantities="fisher")``
+    computes (fields as in :class:`StreamResult`); reading any other field of
+    :class:`StreamResult` raises an ``AttributeError`` that says so."""
+
+    score_mean: np.ndarray
+    sequence_fisher: np.ndarray
+    token_fisher_sum: np.ndarray
+    token_fisher_by_depth: np.ndarray
+    cond_score_max: np.ndarray
+    mass: float
+
+    computed = ("score_mean", "sequence_fisher", "token_fisher_sum", "token_fisher_by_depth",
+                "cond_score_max", "mass")
+
+    def __getattr__(self, name):  # only for names not found: the skipped quantities
+        raise _not_computed(self, name, StreamResult.__dataclass_fields__)
+
+
+def finish_fisher(m):
+    """The Fisher quantities of one stream (``exact(..., quantities="fisher")``)."""
+    return FisherStreamResult(score_mean=m.h, sequence_fisher=m.h2, token_fisher_sum=m.token_sum,
+                              token_fisher_by_depth=m.token_sum_by_depth,
+                              cond_score_max=m.cond_mean_max, mass=float(m.mass))
+
+
 def finish_stream(m, baseline):
     """Derived quantities of one stream; ``baseline`` is a number or ``"mean"``."""
     r0 = m.r0 or 0.0
@@ -315,19 +364,36 @@ class ExactResult:
     responses as arrays already in order.
     """
 
+    _ON_POLICY = ("score_mean", "sequence_fisher", "token_fisher_sum", "token_fisher_sum_paths",
+                  "cross_terms", "expected_reward", "reward_std", "baseline", "gradient",
+                  "covariance", "bound", "correlation")
+
     @classmethod
-    def build(cls, task, cost, streams, grad_ad, states, seqs):
+    def build(cls, task, cost, streams, grad_ad, states, seqs, quantities="all"):
+        """The result of a run; with ``quantities="fisher"`` the streams are
+        :class:`FisherStreamResult` and ``grad_ad``, ``seqs`` are not used."""
         self = cls()
-        self.task, self.cost, self.streams = task, cost, streams
-        self.gradient_autodiff = grad_ad
+        self.task, self.cost, self.streams, self.quantities = task, cost, streams, quantities
         on = streams["policy"]
-        for name in ("score_mean", "sequence_fisher", "token_fisher_sum",
-                     "token_fisher_sum_paths", "cross_terms", "expected_reward", "reward_std",
-                     "baseline", "gradient", "covariance", "bound", "correlation"):
-            setattr(self, name, getattr(on, name))
+        if quantities == "all":
+            self.gradient_autodiff = grad_ad
+        for name in self._ON_POLICY:
+            if quantities == "all" or name in on.computed:
+                setattr(self, name, getattr(on, name))
         self.states = states if isinstance(states, dict) else cls._sorted_states(states)
-        self.sequences = cls._sorted_seqs(seqs, on.baseline, streams)
+        self.sequences = cls._sorted_seqs(seqs, on.baseline, streams) if quantities == "all" \
+            else None
         return self
+
+    @property
+    def computed(self):
+        """The on-policy attributes this result holds (``quantities="fisher"``: fewer)."""
+        return tuple(n for n in self._ON_POLICY + ("gradient_autodiff",) if n in self.__dict__)
+
+    def __getattr__(self, name):  # only for names not found: the skipped quantities
+        if name.startswith("__") or "quantities" not in self.__dict__:
+            raise AttributeError(name)
+        raise _not_computed(self, name, self._ON_POLICY + ("gradient_autodiff",))
 
     @staticmethod
     def _sorted_states(states):

@@ -32,7 +32,7 @@ from autograd import make_vjp
 from .enumeration import carry, check_cost, depth_first, estimate_cost, expand, root_block, terminal
 from .model import log_softmax, softmax
 from .progress import Progress
-from .results import ExactResult, Moments, finish_stream
+from .results import ExactResult, Moments, check_quantities, finish_fisher, finish_stream
 from .sensitivities import sensitivities
 from .tasks import require_task
 from .token_fisher import mean_sensitivity
@@ -192,15 +192,23 @@ def reward_gradient(task, theta, Wu, win, nxt, live, weights, R):
     return vjp(g - softmax(z) * g.sum(axis=1, keepdims=True))
 
 
-def plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes):
+def plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes,
+         quantities="all"):
     """Validate the engine's arguments, size the run and refuse it past the limits.
 
     Returns:
         ``(streams, cost, keep_states, keep_sequences)`` with the ``"auto"`` choices
-        resolved (keep the arrays when they fit in about 1 GiB).
+        resolved (keep the arrays when they fit in about 1 GiB; never the per-response
+        arrays, which hold rewards and advantages, with ``quantities="fisher"``).
     """
     P, T = require_task(task).model.num_params, task.max_len
     topk = check_topk(topk)
+    if check_quantities(quantities) == "fisher":
+        if keep_sequences is True:
+            raise ValueError("keep_sequences=True needs quantities='all': the per-response "
+                             "arrays hold rewards and advantages, which quantities='fisher' "
+                             "does not compute")
+        keep_sequences = False
     if topk and task.sampler is None:
         raise ValueError("topk centering needs a sampler mu; this task is on-policy "
                          "(add a 'sampler' to the task)")
@@ -285,10 +293,10 @@ class Run:
     kept per-state and per-response records)."""
 
     def __init__(self, task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes,
-                 progress):
-        self.task = task
+                 progress, quantities="all"):
+        self.task, self.quantities = task, quantities
         self.streams, self.cost, self.keep_states, self.keep_sequences = plan(
-            task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes)
+            task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes, quantities)
         P, T = task.model.num_params, task.max_len
         self.moments = {name: Moments(P, T) for name, _, _ in self.streams}
         self.grad_ad = np.zeros(P)  # (P,)
@@ -391,7 +399,9 @@ class Run:
             if count != len(seen) or not seen.all():
                 raise RuntimeError(f"the walk wrote {count} {part} rows into "
                                    f"{int(seen.sum())} of {len(seen)} places (a bug in the walk)")
-        results = {name: finish_stream(self.moments[name], self.task.baseline)
+        fisher = self.quantities == "fisher"
+        results = {name: finish_fisher(self.moments[name]) if fisher else
+                   finish_stream(self.moments[name], self.task.baseline)
                    for name, _, _ in self.streams}
         return ExactResult.build(self.task, self.cost, results, self.grad_ad, self.states,
-                                 self.seqs)
+                                 self.seqs, self.quantities)

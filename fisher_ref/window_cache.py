@@ -51,13 +51,14 @@ class WindowCache:
         names: ``{stream: [(name, n), ...]}``: the sum each of the stream's weights given
             to :meth:`accumulate` adds to and the power of :math:`\xi` it takes.
         expected: how many distinct windows the run will likely see (first allocation).
+        moments: the largest ``n`` of the sums ``y{s}_{n}`` computed (2 or 4).
         defer_bytes: parents' score sums held by :meth:`defer` before they are used.
         kept: ``{key: array name}``: per-window arrays also kept for the whole run in
             ``by_id[key]`` ``(ids, ...)``, row ``i`` the window of run-wide id ``i``.
     """
 
     def __init__(self, task, streams, keep_states, budget, names, expected=64,
-                 defer_bytes=64 * 2 ** 20, kept=None):
+                 defer_bytes=64 * 2 ** 20, kept=None, moments=4):
         self.task, self.streams, self.keep = task, streams, keep_states
         self.kept, self.by_id = dict(kept or {}), {}
         V, P = task.model.vocab_size, task.model.num_params
@@ -65,7 +66,7 @@ class WindowCache:
         self.shapes = {"p": (V,), "q": (V,)}
         self.shapes.update({f"xi{c}": (V, P) for c in self.centers})
         for s in range(len(streams)):
-            self.shapes.update({f"y{s}_{n}": (P,) for n in range(1, 5)})
+            self.shapes.update({f"y{s}_{n}": (P,) for n in range(1, moments + 1)})
         if keep_states:
             self.shapes["uniform"] = (P,)
         self.names = {s: [name for name, _ in v] for s, v in names.items()}
@@ -80,7 +81,7 @@ class WindowCache:
         self.base = ((V + 2) ** np.arange(k)).astype(np.int64) if self.exact_keys else None
         self.key_id, self.table, self.n_ids = {}, np.zeros((64, k), dtype=np.int64), 0
         self.row_of = np.full(64, -1, dtype=np.int64)  # (n_ids,) cache row of each id
-        self.sums = {s: {k: np.zeros(P) for k in self.names[s] + ["h", "h2", "h4"]}
+        self.sums = {s: {k: np.zeros(P) for k in self.names.get(s, []) + ["h", "h2", "h4"]}
                      for s in range(len(streams))}
         for s in self.sums:
             self.sums[s].update(cross=np.zeros((T, P)), cross4=np.zeros((T, P)))
@@ -200,7 +201,7 @@ class WindowCache:
         :math:`\bar j = p^\top j`, :math:`y_n = q^\top \xi^{\circ n}`; the token moment of a
         stream is its :math:`y_2 = \sum_a q_a (j_a - c)^2`."""
         a, dist = self.arrays, {"p": p[:, None, :], "q": q[:, None, :]}  # (u, 1, V)
-        x2, xn = self._scratch(0, J.shape), self._scratch(1, J.shape)  # (u, V, P): powers of xi
+        x2, xn = self.work(0, J.shape), self.work(1, J.shape)  # (u, V, P): powers of xi
         if self.keep:  # first, while J holds j: sums over tokens as products with 1/V
             u = np.full((1, J.shape[1]), 1.0 / J.shape[1])  # (1, V)
             np.subtract(J, u @ J, out=xn)  # (u, V, P): j_a minus the uniform mean
@@ -215,11 +216,13 @@ class WindowCache:
             np.multiply(xi, xi, out=x2)
             a[f"y{s}_1"][r] = (d @ xi)[:, 0]
             a[f"y{s}_2"][r] = (d @ x2)[:, 0]
-            a[f"y{s}_3"][r] = (d @ np.multiply(x2, xi, out=xn))[:, 0]
-            a[f"y{s}_4"][r] = (d @ np.multiply(x2, x2, out=xn))[:, 0]
+            if f"y{s}_4" in a:
+                a[f"y{s}_3"][r] = (d @ np.multiply(x2, xi, out=xn))[:, 0]
+                a[f"y{s}_4"][r] = (d @ np.multiply(x2, x2, out=xn))[:, 0]
 
-    def _scratch(self, i, shape):
-        """Work array ``i`` of ``shape``, reused from call to call (no fresh pages)."""
+    def work(self, i, shape):
+        """Work array ``i`` of ``shape``, reused from call to call (no fresh pages); ``i``
+        0 and 1 are this class's own."""
         n = int(np.prod(shape))
         if self.scratch.get(i, np.empty(0)).size < n:
             self.scratch[i] = np.empty(n)
@@ -331,16 +334,20 @@ class WindowCache:
             A, a = self.acc[("r", s)][:self.n], self.arrays  # (n, T)
             tot, out = A.sum(axis=1), self.sums[s]  # (n,)
             for name, l in (("h", 1), ("h2", 2), ("h4", 4)):
-                out[name] += tot @ a[f"y{s}_{l}"][:self.n]
+                if f"y{s}_{l}" in a:  # not with moments=2
+                    out[name] += tot @ a[f"y{s}_{l}"][:self.n]
             out["cross"] += A.T @ a[f"y{s}_2"][:self.n]  # (T, P)
-            out["cross4"] += A.T @ a[f"y{s}_4"][:self.n]
+            if f"y{s}_4" in a:
+                out["cross4"] += A.T @ a[f"y{s}_4"][:self.n]
             A[:] = 0.0
         self.row_of[:self.n_ids] = -1
         self.n = 0
 
     def _contract(self, s, xi):
         """Contract stream ``s``'s per-(window, token) weights with powers of its scores."""
-        powers, acc = self.powers[s], self.acc[s]
+        powers, acc = self.powers.get(s, ()), self.acc.get(s)
+        if not len(powers):  # no weights accumulated
+            return
         V, P = xi.shape[1:]
         step = max(1, _CHUNK_ELEMENTS // (V * P))
         for lo in range(0, self.n, step):

@@ -76,10 +76,13 @@ def result_errors(fast, ref):
         for k, e in stream_errors(fast.streams[name], ref.streams[name]).items():
             errs[f"{name}.{k}"] = e
     on = ref.streams["policy"]
-    errs["gradient_autodiff"] = rel(fast.gradient_autodiff, ref.gradient_autodiff,
-                                    max(natural_scale(on), np.abs(ref.gradient_autodiff).max()))
+    if fast.quantities == "all":
+        errs["gradient_autodiff"] = rel(fast.gradient_autodiff, ref.gradient_autodiff,
+                                        max(natural_scale(on), np.abs(ref.gradient_autodiff).max()))
+    else:  # quantities="fisher": the Fisher fields of every stream (vars above), states only
+        assert fast.sequences is None
     scale = np.sqrt(ref.sequence_fisher.max())
-    for part in ("states", "sequences"):
+    for part in ("states", "sequences")[:2 if fast.quantities == "all" else 1]:
         fa, ra = getattr(fast, part), getattr(ref, part)
         assert (fa is None) == (ra is None), part
         if ra is None:
@@ -90,7 +93,9 @@ def result_errors(fast, ref):
             if fa[k].dtype.kind in "iub":
                 errs[f"{part}.{k}"] = 0.0 if np.array_equal(fa[k], ra[k]) else np.inf
             else:
-                s = scale if k in ("score_mean",) else None
+                # E[xi|s] is 0 in exact arithmetic on policy (and raw when mu = p): measured
+                # against the score's natural scale, as ZERO_IN_EXACT above
+                s = scale if k in ("score_mean", "raw_score_mean") else None
                 errs[f"{part}.{k}"] = rel(fa[k], ra[k], s and max(s, np.abs(ra[k]).max()))
     return errs
 
@@ -218,3 +223,83 @@ def test_fast_engine_matches_reference_on_random_gpt2_tasks(d):
             "sampler": d["sampler"]}
     task = task_from_json(json.loads(json.dumps(data)))
     assert_same(*run_both(task), f"gpt2 {data}")
+
+
+# ---------------------------------------------------------------- quantities="fisher"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fisher_quantities_match_the_full_reference(case):
+    """``exact(quantities="fisher")`` takes its own route (no rewards, no path sums, no
+    cross terms, H formed only for sum w h and sum w h^2); each field it computes equals
+    the plain engine's full run."""
+    task = CASES[case]()
+    fast, ref = run_both(task, quantities="fisher")[0], run_both(task)[1]
+    assert fast.quantities == "fisher" and fast.streams.keys() == ref.streams.keys()
+    assert set(vars(fast.streams["policy"])) == {
+        "score_mean", "sequence_fisher", "token_fisher_sum", "token_fisher_by_depth",
+        "cond_score_max", "mass"}
+    assert_same(fast, ref, f"{case}, quantities='fisher'")
+
+
+@pytest.mark.parametrize("knob, value", [("_SUB_ELEMENTS", 1), ("WINDOW_CACHE_BYTES", 1)])
+@pytest.mark.parametrize("chunk", [None, 2])
+def test_fisher_quantities_in_small_pieces(monkeypatch, knob, value, chunk):
+    """One parent per sub-block, a cache emptied for every window, blocks of two states."""
+    for name in ("default", "offpolicy_stale"):
+        task = load_config(name)
+        ref = run_both(task)[1]
+        monkeypatch.setattr(exact_mod, knob, value)
+        fast = run_both(task, quantities="fisher", chunk=chunk)[0]
+        monkeypatch.undo()
+        assert_same(fast, ref, f"{name}, quantities='fisher', {knob}={value}, chunk={chunk}")
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=20)
+@given(small_tasks())
+def test_fisher_quantities_match_reference_on_random_tasks(task):
+    assert_same(run_both(task, quantities="fisher")[0], run_both(task)[1],
+                f"{task.model.spec}, quantities='fisher'")
+
+
+def test_fisher_quantities_evaluate_no_reward(monkeypatch):
+    """The Fisher quantities do not depend on the reward: it is never called."""
+    task = load_config("offpolicy_stale")
+
+    def refuse(*args, **kw):
+        raise AssertionError("the reward was evaluated")
+
+    monkeypatch.setattr(task.reward, "batch", refuse)
+    r = exact(task, progress=False, quantities="fisher")
+    assert np.isfinite(r.sequence_fisher).all()
+    with pytest.raises(AssertionError, match="reward was evaluated"):
+        exact(task, progress=False)
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_fisher_result_refuses_what_it_did_not_compute(reference):
+    task = load_config("offpolicy_stale")
+    r = exact(task, progress=False, quantities="fisher", reference=reference)
+    assert r.quantities == "fisher" and r.sequences is None and r.states is not None
+    assert r.computed == ("score_mean", "sequence_fisher", "token_fisher_sum")
+    for obj, name in [(r, "gradient"), (r, "gradient_autodiff"), (r, "cross_terms"),
+                      (r.streams["centered"], "variances"), (r.streams["raw"], "bound")]:
+        with pytest.raises(AttributeError, match=f"{name} was not computed.*quantities='fisher'"):
+            getattr(obj, name)
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_thing'"):
+        r.no_such_thing
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_thing'"):
+        r.streams["policy"].no_such_thing
+
+
+@pytest.mark.parametrize("bad", ["Fisher", "", None, ("fisher",)])
+def test_quantities_are_checked(bad):
+    with pytest.raises(ValueError, match="quantities must be one of"):
+        exact(load_config("default"), progress=False, quantities=bad)
+
+
+def test_fisher_quantities_keep_no_sequences():
+    task = load_config("default")
+    with pytest.raises(ValueError, match="keep_sequences=True needs quantities='all'"):
+        exact(task, progress=False, quantities="fisher", keep_sequences=True)
+    assert exact(task, progress=False, quantities="fisher", keep_sequences=False).sequences is None
