@@ -11,7 +11,10 @@ Measurements (each a function ``task -> zero-argument callable`` in :data:`MEASU
 - ``torch_cuda_float64`` — the same on CUDA, synchronised, when present;
 - ``torch_peer`` — when ``scripts/torch_peer.py`` exists in the checkout and the model
   is the MLP: an independent minimal torch implementation of ``F``, ``E[h]`` and the
-  token Fisher per state only (:data:`WORK` says what each side computes).
+  token Fisher per state only (:data:`WORK` says what each side computes);
+- ``fisher_ref_fisher`` — with the peer: ``exact(task, quantities="fisher")``, the numpy
+  engine doing the peer's work, so that the peer has a like-for-like ratio
+  (:data:`LIKE_FOR_LIKE`).
 
 Method. Each measurement runs in a process of its own (``multiprocessing`` spawn),
 started with ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS`` set to
@@ -21,7 +24,7 @@ torch 20-50x slower). Each is warmed up once; then the measurements run in turn,
 ``repeats`` rounds (interleaved, so drifts in machine load hit all alike), and the load
 average is recorded before every round. Reported: median and minimum wall time of each,
 the ratios ``median(fisher_ref) / median(other)`` and of the minima (below 1:
-fisher_ref is faster), and per measurement its torch threads, its BLAS threads
+fisher_ref is faster), the like-for-like ratio of the peer, and per measurement its torch threads, its BLAS threads
 (threadpoolctl's report when installed, else the environment) and its peak RSS.
 ``isolate=False`` times in this process instead (threads pinned with
 ``torch.set_num_threads`` and threadpoolctl when installed), for tasks that cannot be
@@ -41,7 +44,7 @@ from pathlib import Path
 
 from .command import task_from_args
 
-__all__ = ["MEASUREMENTS", "WORK", "DEFAULT_REPEATS", "DEFAULT_THREADS", "PEER_SCRIPT",
+__all__ = ["MEASUREMENTS", "WORK", "LIKE_FOR_LIKE", "DEFAULT_REPEATS", "DEFAULT_THREADS", "PEER_SCRIPT",
            "measurements", "time_call", "bench", "format_table", "thread_report",
            "add_arguments", "run"]
 
@@ -57,7 +60,12 @@ WORK = {
     "torch_cpu_float64": "the same quantities as fisher_ref",
     "torch_cuda_float64": "the same quantities as fisher_ref",
     "torch_peer": "F, E[h] and the token Fisher per state only (scripts/torch_peer.py)",
+    "fisher_ref_fisher": "quantities='fisher': E[h], E[h^2], token Fisher sums of every "
+                         "stream and the per-state arrays (token Fisher, uniform, E[xi|s])",
 }
+#: For a measurement that does less than fisher_ref, the fisher_ref measurement doing the
+#: same work: ``ratio_like[name] = median(LIKE_FOR_LIKE[name]) / median(name)``.
+LIKE_FOR_LIKE = {"torch_peer": "fisher_ref_fisher"}
 
 
 def measure_fisher_ref(task):
@@ -65,6 +73,13 @@ def measure_fisher_ref(task):
     (as the torch engine stores them)."""
     from .exact import exact
     return lambda: exact(task, progress=False).gathered()
+
+
+def measure_fisher_only(task):
+    """``exact(task, quantities="fisher")`` with its per-state arrays formed: the peer's
+    work (and the uniform Fisher and E[xi|s] per state besides)."""
+    from .exact import exact
+    return lambda: exact(task, progress=False, quantities="fisher").gathered()
 
 
 def _measure_torch(device):
@@ -101,6 +116,7 @@ MEASUREMENTS = {
     "torch_cpu_float64": _measure_torch("cpu"),
     "torch_cuda_float64": _measure_torch("cuda"),
     "torch_peer": measure_peer,
+    "fisher_ref_fisher": measure_fisher_only,
 }
 
 
@@ -112,7 +128,8 @@ def peer_available(task=None):
 
 def measurements(device=None, task=None, peer=True):
     """Names to run: fisher_ref, torch on the CPU, torch on CUDA when ``device`` is
-    ``"cuda"`` or (``device=None``) when CUDA is present, and the peer when available."""
+    ``"cuda"`` or (``device=None``) when CUDA is present, and the peer when available
+    (with ``fisher_ref_fisher``, its like-for-like side)."""
     import torch
     names = [REFERENCE, "torch_cpu_float64"]
     if device == "cuda" and not torch.cuda.is_available():
@@ -120,7 +137,7 @@ def measurements(device=None, task=None, peer=True):
     if device == "cuda" or (device is None and torch.cuda.is_available()):
         names.append("torch_cuda_float64")
     if peer and peer_available(task):
-        names.append("torch_peer")
+        names += ["torch_peer", LIKE_FOR_LIKE["torch_peer"]]
     return names
 
 
@@ -274,7 +291,8 @@ def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, is
     Returns:
         dict: ``task``, ``repeats``, ``n_states``, ``n_responses``, ``num_params``,
         ``threads``, ``isolated``, ``times`` {name: [s, ...]}, ``median``, ``min``,
-        ``ratio`` and ``ratio_min`` {name: fisher_ref / name}, ``loadavg`` (1, 5, 15-minute
+        ``ratio`` and ``ratio_min`` {name: fisher_ref / name}, ``ratio_like`` and
+        ``ratio_like_min`` {name: LIKE_FOR_LIKE[name] / name}, ``loadavg`` (1, 5, 15-minute
         load before each round and at the end), ``env`` {name: threads and peak RSS},
         ``work`` {name: what it computes}.
     """
@@ -307,12 +325,15 @@ def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, is
     median = {n: statistics.median(t) for n, t in times.items()}
     minimum = {n: min(t) for n, t in times.items()}
     others = [n for n in names if n != REFERENCE and REFERENCE in names]
+    like = {n: m for n, m in LIKE_FOR_LIKE.items() if n in names and m in names}
     cost = estimate_cost(task)
     return {"task": task.name, "repeats": repeats, "n_states": cost.n_states,
             "n_responses": cost.n_responses, "num_params": cost.num_params,
             "threads": threads, "isolated": bool(isolate), "times": times, "median": median,
             "min": minimum, "ratio": {n: median[REFERENCE] / median[n] for n in others},
             "ratio_min": {n: minimum[REFERENCE] / minimum[n] for n in others},
+            "ratio_like": {n: median[m] / median[n] for n, m in like.items()},
+            "ratio_like_min": {n: minimum[m] / minimum[n] for n, m in like.items()},
             "loadavg": loadavg, "env": env, "work": {n: WORK[n] for n in names},
             "machine": _machine()}
 
@@ -344,6 +365,10 @@ def format_table(res):
     for n, r in res["ratio"].items():
         lines.append(f"ratio fisher_ref/{n} = {r:.3f} (medians; "
                      f"{'fisher_ref faster' if r < 1 else 'fisher_ref slower'})")
+    for n, r in res.get("ratio_like", {}).items():
+        m = LIKE_FOR_LIKE[n]
+        lines.append(f"ratio {m}/{n} = {r:.3f} (medians; minima {res['ratio_like_min'][n]:.3f};"
+                     f" the same work; {'fisher_ref faster' if r < 1 else 'fisher_ref slower'})")
     for n, e in res["env"].items():
         lines.append(f"{n}: BLAS threads ({e['blas_source']}) {e['blas']}; computes "
                      f"{res['work'][n]}")

@@ -71,12 +71,23 @@ def test_peer_row_is_optional(tmp_path, monkeypatch):
     script = tmp_path / "torch_peer.py"
     script.write_text("def peer_exact(spec):\n    return {'fisher': len(spec['theta'])}\n")
     monkeypatch.setattr(fb, "PEER_SCRIPT", script)
-    assert measurements("cpu", load_config("default"))[-1] == "torch_peer"
+    assert measurements("cpu", load_config("default"))[-2:] == ["torch_peer",
+                                                                "fisher_ref_fisher"]
     assert "torch_peer" not in measurements("cpu", load_config("gpt2_small"))  # MLP only
     assert "torch_peer" not in measurements("cpu", load_config("default"), peer=False)
-    res = bench(load_config("default"), repeats=1, names=["fisher_ref", "torch_peer"],
-                isolate=False)
+    res = bench(load_config("default"), repeats=2,
+                names=["fisher_ref", "torch_peer", "fisher_ref_fisher"], isolate=False)
     assert res["ratio"]["torch_peer"] > 0 and "token Fisher" in res["work"]["torch_peer"]
+    # the like-for-like ratio: the numpy engine doing only the peer's work
+    assert res["ratio_like"]["torch_peer"] == pytest.approx(
+        res["median"]["fisher_ref_fisher"] / res["median"]["torch_peer"])
+    assert res["ratio_like_min"]["torch_peer"] == pytest.approx(
+        res["min"]["fisher_ref_fisher"] / res["min"]["torch_peer"])
+    assert "quantities='fisher'" in res["work"]["fisher_ref_fisher"]
+    assert "ratio fisher_ref_fisher/torch_peer = " in format_table(res)
+    without = bench(load_config("default"), repeats=1, names=["fisher_ref", "torch_peer"],
+                    isolate=False)
+    assert without["ratio_like"] == {}  # no like-for-like side, no like-for-like ratio
 
 
 def test_measurements_are_functions_of_the_task():
