@@ -13,7 +13,8 @@ response:
 
 It walks the prefix tree level by level. The scores
 :math:`\xi_a = \partial\log p_a / \partial\theta` of a window come from
-``torch.func.vmap(jacrev(...))``, once per distinct window of the whole run.
+``torch.func.vmap(jacrev(...))`` with respect to each parameter tensor, once per
+distinct window of the whole run.
 A response ending under parent ``b`` has :math:`h = H_b + \xi_a`, with
 :math:`H_b` the parent's running sum; complete responses are formed in chunks
 of a few hundred kilobytes, so memory holds one level's running sums, the
@@ -59,17 +60,22 @@ def peer_theta(model):
     return model.get("init_scale", 1.0) * rng.standard_normal(P)
 
 
-def _log_probs(theta, window, V, k, d, H):
-    """Log-softmax of the §4.1 MLP at one window ``(k,)``: ``(V,)``. Layout: ``E (V+1, d)``,
-    ``W1 (k*d, H)``, ``b1 (H,)``, ``W2 (H, V)``, ``b2 (V,)``, each row-major."""
+def _split(theta, V, k, d, H):
+    """The flat parameters as the MLP's tensors (views), in the layout of docs/theory.md
+    §4.1: ``E (V+1, d)``, ``W1 (k*d, H)``, ``b1 (H,)``, ``W2 (H, V)``, ``b2 (V,)``, each
+    row-major."""
     o1 = (V + 1) * d
     o2 = o1 + k * d * H
     o3, o4 = o2 + H, o2 + H + H * V
-    E = theta[:o1].reshape(V + 1, d)
-    e = E[window].reshape(k * d)  # (k*d,)
-    hid = torch.tanh(e @ theta[o1:o2].reshape(k * d, H) + theta[o2:o3])  # (H,)
-    z = hid @ theta[o3:o4].reshape(H, V) + theta[o4:o4 + V]  # (V,)
-    return torch.log_softmax(z, dim=0)
+    return (theta[:o1].reshape(V + 1, d), theta[o1:o2].reshape(k * d, H), theta[o2:o3],
+            theta[o3:o4].reshape(H, V), theta[o4:o4 + V])
+
+
+def _log_probs(E, W1, b1, W2, b2, window):
+    """Log-softmax of the MLP at one window ``(k,)``: ``(V,)``."""
+    e = E[window].reshape(-1)  # (k*d,)
+    hid = torch.tanh(e @ W1 + b1)  # (H,)
+    return torch.log_softmax(hid @ W2 + b2, dim=0)
 
 
 class _Windows:
@@ -77,43 +83,60 @@ class _Windows:
     distinct window seen so far, each computed once (room for ``capacity`` windows)."""
 
     def __init__(self, theta, dims, capacity):
-        V, P = dims[0], theta.numel()
-        self.theta, self.row = theta, {}
-        f = lambda th, w: _log_probs(th, w, *dims)  # noqa: E731
-        self.scores_of = vmap(jacrev(f), in_dims=(None, 0))  # (B, k) -> (B, V, P)
-        self.logp_of = vmap(f, in_dims=(None, 0))  # (B, k) -> (B, V)
+        V, k, P = dims[0], dims[1], theta.numel()
+        self.parts, self.n = _split(theta, *dims), 0
+        # a window's entries lie in 0..V (V pads the start): its key is a base-(V+1) number
+        self.base = (V + 1) ** torch.arange(k - 1, -1, -1)  # (k,)
+        self.slot = torch.full(((V + 1) ** k,), -1, dtype=torch.long)  # key -> row, -1: new
+        # the Jacobian with respect to each tensor, not to slices of the flat vector (whose
+        # backward writes every slice's gradient into a zeroed copy of the whole vector)
+        self.jac = vmap(jacrev(_log_probs, argnums=(0, 1, 2, 3, 4)), in_dims=(None,) * 5 + (0,))
+        self.cuts = np.cumsum([0] + [x.numel() for x in self.parts])  # each tensor's columns
+        self.logp_of = vmap(_log_probs, in_dims=(None,) * 5 + (0,))  # (B, k) -> (B, V)
         self.S = torch.empty(capacity, V, P, dtype=torch.float64)
         self.p = torch.empty(capacity, V, dtype=torch.float64)
         self.f = torch.empty(capacity, P, dtype=torch.float64)
 
     def rows(self, win):
         """Row of each window of ``win (n, k)``, computing the new ones."""
-        keys = [tuple(r) for r in win.tolist()]
-        new = list(dict.fromkeys(key for key in keys if key not in self.row))
-        if new:
-            W, n = torch.tensor(new, dtype=torch.long), len(self.row)  # (U_new, k)
+        keys = win @ self.base  # (n,)
+        new, first = torch.unique(keys[self.slot[keys] < 0], return_inverse=True)
+        if len(new):
+            at = torch.empty(len(new), dtype=torch.long)  # one window of each new key
+            at[first] = torch.nonzero(self.slot[keys] < 0)[:, 0]
+            W, n = win[at], self.n  # (U_new, k)
             for lo in range(0, len(new), WINDOWS_PER_CALL):
                 w = W[lo:lo + WINDOWS_PER_CALL]
                 r = slice(n + lo, n + lo + len(w))
-                S = self.S[r] = self.scores_of(self.theta, w)  # (u, V, P)
-                p = self.p[r] = torch.exp(self.logp_of(self.theta, w))  # (u, V)
+                S = self.S[r]  # (u, V, P): each tensor's Jacobian written into its columns
+                for g, lo_c, hi_c in zip(self.jac(*self.parts, w), self.cuts, self.cuts[1:]):
+                    S[:, :, lo_c:hi_c] = g.reshape(S.shape[0], S.shape[1], -1)
+                p = self.p[r] = torch.exp(self.logp_of(*self.parts, w))  # (u, V)
                 self.f[r] = torch.einsum("uv,uvp->up", p, S * S)  # (u, P)
-            for key in new:
-                self.row[key] = len(self.row)
-        return torch.tensor([self.row[key] for key in keys], dtype=torch.long)
+            self.slot[new] = torch.arange(n, n + len(new))
+            self.n += len(new)
+        return self.slot[keys]
 
 
 def _add_complete(table, rows, Hs, reach, term, last, F, Eh):
     """Add to ``F``, ``Eh`` the responses ending at tokens ``term`` of a level's states
     (window rows ``rows``, running sums ``Hs``, reach ``reach``), chunk by chunk."""
-    P = Hs.shape[1]
-    step = max(1, CHUNK_ELEMENTS // max(1, len(term) * P))
+    P, K = Hs.shape[1], len(term)
+    if K == 0:
+        return
+    step = max(1, CHUNK_ELEMENTS // (K * P))
+    buf = torch.empty(min(step, len(rows)) * K * P, dtype=Hs.dtype)  # reused chunk to chunk
     for lo in range(0, len(rows), step):
         r = rows[lo:lo + step]
-        S, p = table.S.index_select(0, r), table.p.index_select(0, r)  # (c, V, P), (c, V)
-        if not last:
-            S, p = S[:, term], p[:, term]
-        h = S.add_(Hs[lo:lo + step, None]).reshape(-1, P)  # (c*K, P): each response's own h
+        h = buf[:len(r) * K * P].view(len(r), K, P)
+        if last:  # every token ends a response
+            torch.index_select(table.S, 0, r, out=h)
+            p = table.p.index_select(0, r)  # (c, V)
+        else:  # only the tokens ``term``: gather just those rows
+            h.copy_(table.S[r[:, None], term[None, :]])
+            p = table.p[r[:, None], term[None, :]]  # (c, K)
+        h += Hs[lo:lo + step, None]  # (c, K, P): each response's own h
+        h = h.view(-1, P)
         w = (reach[lo:lo + step, None] * p).reshape(-1)  # (c*K,)
         Eh += w @ h
         F += w @ h.square_()
@@ -148,11 +171,15 @@ def peer_exact(task):
     Hs = torch.zeros(n, theta.numel(), dtype=torch.float64)  # (n, P) running score sums
     prompt, gen = torch.arange(n), torch.zeros(n, 0, dtype=torch.long)
     F, Eh = torch.zeros_like(theta), torch.zeros_like(theta)
-    out = {"token_fisher": [], "prompt": [], "depth": [], "tokens": []}
+    N = n * sum(beta ** t for t in range(T))  # open states
+    out = {"token_fisher": torch.empty(N, theta.numel(), dtype=torch.float64), "prompt": [],
+           "depth": [], "tokens": []}
+    at = 0  # states written so far
     keep = torch.arange(1 if eos else 0, V)  # tokens that leave a state open
     for depth in range(T):
         rows = table.rows(win)  # (n,)
-        out["token_fisher"].append(table.f[rows])
+        torch.index_select(table.f, 0, rows, out=out["token_fisher"][at:at + len(rows)])
+        at += len(rows)
         out["prompt"].append(prompt)
         out["depth"].append(torch.full_like(prompt, depth))
         out["tokens"] += [tuple(t) for t in gen.tolist()]
@@ -167,7 +194,7 @@ def peer_exact(task):
             win = torch.cat([win[par, 1:], tok[:, None]], dim=1)
             prompt, gen = prompt[par], torch.cat([gen[par], tok[:, None]], dim=1)
     return {"fisher": F.numpy(), "score_mean": Eh.numpy(),
-            "token_fisher": torch.cat(out["token_fisher"]).numpy(),
+            "token_fisher": out["token_fisher"].numpy(),
             "prompt": torch.cat(out["prompt"]).numpy(), "depth": torch.cat(out["depth"]).numpy(),
             "tokens": out["tokens"]}
 
