@@ -4,11 +4,12 @@
    work on the CPU in float64 — one process per side, one thread each, interleaved
    repeats, medians and minima, the load average — on every shipped config and on the
    medium and V=16 scale configs, with the independent minimal torch peer
-   (``scripts/torch_peer.py``, F, E[h] and the token Fisher only) where it exists;
+   (``scripts/torch_peer.py``, F, E[h] and the token Fisher only) where it exists, and
+   then ``exact(task, quantities="fisher")``, the numpy engine doing the peer's work;
 2. the fast engine against the plain reference engine (``engine_speedup``).
 
 Both call ``exact(task)`` with its defaults (per-state and per-response arrays
-kept when they fit, as ``bench`` does).
+kept when they fit, as ``bench`` does), except the like-for-like column.
 
     python scripts/perf_tables.py [--repeats 7]
 """
@@ -36,14 +37,15 @@ def main():
         scale.append(t)
     print("| config | states | responses | P | fisher_ref median (min) s | torch CPU float64 "
           "median (min) s | fisher_ref / torch | torch peer median s | fisher_ref / peer "
-          "| load avg |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| quantities='fisher' median s | quantities='fisher' / peer | load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for task in tasks + scale:
         res = bench(task, repeats=3 if any(task is t for t in scale) else args.repeats,
                     threads=1)
         med, mn, r = res["median"], res["min"], res["ratio"]
-        peer = ("%.4f | %.2f" % (med["torch_peer"], r["torch_peer"])) \
-            if "torch_peer" in med else "- | -"
+        peer = ("%.4f | %.2f | %.4f | %.2f" % (
+            med["torch_peer"], r["torch_peer"], med["fisher_ref_fisher"],
+            res["ratio_like"]["torch_peer"])) if "torch_peer" in med else "- | - | - | -"
         loads = [x[0] for x in res["loadavg"]]
         print(f"| {task.name} | {res['n_states']:,} | {res['n_responses']:,} | "
               f"{res['num_params']:,} | {med['fisher_ref']:.4f} ({mn['fisher_ref']:.4f}) | "

@@ -23,7 +23,10 @@ distinct windows' scores and a chunk.
 Timing table (both sides pinned to one thread, interleaved repeats, wall-clock
 medians and minima, the ratio of wall and of process-CPU medians, thread counts
 and the load average; ``exact`` forms its per-state token Fisher, the peer's one
-per-state output, and keeps its other per-state arrays per window)::
+per-state output, and keeps its other per-state arrays per window). ``exact`` runs
+twice: with every quantity (the default), and with ``quantities="fisher"``, which
+computes what the peer computes (and E[h^2] of every stream, the uniform-reference
+Fisher and E[xi|s] per state besides)::
 
     python scripts/torch_peer.py [--repeats 5] [--tasks medium v16] [--old PATH]
 
@@ -237,19 +240,25 @@ def main(argv=None):
     from fisher_ref import exact, task_from_json
     old = _import_old(args.old) if args.old else None
     print(f"threads: {_threads()}; load average before: {os.getloadavg()}")
-    cols = (["old exact"] if old else []) + ["exact", "peer"]
+    cols = (["old exact"] if old else []) + ["exact", "exact fisher", "peer"]
     print("| task | P | " + " | ".join(f"{c} median (min) s" for c in cols) +
-          " | exact / peer, wall | exact / peer, CPU |")
-    print("|---|---|" + "---|" * len(cols) + "---|---|")
+          " | exact / peer, wall | exact / peer, CPU | exact fisher / peer, wall | "
+          "exact fisher / peer, CPU |")
+    print("|---|---|" + "---|" * len(cols) + "---|---|---|---|")
     for name in args.tasks:
         spec = json.loads((root / "fisher_ref/configs/scale" / f"{name}.json").read_text())
         # the same outputs formed: the peer returns its token Fisher per state, exact
         # keeps its per-state arrays per window until read (ExactResult.gathered)
         runs = {"exact": lambda: exact(task_from_json(spec), progress=False).states["token_fisher"],
+                # the peer's work: F, E[h], token Fisher sums and per-state arrays only
+                "exact fisher": lambda: exact(task_from_json(spec), progress=False,
+                                              quantities="fisher").states["token_fisher"],
                 "peer": lambda: peer_exact(spec)}
         if old:
             runs["old exact"] = lambda: old.exact(old.task_from_json(spec), progress=False)
         wall, cpu = {c: [] for c in cols}, {c: [] for c in cols}
+        for c in cols:  # warm-up, not timed: imports, torch.func's first trace, allocator
+            runs[c]()
         for _ in range(args.repeats):  # interleaved: each repeat runs every side once
             for c in cols:
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -261,8 +270,9 @@ def main(argv=None):
         P = peer_theta(spec["model"]).size
         print(f"| {name} | {P:,} | " + " | ".join(
             f"{med[c]:.3f} ({min(wall[c]):.3f})" for c in cols) +
-            f" | {med['exact'] / med['peer']:.2f} | {cmed['exact'] / cmed['peer']:.2f} |",
-            flush=True)
+            f" | {med['exact'] / med['peer']:.2f} | {cmed['exact'] / cmed['peer']:.2f}"
+            f" | {med['exact fisher'] / med['peer']:.2f}"
+            f" | {cmed['exact fisher'] / cmed['peer']:.2f} |", flush=True)
         if old:
             print(f"  old / new exact: wall {med['old exact'] / med['exact']:.1f}x, "
                   f"CPU {cmed['old exact'] / cmed['exact']:.1f}x")
