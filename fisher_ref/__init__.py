@@ -31,7 +31,7 @@ _WHERE = {
     "architectures": ("make_model",),
     "gpt2": ("GPT2Model", "GPT2Spec"),
     "model": ("FunctionModel", "MLPModel", "ModelSpec", "TabularModel"),
-    "results": ("ExactResult", "topk_overlap"),
+    "results": ("ExactResult", "FisherStreamResult", "StreamResult", "topk_overlap"),
     "rewards": ("CountReward", "FunctionReward", "LengthReward", "MatchReward"),
     "samplers": ("LogitsSampler", "PerturbedSampler", "RoundedSampler", "TemperatureSampler"),
     "tasks": ("Task", "list_configs", "load_config", "load_task", "task_from_json"),
@@ -40,7 +40,7 @@ _WHERE = {
 _MODULE_OF = {name: mod for mod, names in _WHERE.items() for name in names}
 
 __all__ = [
-    "exact", "ExactResult", "EnumerationTooLarge", "estimate_cost", "topk_overlap",
+    "exact", "ExactResult", "StreamResult", "FisherStreamResult", "EnumerationTooLarge", "estimate_cost", "topk_overlap",
     "ModelSpec", "MLPModel", "TabularModel", "FunctionModel", "make_model", "GPT2Spec", "GPT2Model",
     "CountReward", "MatchReward", "LengthReward", "FunctionReward",
     "TemperatureSampler", "PerturbedSampler", "RoundedSampler", "LogitsSampler",

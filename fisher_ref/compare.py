@@ -33,6 +33,7 @@ from .command import count_arg, task_from_args
 from .error_scales import (TOL_BFLOAT16, TOL_FLOAT32, TOL_FLOAT64, TOLERANCES,
                            gradient_judge_scale, rel_error, scale)
 from .fileio import atomic_output
+from .results import require_all_quantities
 
 __all__ = ["TOLERANCES", "TOL_FLOAT64", "TOL_FLOAT32", "TOL_BFLOAT16", "MC_ALPHA",
            "DEFAULT_MC", "bernstein_threshold", "compare", "rel_error", "add_arguments", "run", "format_table"]
@@ -176,6 +177,8 @@ def compare(task, device="cpu", dtypes=DEFAULT_DTYPES, mc=DEFAULT_MC, seed=0, re
         raise ValueError(f"mc must be a non-negative integer number of draws, got {mc!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda asked for, but torch sees no CUDA device")
+    if ref is not None:
+        require_all_quantities(ref, "compare")
     ref = exact(task, progress=False, keep_states=True, keep_sequences=True) if ref is None else ref
     rows, ranges = [], None
     with highest_matmul_precision():

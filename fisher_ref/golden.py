@@ -29,6 +29,7 @@ from .command import task_from_args
 from .golden_format import (MATRIX_MAX_PARAMS, OLDEST_READABLE_VERSION, SCHEMA, SCHEMA_VERSION,
                             Golden, GoldenFileError, array_sha256, expected_keys, load_golden,
                             meta_sha256, write_npz)
+from .results import require_all_quantities
 from .testing import GOLDEN_DIR, compare_golden
 from .version import __version__
 
@@ -156,6 +157,8 @@ def golden_arrays(task, exact_result=None, matrices="auto"):
     matrices = _resolve_matrices(task, matrices)
     if exact_result is None:
         _check_export_size(task, matrices)
+    if exact_result is not None:
+        require_all_quantities(exact_result, "a golden file")
     r = exact_result if exact_result is not None else exact(task, keep_states=True,
                                                             keep_sequences=True)
     if r.states is None or r.sequences is None:

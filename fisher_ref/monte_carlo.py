@@ -40,6 +40,7 @@ from .limits import check_limit, readable
 from .model import log_softmax
 from .progress import Progress
 from .tasks import require_task
+from .results import require_all_quantities
 from .rewards import evaluate_reward
 from .sensitivities import sensitivities
 from .token_fisher import mean_sensitivity, token_second_moment
@@ -411,6 +412,7 @@ def check_monte_carlo(task, exact_result, n, seed, alpha=1e-6):
         >>> all(r.passed for r in rows)
         True
     """
+    require_all_quantities(exact_result, "check_monte_carlo")
     seeds = np.random.SeedSequence(seed).spawn(2)
     draws = [False] + ([True] if task.sampler is not None else [])
     zs, spread = {}, {}

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["Moments", "StreamResult", "FisherStreamResult", "ExactResult", "GatheredStates",
-           "finish_stream", "finish_fisher", "topk_overlap", "QUANTITIES", "check_quantities"]
+           "finish_stream", "finish_fisher", "topk_overlap", "QUANTITIES", "check_quantities",
+           "require_all_quantities"]
 
 #: What ``exact(..., quantities=...)`` computes: ``"all"`` (the default) every quantity;
 #: ``"fisher"`` only the Fisher ones of each stream (:class:`FisherStreamResult`), with
@@ -39,6 +40,16 @@ def check_quantities(quantities):
     if not isinstance(quantities, str) or quantities not in QUANTITIES:
         raise ValueError(f"quantities must be one of {QUANTITIES}, got {quantities!r}")
     return quantities
+
+
+def require_all_quantities(result, who):
+    """Raise ``ValueError`` naming ``who`` unless ``result`` holds every quantity (it was not
+    computed with ``exact(..., quantities="fisher")``)."""
+    quantities = getattr(result, "quantities", "all")
+    if quantities != "all":
+        raise ValueError(f"{who} needs every exact quantity, but this result comes from "
+                         f"exact(..., quantities={quantities!r}); run exact(...) with "
+                         "quantities='all' (the default)")
 
 
 def _not_computed(obj, name, fields):
@@ -211,7 +222,8 @@ class FisherStreamResult:
                 "cond_score_max", "mass")
 
     def __getattr__(self, name):  # only for names not found: the skipped quantities
-        raise _not_computed(self, name, StreamResult.__dataclass_fields__)
+        raise _not_computed(self, name, tuple(StreamResult.__dataclass_fields__)
+                            + ("gradient_with_constant",))
 
 
 def finish_fisher(m):
@@ -359,7 +371,11 @@ class ExactResult:
     from ``streams["policy"]``. With a sampler, ``streams["raw"]``,
     ``streams["centered"]`` and ``streams["top{k}"]`` hold the off-policy ones.
     ``states`` and ``sequences`` hold the per-state and per-response arrays
-    (sorted by prompt, depth, tokens) when they were kept; ``build`` takes the
+    (sorted by prompt, depth, tokens) when they were kept. ``quantities`` is ``"all"`` or,
+    from ``exact(..., quantities="fisher")``, ``"fisher"``: then the streams are
+    :class:`FisherStreamResult`, ``computed`` lists the on-policy attributes held, reading
+    another raises an ``AttributeError`` that says why, and ``sequences`` is ``None``.
+    ``build`` takes the
     states as block records (sorted here) or as arrays already in that order, and the
     responses as arrays already in order.
     """
@@ -392,7 +408,7 @@ class ExactResult:
 
     def __getattr__(self, name):  # only for names not found: the skipped quantities
         if name.startswith("__") or "quantities" not in self.__dict__:
-            raise AttributeError(name)
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         raise _not_computed(self, name, self._ON_POLICY + ("gradient_autodiff",))
 
     @staticmethod

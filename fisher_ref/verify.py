@@ -26,6 +26,7 @@ import numpy as np
 
 from .command import count_arg, task_from_args
 from .mc_stats import ROUNDING_RTOL  # entries below this fraction of their scale: rounding
+from .results import require_all_quantities
 from .sensitivities import sensitivities, sensitivities_autograd
 from .tasks import require_task
 from .token_fisher import token_fisher, token_fisher_pairwise, uniform_token_fisher
@@ -186,7 +187,8 @@ def _state_form_checks(result):
 
 
 def exact_checks(result):
-    """All exact rows for an :class:`~fisher_ref.results.ExactResult`."""
+    """All exact rows for an :class:`~fisher_ref.results.ExactResult` (of every quantity)."""
+    require_all_quantities(result, "exact_checks")
     T = result.task.max_len
     on = result.streams["policy"]
     state_scale = state_score_scale(result)

@@ -303,3 +303,13 @@ def test_user_module_task_passes_in_float64_and_float32():
     rows = compare(task, device="cpu", dtypes=["float64", "float32"], mc=1500)
     failed = [r for r in rows if not r["passed"]]
     assert not failed, format_table(failed)
+
+
+def test_compare_refuses_a_fisher_only_reference(monkeypatch):
+    """A reference from exact(quantities="fisher") lacks what compare checks: refused
+    before the torch engine runs."""
+    task = load_config("default")
+    ref = exact(task, progress=False, quantities="fisher")
+    monkeypatch.setattr(tex, "torch_exact", lambda *a, **k: pytest.fail("torch ran first"))
+    with pytest.raises(ValueError, match="compare needs every exact quantity"):
+        compare(task, ref=ref)
