@@ -22,7 +22,8 @@ The sums are regrouped (docs/theory.md §7.5):
 
 The fast engine's walk carries per state its running score sum ``H``, its path
 sum of token moments ``G``, the score of its last token and the window ids of
-its ancestors (not the whole score history). The states of the last level,
+its ancestors (not the whole score history); with ``quantities="fisher"`` only ``H``
+and the window ids, and the sums of :func:`_complete_fisher`. The states of the last level,
 most of all states, carry only their parents' rows: their ``H`` and path sums
 are formed from the parents' a sub-block at a time (:func:`_last_level`).
 """
@@ -144,7 +145,7 @@ def _carry(run, block, par, tok, arrs):
     xi = xi[0][None] if len(xi) == 1 else np.stack(xi)  # (S, C, P)
     H = np.take(block["H"], par, axis=1, mode="clip")  # (S, C, P): par holds valid rows
     H += xi
-    if arrs.G is None:  # quantities="fisher": neither path sums nor cross terms
+    if run.quantities == "fisher":  # neither path sums nor cross terms
         return {"H": H, "wpath": path}
     return {"H": H, "G": np.take(arrs.G, par, axis=1, mode="clip"),
             "last": xi.transpose(1, 0, 2), "wpath": path}
@@ -200,17 +201,29 @@ def _last_level(cache, block, arrs, s, sl, gen, W, r):
     return H, (X1, m), path, path2, _history(arrs.xiT[s], prow, g, last)
 
 
+def _terminal_children(task, block, arrs, idx):
+    """The complete responses among the block's children ``idx`` (rows ``b*V + a``): ``B``
+    parents, ``k`` terminal tokens ``K (k,)`` under each, the last token ``tok (B*k,)`` and
+    the child block ``done`` of every response, the parents' generated tokens ``gen (B, d)``."""
+    B, d = block["prompt"].shape[0], block["depth"]
+    k = len(idx) // B
+    _, tok, done = expand(task, block, idx, arrs.p, arrs.q, tokens=False)
+    gen = block["tokens"][np.arange(B)[:, None], (block["length"] - d)[:, None] + np.arange(d)]
+    return B, k, idx[:k] % task.model.vocab_size, tok, done, gen
+
+
+def _sub_blocks(B, P):
+    """Slices of ``B`` parents whose ``(b, P)`` arrays hold at most ``_SUB_ELEMENTS``."""
+    step = max(1, _SUB_ELEMENTS // P)
+    return [slice(lo, lo + step) for lo in range(0, B, step)]
+
+
 def _complete(run, cache, batch, block, arrs, idx):
     """The complete responses among the block's children ``idx`` (the same tokens ``K``
     under every parent): their rewards at once, the sums of each stream (weights per
     window and token, then per parent), the autodiff queue and the kept records."""
-    task, d, V = run.task, block["depth"], run.task.model.vocab_size
-    B = block["prompt"].shape[0]
-    k = len(idx) // B
-    K = idx[:k] % V  # (k,) terminal tokens
-    _, tok, done = expand(task, block, idx, arrs.p, arrs.q, tokens=False)
-    gen = block["tokens"][np.arange(B)[:, None],
-                          (block["length"] - d)[:, None] + np.arange(d)]  # (B, d)
+    task, d = run.task, block["depth"]
+    B, k, K, tok, done, gen = _terminal_children(task, block, arrs, idx)
     resp = np.full((B * k, task.max_len), -1, dtype=np.int64)  # (C, T)
     resp[:, :d], resp[:, d] = np.repeat(gen, k, axis=0), tok
     R = task.reward.batch(resp, np.full(B * k, d + 1), task.prompts, done["prompt"])  # (C,)
@@ -247,9 +260,7 @@ def _parent_sums(run, cache, block, arrs, gen, K, weights):
     temporaries); with every token terminal, the reward-weighted products per window
     later."""
     B, full = block["prompt"].shape[0], len(K) == run.task.model.vocab_size
-    step = max(1, _SUB_ELEMENTS // run.task.model.num_params)
-    for lo in range(0, B, step):
-        sl = slice(lo, lo + step)
+    for sl in _sub_blocks(B, run.task.model.num_params):
         starts = prefix_starts(block["prompt"][sl], gen[sl])
         rows = arrs.rows[sl]
         for s, (mom, xi, w, Rc, rho_w, r) in enumerate(weights):
@@ -279,19 +290,14 @@ def _complete_fisher(run, cache, block, arrs, idx):
     add only their probability, :math:`\sum w\,h` and :math:`\sum w\,h^2` per stream
     (:func:`fisher_ref.grouped.fisher_sums`; with every token terminal, the terms without
     ``H`` per window, :meth:`WindowCache.accumulate_reach`). No rewards are evaluated."""
-    task, d, V = run.task, block["depth"], run.task.model.vocab_size
-    B, P = block["prompt"].shape[0], task.model.num_params
-    k = len(idx) // B
-    K, full = idx[:k] % V, k == V  # (k,) terminal tokens
-    done = expand(task, block, idx, arrs.p, arrs.q, tokens=False)[2]
-    gen = block["tokens"][np.arange(B)[:, None], (block["length"] - d)[:, None] + np.arange(d)]
-    step = max(1, _SUB_ELEMENTS // P)
+    task, d, P = run.task, block["depth"], run.task.model.num_params
+    B, k, K, _, done, gen = _terminal_children(task, block, arrs, idx)
+    full = k == task.model.vocab_size
     for s, (name, wname, _) in enumerate(run.streams):
         r, w = block[REACH[wname]], done[REACH[wname]].reshape(B, k)  # (B,), (B, k)
         if full:
             cache.accumulate_reach(s, arrs.rows, r, d)
-        for lo in range(0, B, step):
-            sl = slice(lo, lo + step)
+        for sl in _sub_blocks(B, P):
             if "src" in block:  # the last level: H formed from the parents' rows
                 H = cache.work(2, (len(w[sl]), P))
                 _last_H(block, arrs, s, sl, gen, H)
@@ -345,8 +351,9 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         reference: run the plain engine
             (:func:`fisher_ref.exact_reference.exact_reference`) instead.
         quantities: ``"all"`` (every quantity) or ``"fisher"``: per stream only
-            :math:`E[h]`, :math:`E[h^2]`, the token Fisher sums and the largest
-            conditional score mean (:class:`fisher_ref.results.FisherStreamResult`),
+            :math:`E[h]`, :math:`E[h^2]`, ``token_fisher_sum``, ``token_fisher_by_depth``,
+            the largest conditional score mean and the mass
+            (:class:`fisher_ref.results.FisherStreamResult`),
             with the per-state arrays when kept and no per-response arrays; no
             reward is evaluated. Reading a skipped quantity raises an ``AttributeError``.
 

@@ -63,8 +63,10 @@ def parent_powers(a, s, xi, rows, K, r, w, n=4):
         return out
     x = xi[rows[:, None], K[None, :]]  # (B, k, P)
     x2 = x * x
-    return [np.einsum("bk,bkp->bp", w, x), np.einsum("bk,bkp->bp", w, x2),
-            np.einsum("bk,bkp,bkp->bp", w, x2, x), np.einsum("bk,bkp,bkp->bp", w, x2, x2)][:n]
+    terms = [lambda: np.einsum("bk,bkp->bp", w, x), lambda: np.einsum("bk,bkp->bp", w, x2),
+             lambda: np.einsum("bk,bkp,bkp->bp", w, x2, x),
+             lambda: np.einsum("bk,bkp,bkp->bp", w, x2, x2)]
+    return [f() for f in terms[:n]]
 
 
 def window_products(C, xi, rows, K):

@@ -21,7 +21,8 @@ Per-window arrays (``U`` windows; streams ``s`` as in :mod:`fisher_ref.walk`):
 
 - ``p``, ``q`` ``(U, V)``: the policy's and the sampler's next-token probabilities;
 - ``xi{c}`` ``(U, V, P)``: the score of every token under center ``c``;
-- ``y{s}_{n}`` ``(U, P)``, ``n = 1..4``: :math:`\sum_a q_a \xi_a^n` under the
+- ``y{s}_{n}`` ``(U, P)``, ``n = 1..4`` (``1..2`` with ``moments=2``, all that
+  ``exact(..., quantities="fisher")`` reads): :math:`\sum_a q_a \xi_a^n` under the
   distribution ``q`` stream ``s`` draws from: ``y{s}_1`` is :math:`E[\xi \mid s]`,
   ``y{s}_2`` the token moment :math:`m = \sum_a q_a (j_a - c)^2`;
 - ``uniform`` ``(U, P)`` when states are kept: :math:`\frac1V\sum_a (j_a - \bar j^{\,unif})^2`.
@@ -245,7 +246,7 @@ class WindowCache:
         r"""Add reach ``r (B,)`` of parents at rows ``(B,)`` and ``depth`` whose every token
         ends a response (weights :math:`w_{g,a} = r_g q_a`): at :meth:`flush`, the sums
         without :math:`H`, :math:`\sum_g r_g\,y_n(u_g)`, go to ``h`` (``n = 1``), ``h2``
-        and ``cross[depth]`` (2), ``h4`` and ``cross4[depth]`` (4)."""
+        and ``cross[depth]`` (2), ``h4`` and ``cross4[depth]`` (4; not with ``moments=2``)."""
         m = int(rows.max()) + 1
         self.acc[("r", s)][:m, depth] += np.bincount(rows, r, minlength=m)
 

@@ -212,6 +212,10 @@ _gpt2 = st.fixed_dictionaries({
 @given(_gpt2)
 def test_fast_engine_matches_reference_on_random_gpt2_tasks(d):
     """The transformer reads its whole history: every state is its own window."""
+    assert_same(*run_both(_gpt2_task(d)), f"gpt2 {d}")
+
+
+def _gpt2_task(d):
     V, T = d["vocab_size"], d["max_len"]
     prompts = [[t % V for t in p] for p in d["prompts"]]
     data = {"model": {"arch": "gpt2", "vocab_size": V, "eos": d["eos"],
@@ -221,45 +225,69 @@ def test_fast_engine_matches_reference_on_random_gpt2_tasks(d):
                       "init_scale": d["init_scale"]},
             "prompts": prompts, "max_len": T, "reward": d["reward"], "baseline": d["baseline"],
             "sampler": d["sampler"]}
-    task = task_from_json(json.loads(json.dumps(data)))
-    assert_same(*run_both(task), f"gpt2 {data}")
+    return task_from_json(json.loads(json.dumps(data)))
 
 
 # ---------------------------------------------------------------- quantities="fisher"
+
+
+def fisher_run(task, **kw):
+    """``exact(task, quantities="fisher", **kw)`` (with a sampler, also two top-k streams)."""
+    kw.setdefault("progress", False)
+    if task.sampler is not None:
+        kw.setdefault("topk", (1, 2))
+    return exact(task, quantities="fisher", **kw)
+
+
+def full_reference(task, **kw):
+    """The plain engine's full run, the judge of every quantities="fisher" run."""
+    return exact_reference(task, progress=False,
+                           topk=(1, 2) if task.sampler is not None else (), **kw)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fisher_quantities_match_the_full_reference(case):
     """``exact(quantities="fisher")`` takes its own route (no rewards, no path sums, no
     cross terms, H formed only for sum w h and sum w h^2); each field it computes equals
-    the plain engine's full run."""
+    the plain engine's full run. So does the plain engine's own fisher result."""
     task = CASES[case]()
-    fast, ref = run_both(task, quantities="fisher")[0], run_both(task)[1]
+    fast, ref = fisher_run(task), full_reference(task)
     assert fast.quantities == "fisher" and fast.streams.keys() == ref.streams.keys()
     assert set(vars(fast.streams["policy"])) == {
         "score_mean", "sequence_fisher", "token_fisher_sum", "token_fisher_by_depth",
         "cond_score_max", "mass"}
     assert_same(fast, ref, f"{case}, quantities='fisher'")
+    assert_same(fisher_run(task, reference=True), ref, f"{case}, plain engine, 'fisher'")
 
 
-@pytest.mark.parametrize("knob, value", [("_SUB_ELEMENTS", 1), ("WINDOW_CACHE_BYTES", 1)])
+@pytest.mark.parametrize("knob, value", [("_SUB_ELEMENTS", 1), ("WINDOW_CACHE_BYTES", 1),
+                                         (None, None)])
 @pytest.mark.parametrize("chunk", [None, 2])
 def test_fisher_quantities_in_small_pieces(monkeypatch, knob, value, chunk):
-    """One parent per sub-block, a cache emptied for every window, blocks of two states."""
+    """One parent per sub-block, a cache emptied for every window, blocks of two states;
+    and with no state kept."""
+    if knob:
+        monkeypatch.setattr(exact_mod, knob, value)
     for name in ("default", "offpolicy_stale"):
         task = load_config(name)
-        ref = run_both(task)[1]
-        monkeypatch.setattr(exact_mod, knob, value)
-        fast = run_both(task, quantities="fisher", chunk=chunk)[0]
-        monkeypatch.undo()
-        assert_same(fast, ref, f"{name}, quantities='fisher', {knob}={value}, chunk={chunk}")
+        fast = fisher_run(task, chunk=chunk, keep_states=knob is not None)
+        assert (fast.states is None) == (knob is None)
+        assert_same(fast, full_reference(task, keep_states=knob is not None),
+                    f"{name}, quantities='fisher', {knob}={value}, chunk={chunk}")
 
 
 @settings(derandomize=True, database=None, deadline=None, max_examples=20)
 @given(small_tasks())
 def test_fisher_quantities_match_reference_on_random_tasks(task):
-    assert_same(run_both(task, quantities="fisher")[0], run_both(task)[1],
-                f"{task.model.spec}, quantities='fisher'")
+    assert_same(fisher_run(task), full_reference(task), f"{task.model.spec}, 'fisher'")
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=6,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(_gpt2)
+def test_fisher_quantities_match_reference_on_random_gpt2_tasks(d):
+    task = _gpt2_task(d)
+    assert_same(fisher_run(task), full_reference(task), f"gpt2 {d}, 'fisher'")
 
 
 def test_fisher_quantities_evaluate_no_reward(monkeypatch):
@@ -290,6 +318,35 @@ def test_fisher_result_refuses_what_it_did_not_compute(reference):
         r.no_such_thing
     with pytest.raises(AttributeError, match="has no attribute 'no_such_thing'"):
         r.streams["policy"].no_such_thing
+
+
+def test_fisher_result_pickles_and_copies():
+    """The ``__getattr__`` of the results must not recurse on objects being rebuilt."""
+    import copy
+    import pickle
+    r = exact(load_config("offpolicy_stale"), progress=False, quantities="fisher")
+    for clone in (pickle.loads(pickle.dumps(r)), copy.copy(r), copy.deepcopy(r)):
+        assert clone.quantities == "fisher"
+        assert np.array_equal(clone.sequence_fisher, r.sequence_fisher)
+        assert np.array_equal(clone.streams["raw"].sequence_fisher,
+                              r.streams["raw"].sequence_fisher)
+        assert not hasattr(clone, "gradient") and not hasattr(clone.streams["raw"], "bound")
+
+
+def test_consumers_refuse_a_fisher_result_up_front(monkeypatch):
+    """What needs every quantity says so before it does any work."""
+    from fisher_ref.golden import golden_arrays
+    from fisher_ref.monte_carlo import check_monte_carlo
+    from fisher_ref.verify import exact_checks
+    import fisher_ref.monte_carlo as mc
+    task = load_config("default")
+    r = exact(task, progress=False, quantities="fisher")
+    monkeypatch.setattr(mc, "estimate", lambda *a, **k: pytest.fail("sampled first"))
+    for call, who in [(lambda: exact_checks(r), "exact_checks"),
+                      (lambda: check_monte_carlo(task, r, 100, seed=0), "check_monte_carlo"),
+                      (lambda: golden_arrays(task, r), "a golden file")]:
+        with pytest.raises(ValueError, match=f"{who} needs every exact quantity.*'fisher'"):
+            call()
 
 
 @pytest.mark.parametrize("bad", ["Fisher", "", None, ("fisher",)])
