@@ -60,12 +60,15 @@ WORK = {
     "torch_cpu_float64": "the same quantities as fisher_ref",
     "torch_cuda_float64": "the same quantities as fisher_ref",
     "torch_peer": "F, E[h] and the token Fisher per state only (scripts/torch_peer.py)",
-    "fisher_ref_fisher": "quantities='fisher': E[h], E[h^2], token Fisher sums of every "
-                         "stream and the per-state arrays (token Fisher, uniform, E[xi|s])",
+    "fisher_ref_fisher": "quantities='fisher' on the policy stream (the sampler dropped, as "
+                         "the peer ignores it): E[h], E[h^2], token_fisher_sum and by depth, "
+                         "the token Fisher per state formed (the uniform Fisher and E[xi|s] "
+                         "kept per window)",
 }
 #: For a measurement that does less than fisher_ref, the fisher_ref measurement doing the
 #: same work: ``ratio_like[name] = median(LIKE_FOR_LIKE[name]) / median(name)``.
 LIKE_FOR_LIKE = {"torch_peer": "fisher_ref_fisher"}
+NUMPY_SIDES = (REFERENCE, "fisher_ref_fisher")
 
 
 def measure_fisher_ref(task):
@@ -76,10 +79,12 @@ def measure_fisher_ref(task):
 
 
 def measure_fisher_only(task):
-    """``exact(task, quantities="fisher")`` with its per-state arrays formed: the peer's
-    work (and the uniform Fisher and E[xi|s] per state besides)."""
+    """``exact(task, quantities="fisher")`` on the policy stream with its per-state token
+    Fisher formed: the peer's work and output. The peer reads no sampler, so neither does
+    this side: an off-policy task is timed without its sampler."""
     from .exact import exact
-    return lambda: exact(task, progress=False, quantities="fisher").gathered()
+    task = task.with_(sampler=None) if task.sampler is not None else task
+    return lambda: exact(task, progress=False, quantities="fisher").states["token_fisher"]
 
 
 def _measure_torch(device):
@@ -173,7 +178,7 @@ def _max_rss_bytes():
 def _worker(conn, name, task_bytes, threads):
     """A measurement's own process: build, warm up, then time one call per ``"run"``."""
     try:
-        if threads and name != REFERENCE:
+        if threads and name not in NUMPY_SIDES:  # the numpy sides never load torch
             import torch
             torch.set_num_threads(threads)
         fn = MEASUREMENTS[name](pickle.loads(task_bytes))
@@ -324,7 +329,9 @@ def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, is
                 r.close()
     median = {n: statistics.median(t) for n, t in times.items()}
     minimum = {n: min(t) for n, t in times.items()}
-    others = [n for n in names if n != REFERENCE and REFERENCE in names]
+    # a like-for-like side is compared with what it stands in for, not with fisher_ref
+    others = [n for n in names if n != REFERENCE and REFERENCE in names
+              and n not in LIKE_FOR_LIKE.values()]
     like = {n: m for n, m in LIKE_FOR_LIKE.items() if n in names and m in names}
     cost = estimate_cost(task)
     return {"task": task.name, "repeats": repeats, "n_states": cost.n_states,

@@ -52,6 +52,8 @@ __all__ = ["peer_exact", "peer_theta"]
 CHUNK_ELEMENTS = 2 ** 18
 # Distinct windows per vmap(jacrev) call.
 WINDOWS_PER_CALL = 256
+# Window keys are looked up in a table of every possible key up to this many keys.
+DENSE_KEYS = 2 ** 24
 
 
 def peer_theta(model):
@@ -88,9 +90,11 @@ class _Windows:
     def __init__(self, theta, dims, capacity):
         V, k, P = dims[0], dims[1], theta.numel()
         self.parts, self.n = _split(theta, *dims), 0
-        # a window's entries lie in 0..V (V pads the start): its key is a base-(V+1) number
+        # a window's entries lie in 0..V (V pads the start): its key is a base-(V+1) number,
+        # looked up in a table of every key when that is small, else in a dict of tuples
+        self.dense = (V + 1) ** k <= DENSE_KEYS
         self.base = (V + 1) ** torch.arange(k - 1, -1, -1)  # (k,)
-        self.slot = torch.full(((V + 1) ** k,), -1, dtype=torch.long)  # key -> row, -1: new
+        self.slot = torch.full(((V + 1) ** k,), -1, dtype=torch.long) if self.dense else {}
         # the Jacobian with respect to each tensor, not to slices of the flat vector (whose
         # backward writes every slice's gradient into a zeroed copy of the whole vector)
         self.jac = vmap(jacrev(_log_probs, argnums=(0, 1, 2, 3, 4)), in_dims=(None,) * 5 + (0,))
@@ -100,25 +104,44 @@ class _Windows:
         self.p = torch.empty(capacity, V, dtype=torch.float64)
         self.f = torch.empty(capacity, P, dtype=torch.float64)
 
+    def _slots(self, win):
+        """Each window's key and row (-1: not computed yet)."""
+        if self.dense:
+            keys = win @ self.base  # (n,)
+            return keys, self.slot[keys]
+        keys = [tuple(r) for r in win.tolist()]
+        return keys, torch.tensor([self.slot.get(key, -1) for key in keys], dtype=torch.long)
+
     def rows(self, win):
         """Row of each window of ``win (n, k)``, computing the new ones."""
-        keys = win @ self.base  # (n,)
-        new, first = torch.unique(keys[self.slot[keys] < 0], return_inverse=True)
-        if len(new):
-            at = torch.empty(len(new), dtype=torch.long)  # one window of each new key
-            at[first] = torch.nonzero(self.slot[keys] < 0)[:, 0]
-            W, n = win[at], self.n  # (U_new, k)
-            for lo in range(0, len(new), WINDOWS_PER_CALL):
-                w = W[lo:lo + WINDOWS_PER_CALL]
-                r = slice(n + lo, n + lo + len(w))
-                S = self.S[r]  # (u, V, P): each tensor's Jacobian written into its columns
-                for g, lo_c, hi_c in zip(self.jac(*self.parts, w), self.cuts, self.cuts[1:]):
-                    S[:, :, lo_c:hi_c] = g.reshape(S.shape[0], S.shape[1], -1)
-                p = self.p[r] = torch.exp(self.logp_of(*self.parts, w))  # (u, V)
-                self.f[r] = torch.einsum("uv,uvp->up", p, S * S)  # (u, P)
-            self.slot[new] = torch.arange(n, n + len(new))
-            self.n += len(new)
-        return self.slot[keys]
+        keys, slots = self._slots(win)
+        fresh = torch.nonzero(slots < 0)[:, 0]  # (m,) windows not computed yet
+        if len(fresh) == 0:
+            return slots
+        if self.dense:  # one window of each new key
+            new, inv = torch.unique(keys[fresh], return_inverse=True)
+            at = torch.empty(len(new), dtype=torch.long)
+            at[inv] = fresh
+        else:
+            first = {}
+            for i in fresh.tolist():
+                first.setdefault(keys[i], i)
+            new, at = list(first), torch.tensor(list(first.values()), dtype=torch.long)
+        W, n = win[at], self.n  # (U_new, k)
+        for lo in range(0, len(W), WINDOWS_PER_CALL):
+            w = W[lo:lo + WINDOWS_PER_CALL]
+            r = slice(n + lo, n + lo + len(w))
+            S = self.S[r]  # (u, V, P): each tensor's Jacobian written into its columns
+            for g, lo_c, hi_c in zip(self.jac(*self.parts, w), self.cuts, self.cuts[1:]):
+                S[:, :, lo_c:hi_c] = g.reshape(S.shape[0], S.shape[1], -1)
+            p = self.p[r] = torch.exp(self.logp_of(*self.parts, w))  # (u, V)
+            self.f[r] = torch.einsum("uv,uvp->up", p, S * S)  # (u, P)
+        if self.dense:
+            self.slot[new] = torch.arange(n, n + len(W))
+        else:
+            self.slot.update({key: n + i for i, key in enumerate(new)})
+        self.n += len(W)
+        return self._slots(win)[1]
 
 
 def _add_complete(table, rows, Hs, reach, term, last, F, Eh):

@@ -85,9 +85,17 @@ def test_peer_row_is_optional(tmp_path, monkeypatch):
         res["min"]["fisher_ref_fisher"] / res["min"]["torch_peer"])
     assert "quantities='fisher'" in res["work"]["fisher_ref_fisher"]
     assert "ratio fisher_ref_fisher/torch_peer = " in format_table(res)
+    assert "fisher_ref_fisher" not in res["ratio"]  # compared with the peer only
     without = bench(load_config("default"), repeats=1, names=["fisher_ref", "torch_peer"],
                     isolate=False)
     assert without["ratio_like"] == {}  # no like-for-like side, no like-for-like ratio
+
+
+def test_numpy_sides_run_without_torch():
+    res = bench(load_config("default"), repeats=1, names=["fisher_ref", "fisher_ref_fisher"],
+                threads=1)
+    assert res["isolated"]
+    assert all(res["env"][n]["torch_threads"] is None for n in res["env"])
 
 
 def test_measurements_are_functions_of_the_task():

@@ -69,6 +69,34 @@ def test_peer_reads_theta_from_the_task():
     assert_peer_matches(spec)
 
 
+def test_peer_looks_windows_up_by_tuple_when_the_key_table_would_be_large(monkeypatch):
+    monkeypatch.setattr(torch_peer, "DENSE_KEYS", 0)
+    assert_peer_matches(_config("weighted_prompts"))
+
+
+def test_bench_like_for_like_side_gives_the_peer_output():
+    """bench's ``fisher_ref_fisher`` side stands in for the peer: on an off-policy config
+    (the peer reads no sampler) it returns the same per-state token Fisher as the peer,
+    and exact(quantities="fisher") of that task the same F."""
+    from fisher_ref.bench import MEASUREMENTS
+    from fisher_ref.results import FisherStreamResult
+    spec = _config("offpolicy_stale")
+    task = task_from_json(spec)
+    assert task.sampler is not None
+    f_ours = MEASUREMENTS["fisher_ref_fisher"](task)()
+    peer = torch_peer.peer_exact(spec)
+    r = exact(task.with_(sampler=None), progress=False, quantities="fisher")
+    assert isinstance(r.streams["policy"], FisherStreamResult) and list(r.streams) == ["policy"]
+    assert rel(peer["fisher"], r.sequence_fisher) <= RTOL
+    st_ = r.states
+    plen = np.array([len(p) for p in spec["prompts"]])[st_["prompt"]]
+    gen = [row[n:n + d] for row, n, d in zip(st_["tokens"].tolist(), plen, st_["depth"])]
+    k_ref, f_ref = _states_by_key(st_["prompt"], st_["depth"], gen, f_ours)
+    k_peer, f_peer = _states_by_key(peer["prompt"], peer["depth"], peer["tokens"],
+                                    peer["token_fisher"])
+    assert k_peer == k_ref and rel(f_peer, f_ref) <= RTOL
+
+
 def test_peer_refuses_other_architectures():
     with pytest.raises(ValueError, match="mlp_window model only"):
         torch_peer.peer_exact(_config("gpt2_small"))
