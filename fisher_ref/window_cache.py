@@ -39,6 +39,9 @@ __all__ = ["WindowCache"]
 # and of one sensitivities call (about 16 MiB).
 _CHUNK_ELEMENTS = 2 ** 18
 _J_ELEMENTS = 2 ** 21
+# Window keys looked up in a table indexed by key when there are at most this many
+# possible keys (8 MiB of ids); else in a dict.
+_DENSE_KEYS = 2 ** 20
 
 
 class WindowCache:
@@ -80,6 +83,9 @@ class WindowCache:
         k = task.model.context
         self.exact_keys = (V + 2) ** k < 2 ** 62
         self.base = ((V + 2) ** np.arange(k)).astype(np.int64) if self.exact_keys else None
+        # few possible keys: an id table indexed by key (else a dict of keys)
+        self.id_of_key = np.full((V + 2) ** k, -1, dtype=np.int64) \
+            if (V + 2) ** k <= _DENSE_KEYS else None
         self.key_id, self.table, self.n_ids = {}, np.zeros((64, k), dtype=np.int64), 0
         self.row_of = np.full(64, -1, dtype=np.int64)  # (n_ids,) cache row of each id
         self.sums = {s: {k: np.zeros(P) for k in self.names.get(s, []) + ["h", "h2", "h4"]}
@@ -104,6 +110,16 @@ class WindowCache:
                     j = self.key_id[key] = self._new_id(W[i])
                 out[i] = j
             return out
+        if self.id_of_key is not None:
+            keys = (W + 1) @ self.base  # (B,)
+            fresh = np.flatnonzero(self.id_of_key[keys] < 0)
+            if len(fresh):  # new ids in order of first appearance
+                uk, first = np.unique(keys[fresh], return_index=True)
+                order = np.argsort(first, kind="stable")
+                lo = self.n_ids
+                self._new_ids(W[fresh[first[order]]])
+                self.id_of_key[uk[order]] = np.arange(lo, self.n_ids)
+            return self.id_of_key[keys]
         # each distinct key looked up once, in order of first appearance (new ids follow it)
         uk, first, inv = np.unique((W + 1) @ self.base, return_index=True, return_inverse=True)
         ids = np.empty(len(uk), dtype=np.int64)
@@ -116,12 +132,17 @@ class WindowCache:
         return ids[inv.reshape(-1)]
 
     def _new_id(self, window):
-        if self.n_ids == len(self.table):
+        self._new_ids(window[None])
+        return self.n_ids - 1
+
+    def _new_ids(self, windows):
+        """Give the next ids to ``windows (m, k)``, growing the tables (doubling)."""
+        n = self.n_ids + len(windows)
+        while n > len(self.table):
             self.table = np.concatenate([self.table, np.zeros_like(self.table)])
             self.row_of = np.concatenate([self.row_of, np.full(len(self.row_of), -1)])
-        self.table[self.n_ids] = window
-        self.n_ids += 1
-        return self.n_ids - 1
+        self.table[self.n_ids:n] = windows
+        self.n_ids = n
 
     def windows_of(self, ids):
         """The windows ``(len(ids), k)`` of run-wide ids."""

@@ -134,14 +134,16 @@ def test_window_cache_overflow_changes_nothing(monkeypatch, budget):
     assert_same(exact(task, progress=False, chunk=5), ref, f"cache budget {budget}")
 
 
-@pytest.mark.parametrize("knob", ["_SUB_ELEMENTS", "DEFER_BYTES", "_AUTODIFF_ROWS"])
+@pytest.mark.parametrize("knob", ["_SUB_ELEMENTS", "DEFER_BYTES", "_AUTODIFF_ROWS",
+                                  "_DENSE_KEYS"])
 def test_fast_engine_split_work_changes_nothing(monkeypatch, knob):
     """Sub-blocks of one parent, per-window products used after every block instead of
-    gathered over many blocks, an autodiff call per block: the same sums, grouped
-    otherwise."""
+    gathered over many blocks, an autodiff call per block, window keys in a dict instead
+    of a table: the same sums, grouped otherwise."""
     task = load_config("offpolicy_stale")
     ref = exact_reference(task, topk=(1, 2), progress=False)
-    monkeypatch.setattr(exact_mod, knob, 1)
+    import fisher_ref.window_cache as wc
+    monkeypatch.setattr(wc if knob == "_DENSE_KEYS" else exact_mod, knob, 1)
     assert_same(exact(task, topk=(1, 2), progress=False), ref, knob)
 
 

@@ -2,7 +2,9 @@
 ones, per-(window, token) sums and deferred products against direct sums, and
 results unchanged when the cache is emptied between uses."""
 import numpy as np
+import pytest
 
+import fisher_ref.window_cache as wc
 from cases import RTOL, rel
 from fisher_ref import load_config
 from fisher_ref.model import windows_for
@@ -22,11 +24,17 @@ def _windows(task):
     return windows_for(states, task.model.context, task.model.bos)
 
 
-def test_ids_are_run_wide_and_give_back_the_windows():
+@pytest.mark.parametrize("dense", [True, False])
+def test_ids_are_run_wide_and_give_back_the_windows(monkeypatch, dense):
+    """Keys looked up in a table indexed by key, or (many possible keys) in a dict: ids
+    in order of first appearance either way."""
+    if not dense:
+        monkeypatch.setattr(wc, "_DENSE_KEYS", 0)
     task = load_config("default")
     cache, W = _cache(task), _windows(task)
+    assert (cache.id_of_key is not None) == dense
     ids = cache.ids(W)
-    assert ids[1] == ids[5] and len(set(ids.tolist())) == 5
+    assert ids.tolist() == [0, 1, 2, 3, 4, 1]
     assert np.array_equal(cache.windows_of(ids), W)
     assert np.array_equal(cache.ids(W[::-1]), ids[::-1])  # same ids on a second call
 
