@@ -89,8 +89,9 @@ class _AutodiffBatch:
 
 
 def _block_arrays(run, cache, block):
-    """A block's per-state arrays, gathered from the per-window cache; adds its
-    token-level terms (summed per distinct window) and keeps its state records.
+    """A block's per-state arrays, gathered from the per-window cache; hands the cache
+    its states' reach for the token-level sums (taken per window when the cache is
+    flushed, :meth:`WindowCache.accumulate_states`) and keeps its state records.
 
     A block of the last level (:func:`_carry`) carries no per-state arrays: its
     path sums are formed per sub-block (:func:`_last_level`), and ``G`` is ``None``."""
@@ -104,10 +105,9 @@ def _block_arrays(run, cache, block):
     p, q = a["p"][rows], a["q"][rows]  # (B, V)
     if task.sampler is not None:
         check_support(block, p, q)
-    ur, inv = np.unique(rows, return_inverse=True)  # (U,), (B,)
-    reach = {k: np.bincount(inv, block[REACH[k]], minlength=len(ur)) for k in REACH}  # (U,)
-    run.add_states(reach, [a[f"y{s}_2"][ur] for s in range(S)],
-                   [a[f"y{s}_1"][ur] for s in range(S)], block["depth"], len(rows))
+    for s, (_, wname, _) in enumerate(run.streams):  # token-level sums: per window, later
+        cache.accumulate_states(s, rows, block[REACH[wname]], d)
+    run.bar.update(B)
     if run.keep_states:  # the per-window arrays: by window id (_kept_by_window)
         run.keep_state_arrays(block, p, q, {"window": block["wid"]},
                               at=state_places(task, block))
@@ -323,6 +323,9 @@ def _finish(run, cache):
     T = run.task.max_len
     for s, (name, wname, _) in enumerate(run.streams):
         mom, sums = run.moments[name], dict(cache.sums[s])
+        by_depth = sums.pop("token_sum_by_depth")  # (T, P)
+        mom.add_sums(token_sum=by_depth.sum(axis=0), token_sum_by_depth=by_depth)
+        mom.cond_mean_max = np.maximum(mom.cond_mean_max, sums.pop("cond_max"))
         if run.quantities == "fisher":
             mom.add_sums(h=sums["h"], h2=sums["h2"])
             continue

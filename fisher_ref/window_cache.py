@@ -77,7 +77,7 @@ class WindowCache:
         self.powers = {s: np.array([n for _, n in v], dtype=int) for s, v in names.items()}
         T = task.max_len
         per = 8 * sum(int(np.prod(sh)) for sh in self.shapes.values())
-        per += 8 * (V * sum(len(p) for p in self.powers.values()) + T * len(streams))
+        per += 8 * (V * sum(len(p) for p in self.powers.values()) + 2 * T * len(streams))
         self.capacity = max(1, budget // per)
         # window entries lie in -1..V (-1 pads a model's whole-history window)
         k = task.model.context
@@ -91,7 +91,8 @@ class WindowCache:
         self.sums = {s: {k: np.zeros(P) for k in self.names.get(s, []) + ["h", "h2", "h4"]}
                      for s in range(len(streams))}
         for s in self.sums:
-            self.sums[s].update(cross=np.zeros((T, P)), cross4=np.zeros((T, P)))
+            self.sums[s].update(cross=np.zeros((T, P)), cross4=np.zeros((T, P)),
+                                token_sum_by_depth=np.zeros((T, P)), cond_max=np.zeros(P))
         self.pending, self.held, self.defer_bytes = [], 0, defer_bytes
         self.held_H = np.empty((0, P))  # running sums of deferred parents (defer)
         self.arrays, self.acc, self.size, self.n, self.scratch = {}, {}, 0, 0, {}
@@ -194,10 +195,10 @@ class WindowCache:
             old, self.acc[s] = self.acc.get(s), np.zeros((size, len(p), self.shapes["p"][0]))
             if old is not None:
                 self.acc[s][:self.n] = old[:self.n]
-        for s in range(len(self.streams)):
-            old, self.acc[("r", s)] = self.acc.get(("r", s)), np.zeros((size, self.task.max_len))
+        for key in [(kind, s) for kind in ("r", "st") for s in range(len(self.streams))]:
+            old, self.acc[key] = self.acc.get(key), np.zeros((size, self.task.max_len))
             if old is not None:
-                self.acc[("r", s)][:self.n] = old[:self.n]
+                self.acc[key][:self.n] = old[:self.n]
         self.size = size
 
     def _compute(self, Wu, lo):
@@ -270,6 +271,15 @@ class WindowCache:
         and ``cross[depth]`` (2), ``h4`` and ``cross4[depth]`` (4; not with ``moments=2``)."""
         m = int(rows.max()) + 1
         self.acc[("r", s)][:m, depth] += np.bincount(rows, r, minlength=m)
+
+    def accumulate_states(self, s, rows, reach, depth):
+        r"""Add the reach ``(B,)`` of states at rows ``(B,)`` and ``depth`` under stream
+        ``s``'s distribution: at :meth:`flush`, :math:`\sum_s \pi(s)\,m(s)` (the token
+        moment ``y_2`` of each state's window) goes to ``token_sum_by_depth[depth]``, and
+        :math:`|E[\xi \mid s]|` (``y_1``) of every window with a state of positive reach
+        to the largest so far, ``cond_max``."""
+        m = int(rows.max()) + 1
+        self.acc[("st", s)][:m, depth] += np.bincount(rows, reach, minlength=m)
 
     def reserve(self, B, P):
         """Room for the running sums of ``B`` parents in the held buffer, ``(B, P)``: the
@@ -361,6 +371,13 @@ class WindowCache:
             out["cross"] += A.T @ a[f"y{s}_2"][:self.n]  # (T, P)
             if f"y{s}_4" in a:
                 out["cross4"] += A.T @ a[f"y{s}_4"][:self.n]
+            A[:] = 0.0
+            A = self.acc[("st", s)][:self.n]  # (n, T) the states' reach per window and depth
+            out["token_sum_by_depth"] += A.T @ a[f"y{s}_2"][:self.n]  # (T, P)
+            live = np.flatnonzero(A.sum(axis=1) > 0)  # reach >= 0: some state reachable
+            if len(live):
+                np.maximum(out["cond_max"], np.abs(a[f"y{s}_1"][live]).max(axis=0),
+                           out=out["cond_max"])
             A[:] = 0.0
         self.row_of[:self.n_ids] = -1
         self.n = 0
