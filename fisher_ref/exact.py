@@ -94,7 +94,8 @@ def _block_arrays(run, cache, block):
     flushed, :meth:`WindowCache.accumulate_states`) and keeps its state records.
 
     A block of the last level (:func:`_carry`) carries no per-state arrays: its
-    path sums are formed per sub-block (:func:`_last_level`), and ``G`` is ``None``."""
+    path sums are formed per sub-block (:func:`_last_level`), and ``G`` is ``None`` (as in
+    every block with ``quantities="fisher"``, which forms no path sums)."""
     task, S = run.task, len(run.streams)
     B, d = block["prompt"].shape[0], block["depth"]
     W = task.model.windows(block["tokens"], block["length"])  # (B, k)
