@@ -231,3 +231,20 @@ def test_verify_runs_on_a_module_task():
     _, rows = verify_task(task, mc=0, progress=False)
     failed = [r.check for r in rows if r.kind != "info" and not r.passed]
     assert rows and not failed, failed
+
+
+def test_layout_places_each_parameter_block_where_theta_holds_it():
+    """``model.layout()`` (read by golden files, hf and the lessons) gives each block's
+    offset in theta: the block read there is the module's own parameter."""
+    torch.manual_seed(0)
+    module = CausalConvLM(4)
+    task = causal_lm_task(module, [[1]], 2, reward, vocab_size=4, eos=True)
+    named = dict(module.named_parameters())
+    theta, end = task.theta, 0
+    for name, shape, off in task.model.layout():
+        n = int(np.prod(shape))
+        assert off == end, name  # blocks one after another
+        expect = named[name].detach().double().numpy()
+        assert np.array_equal(theta[off:off + n].reshape(shape), expect), name
+        end = off + n
+    assert end == task.model.num_params

@@ -65,8 +65,9 @@ def accumulation_dtype(dtype):
 class TorchAdapter:
     """Base of the adapters: device, dtypes, ``theta`` conversion and ``vmap(jacrev)``.
 
-    A subclass sets ``vocab_size, eos, bos, num_params, context`` and defines
-    ``windows``, ``unpack`` and ``logits_of``. ``whole_history`` is True when a window holds the whole
+    A subclass sets ``vocab_size, eos, bos, num_params, context`` and ``layout`` (the
+    ``(name, shape, offset)`` blocks of ``theta``) and defines ``windows`` and
+    ``logits_of``. ``whole_history`` is True when a window holds the whole
     state (no two states share one), so per-window caching is pointless.
     """
 
@@ -85,8 +86,10 @@ class TorchAdapter:
     def windows(self, tokens, lengths):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def unpack(self, theta):  # pragma: no cover - abstract
-        raise NotImplementedError
+    def unpack(self, theta):
+        """Named views of the flat ``theta`` (row-major), from ``layout``."""
+        return {name: theta[off:off + int(np.prod(shape))].reshape(shape)
+                for name, shape, off in self.layout}
 
     def logits_of(self, params, windows):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -137,11 +140,6 @@ class _WindowAdapter(TorchAdapter):
         self.vocab_size, self.context, self.bos = model.vocab_size, model.context, model.bos
         self.eos, self.num_params = model.eos, model.num_params
         self.layout = model.layout()
-
-    def unpack(self, theta):
-        """Named views of the flat ``theta`` (row-major), from the model's layout."""
-        return {name: theta[off:off + int(np.prod(shape))].reshape(shape)
-                for name, shape, off in self.layout}
 
     def windows(self, tokens, lengths):
         return state_windows(tokens, lengths, self.context, self.bos)  # (B, k)

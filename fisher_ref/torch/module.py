@@ -34,6 +34,7 @@ import torch
 from autograd.extend import defvjp, primitive
 from torch.func import functional_call, jacrev
 
+from ..model import layout_offsets
 from .model import JACOBIAN_CHUNK, TorchAdapter
 
 __all__ = ["from_module", "ModuleAdapter", "TorchModuleModel", "causal_lm_task", "exact_causal_lm",
@@ -67,7 +68,8 @@ class ModuleAdapter(TorchAdapter):
     """A torch module as a :class:`fisher_ref.torch.model.TorchAdapter` (see :func:`from_module`).
 
     Attributes:
-        names, shapes: the parameter blocks of ``theta``, in order.
+        names, shapes: the parameter blocks of ``theta``, in order; ``layout`` the same
+            with each block's offset.
         theta0: float64 numpy ``(P,)``, the module's own parameters.
     """
 
@@ -77,19 +79,11 @@ class ModuleAdapter(TorchAdapter):
         super().__init__(device, dtype)
         self.module = copy.deepcopy(module).to(device=self.device, dtype=self.dtype).eval()
         self.names, self.shapes, self.theta0 = flat_parameters(module)
+        self.layout = layout_offsets(list(zip(self.names, self.shapes)))
         self.vocab_size, self.eos, self.bos = int(vocab_size), bool(eos), bos
         self.context = int(positions)
         self.num_params = int(self.theta0.size)
         self.name, self.vectorize = name, vectorize
-
-    def unpack(self, theta):
-        """``{name: view}`` of the flat ``theta`` in the module's shapes."""
-        out, off = {}, 0
-        for name, shape in zip(self.names, self.shapes):
-            n = int(np.prod(shape))
-            out[name] = theta[off:off + n].reshape(shape)
-            off += n
-        return out
 
     def call(self, params, ids):
         """Next-token logits ``(b, V)`` of unpadded sequences ``ids (b, n)`` with the
@@ -253,7 +247,7 @@ class TorchModuleModel:
         return out
 
     def layout(self):
-        return [(n, s, 0) for n, s in zip(self.adapter.names, self.adapter.shapes)]
+        return list(self.adapter.layout)
 
     def init_params(self):
         return self.adapter.theta0.copy()
