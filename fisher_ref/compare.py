@@ -36,7 +36,8 @@ from .fileio import atomic_output
 from .results import require_all_quantities
 
 __all__ = ["TOLERANCES", "TOL_FLOAT64", "TOL_FLOAT32", "TOL_BFLOAT16", "MC_ALPHA",
-           "DEFAULT_MC", "bernstein_threshold", "compare", "rel_error", "add_arguments", "run", "format_table"]
+           "DEFAULT_MC", "bernstein_threshold", "compare", "exact_state_sensitivities", "rel_error",
+           "add_arguments", "run", "format_table"]
 
 MC_ALPHA = 1e-6  # false-failure rate of one Monte Carlo row (Bonferroni over parameters)
 DEFAULT_MC = 4000
@@ -59,19 +60,26 @@ def highest_matmul_precision():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old[1:]
 
 
-def _pairs(task, ref, out, tm):
-    """(name, torch array, exact array, scale) for every compared quantity."""
-    import torch
+def exact_state_sensitivities(task, ref):
+    """Every kept state's window ``W (N, k)``, its exact sensitivities ``J (N, P, V)``
+    and their largest size per parameter ``(P,)``: computed once, for every dtype."""
     from .sensitivities import sensitivities
-    from .torch.exact import STREAM_QUANTITIES
     st = ref.states
     lengths = np.array([len(task.prompts[p]) for p in st["prompt"]]) + st["depth"]
     W = task.model.windows(st["tokens"], lengths)  # (N, k)
+    J_exact = sensitivities(task.model, task.theta, W)  # (N, P, V)
+    return W, J_exact, np.abs(J_exact).max(axis=(0, 2))
+
+
+def _pairs(task, ref, out, tm, exact_sens):
+    """(name, torch array, exact array, scale) for every compared quantity;
+    ``exact_sens`` is :func:`exact_state_sensitivities`."""
+    import torch
+    from .torch.exact import STREAM_QUANTITIES
+    st, (W, J_exact, jmax) = ref.states, exact_sens
     with torch.no_grad():
         J = tm.sensitivities(tm.theta(task.theta), torch.as_tensor(W, device=tm.device))
-    J_exact = sensitivities(task.model, task.theta, W)  # (N, P, V)
     yield "sensitivities", J.to("cpu", torch.float64).numpy(), J_exact, None
-    jmax = np.abs(J_exact).max(axis=(0, 2))  # (P,)
     for key in ("reach", "probs", "token_fisher", "uniform"):
         yield f"states.{key}", out["states"][key], st[key], None
     yield "sequences.prob", out["sequences"]["prob"], ref.sequences["prob"], None
@@ -180,14 +188,16 @@ def compare(task, device="cpu", dtypes=DEFAULT_DTYPES, mc=DEFAULT_MC, seed=0, re
     if ref is not None:
         require_all_quantities(ref, "compare")
     ref = exact(task, progress=False, keep_states=True, keep_sequences=True) if ref is None else ref
-    rows, ranges = [], None
+    rows, ranges, exact_sens = [], None, exact_state_sensitivities(task, ref)
     with highest_matmul_precision():
         for d in dtypes:
             tm = torch_model(task.model, device=device, dtype=d)
+            # no row reads the variances; the float64 run's ranges serve the MC rows
             out = tex.torch_exact(task, device=device, dtype=d, adapter=tm,
-                                  keep_states=True, keep_sequences=True)
+                                  keep_states=True, keep_sequences=True,
+                                  variances=d == "float64")
             ranges = out["ranges"] if d == "float64" else ranges
-            for name, a, b, s in _pairs(task, ref, out, tm):
+            for name, a, b, s in _pairs(task, ref, out, tm, exact_sens):
                 abs_err, rel_err = rel_error(a, b, s)
                 rows.append(_row(name, d, device, abs_err, rel_err, "rel", rel_err,
                                  TOLERANCES[d]))

@@ -27,7 +27,7 @@ import numpy as np
 
 __all__ = ["Moments", "StreamResult", "FisherStreamResult", "ExactResult", "GatheredStates",
            "finish_stream", "finish_fisher", "topk_overlap", "QUANTITIES", "check_quantities",
-           "require_all_quantities"]
+           "require_all_quantities", "sorted_by_tokens"]
 
 #: What ``exact(..., quantities=...)`` computes: ``"all"`` (the default) every quantity;
 #: ``"fisher"`` only the Fisher ones of each stream (:class:`FisherStreamResult`), with
@@ -289,6 +289,14 @@ def _concat(records, key):
     return np.concatenate([r[key] for r in records]) if records else None
 
 
+def sorted_by_tokens(records, keys):
+    """Block records ``[{name: array}]`` concatenated and sorted by ``keys`` (the last the
+    most significant), then by the ``tokens`` columns: the order of
+    :attr:`ExactResult.states` (``keys = ("depth", "prompt")``)."""
+    return _sorted_records(records, lambda o: [o["tokens"][:, c] for c in range(
+        o["tokens"].shape[1] - 1, -1, -1)] + [o[k] for k in keys])
+
+
 def _sorted_records(records, sort_keys):
     """The records' arrays concatenated and sorted by ``sort_keys(out) -> lexsort keys``,
     where ``out`` holds the concatenated small (1-D and integer) arrays. Each large array
@@ -415,8 +423,7 @@ class ExactResult:
     def _sorted_states(states):
         if not states:
             return None
-        return _sorted_records(states, lambda o: [o["tokens"][:, c] for c in range(
-            o["tokens"].shape[1] - 1, -1, -1)] + [o["depth"], o["prompt"]])
+        return sorted_by_tokens(states, ("depth", "prompt"))
 
     @staticmethod
     def _sorted_seqs(seqs, baseline, streams):

@@ -12,11 +12,8 @@ STREAM_QUANTITIES = ("score_mean", "sequence_fisher", "token_fisher_sum",
 
 def jmax_of(task, ref):
     """Largest |j| of each parameter over the kept states (numpy sensitivities)."""
-    from fisher_ref.sensitivities import sensitivities
-    st = ref.states
-    lengths = np.array([len(task.prompts[p]) for p in st["prompt"]]) + st["depth"]
-    J = sensitivities(task.model, task.theta, task.model.windows(st["tokens"], lengths))
-    return np.abs(J).max(axis=(0, 2))  # (P,)
+    from fisher_ref.compare import exact_state_sensitivities
+    return exact_state_sensitivities(task, ref)[2]  # (P,)
 
 
 def mismatches(task, ref, out, tol):

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..enumeration import count_states, default_chunk
+from ..results import sorted_by_tokens
 from ..rewards import evaluate_reward
 from .model import torch_model
 from .moments import Ranges, StreamSums
@@ -300,10 +301,8 @@ def _np(x):
 
 
 def _sorted(records, keys):
-    """Concatenated records sorted by ``keys`` (last the most significant), then tokens."""
-    out = {k: torch.cat([r[k] for r in records]) for k in records[0]}
-    out = {k: (_np(v) if v.is_floating_point() else v.cpu().numpy()) for k, v in out.items()}
-    tok = out["tokens"]
-    order = np.lexsort([tok[:, c] for c in range(tok.shape[1] - 1, -1, -1)]
-                       + [out[k] for k in keys])
-    return {k: v[order] for k, v in out.items()}
+    """Concatenated records sorted by ``keys`` (last the most significant), then tokens
+    (:func:`fisher_ref.results.sorted_by_tokens`, on the records moved to numpy)."""
+    records = [{k: _np(v) if v.is_floating_point() else v.cpu().numpy() for k, v in r.items()}
+               for r in records]
+    return sorted_by_tokens(records, keys)

@@ -66,9 +66,9 @@ def torch_monte_carlo(task, n, generator, device="cpu", dtype="float64"):
         Wu, inv = unique_windows(tm.windows(tokens, length), tm.vocab_size)  # (U, k), (n,)
         zu = tm.logits(th, Wu).to(acc)  # (U, V)
         Ju = tm.sensitivities(th, Wu).to(acc)  # (U, P, V)
-        p = zu.softmax(-1)[inv]  # (n, V)
-        y = torch.multinomial(p, 1, generator=generator).squeeze(1)  # (n,)
-        xi = Ju[inv, :, y] - (Ju * zu.softmax(-1)[:, None, :]).sum(-1)[inv]  # (n, P)
+        pu = zu.softmax(-1)  # (U, V)
+        y = torch.multinomial(pu[inv], 1, generator=generator).squeeze(1)  # (n,)
+        xi = Ju[inv, :, y] - (Ju * pu[:, None, :]).sum(-1)[inv]  # (n, P)
         live = alive[:, None].to(acc)
         h += live * xi
         g += live * token_fisher(zu, Ju)[inv]
