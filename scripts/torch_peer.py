@@ -6,7 +6,7 @@ its own MLP forward in torch (float64), and computes, by enumerating every
 response:
 
 - ``fisher``: the sequence Fisher :math:`F = E[h^2]` and ``score_mean``
-  :math:`E[h]`, each response's own score sum :math:`h` formed explicitly;
+  :math:`E[h]`;
 - ``token_fisher``: the token Fisher :math:`f(s) = \sum_a p_a\,\xi_a(s)^2` of
   every open state, with the state's ``prompt``, ``depth`` and generated
   ``tokens``.
@@ -16,14 +16,24 @@ It walks the prefix tree level by level. The scores
 ``torch.func.vmap(jacrev(...))`` with respect to each parameter tensor, once per
 distinct window of the whole run.
 A response ending under parent ``b`` has :math:`h = H_b + \xi_a`, with
-:math:`H_b` the parent's running sum; complete responses are formed in chunks
-of a few hundred kilobytes, so memory holds one level's running sums, the
-distinct windows' scores and a chunk.
+:math:`H_b` the parent's running sum. Two ways to sum over the responses:
+
+- ``expand=True`` (the default, the faster): where every token ends a response, per
+  parent :math:`\sum_a p_a h^2 = W_b H_b^2 + 2 H_b \odot m_1 + f` and
+  :math:`\sum_a p_a h = W_b H_b + m_1` with the window's :math:`W = \sum_a p_a`,
+  :math:`m_1 = \sum_a p_a \xi_a` and token Fisher :math:`f` (the binomial theorem on a
+  finite sum; no identity such as :math:`m_1 = 0` is used);
+- ``expand=False``: each response's own :math:`h` formed explicitly, the method issue 9
+  describes for its peer.
+
+Either way responses are summed in chunks of about 2 MiB, so memory holds one level's
+running sums, the distinct windows' scores and a chunk.
 
 Timing table (both sides pinned to one thread, interleaved repeats, wall-clock
 medians and minima, the ratio of wall and of process-CPU medians, thread counts
 and the load average; ``exact`` forms its per-state token Fisher, the peer's one
-per-state output, and keeps its other per-state arrays per window). ``exact`` runs
+per-state output, and keeps its other per-state arrays per window; the peer runs both
+ways, ``peer`` expanded and ``peer per h`` forming each response's ``h``). ``exact`` runs
 twice: with every quantity (the default), and with ``quantities="fisher"``, which
 computes what the peer computes (and E[h^2] of every stream, the uniform-reference
 Fisher and E[xi|s] per state besides)::
@@ -40,7 +50,7 @@ import sys
 
 if __name__ == "__main__":  # pin every thread pool before numpy and torch load
     for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(_var, "1")
+        os.environ[_var] = "1"
 
 import numpy as np
 import torch
@@ -103,6 +113,7 @@ class _Windows:
         self.S = torch.empty(capacity, V, P, dtype=torch.float64)
         self.p = torch.empty(capacity, V, dtype=torch.float64)
         self.f = torch.empty(capacity, P, dtype=torch.float64)
+        self.m1 = torch.empty(capacity, P, dtype=torch.float64)
 
     def _slots(self, win):
         """Each window's key and row (-1: not computed yet)."""
@@ -136,6 +147,7 @@ class _Windows:
                 S[:, :, lo_c:hi_c] = g.reshape(S.shape[0], S.shape[1], -1)
             p = self.p[r] = torch.exp(self.logp_of(*self.parts, w))  # (u, V)
             self.f[r] = torch.einsum("uv,uvp->up", p, S * S)  # (u, P)
+            self.m1[r] = torch.einsum("uv,uvp->up", p, S)  # (u, P): sum_a p_a xi_a
         if self.dense:
             self.slot[new] = torch.arange(n, n + len(W))
         else:
@@ -168,12 +180,28 @@ def _add_complete(table, rows, Hs, reach, term, last, F, Eh):
         F += w @ h.square_()
 
 
-def peer_exact(task):
+def _add_expanded(table, rows, Hs, reach, F, Eh):
+    """Add to ``F``, ``Eh`` the responses of a level where every token ends one, expanded
+    per parent (module docstring), chunk by chunk."""
+    P = Hs.shape[1]
+    step = max(1, CHUNK_ELEMENTS // P)
+    for lo in range(0, len(rows), step):
+        r, H, rc = rows[lo:lo + step], Hs[lo:lo + step], reach[lo:lo + step]
+        m1 = table.m1.index_select(0, r)  # (c, P)
+        w = rc * table.p.index_select(0, r).sum(1)  # (c,) the parents' responses' weight
+        Eh += w @ H + rc @ m1
+        F += w @ H.square() + 2 * torch.einsum("c,cp,cp->p", rc, H, m1) \
+            + rc @ table.f.index_select(0, r)
+
+
+def peer_exact(task, expand=True):
     """``F = E[h^2]``, ``E[h]`` and the token Fisher of every state of a task-file dict.
 
     Args:
         task: the JSON of a task file with an ``mlp_window`` model (``prompts``,
             ``prompt_weights`` (default uniform), ``max_len``, optional ``theta``).
+        expand: sum the last level's responses per parent (module docstring); else form
+            each response's ``h``.
 
     Returns:
         dict: ``fisher``, ``score_mean`` ``(P,)``; ``token_fisher`` ``(N, P)`` with
@@ -211,7 +239,10 @@ def peer_exact(task):
         out["tokens"] += [tuple(t) for t in gen.tolist()]
         last = depth == T - 1
         term = torch.arange(V) if last else torch.tensor([0] if eos else [], dtype=torch.long)
-        _add_complete(table, rows, Hs, reach, term, last, F, Eh)
+        if last and expand:
+            _add_expanded(table, rows, Hs, reach, F, Eh)
+        else:
+            _add_complete(table, rows, Hs, reach, term, last, F, Eh)
         if not last:  # the next level: every open child
             par = torch.arange(len(rows)).repeat_interleave(len(keep))  # (C,)
             tok = keep.repeat(len(rows))  # (C,)
@@ -263,11 +294,11 @@ def main(argv=None):
     from fisher_ref import exact, task_from_json
     old = _import_old(args.old) if args.old else None
     print(f"threads: {_threads()}; load average before: {os.getloadavg()}")
-    cols = (["old exact"] if old else []) + ["exact", "exact fisher", "peer"]
+    cols = (["old exact"] if old else []) + ["exact", "exact fisher", "peer", "peer per h"]
     print("| task | P | " + " | ".join(f"{c} median (min) s" for c in cols) +
           " | exact / peer, wall | exact / peer, CPU | exact fisher / peer, wall | "
-          "exact fisher / peer, CPU |")
-    print("|---|---|" + "---|" * len(cols) + "---|---|---|---|")
+          "exact fisher / peer, CPU | exact fisher / peer per h, wall |")
+    print("|---|---|" + "---|" * len(cols) + "---|---|---|---|---|")
     for name in args.tasks:
         spec = json.loads((root / "fisher_ref/configs/scale" / f"{name}.json").read_text())
         # the same outputs formed: the peer returns its token Fisher per state, exact
@@ -276,7 +307,8 @@ def main(argv=None):
                 # the peer's work: F, E[h], token Fisher sums and per-state arrays only
                 "exact fisher": lambda: exact(task_from_json(spec), progress=False,
                                               quantities="fisher").states["token_fisher"],
-                "peer": lambda: peer_exact(spec)}
+                "peer": lambda: peer_exact(spec),  # expanded per parent: the faster
+                "peer per h": lambda: peer_exact(spec, expand=False)}  # issue 9's method
         if old:
             runs["old exact"] = lambda: old.exact(old.task_from_json(spec), progress=False)
         wall, cpu = {c: [] for c in cols}, {c: [] for c in cols}
@@ -295,7 +327,8 @@ def main(argv=None):
             f"{med[c]:.3f} ({min(wall[c]):.3f})" for c in cols) +
             f" | {med['exact'] / med['peer']:.2f} | {cmed['exact'] / cmed['peer']:.2f}"
             f" | {med['exact fisher'] / med['peer']:.2f}"
-            f" | {cmed['exact fisher'] / cmed['peer']:.2f} |", flush=True)
+            f" | {cmed['exact fisher'] / cmed['peer']:.2f}"
+            f" | {med['exact fisher'] / med['peer per h']:.2f} |", flush=True)
         if old:
             print(f"  old / new exact: wall {med['old exact'] / med['exact']:.1f}x, "
                   f"CPU {cmed['old exact'] / cmed['exact']:.1f}x")

@@ -36,8 +36,8 @@ def _states_by_key(prompt, depth, tokens, values):
     return [keys[i] for i in order], values[order]
 
 
-def assert_peer_matches(spec):
-    peer = torch_peer.peer_exact(spec)
+def assert_peer_matches(spec, expand=True):
+    peer = torch_peer.peer_exact(spec, expand=expand)
     r = exact(task_from_json(spec), progress=False)
     F = r.sequence_fisher
     assert rel(peer["fisher"], F) <= RTOL
@@ -52,9 +52,12 @@ def assert_peer_matches(spec):
     assert rel(f_peer, f_ref) <= RTOL
 
 
+@pytest.mark.parametrize("expand", [True, False])
 @pytest.mark.parametrize("name", ["default", "no_eos", "weighted_prompts"])
-def test_peer_matches_fisher_ref_on_configs(name):
-    assert_peer_matches(_config(name))
+def test_peer_matches_fisher_ref_on_configs(name, expand):
+    """Both of the peer's ways to sum the last level: expanded per parent, and each
+    response's h formed."""
+    assert_peer_matches(_config(name), expand)
 
 
 def test_peer_matches_fisher_ref_on_medium_cut_to_two_tokens():
@@ -113,3 +116,4 @@ def test_peer_matches_fisher_ref_on_random_task_files(V, eos, k, d, H, seed, sca
             "prompts": prompts, "max_len": T if V <= 4 else min(T, 2),
             "reward": {"name": "count", "token": 0}}
     assert_peer_matches(spec)
+    assert_peer_matches(spec, expand=False)
