@@ -9,7 +9,7 @@
 # need transformers; where it cannot be imported they are listed as skipped (not failed).
 # Then: the benchmark of the default config and of the V=16 scale config
 # (bench_default.txt/json, bench_v16.txt/json; one process per side, one thread each on
-# the CPU), the task the numpy engine refuses run on CUDA (big_task_cuda.json), and the
+# the CPU), the large task of scripts/torch_big_task.py run on CUDA (big_task_cuda.json), and the
 # GPU name.
 # Installs nothing that is already there: torch must be importable with CUDA;
 # fisher_ref's own dependencies (numpy, scipy, autograd) are looked for first on
