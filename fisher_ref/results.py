@@ -218,8 +218,10 @@ class FisherStreamResult:
     cond_score_max: np.ndarray
     mass: float
 
-    computed = ("score_mean", "sequence_fisher", "token_fisher_sum", "token_fisher_by_depth",
-                "cond_score_max", "mass")
+    @property
+    def computed(self):
+        """The fields this result holds."""
+        return tuple(self.__dataclass_fields__)
 
     def __getattr__(self, name):  # only for names not found: the skipped quantities
         raise _not_computed(self, name, tuple(StreamResult.__dataclass_fields__)

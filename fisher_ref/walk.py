@@ -29,7 +29,8 @@ from collections import namedtuple
 import numpy as np
 from autograd import make_vjp
 
-from .enumeration import carry, check_cost, depth_first, estimate_cost, expand, root_block, terminal
+from .enumeration import (carry, check_cost, count_states, depth_first, estimate_cost, expand,
+                          root_block, terminal)
 from .model import log_softmax, softmax
 from .progress import Progress
 from .results import ExactResult, Moments, check_quantities, finish_fisher, finish_stream
@@ -258,9 +259,8 @@ def response_places(task, prompt, resp):
         prompt: ``(M,)`` prompt index; ``resp``: ``(M, T)`` tokens, ``-1`` past the end.
     """
     V, T, eos = task.model.vocab_size, task.max_len, task.model.eos
-    S = np.ones(T + 1, dtype=np.int64)  # S[t]: responses under a state with t tokens
-    for t in range(T - 1, -1, -1):
-        S[t] = 1 + (V - 1) * S[t + 1] if eos and t < T - 1 else V * S[t + 1]
+    # S[t]: responses under a state with t tokens (a subtree of T - t tokens; 1 at t = T)
+    S = np.array([count_states(V, T - t, eos)[1] for t in range(T)] + [1], dtype=np.int64)
     a, t = resp, np.arange(T)[None, :]  # (M, T)
     opens = eos & (t < T - 1)  # EOS ends the response; the other tokens open subtrees
     below = np.where(opens, np.where(a >= 1, 1 + (a - 1) * S[t + 1], 0), a * S[t + 1])
@@ -332,8 +332,9 @@ class Run:
     def add_states(self, reach, ms, conds, depth, n_states):
         """Token-level terms: ``reach`` maps ``"p"``, ``"q"`` to ``(B,)`` reach
         probabilities, ``ms``, ``conds`` are ``S`` arrays ``(B, P)``, the token second
-        moment ``m`` and :math:`E[\\xi | s]` of each stream (rows may be states or
-        distinct windows with their summed reach); ``n_states`` advances the bar."""
+        moment ``m`` and :math:`E[\\xi | s]` of each stream, per state (the fast engine sums
+        per window instead, :meth:`WindowCache.accumulate_states`); ``n_states`` advances
+        the bar."""
         for s, (name, wname, _) in enumerate(self.streams):
             self.moments[name].add_states(reach[wname], ms[s], conds[s], depth)
         self.bar.update(n_states)
