@@ -28,7 +28,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
-    print(f"machine: {machine()}\n")
+    import subprocess
+    import torch
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+    print(f"machine: {machine()}; torch {torch.__version__}; commit {commit or 'unknown'}\n")
     tasks = [load_config(n) for n in list_configs()]
     scale = []
     for name in ("medium", "v16"):
