@@ -32,6 +32,7 @@ from .model import state_windows
 from .rewards import Reward, evaluate_reward
 
 __all__ = ["Cost", "EnumerationTooLarge", "estimate_cost", "check_cost", "count_states",
+           "check_chunk", "resolve_keep", "KEEP_BYTES",
            "state_windows", "DEFAULT_MAX_SECONDS", "DEFAULT_MAX_BYTES"]
 
 DEFAULT_MAX_SECONDS = 900.0
@@ -154,6 +155,30 @@ def default_chunk(num_params, vocab_size, max_len, n_streams, budget_bytes=256 *
             run *= siblings
         chunk -= chunk % run
     return chunk
+
+
+#: Per-state and per-response arrays are kept by default ("auto") when they fit in this.
+KEEP_BYTES = 2 ** 30
+
+
+def check_chunk(chunk):
+    """``chunk`` (states per block) checked: a positive integer, or ``None`` (sized)."""
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer))
+                              or chunk < 1):
+        raise ValueError(f"chunk must be a positive integer (states per block) or None, "
+                         f"got {chunk!r}")
+    return None if chunk is None else int(chunk)
+
+
+def resolve_keep(keep_states, keep_sequences, n_states, n_responses, num_params, max_len):
+    """``(keep_states, keep_sequences)`` with each ``"auto"`` resolved: keep the per-state
+    arrays (three ``(N, P)``) and the per-response ones (``T + 6`` numbers each) when they
+    fit in :data:`KEEP_BYTES`."""
+    if keep_states == "auto":
+        keep_states = n_states * num_params * 8 * 3 < KEEP_BYTES
+    if keep_sequences == "auto":
+        keep_sequences = n_responses * (max_len + 6) * 8 < KEEP_BYTES
+    return keep_states, keep_sequences
 
 
 def estimate_cost(task, n_streams=None, chunk=None, keep_states=False, keep_sequences=False):

@@ -29,8 +29,8 @@ from collections import namedtuple
 import numpy as np
 from autograd import make_vjp
 
-from .enumeration import (carry, check_cost, count_states, depth_first, estimate_cost, expand,
-                          root_block, terminal)
+from .enumeration import (carry, check_chunk, check_cost, count_states, depth_first,
+                          estimate_cost, expand, resolve_keep, root_block, terminal)
 from .model import log_softmax, softmax
 from .progress import Progress
 from .results import ExactResult, Moments, check_quantities, finish_fisher, finish_stream
@@ -213,16 +213,11 @@ def plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes,
     if topk and task.sampler is None:
         raise ValueError("topk centering needs a sampler mu; this task is on-policy "
                          "(add a 'sampler' to the task)")
-    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer))
-                              or chunk < 1):
-        raise ValueError(f"chunk must be a positive integer (states per block) or None, "
-                         f"got {chunk!r}")
+    chunk = check_chunk(chunk)
     streams = stream_specs(task, topk)
     cost = estimate_cost(task, n_streams=len(streams), chunk=chunk)
-    if keep_states == "auto":
-        keep_states = cost.n_states * P * 8 * 3 < 2 ** 30
-    if keep_sequences == "auto":
-        keep_sequences = cost.n_responses * (T + 6) * 8 < 2 ** 30
+    keep_states, keep_sequences = resolve_keep(keep_states, keep_sequences, cost.n_states,
+                                               cost.n_responses, P, T)
     cost = estimate_cost(task, n_streams=len(streams), chunk=chunk, keep_states=keep_states,
                          keep_sequences=keep_sequences)
     check_cost(cost, max_seconds, max_bytes)

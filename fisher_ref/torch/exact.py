@@ -27,12 +27,13 @@ stack holds at most ``T`` blocks of ``chunk * V`` rows and no ``(M, T, P)`` hist
 """
 from __future__ import annotations
 
-import numpy as np
+import numpy as np  # noqa: F401 (the doctest below uses it)
 import torch
 
-from ..enumeration import count_states, default_chunk
+from ..enumeration import check_chunk, count_states, default_chunk, resolve_keep
 from ..results import sorted_by_tokens
 from ..rewards import evaluate_reward
+from ..walk import stream_specs
 from .model import torch_model
 from .moments import Ranges, StreamSums
 from .tree import depth_first, ending_tokens, open_children, root_block
@@ -49,8 +50,6 @@ GRADIENT_ROWS = 2 ** 16
 #: Response-parameter entries summed at once (8 MiB of float64: few Python calls, passes
 #: mostly in cache).
 CACHE_ROWS = 2 ** 20
-#: Kept per-state / per-response arrays when they fit in this many bytes (``"auto"``).
-KEEP_BYTES = 2 ** 30
 
 
 class GradientBatch:
@@ -99,14 +98,12 @@ class _Run:
         self.task, self.adapter = task, adapter
         ad, acc, dev = adapter, adapter.acc_dtype, adapter.device
         V, P, T = ad.vocab_size, ad.num_params, task.max_len
-        self.streams = [("policy", "p", "p")] if task.sampler is None else \
-            [("policy", "p", "p"), ("raw", "q", "p"), ("centered", "q", "q")]
+        self.streams = stream_specs(task, ())
         S = len(self.streams)
         N, M = count_states(V, T, ad.eos, len(task.prompts))
-        self.keep_states = N * P * 8 * 3 < KEEP_BYTES if keep_states == "auto" else keep_states
-        self.keep_seqs = M * (T + 6) * 8 < KEEP_BYTES if keep_sequences == "auto" \
-            else keep_sequences
-        self.chunk = default_chunk(P, V, T, S) if chunk is None else _check_chunk(chunk)
+        self.keep_states, self.keep_seqs = resolve_keep(keep_states, keep_sequences, N, M, P, T)
+        chunk = check_chunk(chunk)
+        self.chunk = default_chunk(P, V, T, S) if chunk is None else chunk
         self.theta = ad.theta(task.theta)
         self.theta_mu = None if task.sampler is None else \
             ad.theta(task.sampler.params(task.model, task.theta))
@@ -130,13 +127,6 @@ class _Run:
         if self.r0 is None:
             self.r0 = float(R.flatten()[0])
         return R.to(self.adapter.device, self.adapter.acc_dtype)  # (B, k)
-
-
-def _check_chunk(chunk):
-    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
-        raise ValueError(f"chunk must be a positive integer (states per block) or None, "
-                         f"got {chunk!r}")
-    return int(chunk)
 
 
 def _check_support(run, block, p, q):
