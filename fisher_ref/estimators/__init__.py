@@ -1,0 +1,12 @@
+r"""Ground truth for RL losses: the exact expected gradient of a trainer's torch loss.
+
+``expected_loss_gradient(task, loss, group_size)`` enumerates every group of
+responses and sums the loss gradient exactly (:mod:`.gradient`); the losses trainers
+ship are presets over it (:mod:`.presets`); ``check_loss`` turns the numbers into a
+verdict (:mod:`.check`); :mod:`.reduction` sums group estimators over reward classes.
+Needs torch.
+"""
+from .batch import LossBatch
+from .gradient import LossGradient, expected_loss_gradient
+
+__all__ = ["LossBatch", "LossGradient", "expected_loss_gradient"]

@@ -1,0 +1,280 @@
+r"""The exact expected gradient of a trainer's loss, its variance and its bias.
+
+A loss ``L = loss(batch)`` (:class:`fisher_ref.estimators.batch.LossBatch`) reads the
+parameters only through the policy's log-probabilities, so by the chain rule
+
+.. math:: \nabla_\theta L = \sum_{i,t,b} C_{i,t,b}\, \xi_b(s_{i,t}),
+   \qquad C = \partial L / \partial\, \mathrm{logp\_all},
+   \qquad \xi_b(s) = \partial \log p(b|s) / \partial\theta
+
+(``logp`` is the gather of ``logp_all`` inside the same graph, so ``C`` holds both).
+:func:`expected_loss_gradient` takes ``C`` by torch autograd, group by group (all
+groups of a chunk at once under ``torch.func.vmap``, one at a time when the loss does
+not vectorise), and sums exactly over every prompt and every group of ``G`` responses
+drawn i.i.d. from the sampler :math:`\mu` (the policy when there is none):
+
+.. math:: E[\nabla L] = \sum_x w_x \sum_{y_1..y_G} \prod_i \mu(y_i|x)\, \nabla L(y_1..y_G).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..tasks import require_task
+from .batch import group_arrays, make_batch
+from .groups import (DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, check_groups, groups,
+                     response_table)
+
+__all__ = ["LossGradient", "expected_loss_gradient", "fit_scale", "kl_gradient",
+           "loss_coefficients"]
+
+# Elements of the gathered scores (rows, V, P) of one chunk of groups (64 MiB).
+_GATHER_ELEMENTS = 2 ** 23
+# Groups whose loss is evaluated in one vmap call.
+_VMAP_GROUPS = 2048
+
+
+def fit_scale(mean, target):
+    r"""``(alpha, relative)``: the least-squares :math:`\alpha` with ``mean ≈ alpha target``
+    and :math:`\|mean - \alpha\,target\| / \|\alpha\,target\|` (0 when both vanish, ``inf``
+    when only the fit does)."""
+    tt = float(target @ target)
+    alpha = float(mean @ target) / tt if tt > 0 else 0.0
+    fit = np.linalg.norm(alpha * target)
+    resid = np.linalg.norm(mean - alpha * target)
+    rel = resid / fit if fit > 0 else (0.0 if resid == 0 else math.inf)
+    return alpha, float(rel)
+
+
+@dataclass
+class LossGradient:
+    r"""The exact expected gradient of a loss over one group draw (all ``(P,)``).
+
+    Attributes:
+        mean: :math:`E[\nabla_\theta L]`.
+        policy_gradient: :math:`\nabla_\theta E_p[R]` (:func:`fisher_ref.exact`).
+        variance: :math:`\mathrm{Var}[\nabla_\theta L]` per parameter, over one group.
+        kl_gradient: :math:`\nabla_\theta KL(p_{seq} \| ref_{seq})` or ``None`` (no reference).
+        group_size, symmetric, n_groups: what was enumerated.
+    """
+
+    mean: np.ndarray
+    policy_gradient: np.ndarray
+    variance: np.ndarray
+    kl_gradient: np.ndarray | None = None
+    group_size: int = 1
+    symmetric: bool = False
+    n_groups: int = 0
+    second_moment: float = field(default=0.0, repr=False)
+
+    @property
+    def scale(self):
+        """Least-squares :math:`\\alpha` with ``mean ≈ α policy_gradient`` (-1: unbiased)."""
+        return fit_scale(self.mean, self.policy_gradient)[0]
+
+    @property
+    def relative_bias(self):
+        """:math:`\\|mean - α g\\| / \\|α g\\|`, ``g`` the policy gradient."""
+        return fit_scale(self.mean, self.policy_gradient)[1]
+
+    @property
+    def cosine(self):
+        """Cosine of ``mean`` and the policy gradient (0 when either vanishes)."""
+        d = np.linalg.norm(self.mean) * np.linalg.norm(self.policy_gradient)
+        return float(self.mean @ self.policy_gradient / d) if d > 0 else 0.0
+
+    @property
+    def variance_trace(self):
+        """:math:`\\sum_i \\mathrm{Var}[\\partial_i L]`."""
+        return float(self.variance.sum())
+
+    def mse(self, batches=1):
+        r"""Expected squared error of the average of ``batches`` i.i.d. groups as an estimate
+        of :math:`\alpha g`: :math:`\|mean - \alpha g\|^2 + \mathrm{tr\,Var}/batches`."""
+        if isinstance(batches, bool) or not isinstance(batches, (int, np.integer)) \
+                or batches < 1:
+            raise ValueError(f"batches must be an integer >= 1, got {batches!r}")
+        bias = self.mean - self.scale * self.policy_gradient
+        return float(bias @ bias + self.variance_trace / batches)
+
+
+def _check_output(out):
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"loss(batch) must return a torch scalar tensor, got "
+                        f"{type(out).__name__}")
+    if out.numel() != 1:
+        raise ValueError(f"loss(batch) must return a scalar, got a tensor of shape "
+                         f"{tuple(out.shape)}")
+    return out.reshape(())
+
+
+def _tensors(a, k=None):
+    take = (lambda v: v) if k is None else (lambda v: v[k])
+    t = {key: None if v is None else torch.tensor(take(v))
+         for key, v in a.items() if key != "rows"}
+    return t
+
+
+def _loop(loss, a, prompt):
+    """``C (n, G, T, V)`` one group at a time (plain autograd)."""
+    out = np.zeros(a["logp_all"].shape)
+    for k in range(out.shape[0]):
+        t = _tensors(a, k)
+        lpa = t["logp_all"].requires_grad_(True)
+        L = _check_output(loss(make_batch(lpa, t["sampler_logp_all"], t["ref_logp_all"],
+                                          t["tokens"], t["mask"], t["rewards"], prompt)))
+        if L.requires_grad:
+            (c,) = torch.autograd.grad(L, lpa, allow_unused=True)
+            if c is not None:
+                out[k] = c.numpy()
+    return out
+
+
+def _vmapped(loss, a, prompt):
+    """``C (n, G, T, V)`` of every group at once (``torch.func.vmap`` of ``grad``)."""
+    t = _tensors(a)
+
+    def one(lpa, spa, rpa, tok, mask, R):
+        return _check_output(loss(make_batch(lpa, spa, rpa, tok, mask, R, prompt)))
+    dims = (0, 0, None if t["ref_logp_all"] is None else 0, 0, 0, 0)
+    f = torch.func.vmap(torch.func.grad(one), in_dims=dims)
+    return f(t["logp_all"], t["sampler_logp_all"], t["ref_logp_all"], t["tokens"], t["mask"],
+             t["rewards"]).numpy()
+
+
+class _Coefficients:
+    """Evaluates ``C`` chunk by chunk, vectorised until the loss refuses ``vmap``."""
+
+    def __init__(self, loss, vectorize):
+        self.loss, self.vectorize = loss, vectorize
+
+    def __call__(self, a, prompt):
+        if self.vectorize:
+            try:
+                return _vmapped(self.loss, a, prompt)
+            except Exception:  # the loss does not vectorise (.item(), data-dependent branches)
+                self.vectorize = False
+        return _loop(self.loss, a, prompt)
+
+
+def loss_coefficients(loss, arrays, prompt, vectorize=True):
+    """``C = dL/dlogp_all (n, G, T, V)`` of the groups in ``arrays``
+    (:func:`fisher_ref.estimators.batch.group_arrays`)."""
+    return _Coefficients(loss, vectorize)(arrays, prompt)
+
+
+def _group_gradients(table, rows, mask, C):
+    r"""Per-group gradients :math:`\sum_{i,t,b} C_{i,t,b}\xi_b(s_{i,t})`: ``(n, P)``.
+    Padded slots are constants (not functions of :math:`\theta`) and add nothing."""
+    n, P = C.shape[0], table.xi.shape[2]
+    live = mask.reshape(n, -1)  # (n, G*T)
+    r, c = rows.reshape(n, -1)[live], C.reshape(n, -1, C.shape[-1])[live]  # (L,), (L, V)
+    v = np.matmul(c[:, None, :], table.xi[r])[:, 0, :]  # (L, P)
+    starts = np.r_[0, np.cumsum(live.sum(axis=1))[:-1]]  # every group has >= 1 live row
+    return np.add.reduceat(v, starts, axis=0) if len(v) else np.zeros((n, P))
+
+
+class _Merged:
+    """Weighted mean and sum of squared deviations, merged chunk by chunk (Chan et al.)."""
+
+    def __init__(self, P):
+        self.W, self.mean, self.M2 = 0.0, np.zeros(P), np.zeros(P)
+
+    def add(self, w, g):
+        Wc = w.sum()
+        if Wc == 0:
+            return
+        mc = w @ g / Wc
+        M2c = w @ (g - mc) ** 2
+        d, W = mc - self.mean, self.W + Wc
+        self.mean = self.mean + d * (Wc / W)
+        self.M2 = self.M2 + M2c + d * d * (self.W * Wc / W)
+        self.W = W
+
+
+def kl_gradient(table):
+    r""":math:`\nabla KL(p_{seq}\|ref_{seq}) = \sum_x w_x \sum_y p(y)\,(\sum_u \delta_u)\,h(y)`,
+    :math:`\delta_u = \log p(y_u|s_u) - \log ref(y_u|s_u)`, :math:`h = \sum_t \xi_t`
+    (exact because :math:`E_p[h] = 0`); ``None`` without a reference."""
+    if table.ref_logp is None:
+        return None
+    out = np.zeros(table.xi.shape[2])
+    for pr in table.prompts:
+        tok = np.where(pr.mask, pr.tokens, 0)
+        delta = np.where(pr.mask, table.logp[pr.rows, tok] - table.ref_logp[pr.rows, tok],
+                         0.0).sum(axis=1)  # (M,)
+        c = pr.weight * np.exp(pr.logp) * delta  # (M,)
+        live = pr.mask
+        xi = table.xi[pr.rows[live], tok[live]]  # (L, P)
+        out += np.broadcast_to(c[:, None], live.shape)[live] @ xi
+    return out
+
+
+def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *,
+                           max_groups=DEFAULT_MAX_GROUPS, max_bytes=DEFAULT_MAX_BYTES,
+                           vectorize=True, policy_gradient=None):
+    r"""The exact expected gradient of ``loss`` over groups drawn from the task's sampler.
+
+    .. math:: E[\nabla_\theta L] = \sum_x w_x \sum_{y_1..y_G} \prod_i \mu(y_i|x)
+       \sum_{i,t,b} \frac{\partial L}{\partial\,\mathrm{logp\_all}_{i,t,b}}\,\xi_b(s_{i,t})
+
+    Args:
+        task: a :class:`fisher_ref.tasks.Task` (``sampler``: the draw; ``reference``: the
+            KL target, optional).
+        loss: ``loss(batch) -> torch scalar``, written to be minimised, reading a
+            :class:`fisher_ref.estimators.LossBatch` of ``group_size`` responses to one
+            prompt.
+        group_size: ``G``, responses per group, i.i.d.
+        symmetric: the loss is symmetric in its responses: enumerate multisets (with
+            their multiplicities) instead of ordered tuples.
+        max_groups, max_bytes: refuse (:class:`fisher_ref.engine.plan.EnumerationTooLarge`)
+            past this many groups, or when the per-state scores need more memory.
+        vectorize: evaluate the groups of a chunk at once with ``torch.func.vmap``
+            (a loss that does not vectorise falls back to one group at a time).
+        policy_gradient: :math:`\nabla E_p[R]` if already known (else ``exact(task)``).
+
+    Returns:
+        :class:`LossGradient`.
+
+    Example:
+        >>> from fisher_ref import load_config
+        >>> from fisher_ref.estimators import expected_loss_gradient
+        >>> lg = expected_loss_gradient(load_config("tabular"),
+        ...                             lambda b: -(b.rewards * b.logp.sum(1)).mean())
+        >>> round(lg.scale, 10), lg.relative_bias < 1e-10
+        (-1.0, True)
+    """
+    require_task(task)
+    if not callable(loss):
+        raise TypeError(f"loss must be a callable loss(batch) -> torch scalar, got "
+                        f"{type(loss).__name__}")
+    n_groups = check_groups(task, group_size, symmetric, max_groups)
+    G = int(group_size)
+    table = response_table(task, max_bytes)
+    P = table.xi.shape[2]
+    coeffs, acc = _Coefficients(loss, vectorize), _Merged(P)
+    T, V = task.max_len, task.model.vocab_size
+    step = max(1, min(_VMAP_GROUPS, _GATHER_ELEMENTS // max(1, G * T * V * P)))
+    for pr in table.prompts:
+        q = np.exp(pr.sampler_logp)  # (M,)
+        for idx, mult in groups(len(pr), G, symmetric, chunk=step):
+            w = pr.weight * mult * np.prod(q[idx], axis=1)  # (n,)
+            keep = w > 0  # a group mu never draws adds nothing (and may be NaN)
+            if not keep.all():
+                idx, w = idx[keep], w[keep]
+            if len(w) == 0:
+                continue
+            a = group_arrays(table, pr, idx)
+            C = coeffs(a, pr.prompt)  # (n, G, T, V)
+            acc.add(w, _group_gradients(table, a["rows"], a["mask"], C))
+    if policy_gradient is None:
+        from ..engine.fast import exact
+        policy_gradient = exact(task, progress=False, keep_states=False,
+                                keep_sequences=False).gradient
+    return LossGradient(mean=acc.mean * acc.W, policy_gradient=np.asarray(policy_gradient),
+                        variance=acc.M2 / acc.W if acc.W > 0 else acc.M2,
+                        kl_gradient=kl_gradient(table), group_size=G, symmetric=bool(symmetric),
+                        n_groups=n_groups)

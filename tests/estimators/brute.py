@@ -1,0 +1,107 @@
+"""An independent brute force for the expected gradient of a loss: every group of
+responses listed by ``itertools``, each group's loss differentiated with respect to
+``theta`` by torch autograd through the torch twin of the model (no scores, no chain
+rule through ``logp_all``, no vmap)."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+
+import cases
+from fisher_ref import task_from_json
+from fisher_ref.estimators import LossBatch
+from fisher_ref.torch.registry import torch_model
+
+TINY = {"vocab_size": 3, "context": 2, "embed_dim": 2, "hidden": 3, "eos": True,
+        "init_seed": 0, "init_scale": 1.0}
+
+
+def tiny_task(sampler=None, reference=None, eos=True, max_len=2, baseline=0.0, seed=0):
+    """A tiny MLP task (V = 3, two prompts of unequal weight)."""
+    spec = {"model": dict(TINY, eos=eos, init_seed=seed), "prompts": [[1], [2, 1]],
+            "prompt_weights": [0.6, 0.4], "max_len": max_len,
+            "reward": {"name": "count", "token": 1}, "baseline": baseline}
+    if sampler is not None:
+        spec["sampler"] = sampler
+    task = task_from_json(spec)
+    if reference is not None:  # TEMP until tasks.py takes "reference"
+        from fisher_ref.samplers import make_sampler
+        task.reference = make_sampler(reference)
+    return task
+
+
+def _log_softmax_np(z):
+    z = z - z.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def _per_response(task, adapter, theta, prompt, y):
+    """``logp_all (T, V)`` in the graph of ``theta``; sampler and reference ``(T, V)``."""
+    m, T, V = task.model, task.max_len, task.model.vocab_size
+    states = [tuple(prompt) + tuple(y[:t]) for t in range(len(y))]
+    L = max(len(s) for s in states)
+    tok = np.full((len(states), max(L, 1)), -1, dtype=np.int64)
+    for i, s in enumerate(states):
+        tok[i, :len(s)] = s
+    W = np.asarray(m.windows(tok, np.array([len(s) for s in states])), dtype=np.int64)
+    lp = torch.log_softmax(adapter.logits(theta, torch.tensor(W)), dim=-1)  # (n, V)
+    pad = torch.zeros((T - len(y), V), dtype=torch.float64)
+    out = {"logp_all": torch.cat([lp, pad])}
+    for key, dist in (("sampler", task.sampler), ("ref", getattr(task, "reference", None))):
+        if dist is None:
+            out[key] = None if key == "ref" else out["logp_all"].detach().clone()
+            continue
+        z = np.asarray(dist.logits(m, task.theta, W), dtype=float)
+        out[key] = torch.cat([torch.tensor(_log_softmax_np(z)), pad])
+    return out
+
+
+def _batch(rows, ys, R, T, prompt):
+    lpa = torch.stack([r["logp_all"] for r in rows])  # (G, T, V)
+    spa = torch.stack([r["sampler"] for r in rows])
+    rpa = None if rows[0]["ref"] is None else torch.stack([r["ref"] for r in rows])
+    tokens = torch.tensor([list(y) + [-1] * (T - len(y)) for y in ys])
+    mask = tokens >= 0
+    idx = tokens.clamp(min=0)[..., None]
+
+    def at(a):
+        return None if a is None else torch.where(mask, a.gather(-1, idx)[..., 0], 0.0)
+    logp = at(lpa)
+    return LossBatch(logp=logp, old_logp=logp.detach(), sampler_logp=at(spa),
+                     ref_logp=at(rpa), mask=mask, rewards=torch.tensor(R, dtype=torch.float64),
+                     lengths=mask.sum(1), tokens=tokens, prompt=prompt, logp_all=lpa,
+                     sampler_logp_all=spa, ref_logp_all=rpa)
+
+
+def brute_force(task, loss, group_size):
+    """``(mean, variance, kl_gradient)`` by enumeration of every ordered group."""
+    adapter = torch_model(task.model)
+    theta = torch.tensor(task.theta, requires_grad=True)
+    V, T, eos = task.model.vocab_size, task.max_len, task.model.eos
+    ys = cases.all_responses(V, T, eos)
+    grads, weights, kl = [], [], 0.0
+    for x, prompt in enumerate(task.prompts):
+        rows = [_per_response(task, adapter, theta, prompt, y) for y in ys]
+        R = [task.reward(prompt, list(y)) for y in ys]
+        q = [float(np.exp(sum(r["sampler"][t, y[t]].item() for t in range(len(y)))))
+             for r, y in zip(rows, ys)]
+        for g in itertools.product(range(len(ys)), repeat=group_size):
+            w = task.prompt_weights[x] * np.prod([q[i] for i in g])
+            if w == 0:
+                continue
+            b = _batch([rows[i] for i in g], [ys[i] for i in g], [R[i] for i in g], T, x)
+            (d,) = torch.autograd.grad(loss(b), theta, retain_graph=True, allow_unused=True)
+            grads.append(np.zeros(theta.shape) if d is None else d.numpy())
+            weights.append(w)
+        if rows[0]["ref"] is not None:  # KL(p_seq || ref_seq) as a function of theta
+            for r, y in zip(rows, ys):
+                lp = sum(r["logp_all"][t, y[t]] for t in range(len(y)))
+                lr = sum(r["ref"][t, y[t]] for t in range(len(y)))
+                kl = kl + task.prompt_weights[x] * torch.exp(lp) * (lp - lr)
+    g, w = np.array(grads), np.array(weights)
+    mean = w @ g
+    var = w @ (g - mean) ** 2
+    klg = None if isinstance(kl, float) else torch.autograd.grad(kl, theta)[0].numpy()
+    return mean, var, klg

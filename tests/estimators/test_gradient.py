@@ -1,0 +1,142 @@
+"""expected_loss_gradient against an independent brute force (tests/estimators/brute.py):
+every ordered group, autograd with respect to theta per group, at 1e-10."""
+import numpy as np
+import pytest
+import torch
+
+import cases
+from fisher_ref import exact
+from fisher_ref.engine.plan import EnumerationTooLarge
+from fisher_ref.estimators import expected_loss_gradient
+
+from .brute import brute_force, tiny_task
+
+RTOL = cases.RTOL
+STALE = {"kind": "perturbed", "scale": 0.4, "seed": 3}
+REF = {"kind": "perturbed", "scale": 0.3, "seed": 5}
+
+
+def _seq(b):
+    return (b.logp * b.mask).sum(1)
+
+
+def reinforce(b):
+    return -(b.rewards * _seq(b)).mean()
+
+
+def grpo_token_mean(b):  # std-normalised, clipped ratio, token-mean aggregation
+    a = (b.rewards - b.rewards.mean()) / (b.rewards.std() + 1e-6) if b.logp.shape[0] > 1 \
+        else b.rewards
+    ratio = torch.exp(b.logp - b.sampler_logp)
+    pg = -torch.minimum(ratio * a[:, None], ratio.clamp(0.8, 1.2) * a[:, None])
+    return (pg * b.mask).sum() / b.mask.sum()
+
+
+def asymmetric(b):  # treats the first response differently from the others
+    w = torch.arange(1, b.logp.shape[0] + 1, dtype=torch.float64)
+    return -(w * b.rewards * _seq(b)).sum() + 0.3 * (b.logp[0] ** 2).sum()
+
+
+def full_vocab_kl(b):  # reads the whole distribution, k3 per token and a leaked mask
+    kl = (b.logp_all.exp() * (b.logp_all - b.ref_logp_all)).sum(-1)  # (B, T)
+    d = b.ref_logp - b.logp
+    k3 = (torch.exp(d) - 1 - d) * b.mask
+    return kl.sum() + k3.sum() - 0.1 * b.logp_all.sum()
+
+
+def seq_is(b):
+    rho = torch.exp(((b.logp - b.sampler_logp) * b.mask).sum(1)).detach()
+    return -(rho * (b.rewards - b.rewards.mean()) * _seq(b)).mean()
+
+
+LOSSES = {"reinforce": reinforce, "grpo": grpo_token_mean, "asymmetric": asymmetric,
+          "seq_is": seq_is}
+TASKS = {"on": lambda: tiny_task(reference=REF), "off": lambda: tiny_task(STALE, REF),
+         "no_eos": lambda: tiny_task({"kind": "temperature", "temperature": 1.7}, REF,
+                                     eos=False)}
+
+
+def _close(a, b):
+    assert cases.rel(a, b) <= RTOL, cases.rel(a, b)
+
+
+CASES = [(n, t, G) for n in list(LOSSES) + ["full_vocab_kl"] for t in TASKS for G in (1, 2)]
+CASES += [("grpo", "off", 3), ("asymmetric", "on", 3)]
+
+
+@pytest.mark.parametrize("name,task_id,G", CASES)
+def test_mean_and_variance_are_brute_force(name, task_id, G):
+    task = TASKS[task_id]()
+    loss = full_vocab_kl if name == "full_vocab_kl" else LOSSES[name]
+    lg = expected_loss_gradient(task, loss, group_size=G)
+    mean, var, klg = brute_force(task, loss, G)
+    _close(lg.mean, mean)
+    _close(lg.variance, var)
+    _close(lg.kl_gradient, klg)
+
+
+def test_symmetric_multisets_equal_ordered_tuples():
+    task = tiny_task(STALE, REF)
+    for G in (2, 3):
+        a = expected_loss_gradient(task, grpo_token_mean, group_size=G)
+        b = expected_loss_gradient(task, grpo_token_mean, group_size=G, symmetric=True)
+        _close(a.mean, b.mean)
+        _close(a.variance, b.variance)
+        assert b.n_groups < a.n_groups
+
+
+def test_policy_gradient_is_the_engines():
+    task = tiny_task(STALE)
+    lg = expected_loss_gradient(task, reinforce)
+    _close(lg.policy_gradient, exact(task, progress=False).gradient)
+    assert lg.kl_gradient is None
+
+
+def test_unvectorisable_loss_falls_back_to_one_group_at_a_time():
+    task = tiny_task(STALE)
+
+    def branchy(b):  # .item() and a data-dependent branch: vmap refuses both
+        scale = 2.0 if b.rewards.sum().item() > 0 else 1.0
+        return scale * grpo_token_mean(b)
+    a = expected_loss_gradient(task, branchy, group_size=2)
+    b = expected_loss_gradient(task, branchy, group_size=2, vectorize=False)
+    mean, var, _ = brute_force(task, branchy, 2)
+    _close(a.mean, mean)
+    _close(b.mean, mean)
+    _close(a.variance, var)
+
+
+def test_group_count_guard_says_how_many():
+    task = tiny_task()
+    with pytest.raises(EnumerationTooLarge, match="98 groups"):  # 2 prompts x 7^2
+        expected_loss_gradient(task, reinforce, group_size=2, max_groups=50)
+
+
+@pytest.mark.parametrize("bad,error,match", [
+    ({"group_size": 0}, ValueError, "group_size"),
+    ({"group_size": 1.5}, ValueError, "group_size"),
+    ({"loss": "reinforce"}, TypeError, "loss must be a callable"),
+    ({"loss": lambda b: b.logp}, ValueError, "scalar"),
+    ({"loss": lambda b: 1.0}, TypeError, "torch scalar"),
+])
+def test_bad_input_names_the_problem(bad, error, match):
+    kw = {"loss": reinforce, "group_size": 1, **bad}
+    with pytest.raises(error, match=match):
+        expected_loss_gradient(tiny_task(), kw.pop("loss"), **kw)
+
+
+def test_scale_cosine_bias_and_mse():
+    task = tiny_task(STALE)
+    def token_is(b):  # biased off policy
+        rho = torch.exp(b.logp - b.sampler_logp).detach()
+        return -(rho * b.rewards[:, None] * b.logp * b.mask).sum()
+    lg = expected_loss_gradient(task, token_is)
+    g = lg.policy_gradient
+    alpha = lg.mean @ g / (g @ g)
+    assert lg.scale == pytest.approx(alpha, rel=1e-12)
+    assert lg.cosine == pytest.approx(lg.mean @ g / np.linalg.norm(lg.mean) / np.linalg.norm(g))
+    bias = lg.mean - alpha * g
+    assert lg.relative_bias == pytest.approx(np.linalg.norm(bias) / np.linalg.norm(alpha * g))
+    assert lg.mse(4) == pytest.approx(bias @ bias + lg.variance.sum() / 4)
+    with pytest.raises(ValueError, match="batches"):
+        lg.mse(0)
