@@ -105,3 +105,24 @@ def brute_force(task, loss, group_size):
     var = w @ (g - mean) ** 2
     klg = None if isinstance(kl, float) else torch.autograd.grad(kl, theta)[0].numpy()
     return mean, var, klg
+
+
+def state_kl_gradient(task, direction):
+    r""":math:`\nabla_\theta \sum_x w_x \sum_y \mu(y) \sum_t KL_t` with the states' weights
+    held fixed: ``direction="forward"`` :math:`KL(ref\|p_\theta)`, ``"reverse"``
+    :math:`KL(p_\theta\|ref)` at each state of each response (autograd)."""
+    adapter = torch_model(task.model)
+    theta = torch.tensor(task.theta, requires_grad=True)
+    total = 0.0
+    for x, prompt in enumerate(task.prompts):
+        for y in cases.all_responses(task.model.vocab_size, task.max_len, task.model.eos):
+            r = _per_response(task, adapter, theta, prompt, y)
+            n = len(y)
+            q = float(np.exp(sum(r["sampler"][t, y[t]].item() for t in range(n))))
+            lp, lr = r["logp_all"][:n], r["ref"][:n]
+            if direction == "forward":
+                kl = (lr.exp() * (lr - lp)).sum()
+            else:
+                kl = (lp.exp() * (lp - lr)).sum()
+            total = total + task.prompt_weights[x] * q * kl
+    return torch.autograd.grad(total, theta)[0].numpy()

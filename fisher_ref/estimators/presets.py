@@ -1,0 +1,379 @@
+r"""The policy losses trainers ship, as ``loss(batch)`` functions to be minimised.
+
+Every policy-gradient preset is one formula with three choices,
+
+.. math:: L = \mathrm{agg}_{i,t}\big(-\,\mathrm{sg}(w_{i,t})\,A_i\,\log p(y_{i,t}|s_{i,t})\big),
+
+the advantage :math:`A_i` (:func:`advantages`), the importance weight :math:`w_{i,t}`
+against the sampler :math:`\mu` (:func:`importance_weights`; ``sg`` stops the gradient)
+and the aggregation over tokens and responses (:func:`aggregate`). On policy and with
+``w = 1``, ``agg = seq-mean-token-sum`` this is REINFORCE, whose expected gradient is
+:math:`-\nabla E_p[R]`. GSPO and the KL terms are written out separately.
+
+Sources of the conventions (each docstring names the trainer): TRL's ``GRPOTrainer``
+(``loss_type`` "grpo", "dapo", "dr_grpo"; the k3 KL term ``beta * (exp(ref - logp) -
+(ref - logp) - 1)``), verl's ``core_algos`` (``loss_agg_mode`` "token-mean",
+"seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"; GRPO's
+``(R - mean) / (std + 1e-6)`` with a group of one left as ``R``; rollout correction
+with truncated and masked weights at token and sequence level), OpenRLHF (KL
+estimators k1/k2/k3 in the loss or k1 in the reward; REINFORCE++ and RLOO baselines).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+__all__ = ["AGGREGATIONS", "ADVANTAGES", "RATIOS", "aggregate", "advantages",
+           "importance_weights", "policy_gradient_loss", "reinforce", "group_mean_reinforce",
+           "rloo", "grpo", "dr_grpo", "dapo", "sequence_is", "token_is", "prefix_is",
+           "sequence_tis", "token_tis", "sequence_mis", "token_mis", "gspo", "cispo",
+           "centered", "topk_centered", "kl_loss", "rho_k3", "kl_in_reward", "PRESETS",
+           "preset"]
+
+AGGREGATIONS = ("seq-mean-token-sum", "seq-mean-token-mean", "token-mean",
+                "seq-mean-token-sum-norm")
+ADVANTAGES = ("constant", "group_mean", "rloo", "grpo")
+RATIOS = (None, "sequence", "token", "prefix")
+#: GRPO's std-normalisation epsilon (verl's ``compute_grpo_outcome_advantage``).
+GRPO_EPS = 1e-6
+
+
+def _named(name, doc):
+    def wrap(fn):
+        fn.__name__ = fn.__qualname__ = name
+        fn.__doc__ = doc
+        return fn
+    return wrap
+
+
+def aggregate(loss_mat, mask, mode="seq-mean-token-sum"):
+    r"""Reduce per-token losses ``(B, T)`` to a scalar (verl's ``agg_loss`` names).
+
+    - ``"seq-mean-token-sum"``: :math:`\frac1B\sum_i\sum_t \ell_{i,t}` (REINFORCE);
+    - ``"seq-mean-token-mean"``: :math:`\frac1B\sum_i\frac{1}{|y_i|}\sum_t \ell_{i,t}`
+      (GRPO's 1/|y| length normalisation);
+    - ``"token-mean"``: :math:`\sum_{i,t}\ell_{i,t}/\sum_i|y_i|` (DAPO, TRL's default);
+    - ``"seq-mean-token-sum-norm"``: :math:`\sum_{i,t}\ell_{i,t}/(B\,T)` with ``T`` the
+      longest response allowed (Dr. GRPO; TRL's ``dr_grpo``).
+    """
+    m = mask.to(loss_mat.dtype)
+    lm = loss_mat * m
+    B, T = loss_mat.shape
+    if mode == "seq-mean-token-sum":
+        return lm.sum(-1).mean()
+    if mode == "seq-mean-token-mean":
+        return (lm.sum(-1) / m.sum(-1)).mean()
+    if mode == "token-mean":
+        return lm.sum() / m.sum()
+    if mode == "seq-mean-token-sum-norm":
+        return lm.sum() / (B * T)
+    raise ValueError(f"unknown aggregation {mode!r}; known: {', '.join(AGGREGATIONS)}")
+
+
+def advantages(rewards, kind="constant", baseline=0.0):
+    r"""Advantages ``(B,)`` of a group's rewards.
+
+    - ``"constant"``: :math:`R_i - b` (REINFORCE with a constant baseline);
+    - ``"group_mean"``: :math:`R_i - \bar R`, the mean including ``i`` (expectation
+      :math:`(1 - 1/G)` times the policy gradient);
+    - ``"rloo"``: :math:`R_i - \frac{1}{G-1}\sum_{j\ne i}R_j` (leave-one-out, unbiased;
+      TRL's ``RLOOTrainer``, OpenRLHF's ``rloo``); needs ``G >= 2``;
+    - ``"grpo"``: :math:`(R_i - \bar R)/(\mathrm{std}(R) + 10^{-6})`, ``torch.std``
+      unbiased (verl, TRL); a group of one keeps :math:`R_i` (verl).
+    """
+    G = rewards.shape[0]
+    if kind == "constant":
+        return rewards - baseline
+    if kind == "group_mean":
+        return rewards - rewards.mean()
+    if kind == "rloo":
+        if G < 2:
+            raise ValueError("the RLOO advantage needs group_size >= 2")
+        return (rewards - rewards.mean()) * (G / (G - 1))
+    if kind == "grpo":
+        if G < 2:
+            return rewards
+        return (rewards - rewards.mean()) / (rewards.std() + GRPO_EPS)
+    raise ValueError(f"unknown advantage {kind!r}; known: {', '.join(ADVANTAGES)}")
+
+
+def importance_weights(batch, level=None, cap=None, band=None):
+    r"""Detached importance weights ``(B, T)`` of the policy against the sampler.
+
+    With :math:`\rho_t = p(y_t|s_t)/\mu(y_t|s_t)`:
+
+    - ``None``: 1;
+    - ``"sequence"``: :math:`\prod_t \rho_t` on every token of the response;
+    - ``"token"``: :math:`\rho_t`;
+    - ``"prefix"``: :math:`\prod_{u \le t}\rho_u` (per-decision, cumulative).
+
+    ``cap = C`` truncates, :math:`\min(w, C)` (TIS); ``band = (a, b)`` masks,
+    :math:`w\,1[a \le w \le b]` (MIS / IcePop): at the level chosen, so a sequence-level
+    band drops whole responses.
+    """
+    log_r = ((batch.logp - batch.sampler_logp) * batch.mask).detach()  # (B, T)
+    if level is None:
+        w = torch.ones_like(log_r)
+    elif level == "sequence":
+        w = torch.exp(log_r.sum(-1, keepdim=True)).expand_as(log_r)
+    elif level == "token":
+        w = torch.exp(log_r)
+    elif level == "prefix":
+        w = torch.exp(torch.cumsum(log_r, -1))
+    else:
+        raise ValueError(f"unknown importance level {level!r}; known: {RATIOS}")
+    if cap is not None:
+        w = torch.clamp(w, max=cap)
+    if band is not None:
+        lo, hi = band
+        w = torch.where((w >= lo) & (w <= hi), w, torch.zeros_like(w))
+    return w
+
+
+def policy_gradient_loss(advantage="constant", ratio=None, aggregation="seq-mean-token-sum",
+                         baseline=0.0, cap=None, band=None):
+    r"""The loss :math:`\mathrm{agg}(-\,\mathrm{sg}(w_{i,t})\,A_i\,\log p_{i,t})` with the
+    advantage, the importance weight and the aggregation named (see the module)."""
+    for value, known, what in ((advantage, ADVANTAGES, "advantage"),
+                               (aggregation, AGGREGATIONS, "aggregation"),
+                               (ratio, RATIOS, "ratio")):
+        if value not in known:
+            raise ValueError(f"unknown {what} {value!r}; known: {known}")
+
+    def loss(batch):
+        A = advantages(batch.rewards, advantage, baseline).detach()  # (B,)
+        w = importance_weights(batch, ratio, cap, band)  # (B, T)
+        return aggregate(-w * A[:, None] * batch.logp, batch.mask, aggregation)
+    loss.__name__ = f"pg_{advantage}_{ratio or 'none'}_{aggregation}"
+    return loss
+
+
+def reinforce(baseline=0.0):
+    r"""REINFORCE with a constant baseline: :math:`L = -\frac1B\sum_i (R_i - b)\sum_t
+    \log p_{i,t}`; :math:`E[\nabla L] = -\nabla E_p[R]` on policy (OpenRLHF's
+    ``reinforce``; verl's ``seq-mean-token-sum``)."""
+    return policy_gradient_loss("constant", baseline=baseline)
+
+
+def group_mean_reinforce():
+    r"""The group-mean baseline including self, :math:`A_i = R_i - \bar R`:
+    :math:`E[\nabla L] = -(1 - 1/G)\,\nabla E_p[R]` (GRPO without the std, Dr. GRPO's
+    advantage)."""
+    return policy_gradient_loss("group_mean")
+
+
+def rloo():
+    r"""RLOO: :math:`A_i = R_i - \frac{1}{G-1}\sum_{j\ne i} R_j`, unbiased (TRL
+    ``RLOOTrainer``, OpenRLHF ``advantage_estimator=rloo``)."""
+    return policy_gradient_loss("rloo")
+
+
+def grpo(aggregation="seq-mean-token-mean"):
+    r"""GRPO: :math:`A_i = (R_i - \bar R)/(\mathrm{std}(R) + 10^{-6})` with the 1/|y|
+    length normalisation by default (DeepSeekMath; TRL ``loss_type="grpo"``; verl
+    ``seq-mean-token-mean``); ``aggregation="token-mean"`` is DAPO / TRL's default,
+    ``"seq-mean-token-sum-norm"`` Dr. GRPO's normalisation."""
+    return policy_gradient_loss("grpo", aggregation=aggregation)
+
+
+def dr_grpo():
+    r"""Dr. GRPO: the group-mean advantage without the std and the constant
+    :math:`1/(B\,T)` normalisation (TRL ``loss_type="dr_grpo"``); unbiased up to the scale
+    :math:`(1 - 1/G)/T`."""
+    return policy_gradient_loss("group_mean", aggregation="seq-mean-token-sum-norm")
+
+
+def dapo():
+    r"""DAPO's token-mean aggregation of the GRPO advantage (TRL ``loss_type="dapo"``)."""
+    return grpo("token-mean")
+
+
+def sequence_is(advantage="constant", baseline=0.0):
+    r"""Sequence-level IS: :math:`-\,\mathrm{sg}(\prod_t\rho_t)\,A\sum_t\log p_t`; unbiased
+    where :math:`\mu` covers :math:`p` (verl rollout correction ``rollout_is=sequence``)."""
+    return policy_gradient_loss(advantage, "sequence", baseline=baseline)
+
+
+def token_is(advantage="constant", baseline=0.0):
+    r"""Token-level IS: :math:`-\sum_t \mathrm{sg}(\rho_t)\,A\log p_t`; equals REINFORCE on
+    policy, biased off policy (verl ``rollout_is=token``; the PPO ratio of vLLM
+    mismatch corrections)."""
+    return policy_gradient_loss(advantage, "token", baseline=baseline)
+
+
+def prefix_is(advantage="constant", baseline=0.0):
+    r"""Cumulative-prefix (per-decision) IS: :math:`-\sum_t \mathrm{sg}(\prod_{u\le t}
+    \rho_u)\,A\log p_t`."""
+    return policy_gradient_loss(advantage, "prefix", baseline=baseline)
+
+
+def sequence_tis(cap=2.0, advantage="constant", baseline=0.0):
+    r"""Truncated sequence IS: weight :math:`\min(\prod_t\rho_t, C)`; bias
+    :math:`-E_p[(1 - C/\rho)_+ A h]` (verl ``rollout_is=sequence`` with a threshold)."""
+    return policy_gradient_loss(advantage, "sequence", baseline=baseline, cap=cap)
+
+
+def token_tis(cap=2.0, advantage="constant", baseline=0.0):
+    r"""Truncated token IS: weight :math:`\min(\rho_t, C)` (TIS; verl, OpenRLHF
+    ``vllm_is_truncated_threshold``, slime)."""
+    return policy_gradient_loss(advantage, "token", baseline=baseline, cap=cap)
+
+
+def sequence_mis(band=(0.5, 2.0), advantage="constant", baseline=0.0):
+    r"""Masked sequence IS: weight :math:`\rho\,1[a\le\rho\le b]`, :math:`\rho = \prod_t\rho_t`
+    (verl ``rollout_rs=sequence``); bias :math:`-E_p[1[\rho\notin[a,b]] A h]`."""
+    return policy_gradient_loss(advantage, "sequence", baseline=baseline, band=band)
+
+
+def token_mis(band=(0.5, 2.0), advantage="constant", baseline=0.0):
+    r"""Masked token IS: weight :math:`\rho_t\,1[a\le\rho_t\le b]` (MIS / IcePop)."""
+    return policy_gradient_loss(advantage, "token", baseline=baseline, band=band)
+
+
+def gspo(eps_low=3e-4, eps_high=4e-4, advantage="grpo"):
+    r"""GSPO: the geometric-mean sequence ratio
+    :math:`s_i = \exp(\frac{1}{|y_i|}\sum_t(\log p_t - \log\mu_t))`, differentiable,
+    :math:`L = -\frac1B\sum_i\min(s_iA_i, \mathrm{clip}(s_i, 1-\epsilon_l, 1+\epsilon_h)A_i)`
+    (Qwen's GSPO; TRL ``importance_sampling_level="sequence"``). Its gradient is
+    :math:`s_i A_i \frac{1}{|y_i|}\sum_t\nabla\log p_t` inside the band."""
+    def loss(batch):
+        A = advantages(batch.rewards, advantage).detach()
+        m = batch.mask.to(batch.logp.dtype)
+        s = torch.exp(((batch.logp - batch.sampler_logp) * m).sum(-1) / m.sum(-1))  # (B,)
+        clipped = torch.clamp(s, 1 - eps_low, 1 + eps_high)
+        return -torch.minimum(s * A, clipped * A).mean()
+    loss.__name__ = "gspo"
+    return loss
+
+
+def cispo(eps_high=0.2, advantage="grpo"):
+    r"""CISPO at the first step: :math:`L = -\sum_{i,t}\mathrm{sg}(\min(r_{i,t},
+    1+\epsilon_h))A_i\log p_{i,t}/\sum_i|y_i|`, :math:`r = p/p_{old} = 1` when
+    :math:`\theta_{old} = \theta` (MiniMax-M1; verl and slime ``cispo``)."""
+    def loss(batch):
+        A = advantages(batch.rewards, advantage).detach()
+        r = torch.exp(batch.logp - batch.old_logp).clamp(max=1 + eps_high).detach()
+        return aggregate(-r * A[:, None] * batch.logp, batch.mask, "token-mean")
+    loss.__name__ = "cispo"
+    return loss
+
+
+def _centered_loss(center, baseline, name):
+    def loss(batch):
+        A = (batch.rewards - baseline).detach()
+        c = (center(batch).detach() * batch.logp_all).sum(-1)  # (B, T): sum_b c_b log p_b
+        score = ((batch.logp - c) * batch.mask).sum(-1)  # (B,)
+        return -(A * score).mean()
+    loss.__name__ = name
+    return loss
+
+
+def centered(baseline=0.0):
+    r"""Score centering under :math:`\mu`, without reweighting:
+    :math:`L = -\frac1B\sum_i (R_i - b)\sum_t(\log p_{i,t} - \sum_b\mu_b\log p_b(s_{i,t}))`,
+    whose gradient uses :math:`j_{y_t} - \sum_b \mu_b j_b` (the ``centered`` stream of
+    :func:`fisher_ref.exact`)."""
+    return _centered_loss(lambda b: torch.exp(b.sampler_logp_all), baseline, "centered")
+
+
+def topk_centered(k, baseline=0.0):
+    r"""Score centering with only the top-``k`` tokens of :math:`\mu` known, renormalised
+    (ties: lowest id first): the ``top{k}`` stream of :func:`fisher_ref.exact`."""
+    def weights(b):
+        mu = torch.exp(b.sampler_logp_all)  # (B, T, V)
+        if k >= mu.shape[-1]:
+            return mu
+        order = torch.sort(mu, dim=-1, descending=True, stable=True).indices
+        keep = torch.zeros_like(mu).scatter(-1, order[..., :k], 1.0)
+        top = mu * keep
+        return top / top.sum(-1, keepdim=True).clamp(min=torch.finfo(mu.dtype).tiny)
+    return _centered_loss(weights, baseline, f"top{k}_centered")
+
+
+def _kl_terms(batch, kind):
+    d = batch.logp - batch.ref_logp  # log p - log ref, (B, T)
+    if kind == "k1":
+        return d
+    if kind == "k2":
+        return 0.5 * d * d
+    if kind == "k3":
+        return torch.exp(-d) - 1 + d
+    raise ValueError(f"unknown KL estimator {kind!r}; known: k1, k2, k3")
+
+
+def _need_reference(batch):
+    if batch.ref_logp is None:
+        raise ValueError("a KL loss needs a reference policy: add a 'reference' to the task")
+
+
+def kl_loss(kind="k3", beta=1.0):
+    r"""A KL penalty in the loss, :math:`L = \beta\frac1B\sum_i\sum_t k(\delta_{i,t})`,
+    :math:`\delta = \log p - \log p_{ref}`: k1 :math:`=\delta` (expected gradient 0 on
+    policy), k2 :math:`=\delta^2/2` (per state :math:`\nabla KL_s(p\|ref)`), k3
+    :math:`= e^{-\delta} - 1 + \delta` (per state :math:`\nabla KL_s(ref\|p)`, the forward
+    KL). TRL GRPO's ``beta`` term is k3, token-mean; verl ``kl_loss_type``
+    (``kl``/``mse``/``low_var_kl``); OpenRLHF ``kl_estimator`` k1/k2/k3."""
+    def loss(batch):
+        _need_reference(batch)
+        return beta * aggregate(_kl_terms(batch, kind), batch.mask)
+    loss.__name__ = f"{kind}_loss"
+    return loss
+
+
+def rho_k3(beta=1.0):
+    r""":math:`L = \beta\frac1B\sum_{i,t}\rho_{i,t}\,k_3(\delta_{i,t})` with the ratio
+    :math:`\rho = p/p_{old}` differentiable (1 in value at the first step; TRL #6503):
+    its gradient adds :math:`k_3\nabla\log p` to k3's."""
+    def loss(batch):
+        _need_reference(batch)
+        rho = torch.exp(batch.logp - batch.old_logp)
+        return beta * aggregate(rho * _kl_terms(batch, "k3"), batch.mask)
+    loss.__name__ = "rho_k3"
+    return loss
+
+
+def kl_in_reward(beta=1.0):
+    r"""k1 summed into the reward: the KL part of REINFORCE on
+    :math:`R - \beta\sum_t\delta_t`, :math:`L = \beta\frac1B\sum_i \mathrm{sg}(\sum_t
+    \delta_{i,t})\sum_t\log p_{i,t}`; on policy :math:`E[\nabla L] = \beta\nabla
+    KL(p_{seq}\|ref_{seq})` (OpenRLHF and verl ``use_kl_in_reward``)."""
+    def loss(batch):
+        _need_reference(batch)
+        d = ((batch.logp - batch.ref_logp) * batch.mask).sum(-1).detach()  # (B,)
+        return beta * (d * (batch.logp * batch.mask).sum(-1)).mean()
+    loss.__name__ = "k1_in_reward"
+    return loss
+
+
+#: name -> (factory, needs a reference, smallest group size), the rows of the CLI report.
+PRESETS = {
+    "reinforce": (reinforce, False, 1),
+    "group_mean": (group_mean_reinforce, False, 2),
+    "rloo": (rloo, False, 2),
+    "grpo": (grpo, False, 2),
+    "grpo_token_mean": (functools.partial(grpo, "token-mean"), False, 2),
+    "dr_grpo": (dr_grpo, False, 2),
+    "sequence_is": (sequence_is, False, 1),
+    "token_is": (token_is, False, 1),
+    "prefix_is": (prefix_is, False, 1),
+    "sequence_tis": (sequence_tis, False, 1),
+    "token_tis": (token_tis, False, 1),
+    "sequence_mis": (sequence_mis, False, 1),
+    "token_mis": (token_mis, False, 1),
+    "gspo": (gspo, False, 2),
+    "cispo": (cispo, False, 2),
+    "centered": (centered, False, 1),
+    "k1_loss": (functools.partial(kl_loss, "k1"), True, 1),
+    "k2_loss": (functools.partial(kl_loss, "k2"), True, 1),
+    "k3_loss": (functools.partial(kl_loss, "k3"), True, 1),
+    "rho_k3": (rho_k3, True, 1),
+    "k1_in_reward": (kl_in_reward, True, 1),
+}
+
+
+def preset(name, **kwargs):
+    """The preset loss ``name`` (a key of :data:`PRESETS`) built with ``kwargs``."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    return PRESETS[name][0](**kwargs)
