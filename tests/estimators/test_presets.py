@@ -175,7 +175,7 @@ def _plain_is(b, level, cap=None, band=None):
     out = 0.0
     for i in range(len(b.rewards)):
         n = int(b.lengths[i])
-        lr = [float(b.logp[i, t] - b.sampler_logp[i, t]) for t in range(n)]
+        lr = [float((b.logp[i, t] - b.sampler_logp[i, t]).detach()) for t in range(n)]
         for t in range(n):
             w = {"sequence": math.exp(sum(lr)), "token": math.exp(lr[t]),
                  "prefix": math.exp(sum(lr[:t + 1]))}[level]
