@@ -1,0 +1,139 @@
+r"""Verdicts on a trainer's loss: is its expected gradient what it should be?
+
+:func:`check_loss` computes :func:`fisher_ref.estimators.expected_loss_gradient` and
+holds its mean to a target, with the sign convention of a loss to be minimised:
+
+- ``"unbiased"``: :math:`E[\nabla L] = -\nabla E_p[R]`;
+- ``"unbiased-up-to-scale"``: :math:`E[\nabla L] = -\alpha\,\nabla E_p[R]`, some
+  :math:`\alpha > 0` (Dr. GRPO; the group-mean baseline, :math:`\alpha = 1 - 1/G`);
+- ``"kl"``: :math:`E[\nabla L] = +\beta\,\nabla KL(p_{seq}\|ref_{seq})`, some
+  :math:`\beta > 0`, the sequence-level KL of the task's reference policy.
+
+The residual is judged at the exact-identity tolerance (``EXACT_RTOL``, 1e-10) on the
+scale of the per-group gradient, :math:`\sqrt{E\|\nabla L\|^2}` (or of the target, when
+larger). The verdict is true when it passes, so ``assert check_loss(...)`` works in a
+test, and ``verdict.assert_ok()`` raises an ``AssertionError`` that says by how much it
+missed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..checks.tolerances import EXACT_RTOL
+from .gradient import LossGradient, expected_loss_gradient, fit_scale
+
+__all__ = ["EXPECTATIONS", "LossVerdict", "check_loss", "judge"]
+
+EXPECTATIONS = ("unbiased", "unbiased-up-to-scale", "kl")
+
+
+@dataclass
+class LossVerdict:
+    """What :func:`check_loss` found; true when the loss passed.
+
+    Attributes:
+        passed: the expected gradient is the one expected.
+        expect: what was expected.
+        scale: the fitted factor (``alpha`` of ``mean ≈ alpha target``; -1 for an
+            unbiased policy-gradient loss, ``beta`` for a KL term).
+        relative_bias: :math:`\\|mean - \\alpha\\,target\\| / \\|\\alpha\\,target\\|`.
+        residual: the norm of what is left, :math:`\\|mean - expected\\|`.
+        tolerance: the largest residual that passes.
+        gradient: the :class:`LossGradient` judged.
+    """
+
+    passed: bool
+    expect: str
+    scale: float
+    relative_bias: float
+    residual: float
+    tolerance: float
+    gradient: LossGradient
+    reason: str = ""
+
+    def __bool__(self):
+        return bool(self.passed)
+
+    @property
+    def message(self):
+        """One line: the verdict and its numbers."""
+        head = "PASS" if self.passed else "FAIL"
+        out = (f"{head} expect={self.expect!r}: scale={self.scale:+.6g}, relative bias="
+               f"{self.relative_bias:.3g}, residual {self.residual:.3g} vs tolerance "
+               f"{self.tolerance:.3g}")
+        return out + (f" ({self.reason})" if self.reason else "")
+
+    def __str__(self):
+        return self.message
+
+    def assert_ok(self):
+        """Raise ``AssertionError`` with :attr:`message` unless the loss passed."""
+        if not self.passed:
+            raise AssertionError(self.message)
+        return self
+
+
+def judge(lg, expect="unbiased", rtol=EXACT_RTOL):
+    """The verdict on a :class:`LossGradient` already computed (see :func:`check_loss`)."""
+    if expect not in EXPECTATIONS:
+        raise ValueError(f"expect must be one of {', '.join(map(repr, EXPECTATIONS))}, "
+                         f"got {expect!r}")
+    if expect == "kl":
+        if lg.kl_gradient is None:
+            raise ValueError("expect='kl' needs a task with a reference policy "
+                             "(the task key 'reference')")
+        target, sign = lg.kl_gradient, 1.0
+    else:
+        target, sign = lg.policy_gradient, -1.0
+    group_scale = math.sqrt(float(lg.mean @ lg.mean) + lg.variance_trace)
+    tol = rtol * max(group_scale, float(np.linalg.norm(target)))
+    alpha, rel = fit_scale(lg.mean, target)
+    if expect == "unbiased":
+        residual = float(np.linalg.norm(lg.mean + target))
+        reason = "" if residual <= tol else f"expected scale -1, fitted {alpha:+.6g}"
+        passed = residual <= tol
+    else:
+        residual = float(np.linalg.norm(lg.mean - alpha * target))
+        right_sign = sign * alpha > 0
+        passed = right_sign and residual <= tol
+        reason = ""
+        if float(np.linalg.norm(target)) == 0:
+            passed, reason = False, "the target gradient vanishes: nothing to fit a scale to"
+        elif not right_sign:
+            reason = (f"the fitted scale {alpha:+.6g} has the wrong sign (a loss to be "
+                      f"minimised has {'+' if sign > 0 else '-'}scale)")
+        elif not passed:
+            reason = f"not parallel to the target: relative bias {rel:.3g}"
+    return LossVerdict(passed=bool(passed), expect=expect, scale=alpha, relative_bias=rel,
+                       residual=residual, tolerance=tol, gradient=lg, reason=reason)
+
+
+def check_loss(task, loss, group_size=1, expect="unbiased", *, symmetric=False,
+               rtol=EXACT_RTOL, **kwargs):
+    r"""Judge ``loss``'s exact expected gradient on ``task`` (see the module).
+
+    Args:
+        task, loss, group_size, symmetric: as in
+            :func:`fisher_ref.estimators.expected_loss_gradient` (``kwargs`` go there too).
+        expect: ``"unbiased"``, ``"unbiased-up-to-scale"`` or ``"kl"``.
+        rtol: the tolerance relative to the per-group gradient's scale.
+
+    Returns:
+        :class:`LossVerdict`, true when the loss passed.
+
+    Example:
+        >>> from fisher_ref import load_config
+        >>> from fisher_ref.estimators import check_loss, presets
+        >>> bool(check_loss(load_config("tabular"), presets.reinforce()))
+        True
+        >>> check_loss(load_config("tabular"), presets.group_mean_reinforce(), 2).passed
+        False
+    """
+    if expect not in EXPECTATIONS:
+        raise ValueError(f"expect must be one of {', '.join(map(repr, EXPECTATIONS))}, "
+                         f"got {expect!r}")
+    lg = expected_loss_gradient(task, loss, group_size, symmetric, **kwargs)
+    return judge(lg, expect, rtol)
