@@ -13,29 +13,28 @@ Example:
     True
 """
 import importlib
-import sys
-import types
 
-from .version import __version__
+from fisher_ref import _aliases
+from fisher_ref.version import __version__
 
 # public name -> the module that defines it
 _WHERE = {
-    "enumeration": ("EnumerationTooLarge", "estimate_cost"),
-    "conformance": ("check_token_fisher",),
-    "exact": ("exact",),
-    "golden": ("export_golden",),
-    "golden_format": ("GoldenFileError", "load_golden"),
-    "testing": ("compare_golden", "compare_to_golden"),
+    "engine.plan": ("EnumerationTooLarge", "estimate_cost"),
+    "checks.conformance": ("check_token_fisher",),
+    "engine.fast": ("exact",),
+    "golden.export": ("export_golden",),
+    "golden.format": ("GoldenFileError", "load_golden"),
+    "golden.check": ("compare_golden", "compare_to_golden"),
     "monte_carlo": ("CheckRow", "Estimate", "MCResult", "bonferroni_z", "check_monte_carlo",
                     "estimate", "sample"),
-    "architectures": ("make_model",),
-    "gpt2": ("GPT2Model", "GPT2Spec"),
-    "model": ("FunctionModel", "MLPModel", "ModelSpec", "TabularModel"),
+    "models": ("make_model",),
+    "models.gpt2": ("GPT2Model", "GPT2Spec"),
+    "models.base": ("FunctionModel", "MLPModel", "ModelSpec", "TabularModel"),
     "results": ("ExactResult", "FisherStreamResult", "StreamResult", "topk_overlap"),
     "rewards": ("CountReward", "FunctionReward", "LengthReward", "MatchReward"),
     "samplers": ("LogitsSampler", "PerturbedSampler", "RoundedSampler", "TemperatureSampler"),
     "tasks": ("Task", "list_configs", "load_config", "load_task", "task_from_json"),
-    "token_fisher": ("token_fisher", "token_fisher_pairwise", "uniform_token_fisher"),
+    "numerics": ("token_fisher", "token_fisher_pairwise", "uniform_token_fisher"),
 }
 _MODULE_OF = {name: mod for mod, names in _WHERE.items() for name in names}
 
@@ -65,15 +64,4 @@ def __dir__():
     return sorted(set(globals()) | set(__all__))
 
 
-class _Package(types.ModuleType):
-    """The package module: importing submodule ``fisher_ref.exact`` (or ``token_fisher``)
-    must not replace the public function of the same name, which the import system would
-    do by setting the submodule as an attribute of the package."""
-
-    def __setattr__(self, name, value):
-        if isinstance(value, types.ModuleType) and _MODULE_OF.get(name) == name:
-            return  # keep the function; the submodule stays reachable via sys.modules
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+_aliases.install()

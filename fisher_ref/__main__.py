@@ -1,6 +1,6 @@
 """``python -m fisher_ref`` entry point."""
 import sys
 
-from .cli import main
+from fisher_ref.cli import main
 
 sys.exit(main())

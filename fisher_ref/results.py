@@ -431,7 +431,7 @@ class ExactResult:
     def _sorted_seqs(seqs, baseline, streams):
         if not seqs:
             return None
-        out = seqs  # written in sorted order (fisher_ref.walk.response_places)
+        out = seqs  # written in sorted order (fisher_ref.engine.run.response_places)
         out["advantage"] = out["reward"] - baseline
         if "centered" in streams:
             out["sampler_advantage"] = out["reward"] - streams["centered"].baseline

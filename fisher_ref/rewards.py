@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .limits import MAX_ABS_VALUE
+from fisher_ref.limits import MAX_ABS_VALUE
 
 __all__ = ["Reward", "CountReward", "MatchReward", "LengthReward", "FunctionReward",
            "make_reward", "evaluate_reward"]

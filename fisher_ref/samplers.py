@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from .limits import is_real
+from fisher_ref.limits import is_real
 
 __all__ = ["Sampler", "TemperatureSampler", "PerturbedSampler", "RoundedSampler",
            "LogitsSampler", "make_sampler"]

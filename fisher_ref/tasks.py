@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .architectures import make_model
-from .fileio import read_text
-from .limits import MAX_ABS_VALUE, is_real, readable
-from .model import check_theta
-from .rewards import Reward, make_reward
-from .samplers import Sampler, make_sampler
+from fisher_ref.models import make_model
+from fisher_ref.fileio import read_text
+from fisher_ref.limits import MAX_ABS_VALUE, is_real, readable
+from fisher_ref.models.base import check_theta
+from fisher_ref.rewards import Reward, make_reward
+from fisher_ref.samplers import Sampler, make_sampler
 
 __all__ = ["Task", "task_from_json", "load_task", "load_config", "list_configs",
            "require_task", "WEIGHT_SUM_TOL"]
@@ -50,7 +50,7 @@ def _check_model(m):
     missing = [a for a in _MODEL_ATTRS if not hasattr(m, a)]
     if missing:
         raise TypeError(f"Task.model must be a model (an object with {', '.join(_MODEL_ATTRS)}; "
-                        f"see fisher_ref.model), got {type(m).__name__} {m!r:.60} "
+                        f"see fisher_ref.models.base), got {type(m).__name__} {m!r:.60} "
                         f"(missing {', '.join(missing)})")
 
 

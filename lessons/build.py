@@ -6,7 +6,7 @@
 The cells of each notebook are data in ``lessons/lesson_cells/lNN.py``: a list of
 ``(kind, source)`` pairs, kind ``"md"`` or ``"code"``. Cell ids are
 ``<lesson number>-<cell number>`` so regenerating is byte-stable. Quizzes come
-from :mod:`fisher_ref.quizzes`, exercises from :mod:`fisher_ref.exercises` (of
+from :mod:`fisher_ref.teaching.quizzes`, exercises from :mod:`fisher_ref.teaching.exercises` (of
 this checkout: the repository root goes first on ``sys.path``).
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ import platform
 from collections import defaultdict
 
 from fisher_ref import exact, list_configs, load_config
-from fisher_ref.verify import exact_checks
+from fisher_ref.checks.identities import exact_checks
 
 
 def main():

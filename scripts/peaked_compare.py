@@ -1,5 +1,5 @@
 """float32 on peaked models: the correlation judged flatly against its largest entry and
-by error propagation from its parts (fisher_ref.error_scales), per shipped config with
+by error propagation from its parts (fisher_ref.checks.tolerances), per shipped config with
 ``init_scale`` 3.
 
     python scripts/peaked_compare.py [--configs default no_eos offpolicy_stale]
@@ -22,9 +22,9 @@ def main(argv=None):
     ap.add_argument("--configs", nargs="+",
                     default=["default", "no_eos", "offpolicy_stale", "weighted_prompts"])
     args = ap.parse_args(argv)
-    from fisher_ref.compare import compare, highest_matmul_precision
-    from fisher_ref.error_scales import TOL_FLOAT32, correlation_scale, rel_error
-    from fisher_ref.exact import exact
+    from fisher_ref.checks.compare import compare, highest_matmul_precision
+    from fisher_ref.checks.tolerances import TOL_FLOAT32, correlation_scale, rel_error
+    from fisher_ref.engine.fast import exact
     from fisher_ref.tasks import task_from_json
     from fisher_ref.torch.exact import torch_exact
     print("| config (init_scale 3) | stream | correlation, flat | correlation, propagated "

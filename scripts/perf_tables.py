@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fisher_ref import list_configs, load_config
-from fisher_ref.bench import bench
-from fisher_ref.scaling import engine_speedup, load_scale_config, machine, scale_task
+from fisher_ref.perf.bench import bench
+from fisher_ref.perf.scaling import engine_speedup, load_scale_config, machine, scale_task
 
 
 def main():

@@ -11,7 +11,7 @@ script reports the numpy engine's verdict at its default limits (``check_cost``,
 running it), runs ``torch_exact(task, keep_states=False, keep_sequences=False,
 variances=False)`` — every stream quantity, cross terms and the autograd gradient, but
 not the fourth moments used only by Monte Carlo tests — and records the wall time, the
-peak resident memory of the process (``VmHWM``, see fisher_ref.peak_memory: interpreter, torch and the run), the
+peak resident memory of the process (``VmHWM``, see fisher_ref.perf.memory: interpreter, torch and the run), the
 1-minute load average before and after, and two exact identities as a check of the
 result: ``F = sum_s pi(s) f(s)`` and ``E[A h] = d E[R] / d theta`` (autograd), as
 relative errors. The record goes to ``--out`` as JSON (written atomically).
@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fisher_ref.peak_memory import peak_rss_bytes  # noqa: E402
+from fisher_ref.perf.memory import peak_rss_bytes  # noqa: E402
 
 
 def main(argv=None):
@@ -42,9 +42,9 @@ def main(argv=None):
 
     import numpy as np
     import torch
-    from fisher_ref.enumeration import EnumerationTooLarge, check_cost, estimate_cost
+    from fisher_ref.engine.plan import EnumerationTooLarge, check_cost, estimate_cost
     from fisher_ref.fileio import atomic_output
-    from fisher_ref.scaling import scale_task
+    from fisher_ref.perf.scaling import scale_task
     from fisher_ref.torch.exact import torch_exact
 
     torch.set_num_threads(args.threads)

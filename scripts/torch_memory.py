@@ -7,7 +7,7 @@ Python process per run — ``torch_exact`` with its defaults (per-state and per-
 arrays kept when they fit in 1 GiB), ``torch_exact`` lean (``keep_states=False,
 keep_sequences=False, variances=False``) and the numpy ``exact`` with its defaults — and
 prints a markdown table of the wall time of the run and the process's peak RSS
-(``VmHWM``, see fisher_ref.peak_memory: interpreter, libraries and the run together), with the 1-minute load
+(``VmHWM``, see fisher_ref.perf.memory: interpreter, libraries and the run together), with the 1-minute load
 average. The V=16, T=4, hidden 128 task (``v16``) must stay below 2 GiB on the torch
 engine; ``tests/test_torch_exact.py`` checks that in CI.
 """
@@ -22,13 +22,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RUN = """
 import json, sys, time, torch
-from fisher_ref.peak_memory import peak_rss_bytes
+from fisher_ref.perf.memory import peak_rss_bytes
 torch.set_num_threads({threads})
-from fisher_ref.scaling import load_scale_config
+from fisher_ref.perf.scaling import load_scale_config
 task = load_scale_config({name!r})
 t0 = time.perf_counter()
 if {engine!r} == "numpy":
-    from fisher_ref.exact import exact
+    from fisher_ref.engine.fast import exact
     exact(task, progress=False).gathered()  # every per-state array formed, as torch keeps them
 else:
     from fisher_ref.torch.exact import torch_exact

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.append(str(Path(__file__).parent))  # after site-packages: tests/torch must not shadow torch
 
 import cases  # noqa: E402
 

@@ -32,14 +32,27 @@ def test_unknown_name_is_an_attribute_error():
         fisher_ref.nope  # noqa: B018
 
 
-@pytest.mark.parametrize("name", ["exact", "token_fisher"])
-def test_submodule_import_does_not_shadow_the_function(name):
-    # Import the submodule first (as fisher_ref.training does for exact), then the name.
-    out = run_python(f"import importlib, fisher_ref; m = importlib.import_module('fisher_ref.{name}')\n"
-                     f"from fisher_ref import {name} as f\n"
-                     f"import fisher_ref.{name} as g\n"
-                     f"print(callable(f), type(f).__name__, f is getattr(m, '{name}'), f is g)")
-    assert out == "True function True True"
+def test_no_module_shares_its_name_with_a_public_function():
+    """``fisher_ref.exact`` is the function only: no direct submodule of the package is named
+    like a public name of the package root, so importing a submodule can never replace one."""
+    import pkgutil
+    modules = {m.name.rsplit(".", 1)[-1] for m in pkgutil.iter_modules(fisher_ref.__path__, "fisher_ref.")}
+    public = {n for n in fisher_ref.__all__ if callable(getattr(fisher_ref, n))}
+    assert not modules & public, modules & public
+
+
+@pytest.mark.parametrize("old, new", [("verify", "checks.identities"), ("walk", "engine.run"),
+                                      ("mc_stats", "monte_carlo.stats"), ("torch.model", "torch.adapters")])
+def test_moved_module_paths_are_aliases_that_warn(old, new):
+    out = run_python("import warnings, importlib\n"
+                     "warnings.simplefilter('always')\n"
+                     "with warnings.catch_warnings(record=True) as w:\n"
+                     f"    m = importlib.import_module('fisher_ref.{old}')\n"
+                     f"n = importlib.import_module('fisher_ref.{new}')\n"
+                     "name = sorted(n.__all__)[0]\n"
+                     "print(getattr(m, name) is getattr(n, name), "
+                     "any(issubclass(x.category, DeprecationWarning) for x in w))")
+    assert out == "True True"
 
 
 def test_import_is_light():

@@ -4,7 +4,7 @@ Time comes from an injected clock, so no test depends on how fast the machine is
 """
 import io
 
-from fisher_ref.progress import Progress
+from fisher_ref._progress import Progress
 
 
 class FakeClock:

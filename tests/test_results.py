@@ -237,7 +237,7 @@ def test_fast_engine_states_equal_per_state_rows_of_the_reference(case):
 def test_the_walk_refuses_rows_it_did_not_write(monkeypatch):
     """A walk that put two responses in one place (so left another place unwritten)
     raises instead of returning uninitialised rows."""
-    import fisher_ref.walk as walk
+    import fisher_ref.engine.run as walk
     real = walk.response_places
     monkeypatch.setattr(walk, "response_places", lambda *a: np.minimum(real(*a), 3))
     try:

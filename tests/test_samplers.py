@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from fisher_ref import LogitsSampler, exact, load_config
-from fisher_ref.model import windows_for
+from fisher_ref.models.base import windows_for
 from fisher_ref.samplers import (PerturbedSampler, RoundedSampler, TemperatureSampler,
                                  make_sampler)
 

@@ -1,8 +1,8 @@
 """Holding a torch-engine result against the numpy engine's ExactResult, quantity by
-quantity, each judged on its scale (fisher_ref.error_scales)."""
+quantity, each judged on its scale (fisher_ref.checks.tolerances)."""
 import numpy as np
 
-from fisher_ref.error_scales import rel_error, scale
+from fisher_ref.checks.tolerances import rel_error, scale
 
 STREAM_QUANTITIES = ("score_mean", "sequence_fisher", "token_fisher_sum",
                      "token_fisher_sum_paths", "token_fisher_by_depth", "cross_terms",
@@ -12,7 +12,7 @@ STREAM_QUANTITIES = ("score_mean", "sequence_fisher", "token_fisher_sum",
 
 def jmax_of(task, ref):
     """Largest |j| of each parameter over the kept states (numpy sensitivities)."""
-    from fisher_ref.compare import exact_state_sensitivities
+    from fisher_ref.checks.compare import exact_state_sensitivities
     return exact_state_sensitivities(task, ref)[2]  # (P,)
 
 

@@ -3,22 +3,27 @@ device and dtype, for any model with a torch adapter — the shipped MLP, tabula
 GPT-2 (through ``transformers``) models, and any ``torch.nn.Module`` a user brings —
 held against the float64 numpy engines by ``compare``.
 
-- :mod:`fisher_ref.torch.model` — the adapter interface, the MLP and tabular adapters,
+- :mod:`fisher_ref.torch.adapters` — the adapter interface, the MLP and tabular adapters,
   the three-line token Fisher, the samplers' logits;
-- :mod:`fisher_ref.torch.module` — any torch causal LM (:func:`from_module`,
-  :func:`causal_lm_task`, :func:`exact_causal_lm`), the GPT-2 through ``transformers``;
-- :mod:`fisher_ref.torch.exact` — exact enumeration, depth-first in bounded blocks
-  (:mod:`~fisher_ref.torch.tree`, :mod:`~fisher_ref.torch.windows`,
+- :mod:`fisher_ref.torch.module` — any torch causal LM as an adapter (:func:`from_module`);
+  :mod:`fisher_ref.torch.module_model` — the same module as a model of the numpy engines
+  (:func:`causal_lm_task`); :mod:`fisher_ref.torch.gpt2` — the GPT-2 through ``transformers``;
+  :mod:`fisher_ref.torch.registry` — the adapter of any model (:func:`torch_model`);
+- :mod:`fisher_ref.torch.exact` — exact enumeration (:func:`torch_exact`,
+  :func:`exact_causal_lm`), depth-first in bounded blocks
+  (:mod:`~fisher_ref.torch.tree`, :mod:`~fisher_ref.torch.window_cache`,
   :mod:`~fisher_ref.torch.moments`);
 - :mod:`fisher_ref.torch.monte_carlo` — ancestral sampling and estimators in torch.
 
 Importing this subpackage imports torch (an optional dependency: the ``torch`` extra).
 """
-from .exact import torch_exact
-from .model import (TorchAdapter, TorchMLP, TorchTabular, accumulation_dtype, resolve_dtype,
-                    token_fisher, torch_model)
-from .module import causal_lm_task, exact_causal_lm, from_module
-from .monte_carlo import torch_monte_carlo
+from fisher_ref.torch.adapters import (TorchAdapter, TorchMLP, TorchTabular, accumulation_dtype,
+                                       resolve_dtype, token_fisher)
+from fisher_ref.torch.exact import exact_causal_lm, torch_exact
+from fisher_ref.torch.module import from_module
+from fisher_ref.torch.module_model import causal_lm_task
+from fisher_ref.torch.registry import torch_model
+from fisher_ref.torch.monte_carlo import torch_monte_carlo
 
 __all__ = ["torch_exact", "exact_causal_lm", "causal_lm_task", "from_module",
            "torch_monte_carlo", "TorchAdapter", "TorchMLP", "TorchTabular", "torch_model",

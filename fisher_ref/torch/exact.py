@@ -2,7 +2,7 @@ r"""Exact enumeration in torch, depth-first in blocks on the device, for any ada
 
 The same finite sums as :func:`fisher_ref.exact.exact` (docs/theory.md §2, §3, §7),
 computed in torch on any device and dtype, for any model with a torch adapter
-(:func:`fisher_ref.torch.model.torch_model`: the MLP, the tabular model, the GPT-2
+(:func:`fisher_ref.torch.adapters.torch_model`: the MLP, the tabular model, the GPT-2
 through ``transformers``, any ``torch.nn.Module`` through
 :func:`fisher_ref.torch.module.from_module`). Streams: ``"policy"`` (drawn from ``p``,
 centered at :math:`\bar j_p`); with a sampler ``"raw"`` (drawn from :math:`\mu`, centered
@@ -12,7 +12,7 @@ at :math:`\bar j_p`) and ``"centered"`` (drawn from :math:`\mu`, centered at
 The steps, one block of open states at a time (:mod:`fisher_ref.torch.tree`):
 
 1. :func:`visit_block` — the block's windows, their arrays from the
-   :class:`~fisher_ref.torch.windows.WindowTable` (logits, ``j`` by ``vmap(jacrev)`` once
+   :class:`~fisher_ref.torch.window_cache.WindowTable` (logits, ``j`` by ``vmap(jacrev)`` once
    per distinct window, scores, token moments), the token sums by states;
 2. :func:`add_complete` — the responses ending at the block's children: each one's own
    :math:`h = H(\text{parent}) + \xi(a)` and reward, the per-response sums, and the
@@ -30,16 +30,17 @@ from __future__ import annotations
 import numpy as np  # noqa: F401 (the doctest below uses it)
 import torch
 
-from ..enumeration import check_chunk, count_states, default_chunk, resolve_keep
-from ..results import sorted_by_tokens
-from ..rewards import evaluate_reward
-from ..walk import stream_specs
-from .model import torch_model
-from .moments import Ranges, StreamSums
-from .tree import depth_first, ending_tokens, open_children, root_block
-from .windows import WindowTable, unique_windows
+from fisher_ref.engine.plan import check_chunk, count_states, default_chunk, resolve_keep
+from fisher_ref.results import sorted_by_tokens
+from fisher_ref.rewards import evaluate_reward
+from fisher_ref.engine.run import stream_specs
+from fisher_ref.torch.module_model import causal_lm_task
+from fisher_ref.torch.registry import torch_model
+from fisher_ref.torch.moments import Ranges, StreamSums
+from fisher_ref.torch.tree import depth_first, ending_tokens, open_children, root_block
+from fisher_ref.torch.window_cache import WindowTable, unique_windows
 
-__all__ = ["torch_exact", "STREAM_QUANTITIES", "GradientBatch", "visit_block", "add_complete"]
+__all__ = ["torch_exact", "exact_causal_lm", "STREAM_QUANTITIES", "GradientBatch", "visit_block", "add_complete"]
 
 STREAM_QUANTITIES = ("score_mean", "sequence_fisher", "token_fisher_sum",
                      "token_fisher_sum_paths", "cross_terms", "gradient", "covariance",
@@ -133,7 +134,7 @@ def _check_support(run, block, p, q):
     """Refuse a sampler that gives probability 0 to a token the policy can emit."""
     bad = (p > 0) & (q == 0) & (block.rp[:, None] > 0)  # (B, V)
     if bad.any():
-        from ..walk import check_support
+        from fisher_ref.engine.run import check_support
         check_support({"rp": block.rp.cpu().numpy(), "tokens": block.tokens.cpu().numpy(),
                        "length": block.length.cpu().numpy(),
                        "prompt": block.prompt.cpu().numpy()}, p.cpu().numpy(), q.cpu().numpy())
@@ -227,10 +228,10 @@ def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None
             :func:`fisher_ref.torch.module.causal_lm_task`).
         device: torch device.
         dtype: compute dtype of logits and sensitivities (sums in
-            :func:`fisher_ref.torch.model.accumulation_dtype`).
-        adapter: the :class:`fisher_ref.torch.model.TorchAdapter` to use (default:
-            :func:`fisher_ref.torch.model.torch_model` of ``task.model``).
-        chunk: states per block (default :func:`fisher_ref.enumeration.default_chunk`,
+            :func:`fisher_ref.torch.adapters.accumulation_dtype`).
+        adapter: the :class:`fisher_ref.torch.adapters.TorchAdapter` to use (default:
+            :func:`fisher_ref.torch.adapters.torch_model` of ``task.model``).
+        chunk: states per block (default :func:`fisher_ref.engine.plan.default_chunk`,
             about 256 MiB of work arrays); memory grows with it, never with ``V^T``.
         keep_states, keep_sequences: return the per-state / per-response arrays
             (``"auto"``: when they fit in about 1 GiB).
@@ -296,3 +297,30 @@ def _sorted(records, keys):
     records = [{k: _np(v) if v.is_floating_point() else v.cpu().numpy() for k, v in r.items()}
                for r in records]
     return sorted_by_tokens(records, keys)
+
+
+def exact_causal_lm(module, prompts, max_len, reward, *, vocab_size, eos, bos=None,
+                    prompt_weights=None, baseline=0.0, sampler=None, vectorize=True,
+                    device="cpu", dtype="float64", **engine_kwargs):
+    """Every exact quantity of a torch causal LM on a task: :func:`causal_lm_task`, then
+    :func:`fisher_ref.torch.exact.torch_exact` (``engine_kwargs``: ``chunk``,
+    ``keep_states``, ``keep_sequences``).
+
+    Example:
+        >>> class Bigram(torch.nn.Module):  # next-token logits from the last token only
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.table = torch.nn.Embedding(4, 3)  # ids 0..2 and BOS = 3
+        ...     def forward(self, ids):  # (b, n) -> (b, 3)
+        ...         return self.table(ids[:, -1])
+        >>> torch.manual_seed(0) and None
+        >>> out = exact_causal_lm(Bigram(), [[1]], max_len=3, reward=lambda p, r: r.count(2),
+        ...                       vocab_size=3, eos=True, bos=3)
+        >>> pol = out["streams"]["policy"]
+        >>> bool(np.allclose(pol["sequence_fisher"], pol["token_fisher_sum"], rtol=1e-10))
+        True
+    """
+    task = causal_lm_task(module, prompts, max_len, reward, vocab_size=vocab_size, eos=eos,
+                          bos=bos, prompt_weights=prompt_weights, baseline=baseline,
+                          sampler=sampler, vectorize=vectorize)
+    return torch_exact(task, device=device, dtype=dtype, **engine_kwargs)

@@ -21,7 +21,7 @@ by plain ``torch.autograd`` (one backward pass per logit), so :func:`fisher_ref.
 ``verify`` and ``compare`` run on a user's module too. :func:`causal_lm_task` builds the
 :class:`fisher_ref.tasks.Task`.
 
-The GPT-2 of :mod:`fisher_ref.gpt2` is one such module: :func:`gpt2_adapter` wraps
+The GPT-2 of :mod:`fisher_ref.models.gpt2` is one such module: :func:`gpt2_adapter` wraps
 ``transformers``' ``GPT2LMHeadModel`` (built by :func:`fisher_ref.hf.to_hf`), whose
 ``named_parameters()`` order is the GPT-2 ``theta`` layout.
 """
@@ -31,14 +31,12 @@ import copy
 
 import numpy as np
 import torch
-from autograd.extend import defvjp, primitive
 from torch.func import functional_call, jacrev
 
-from ..model import layout_offsets
-from .model import JACOBIAN_CHUNK, TorchAdapter
+from fisher_ref.models.base import layout_offsets
+from fisher_ref.torch.adapters import JACOBIAN_CHUNK, TorchAdapter
 
-__all__ = ["from_module", "ModuleAdapter", "TorchModuleModel", "causal_lm_task", "exact_causal_lm",
-           "gpt2_adapter", "adapter_of", "flat_parameters"]
+__all__ = ["from_module", "ModuleAdapter", "flat_parameters"]
 
 
 def flat_parameters(module):
@@ -65,7 +63,7 @@ def _last_logits(out, V):
 
 
 class ModuleAdapter(TorchAdapter):
-    """A torch module as a :class:`fisher_ref.torch.model.TorchAdapter` (see :func:`from_module`).
+    """A torch module as a :class:`fisher_ref.torch.adapters.TorchAdapter` (see :func:`from_module`).
 
     Attributes:
         names, shapes: the parameter blocks of ``theta``, in order; ``layout`` the same
@@ -181,168 +179,5 @@ def from_module(module, vocab_size, eos, bos=None, *, positions, device="cpu",
                          bool(vectorize))
 
 
-@primitive
-def _module_logits(theta, windows, adapter):
-    """Logits ``(B, V)`` of the module at a numpy ``theta`` (float64)."""
-    with torch.no_grad():
-        z = adapter.logits(adapter.theta(theta), torch.as_tensor(windows, device=adapter.device))
-    return z.to("cpu", torch.float64).numpy()
 
 
-def _module_logits_vjp(ans, theta, windows, adapter):
-    def vjp(g):
-        th = adapter.theta(theta).requires_grad_(True)
-        z = adapter.logits(th, torch.as_tensor(windows, device=adapter.device))
-        (gt,) = torch.autograd.grad(z, th, torch.as_tensor(g).to(z.device, z.dtype))
-        return gt.to("cpu", torch.float64).numpy()
-    return vjp
-
-
-defvjp(_module_logits, _module_logits_vjp, None, None)
-
-
-class TorchModuleModel:
-    """A fisher_ref (numpy) model backed by a :class:`ModuleAdapter` in float64 on the CPU.
-
-    ``logits`` is an autograd primitive (its vector-Jacobian product by
-    ``torch.autograd.grad``); ``sensitivities`` takes one backward pass per state and
-    logit, with no ``torch.func``: a second route to what the torch engine computes by
-    ``vmap(jacrev)``.
-    """
-
-    def __init__(self, adapter):
-        self.adapter = adapter
-        self.vocab_size, self.eos, self.bos = adapter.vocab_size, adapter.eos, adapter.bos
-        self.num_params, self.context, self.name = adapter.num_params, adapter.context, \
-            adapter.name
-
-    def check_lengths(self, longest_prompt, max_len):
-        """Refuse a task whose longest input (BOS, prompt, ``max_len - 1`` tokens) would not
-        fit in ``positions``, or that holds an empty state without a BOS."""
-        need = longest_prompt + max_len - (0 if self.bos is not None else 1)
-        if need > self.context:
-            raise ValueError(f"the longest input has {need} positions (prompt "
-                             f"{longest_prompt}, max_len {max_len}"
-                             f"{', BOS' if self.bos is not None else ''}), more than "
-                             f"positions={self.context}")
-
-    def windows(self, tokens, lengths):
-        W = self.adapter.windows(torch.as_tensor(np.asarray(tokens), dtype=torch.long),
-                                 torch.as_tensor(np.asarray(lengths), dtype=torch.long))
-        return W.numpy()  # (B, positions)
-
-    def logits(self, theta, windows):
-        return _module_logits(theta, np.asarray(windows), self.adapter)  # (B, V)
-
-    def sensitivities(self, theta, windows):
-        """``j (B, P, V)``: ``torch.autograd.grad`` of each logit of each state."""
-        ad = self.adapter
-        th = ad.theta(theta).requires_grad_(True)
-        out = np.empty((len(windows), self.num_params, self.vocab_size))
-        for b, w in enumerate(torch.as_tensor(np.asarray(windows))):
-            z = ad.logits(th, w[None])[0]  # (V,)
-            for a in range(self.vocab_size):
-                (g,) = torch.autograd.grad(z[a], th, retain_graph=a + 1 < self.vocab_size)
-                out[b, :, a] = g.to("cpu", torch.float64).numpy()
-        return out
-
-    def layout(self):
-        return list(self.adapter.layout)
-
-    def init_params(self):
-        return self.adapter.theta0.copy()
-
-    def describe(self):
-        return {"arch": self.name, "vocab_size": self.vocab_size, "eos": self.eos,
-                "bos": self.bos, "positions": self.context}
-
-
-def causal_lm_task(module, prompts, max_len, reward, *, vocab_size, eos, bos=None,
-                   prompt_weights=None, baseline=0.0, sampler=None, vectorize=True,
-                   name="torch_module"):
-    """A :class:`fisher_ref.tasks.Task` over a torch causal LM, its ``theta`` the module's.
-
-    ``positions`` is the longest input of the task (BOS, the longest prompt and
-    ``max_len - 1`` generated tokens). The task runs on the torch engine
-    (:func:`fisher_ref.torch.torch_exact`) and on the numpy engines (through
-    :class:`TorchModuleModel`). Arguments as in :func:`from_module` and
-    :class:`fisher_ref.tasks.Task`; ``prompt_weights`` default to uniform.
-    """
-    from ..tasks import Task
-    longest = max((len(p) for p in prompts), default=0)
-    positions = longest + int(max_len) - (0 if bos is not None else 1)
-    adapter = from_module(module, vocab_size, eos, bos, positions=max(positions, 1),
-                          vectorize=vectorize, name=name)
-    if bos is None and any(len(p) == 0 for p in prompts):
-        raise ValueError("an empty prompt needs a bos id: without one the module would be "
-                         "called on an empty sequence")
-    n = len(prompts)
-    weights = np.full(n, 1.0 / n) if prompt_weights is None and n else prompt_weights
-    return Task(model=TorchModuleModel(adapter), theta=adapter.theta0, prompts=prompts,
-                prompt_weights=weights, max_len=max_len, reward=reward, baseline=baseline,
-                sampler=sampler, name=name)
-
-
-def gpt2_adapter(model, device="cpu", dtype="float64"):
-    """The GPT-2 of :mod:`fisher_ref.gpt2` as ``transformers``' ``GPT2LMHeadModel`` over the
-    flat ``theta``: input ``[BOS] + s`` (BOS = ``V``), padded to ``n_positions``; logits of
-    the last real position, columns ``0..V-1``."""
-    from ..hf import to_hf
-    hf = to_hf(model, np.zeros(model.num_params))
-    adapter = from_module(hf, model.vocab_size, model.eos, bos=model.bos,
-                          positions=model.context, device=device, dtype=dtype, name="gpt2")
-    want = [n for n, _, _ in model.layout()]
-    if adapter.names != want:
-        raise RuntimeError(f"GPT2LMHeadModel parameters {adapter.names} differ from the GPT-2 "
-                           f"layout {want}")
-    return adapter
-
-
-def adapter_of(model, device="cpu", dtype="float64"):
-    """The module adapter of a GPT-2 or a :class:`TorchModuleModel` (else ``None``)."""
-    from ..gpt2 import GPT2Model
-    if isinstance(model, TorchModuleModel):
-        ad = model.adapter
-        if torch.device(device) == ad.device and ad.dtype == torch.float64 and dtype in (
-                "float64", torch.float64):
-            return ad
-        return ModuleAdapter(ad.module, ad.vocab_size, ad.eos, ad.bos, ad.context, device,
-                             dtype, ad.name, ad.vectorize)
-    if isinstance(model, GPT2Model):
-        try:
-            return gpt2_adapter(model, device=device, dtype=dtype)
-        except ModuleNotFoundError as exc:
-            if exc.name != "transformers":
-                raise
-            raise NotImplementedError(
-                "the torch twin of the GPT-2 is transformers' GPT2LMHeadModel: install the "
-                "hf extra (pip install -e \".[hf]\")") from None
-    return None
-
-
-def exact_causal_lm(module, prompts, max_len, reward, *, vocab_size, eos, bos=None,
-                    prompt_weights=None, baseline=0.0, sampler=None, vectorize=True,
-                    device="cpu", dtype="float64", **engine_kwargs):
-    """Every exact quantity of a torch causal LM on a task: :func:`causal_lm_task`, then
-    :func:`fisher_ref.torch.exact.torch_exact` (``engine_kwargs``: ``chunk``,
-    ``keep_states``, ``keep_sequences``).
-
-    Example:
-        >>> class Bigram(torch.nn.Module):  # next-token logits from the last token only
-        ...     def __init__(self):
-        ...         super().__init__()
-        ...         self.table = torch.nn.Embedding(4, 3)  # ids 0..2 and BOS = 3
-        ...     def forward(self, ids):  # (b, n) -> (b, 3)
-        ...         return self.table(ids[:, -1])
-        >>> torch.manual_seed(0) and None
-        >>> out = exact_causal_lm(Bigram(), [[1]], max_len=3, reward=lambda p, r: r.count(2),
-        ...                       vocab_size=3, eos=True, bos=3)
-        >>> pol = out["streams"]["policy"]
-        >>> bool(np.allclose(pol["sequence_fisher"], pol["token_fisher_sum"], rtol=1e-10))
-        True
-    """
-    from .exact import torch_exact
-    task = causal_lm_task(module, prompts, max_len, reward, vocab_size=vocab_size, eos=eos,
-                          bos=bos, prompt_weights=prompt_weights, baseline=baseline,
-                          sampler=sampler, vectorize=vectorize)
-    return torch_exact(task, device=device, dtype=dtype, **engine_kwargs)

@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .windows import unique_windows
-from .model import token_fisher, torch_model
+from fisher_ref.torch.window_cache import unique_windows
+from fisher_ref.torch.adapters import token_fisher
+from fisher_ref.torch.registry import torch_model
 
 __all__ = ["torch_monte_carlo"]
 
@@ -29,7 +30,7 @@ def torch_monte_carlo(task, n, generator, device="cpu", dtype="float64"):
 
     Args:
         task: a :class:`fisher_ref.tasks.Task` whose model has a torch adapter
-            (:func:`fisher_ref.torch.model.torch_model`).
+            (:func:`fisher_ref.torch.adapters.torch_model`).
         n: number of responses.
         generator: a ``torch.Generator`` on ``device`` (the only randomness used).
         device, dtype: as in :func:`fisher_ref.torch.exact.torch_exact`.

@@ -1,12 +1,12 @@
 """Helpers to write lesson cells as data."""
-from fisher_ref.exercises import cell_code, get as get_exercise, solution_markdown
+from fisher_ref.teaching.exercises import cell_code, get as get_exercise, solution_markdown
 
 IMPORTS = """\
 import numpy as np
 import matplotlib.pyplot as plt
 from fisher_ref import load_config, exact
-from fisher_ref.quizzes import show, check
-from fisher_ref.exercises import check_exercise"""
+from fisher_ref.teaching.quizzes import show, check
+from fisher_ref.teaching.exercises import check_exercise"""
 
 #: Reading order: (notebook stem, title). The lesson after the last is announced, not linked.
 PATH = [

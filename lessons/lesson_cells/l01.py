@@ -35,7 +35,7 @@ the token Fisher summed along the generated prefixes. We check every step on a t
 whose responses can all be listed.
 """),
     code(IMPORTS + """
-from fisher_ref.alignment import response_token_scores
+from fisher_ref.teaching.views import response_token_scores
 
 task = load_config("default")
 r = exact(task, progress=False)
@@ -129,7 +129,7 @@ exact value:
 """),
     code("""
 from fisher_ref.monte_carlo import estimate
-from fisher_ref.mc_stats import running_estimates
+from fisher_ref.monte_carlo.stats import running_estimates
 
 rng = np.random.default_rng(1)
 mc = estimate(task, 4000, rng, keep_samples=True)

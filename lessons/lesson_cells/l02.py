@@ -32,7 +32,7 @@ a gap between two tokens matters in proportion to how likely *both* are.
 """),
     code(IMPORTS + """
 from fisher_ref import token_fisher, token_fisher_pairwise, uniform_token_fisher
-from fisher_ref.alignment import pairwise_terms"""),
+from fisher_ref.teaching.views import pairwise_terms"""),
     md(r"""
 ## A toy state with named tokens
 
@@ -121,7 +121,7 @@ and check both forms, then add a random shift per parameter and state to every t
 sensitivity — a uniform logit shift — and check that nothing changes.
 """),
     code("""
-from fisher_ref.alignment import state_sensitivities
+from fisher_ref.teaching.views import state_sensitivities
 
 task = load_config("default")
 result = exact(task, progress=False)

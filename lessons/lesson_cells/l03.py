@@ -33,9 +33,9 @@ The lesson measures both, and shows how to tell them apart.
 """),
     code(IMPORTS + """
 from fisher_ref import token_fisher, uniform_token_fisher
-from fisher_ref.alignment import (fisher_ratio, entropy, concentration, shuffled_token_fisher,
+from fisher_ref.teaching.views import (fisher_ratio, entropy, concentration, shuffled_token_fisher,
                                   shuffle_control, state_sensitivities)
-from fisher_ref.model import softmax
+from fisher_ref.numerics import softmax
 
 task = load_config("default")
 result = exact(task, progress=False)
@@ -270,7 +270,7 @@ likely logits by almost the same amount, the other moves them in opposite direct
 """),
     code("""
 from fisher_ref import token_fisher_pairwise
-from fisher_ref.alignment import pairwise_terms
+from fisher_ref.teaching.views import pairwise_terms
 p = np.array([0.48, 0.48, 0.02, 0.02])                    # two likely candidates
 j = np.array([[3.0, 3.1, 0.0, 0.0],                       # (2, V): alike on the likely pair
               [3.0, -3.0, 0.0, 0.0]])                     #         opposite on the likely pair

@@ -151,7 +151,7 @@ moments start at zero, so the bias-corrected $\hat m = G$ and $\hat v = G^2$). F
 formulas against the training code, then a sweep of the step size $\eta$:
 """),
     code("""
-from fisher_ref.training import policy_gradient, bf16_changed
+from fisher_ref.teaching.training import policy_gradient, bf16_changed
 
 eps = 1e-8
 steps = {"sgd": lambda lr, G: lr * G, "adam": lambda lr, G: lr * G / (np.abs(G) + eps)}

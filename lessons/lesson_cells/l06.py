@@ -33,7 +33,7 @@ Two estimators of the same $F_i$:
     code(IMPORTS + """
 import os, platform
 from fisher_ref.monte_carlo import estimate, bonferroni_z
-from fisher_ref.mc_stats import running_estimates, exact_variance_reduction, variance_reduction
+from fisher_ref.monte_carlo.stats import running_estimates, exact_variance_reduction, variance_reduction
 
 task = load_config("default")
 r = exact(task, progress=False)

@@ -55,7 +55,7 @@ are `theta`, laid out in `named_parameters()` order:
 """),
     code(IMPORTS + """
 import os, platform, time
-from fisher_ref.verify import exact_checks, format_table
+from fisher_ref.checks.identities import exact_checks, format_table
 
 task = load_config("gpt2_small")
 m = task.model
@@ -248,7 +248,7 @@ change of $b_K$ with no derivative at all, at the shipped $\theta$ and at an unr
 one:
 """),
     code("""
-from fisher_ref.alignment import state_sensitivities
+from fisher_ref.teaching.views import state_sensitivities
 
 d = m.spec.embed_dim
 (n3,), off = {n: (s, o) for n, s, o in m.layout()}["transformer.h.0.attn.c_attn.bias"]

@@ -1,0 +1,348 @@
+r"""Check every identity of docs/theory.md (§2.9, §3) on a task and print it as a table.
+
+Each row compares two routes to one quantity, or a quantity that must vanish
+with its natural scale (docs/theory.md §9.3):
+
+- ``equal`` rows: relative error :math:`\max|a-b| / \max(\max|a|, \max|b|)`, for
+  gradients with the denominator at least the size of their summands;
+- ``zero`` rows: :math:`\max|x|` over the natural scale — :math:`\max_i F_i` for
+  products of two scores (cross terms), the score scale (:func:`state_score_scale`)
+  for scores;
+- ``bound`` rows: the largest excess of the left side over the right, scaled
+  the same way (must be :math:`\le` the tolerance);
+- ``info`` rows report a diagnostic (overlap, alignment, the raw score's mean where
+  the sampler equals the policy) and always pass;
+- ``z`` rows (Monte Carlo) report, for each estimator, the :math:`|z|` of the
+  entry (parameter) nearest its threshold; thresholds are per entry, the larger
+  of the Bonferroni normal one and a Bernstein bound over every entry of every
+  row, so that all the Monte Carlo rows together fail falsely with probability at
+  most 1e-6 (see :func:`fisher_ref.monte_carlo.check_monte_carlo`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fisher_ref.monte_carlo.stats import ROUNDING_RTOL  # entries below this fraction of their scale: rounding
+from fisher_ref.checks.tolerances import (EXACT_RTOL, GRADIENT_FLOOR, fisher_scale, gradient_scale,
+                                         rel_err)
+from fisher_ref.results import require_all_quantities
+from fisher_ref.models.sensitivities import sensitivities, sensitivities_autograd
+from fisher_ref.tasks import require_task
+from fisher_ref.numerics import token_fisher, token_fisher_pairwise, uniform_token_fisher
+
+__all__ = ["Check", "exact_checks", "format_table", "verify_task",
+           "state_score_scale", "sampler_gap",
+           "EXACT_RTOL", "constant_breaking_bound", "bound_broken_at_zero"]
+
+MC_ALPHA = 1e-6  # false-failure rate of all Monte Carlo rows together
+WEAK_POWER = 3.0  # a row whose threshold exceeds this multiple of the Bonferroni-normal
+#                   one (skewed, rarely non-zero values) is flagged as having little power
+_SHIFT_STATES = 256  # states on which the pairwise form and the logit shift are re-derived
+
+
+@dataclass
+class Check:
+    """One row of the verify table."""
+
+    identity: str
+    stream: str
+    check: str
+    value: float
+    tol: float
+    kind: str = "equal"
+    note: str = ""
+
+    @property
+    def passed(self):
+        if self.kind == "info":
+            return True
+        if self.kind == "nonzero":
+            return bool(self.value > self.tol)
+        return bool(np.isfinite(self.value) and self.value <= self.tol)
+
+
+def state_score_scale(result):
+    r"""Largest token-level score scale over the kept states: :math:`\max_s` of ``f(s)``,
+    :math:`f_\mu(s)` and :math:`f_{unif}(s)` (the spread of ``j`` over tokens), or 0
+    when states were not kept.
+
+    :math:`\max_s |E[\xi|s]|` runs over every reachable state, however unlikely, and
+    its rounding is that of :math:`\bar j` at such a state; on a peaked policy
+    :math:`\max_i F_i` (reach-weighted) can be 1e-24 while a rarely reached state has
+    ``f(s)`` near 0.03, so ``F`` alone is not its scale.
+    """
+    st = result.states
+    if st is None:
+        return 0.0
+    keys = [k for k in ("token_fisher", "sampler_token_fisher", "uniform") if k in st]
+    return float(max(np.max(st[k], initial=0.0) for k in keys))
+
+
+def _stream_checks(name, s, T, centered, state_scale=0.0):
+    r"""Identities 1-3 and 7 for one stream whose score is centered on its drawing
+    distribution; scores that must vanish are measured against the larger of
+    :math:`\sqrt{\max F}` and the state-level score scale (:func:`state_score_scale`)."""
+    F = s.sequence_fisher
+    sF, rF = fisher_scale(F), np.sqrt(fisher_scale(F))
+    sS = max(rF, np.sqrt(state_scale))  # score scale
+    gfloor = GRADIENT_FLOOR * gradient_scale(s, score_scale=sS)
+    off = s.cross_terms[~np.eye(T, dtype=bool)]
+    rows = [
+        Check("1 zero-mean score", name, "max_s |E[xi|s]| / score scale",
+              float(s.cond_score_max.max() / sS), EXACT_RTOL, "zero",
+              "score scale: sqrt of the largest F, f(s), f_unif(s)"),
+        Check("1 zero-mean score", name, "max |E[h]| / score scale",
+              float(np.abs(s.score_mean).max() / sS), EXACT_RTOL, "zero"),
+        Check("2 cross terms vanish", name, "max_{u!=t} |C[u,t]| / max F",
+              float(np.abs(off).max(initial=0.0) / sF), EXACT_RTOL, "zero"),
+        Check("2 cross terms vanish", name, "sum_{u,t} C[u,t] = F",
+              rel_err(s.cross_terms.sum(axis=(0, 1)), F), EXACT_RTOL),
+        Check("3 sequence -> token", name, "F = sum_s pi(s) f(s)",
+              rel_err(F, s.token_fisher_sum), EXACT_RTOL),
+        Check("3 sequence -> token", name, "F = E[sum_t f(s_t)] (by responses)",
+              rel_err(F, s.token_fisher_sum_paths), EXACT_RTOL),
+        Check("7 covariance", name, "E[A h] = Cov(A, h)",
+              rel_err(s.gradient, s.covariance, gfloor), EXACT_RTOL, "equal",
+              "their difference is (E[R]-b) E[h]: a consequence of identity 1"),
+        Check("7 covariance", name, "E[(A+1) h] = E[A h]",
+              rel_err(s.gradient_with_constant(1.0), s.gradient,
+                      GRADIENT_FLOOR * gradient_scale(s, 1.0, sS)), EXACT_RTOL, "equal",
+              "their difference is E[h]: a consequence of identity 1"),
+        Check("7 bound", name, "max(|G| - std(A) sqrt(F)) / max|G|",
+              float(np.max(np.abs(s.covariance) - s.bound)
+                    / max(np.abs(s.covariance).max(), gfloor, np.finfo(float).tiny)),
+              EXACT_RTOL, "bound", "|G| at least its natural scale, as for gradients"),
+        Check("7 bound", name, "max |corr(A, h)| <= 1", float(s.correlation.max()),
+              1.0 + EXACT_RTOL, "bound"),
+    ]
+    return rows if centered else []
+
+
+def _state_form_checks(result):
+    """Identities 4 and 5 re-derived on up to ``_SHIFT_STATES`` states."""
+    task, st = result.task, result.states
+    if st is None:
+        return []
+    n = min(len(st["depth"]), _SHIFT_STATES)
+    tokens = st["tokens"][:n]
+    lengths = (tokens >= 0).sum(axis=1)
+    W = task.model.windows(tokens, lengths)  # (n, k)
+    J = sensitivities(task.model, task.theta, W)  # (n, P, V)
+    p = st["probs"][:n]
+    f = token_fisher(p, J)
+    shift = np.random.default_rng(0).standard_normal(J.shape[:2])[:, :, None]  # (n, P, 1)
+    f_unif = uniform_token_fisher(J)
+    V = J.shape[-1]
+    ratio = f / np.where(f_unif > 0, f_unif, np.nan)
+    below = float(np.nanmean(ratio < 1)) if np.isfinite(ratio).any() else float("nan")
+    return [
+        Check("4 pairwise identity", "policy", "centered f = pairwise f",
+              rel_err(f, token_fisher_pairwise(p, J)), EXACT_RTOL),
+        Check("4 pairwise identity", "policy", "f(j + c) = f(j), c per parameter",
+              rel_err(token_fisher(p, J + 10 * shift), f), EXACT_RTOL),
+        Check("4 pairwise identity", "policy",
+              "engine f(s) = pairwise f(s) from autograd sensitivities",
+              rel_err(st["token_fisher"][:n],
+                      token_fisher_pairwise(p, sensitivities_autograd(task.model, task.theta, W))),
+              EXACT_RTOL),
+        Check("5 alignment", "policy", "f_unif = pairwise form at p = 1/V",
+              rel_err(f_unif, token_fisher_pairwise(np.full_like(p, 1.0 / V), J)), EXACT_RTOL),
+        Check("5 alignment", "policy", "share of (state, param) with f/f_unif < 1",
+              below, 0.0, "info", f"median ratio {np.nanmedian(ratio):.3g}"),
+    ]
+
+
+def exact_checks(result):
+    """All exact rows for an :class:`~fisher_ref.results.ExactResult` (of every quantity)."""
+    require_all_quantities(result, "exact_checks")
+    T = result.task.max_len
+    on = result.streams["policy"]
+    state_scale = state_score_scale(result)
+    gfloor = GRADIENT_FLOOR * gradient_scale(on, score_scale=np.sqrt(state_scale))
+    rows = _stream_checks("policy", on, T, True, state_scale)
+    rows.insert(0, Check("-", "policy", "total probability = 1", abs(on.mass - 1.0), EXACT_RTOL))
+    rows += _state_form_checks(result)
+    rows.append(Check("6 policy gradient", "policy", "E[A h] = autograd of E[R]",
+                      rel_err(result.gradient, result.gradient_autodiff, gfloor), EXACT_RTOL))
+    for frac, n, ov, rnd in result.topk_overlap((0.01, 0.05, 0.1, 0.25)):
+        rows.append(Check("8 Fisher meets gradient", "policy",
+                          f"top {100 * frac:g}% by |G| also top by F (n={n})", ov, 0.0, "info",
+                          f"random: {rnd:.3f}"))
+    if "centered" in result.streams:
+        c, raw = result.streams["centered"], result.streams["raw"]
+        rows += _stream_checks("centered", c, T, True, state_scale)
+        rows.append(_raw_bias_row(result, raw, c))
+        # Against autograd of E_p[R], not against the policy stream's E[A h]: over the
+        # same enumeration rho mu(y) = P(y), so that comparison summed the same products
+        # P(y) A(y) h(y) twice and held by construction.
+        rows.append(Check("off-policy", "raw", "E_mu[rho A h] = autograd of E_p[R]",
+                          rel_err(raw.importance_gradient, result.gradient_autodiff, gfloor),
+                          EXACT_RTOL, "equal",
+                          "rho = P/mu formed per response from mu's draws; autograd never "
+                          "forms a score or a weight"))
+        rows += _constant_rows(raw, c)
+    return rows
+
+
+SAMPLER_GAP = 1e-8  # the raw score's bias must exceed this; and below it mu ~ p
+
+
+def sampler_gap(result):
+    r""":math:`\max_s \pi_\mu(s)\,\mathrm{TV}(p(s), \mu(s))` over the kept states: how far
+    the sampler is from the policy where it goes (``None`` when states were not kept)."""
+    st = result.states
+    if st is None or "sampler_probs" not in st:
+        return None
+    tv = 0.5 * np.abs(st["probs"] - st["sampler_probs"]).sum(axis=1)  # (N,)
+    return float(np.max(st["sampler_reach"] * tv, initial=0.0))
+
+
+def _raw_bias_row(result, raw, centered):
+    """The raw score's mean under ``mu`` must be non-zero: centering matters. Where the
+    sampler equals the policy to ``SAMPLER_GAP`` (a peaked model whose ``mu`` and ``p``
+    are both one-hot on the same tokens) there is no bias to show: an info row."""
+    rF = np.sqrt(fisher_scale(centered.sequence_fisher))
+    value = float(np.abs(raw.score_mean).max() / rF)
+    check = "max |E_mu[h]| / sqrt(max F_mu) (must be > 0)"
+    gap = sampler_gap(result)
+    if gap is not None and gap <= SAMPLER_GAP:
+        return Check("off-policy", "raw", check, value, SAMPLER_GAP, "info",
+                     f"mu equals p to {gap:.1e} (reach x total variation) on every state: "
+                     "no bias to show")
+    return Check("off-policy", "raw", check, value, SAMPLER_GAP, "nonzero")
+
+
+def _constant_rows(raw, centered):
+    """Rows on the constant ``c`` past which the uncentered gradient breaks the bound:
+    the parameters already over it at ``c = 0``, and a check that the reported
+    ``c`` is where the crossing is (within bound just below, over it just above)."""
+    c_break, n0 = constant_breaking_bound(raw, centered), bound_broken_at_zero(raw, centered)
+    rows = [Check("off-policy", "raw", "parameters with |E_mu[A h]| > bound already at c = 0",
+                  float(n0), 0.0, "info", "the uncentered gradient need not respect the bound")]
+    if n0 or not 0 < c_break < np.inf:
+        why = ("broken at c = 0" if n0 else "E_mu[h] = 0: never broken" if c_break == np.inf
+               else "the bound is 0 where E_mu[h] != 0: broken for any c != 0")
+        rows.append(Check("off-policy", "raw", "smallest |c| with |E_mu[(A+c)h]| > bound",
+                          c_break, 0.0, "info", why))
+        return rows
+    B = centered.bound
+    excess = [float(np.max(np.abs(raw.gradient_with_constant(s * k * c_break)) - B))
+              for s in (1, -1) for k in (1 - 1e-6, 1 + 1e-6)]
+    inside = max(excess[0], excess[2])  # just below |c|: within the bound on both signs
+    outside = max(excess[1], excess[3])  # just above: over it for some parameter and sign
+    rows.append(Check("off-policy", "raw",
+                      f"smallest |c| with |E_mu[(A+c)h]| > bound: c = {c_break:.6g}; "
+                      "max excess at 1.000001 c (must be > 0)", outside, 0.0, "nonzero",
+                      f"at 0.999999 c: {inside:.3g}"))
+    return rows
+
+
+def bound_broken_at_zero(raw, centered):
+    r"""Number of parameters whose uncentered gradient :math:`|E_\mu[A h]|` already
+    exceeds the centered bound :math:`std_\mu(A)\sqrt{F_\mu}` at ``c = 0`` by more
+    than rounding (``ROUNDING_RTOL`` of the larger of the two's maxima)."""
+    g, B = np.abs(raw.gradient), centered.bound
+    tol = ROUNDING_RTOL * max(g.max(initial=0.0), B.max(initial=0.0))
+    return int(np.count_nonzero(g - B > tol))
+
+
+def constant_breaking_bound(raw, centered):
+    r"""Smallest :math:`|c| \ge 0` past which :math:`|E_\mu[(A+c) h]|` exceeds the centered
+    bound :math:`B = std_\mu(A)\sqrt{F_\mu}` for some parameter.
+
+    :math:`E_\mu[(A+c)h_i] = g_i + c\,m_i` with :math:`m = E_\mu[h]`. It is ``0.0`` when
+    some parameter is over the bound already at ``c = 0`` (see
+    :func:`bound_broken_at_zero`). Otherwise every :math:`|g_i| \le B_i` and
+    parameter ``i`` stays within the bound for
+    :math:`c \in [-(B_i + s_i g_i)/|m_i|,\ (B_i - s_i g_i)/|m_i|]`, :math:`s_i =
+    \operatorname{sign} m_i` (both ends :math:`\ge 0` in size); the answer is the
+    smallest end over parameters, ``inf`` when :math:`E_\mu[h] = 0` everywhere.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> raw = NS(score_mean=np.array([0.5, -1.0]), gradient=np.array([0.1, 0.2]),
+        ...          sequence_fisher=np.array([1.0, 1.0]))
+        >>> constant_breaking_bound(raw, NS(bound=np.array([1.0, 1.0])))
+        0.8
+        >>> constant_breaking_bound(raw, NS(bound=np.array([0.05, 1.0])))
+        0.0
+    """
+    m, g0, B = raw.score_mean, raw.gradient, centered.bound
+    if bound_broken_at_zero(raw, centered):
+        return 0.0
+    am, s = np.abs(m), np.sign(m)
+    # E_mu[h_i] at rounding level (a parameter no response moves) is 0: never crosses
+    am = np.where(am > ROUNDING_RTOL * np.sqrt(max(float(np.max(raw.sequence_fisher)), 0.0)), am, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        up = np.maximum(np.where(am > 0, (B - s * g0) / am, np.inf), 0.0)  # (P,) c s_i > 0
+        down = np.maximum(np.where(am > 0, (B + s * g0) / am, np.inf), 0.0)  # (P,) c s_i < 0
+    return float(min(up.min(initial=np.inf), down.min(initial=np.inf)))
+
+
+_MC_IDENTITY = {"score_mean": "1", "cross_terms": "2", "sequence_fisher": "3",
+                "token_fisher_sum": "3", "gradient": "6", "covariance": "7", "bound": "7",
+                "expected_reward": "6", "importance_gradient": "off-policy"}
+
+
+def _mc_label(quantity, stream):
+    """Identity label of a Monte Carlo row: under a sampler the gradient is G_mu, not
+    the policy gradient of identity 6, so it is labelled off-policy."""
+    if stream != "policy" and quantity == "gradient":
+        return "mc off-policy"
+    return "mc " + _MC_IDENTITY.get(quantity, quantity)
+
+
+def verify_task(task, mc=0, seed=0, progress=True):
+    """Exact rows, plus Monte Carlo rows with ``mc`` samples (0: none).
+
+    Every argument is checked before the enumeration starts, the memory of the
+    Monte Carlo draws included (:func:`fisher_ref.monte_carlo.check_mc_size`).
+
+    Raises:
+        TypeError: ``task`` is not a Task.
+        ValueError: ``mc`` or ``seed`` is not a non-negative integer, or ``mc`` draws
+            would not fit in memory.
+        fisher_ref.engine.plan.EnumerationTooLarge: the task is too large to enumerate.
+    """
+    from fisher_ref.engine.fast import exact
+    from fisher_ref.monte_carlo.sampling import check_mc_size
+    require_task(task)
+    for name, v in (("mc (Monte Carlo samples)", mc), ("seed", seed)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+    if mc:
+        for from_mu in [False] + ([True] if task.sampler is not None else []):
+            check_mc_size(task, mc, from_mu)
+    result = exact(task, progress=progress)
+    rows = exact_checks(result)
+    if mc:
+        from fisher_ref.monte_carlo.stats import bonferroni_z
+        from fisher_ref.monte_carlo.sampling import check_monte_carlo
+        normal = bonferroni_z(MC_ALPHA, task.model.num_params)
+        for r in check_monte_carlo(task, result, mc, seed, alpha=MC_ALPHA):
+            weak = r.threshold > WEAK_POWER * normal
+            rows.append(Check(_mc_label(r.quantity, r.stream), r.stream,
+                              f"{r.quantity}: |z| of the entry nearest its threshold "
+                              f"(n={mc}, seed={seed})", float(r.max_abs_z), float(r.threshold),
+                              "z", "little power: rare values raised the threshold; "
+                              "use more samples" if weak else ""))
+    return result, rows
+
+
+def format_table(rows):
+    """Render rows as a fixed-width text table."""
+    head = ("identity", "stream", "check", "value", "tolerance", "result")
+    body = []
+    for r in rows:
+        res = {True: "PASS", False: "FAIL"}[r.passed] if r.kind != "info" else "info"
+        tol = {"info": "-", "nonzero": f"> {r.tol:.0e}", "z": f"|z| <= {r.tol:.2f}"}.get(
+            r.kind, f"<= {r.tol:.0e}")
+        check = r.check + (f"  [{r.note}]" if r.note else "")
+        body.append((r.identity, r.stream, check, f"{r.value:.3g}", tol, res))
+    widths = [max(len(x[i]) for x in body + [head]) for i in range(len(head))]
+    line = lambda x: "  ".join(s.ljust(w) for s, w in zip(x, widths)).rstrip()
+    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(x) for x in body])
+
+

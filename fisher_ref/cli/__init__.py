@@ -1,0 +1,90 @@
+"""Command line: ``python -m fisher_ref {verify,export,compare,bench} ...``.
+
+Each subcommand is a module of this package (``fisher_ref.cli.verify`` ...) that provides
+``add_arguments(parser)`` and ``run(args) -> exit code`` over the library; this module
+only wires them together; the task arguments every subcommand shares
+(``--config NAME`` / ``--task FILE``) live in :mod:`fisher_ref.cli._common`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from fisher_ref.cli._common import add_task_arguments
+from fisher_ref.fileio import check_output_path
+
+__all__ = ["main", "build_parser"]
+
+OUTPUT_OPTIONS = ("out", "json")  # file paths the subcommands write
+
+# name -> (module, help, task arguments?, the module's add_arguments, its run)
+SUBCOMMANDS = {
+    "verify": ("fisher_ref.cli.verify",
+               "check every identity of docs/theory.md, exactly and by Monte Carlo", True,
+               "add_arguments", "run"),
+    "export": ("fisher_ref.cli.export", "write the golden .npz file of a task", True,
+               "add_arguments", "run"),
+    "regenerate": ("fisher_ref.cli.export", "rewrite the golden files shipped with fisher_ref",
+                   False, "add_regenerate_arguments", "run_regenerate"),
+    "compare": ("fisher_ref.cli.compare", "compare the torch implementation with fisher_ref",
+                True, "add_arguments", "run"),
+    "bench": ("fisher_ref.cli.bench", "time the exact engine against torch doing the same work",
+              True, "add_arguments", "run"),
+}
+
+
+def build_parser(command=None):
+    """The argument parser; only ``command``'s module is imported (all when ``None``)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m fisher_ref",
+        description="Exact float64 Fisher information of sampling from a tiny softmax LM.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (modname, help_, task_args, add, run) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        if command is not None and name != command:
+            continue
+        if task_args:
+            add_task_arguments(p)
+        mod = importlib.import_module(modname)
+        getattr(mod, add)(p)
+        p.set_defaults(_run=getattr(mod, run))
+    return parser
+
+
+def main(argv=None):
+    """Run the command line on ``argv`` (``sys.argv[1:]`` by default); return the exit code.
+
+    Exit codes: 0 success, 1 a check failed, 2 bad input (the message names it: a
+    field of the task, an option, or a path that cannot be read or written).
+    Output paths (``--out``, ``--json``) are checked before any work starts.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in SUBCOMMANDS else "")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has printed the usage and the problem
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        for option in OUTPUT_OPTIONS:
+            if getattr(args, option, None) is not None:
+                check_output_path(getattr(args, option), f"--{option}")
+        return int(args._run(args) or 0)
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        print(f"error: `{args.command}` needs torch; install it with "
+              "pip install -e \".[torch]\" (for example torch==2.13.0, the CPU build)",
+              file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, OverflowError, OSError) as exc:
+        # OSError: a path that is a directory, missing, unreadable or on a full disk
+        # (its message names the path); FileProblem and EnumerationTooLarge are ValueErrors
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

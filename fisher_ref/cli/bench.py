@@ -1,0 +1,87 @@
+"""``python -m fisher_ref bench``: time the exact engine against torch doing the same work
+(each side in its own process), or with ``--scaling DIR`` the scaling sweep."""
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+from fisher_ref.cli._common import task_from_args
+from fisher_ref.perf.bench import (DEFAULT_REPEATS, DEFAULT_THREADS, bench, format_table,
+                                   measurements)
+
+__all__ = ["add_arguments", "run", "scaling_main"]
+
+
+def add_arguments(parser):
+    """``--repeats``, ``--device``, ``--threads``, ``--in-process``, ``--no-peer``, ``--json``,
+    ``--scaling``."""
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
+                        help=f"timed runs of each measurement (default {DEFAULT_REPEATS})")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="cpu: torch on the CPU only; cuda: also on CUDA "
+                             "(default: also CUDA when present)")
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                        help=f"threads of every side (default {DEFAULT_THREADS}; 0: unpinned)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="time in this process instead of one process per measurement")
+    parser.add_argument("--no-peer", action="store_true",
+                        help="leave out scripts/torch_peer.py even when it exists")
+    parser.add_argument("--json", default=None, metavar="FILE",
+                        help="also write the timings as JSON (atomically)")
+    parser.add_argument("--scaling", nargs="?", const="docs", default=None, metavar="DIR",
+                        help="instead: time and peak memory of exact() over a grid of task "
+                             "sizes (fisher_ref.perf.scaling); writes DIR/scaling.csv, .md, .png "
+                             "(DIR default: docs)")
+    parser.add_argument("--quick", action="store_true",
+                        help="with --scaling: only the first three grid sizes")
+    parser.add_argument("--budget-run", action="store_true",
+                        help="with --scaling: also run the >24 GiB task within a 2 GiB budget "
+                             "(about 2 minutes); an earlier DIR/budget_run.json is plotted either way")
+
+
+def run(args):
+    """Print the timing table and the ratios (or, with ``--scaling``, the scaling table);
+    exit code 0, 2 on bad input."""
+    from fisher_ref.fileio import atomic_output
+    if getattr(args, "scaling", None):
+        import importlib.util
+        if importlib.util.find_spec("matplotlib") is None:  # the sweep ends in a plot
+            raise ValueError("bench --scaling draws a plot and needs matplotlib; install it "
+                             "(pip install -e \".[lessons]\") or run without --scaling")
+        return scaling_main(args.scaling, quick=args.quick, with_budget_run=args.budget_run)
+    task = task_from_args(args)
+    from fisher_ref.torch.registry import torch_model
+    try:
+        torch_model(task.model)
+    except NotImplementedError as exc:
+        raise ValueError(str(exc)) from None
+    names = measurements(args.device, task, peer=not args.no_peer)
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(atomic_output(args.json, "--json file")) if args.json else None
+        res = bench(task, repeats=args.repeats, names=names, threads=args.threads,
+                    isolate=False if args.in_process else None)
+        print(format_table(res))
+        if tmp is not None:
+            with open(tmp, "w") as fh:
+                json.dump(res, fh, indent=1)
+    return 0
+
+
+def scaling_main(out="docs", quick=False, with_budget_run=False):
+    """``bench --scaling DIR``: write ``scaling.csv/.md/.png`` under ``DIR``."""
+    from fisher_ref.perf.scaling import GRID, budget_run, plot, sweep, write_table
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = sweep(GRID[:3] if quick else GRID)
+    write_table(rows, out / "scaling.csv", out / "scaling.md")
+    print((out / "scaling.md").read_text())
+    budget_file = out / "budget_run.json"
+    if with_budget_run:
+        res = budget_run()
+        print(json.dumps(res, indent=1))
+        with open(budget_file, "w") as fh:
+            json.dump(res, fh, indent=1)
+    budget = json.loads(budget_file.read_text()) if budget_file.is_file() else None
+    plot(rows, out / "scaling.png", budget)
+    return 0

@@ -1,0 +1,32 @@
+"""``python -m fisher_ref verify``: every identity of docs/theory.md on one task, as a table."""
+from __future__ import annotations
+
+from fisher_ref.checks.identities import format_table, verify_task
+from fisher_ref.cli._common import count_arg, task_from_args
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser):
+    """``--mc N``, ``--seed S`` and ``--quiet`` for ``python -m fisher_ref verify``."""
+    parser.add_argument("--mc", type=count_arg, default=20000,
+                        help="Monte Carlo samples for the z-tests (default 20000; 0: exact checks "
+                             "only; 2e4 is read as 20000)")
+    parser.add_argument("--seed", type=count_arg, default=0,
+                        help="seed of the Monte Carlo generator (a non-negative integer)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args):
+    """Run ``verify``: print the table; return 0 if every check passed, else 1."""
+    task = task_from_args(args)
+    result, rows = verify_task(task, mc=args.mc, seed=args.seed, progress=not args.quiet)
+    c = result.cost
+    print(f"task {task.name}: V={c.vocab_size}, T={c.max_len}, P={c.num_params}, "
+          f"{c.n_states} states, {c.n_responses} responses, prompts={len(task.prompts)}, "
+          f"sampler={'none' if task.sampler is None else task.sampler.to_json()}")
+    print(format_table(rows))
+    failed = [r for r in rows if not r.passed]
+    print(f"\n{len(rows) - len(failed)} of {len(rows)} checks passed"
+          + (f"; FAILED: {', '.join(r.check for r in failed)}" if failed else ""))
+    return 1 if failed else 0

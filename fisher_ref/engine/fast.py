@@ -1,0 +1,408 @@
+r"""The fast exact engine: every quantity of docs/theory.md §2-3 by enumerating
+every response.
+
+It computes what :func:`fisher_ref.engine.reference.exact_reference` computes —
+the same streams (``"policy"``; with a sampler ``"raw"``, ``"centered"``,
+``"top{k}"``), every response-level expectation as a sum over complete
+responses of probability times the response's own value, every token-level one
+as a sum over states of reach times the state's value — and nothing here
+assumes the identities of docs/theory.md §2.9 that relate the two routes. The
+plain engine is the judge at 1e-10 (tests/test_fast_paths.py).
+
+The sums are regrouped (docs/theory.md §7.5):
+
+- per distinct window (:class:`fisher_ref.engine.window_cache.WindowCache`): logits,
+  ``j``, centers, scores and the sums :math:`y_l = \sum_a q_a \xi_a^l`, computed
+  once; the autodiff gradient reuses the walk's window ids;
+- per parent (:mod:`fisher_ref.engine.parent_sums`): a complete response has
+  :math:`h = H + \xi`; the powers of ``h`` are expanded by the binomial theorem
+  and summed over a parent's responses, a window's responses or the whole run,
+  whichever keeps the same finite sum cheapest;
+- cross terms per run of parents that share their first tokens.
+
+The fast engine's walk carries per state its running score sum ``H``, its path
+sum of token moments ``G``, the score of its last token and the window ids of
+its ancestors (not the whole score history); with ``quantities="fisher"`` only ``H``
+and the window ids, and the sums of :func:`_complete_fisher`. The states of the last level,
+most of all states, carry only their parents' rows: their ``H`` and path sums
+are formed from the parents' a sub-block at a time (:func:`_last_level`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fisher_ref.engine.plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS
+from fisher_ref.engine.tree import expand
+from fisher_ref.engine.reference import exact_reference
+from fisher_ref.engine.parent_sums import (fisher_sums, level_sums, parent_powers, prefix_starts, segment_sum,
+                      window_products)
+from fisher_ref.results import GatheredStates, importance_weighted
+from fisher_ref.engine.run import REACH, BlockArrays, Run, check_support, last_scores, reward_gradient, state_places
+from fisher_ref.numerics import topk_center
+from fisher_ref.engine.window_cache import WindowCache
+
+__all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES", "DEFER_BYTES"]
+
+# Response-state rows gathered before one autodiff call (fewer calls, bounded memory).
+_AUTODIFF_ROWS = 2 ** 16
+# Elements of a (parents, P) array in one sub-block of complete-response sums (8 MiB:
+# bounds the temporaries; smaller sub-blocks fit the CPU cache but cost more calls).
+_SUB_ELEMENTS = 2 ** 20
+# Bytes of per-window arrays kept between blocks (speed only; results do not depend on it).
+WINDOW_CACHE_BYTES = 256 * 2 ** 20
+# Bytes of parents' score sums held for the per-window products (speed only; at most
+# what one block's children would hold with their score histories, so that memory
+# stays set by the block size).
+DEFER_BYTES = 64 * 2 ** 20
+
+
+class _AutodiffBatch:
+    """Complete responses gathered for one :func:`fisher_ref.engine.run.reward_gradient` call,
+    each given by the run-wide ids of its states' windows (the walk's own)."""
+
+    def __init__(self, task, cache):
+        self.task, self.cache, self.parts, self.rows = task, cache, [], 0
+
+    def add(self, paths, tokens, n, prompt, R):
+        """Queue responses: window ids ``paths (M, T)`` and tokens ``(M, T)`` of which the
+        first ``n`` are generated, prompts ``(M,)``, rewards ``(M,)``. True once about
+        ``_AUTODIFF_ROWS`` state rows wait."""
+        live = np.broadcast_to(np.arange(tokens.shape[1]) < n, tokens.shape)  # (M, T)
+        self.parts.append((paths, tokens, live, self.task.prompt_weights[prompt], R))
+        self.rows += live.sum()
+        return self.rows >= _AUTODIFF_ROWS
+
+    def flush(self):
+        """Gradient ``(P,)`` of the queued responses' expected reward; empties the queue."""
+        if not self.parts:
+            return 0.0
+        paths, tokens, live, weights, R = [np.concatenate(a) for a in zip(*self.parts)]
+        self.parts, self.rows = [], 0
+        flat = paths[live]  # (L,) run-wide ids, small integers: marked, not sorted
+        seen = np.zeros(int(flat.max()) + 1 if len(flat) else 0, dtype=bool)
+        seen[flat] = True
+        ids, win = np.flatnonzero(seen), (np.cumsum(seen) - 1)[flat]  # (U,), (L,) as np.unique
+        rows = np.zeros(paths.shape, dtype=np.int64)  # (M, T): dead slots read row 0
+        rows[live] = win
+        nxt = np.where(live, tokens, 0)  # (M, T)
+        return reward_gradient(self.task, self.task.theta, self.cache.windows_of(ids), rows, nxt,
+                               live, weights, R)
+
+
+def _block_arrays(run, cache, block):
+    """A block's per-state arrays, gathered from the per-window cache; hands the cache
+    its states' reach for the token-level sums (taken per window when the cache is
+    flushed, :meth:`WindowCache.accumulate_states`) and keeps its state records.
+
+    A block of the last level (:func:`_carry`) carries no per-state arrays: its
+    path sums are formed per sub-block (:func:`_last_level`), and ``G`` is ``None`` (as in
+    every block with ``quantities="fisher"``, which forms no path sums)."""
+    task, S = run.task, len(run.streams)
+    B, d = block["prompt"].shape[0], block["depth"]
+    W = task.model.windows(block["tokens"], block["length"])  # (B, k)
+    block["wid"] = cache.ids(W)  # (B,) run-wide window ids
+    both = cache.rows(np.concatenate([block["wid"], block["wpath"][:, :d].ravel()]))
+    rows, block["path_rows"] = both[:B], both[B:].reshape(B, d)  # cache rows of states, ancestors
+    a = cache.arrays
+    p, q = a["p"][rows], a["q"][rows]  # (B, V)
+    if task.sampler is not None:
+        check_support(block, p, q)
+    for s, (_, wname, _) in enumerate(run.streams):  # token-level sums: per window, later
+        cache.accumulate_states(s, rows, block[REACH[wname]], d)
+    run.bar.update(B)
+    if run.keep_states:  # the per-window arrays: by window id (_kept_by_window)
+        run.keep_state_arrays(block, p, q, {"window": block["wid"]},
+                              at=state_places(task, block))
+    xiT = [a[f"xi{c}"] for _, _, c in run.streams]  # S arrays (n, V, P)
+    G = block.get("G")  # (S, B, P): this block's own rows (depth_first splits without overlap)
+    for s in range(S if G is not None else 0):
+        G[s] += a[f"y{s}_2"][rows]
+    return BlockArrays(p, q, rows, xiT, G)
+
+
+def _kept_by_window(task):
+    """Kept per-state arrays that are per-window arrays of the cache (stream 0 the
+    policy's; with a sampler, stream 1 raw: from mu, centered at p; stream 2 centered)."""
+    kept = {"token_fisher": "y0_2", "uniform": "uniform", "score_mean": "y0_1"}
+    if task.sampler is not None:
+        kept.update({"sampler_token_fisher": "y2_2", "raw_score_mean": "y1_1"})
+    return kept
+
+
+def _carry(run, block, par, tok, arrs):
+    """What the children of parents ``par (C,)`` (last tokens ``tok (C,)``) carry: the
+    run-wide window ids of their ancestors ``wpath (C, T)``; running score sums
+    ``H (S, C, P)``, path sums ``G (S, C, P)`` (the parents' own ``m`` included) and the
+    score of their last token ``last (C, S, P)``.
+
+    Children of the last level (every child of theirs ends a response, most of all
+    states) carry instead their parent rows ``src (C,)`` and the parents' ``H`` and
+    ``G`` (``from``): :func:`_last_level` forms theirs a sub-block at a time, so that
+    the arrays of a whole level are never written out."""
+    path = block["wpath"][par]  # (C, T)
+    path[:, block["depth"]] = block["wid"][par]
+    if block["depth"] + 2 == run.task.max_len:
+        return {"wpath": path, "src": par, "from": (block["H"], arrs.G)}
+    xi = last_scores(arrs, par, tok)
+    xi = xi[0][None] if len(xi) == 1 else np.stack(xi)  # (S, C, P)
+    H = np.take(block["H"], par, axis=1, mode="clip")  # (S, C, P): par holds valid rows
+    H += xi
+    if run.quantities == "fisher":  # neither path sums nor cross terms
+        return {"H": H, "wpath": path}
+    return {"H": H, "G": np.take(arrs.G, par, axis=1, mode="clip"),
+            "last": xi.transpose(1, 0, 2), "wpath": path}
+
+
+def _sub_arrays(block, arrs, s, sl, gen):
+    """Stream ``s``'s running score sums ``H`` and path sums ``G`` (``(b, P)`` each) of the
+    block's parents ``sl``, slices of the arrays they carry; and ``hist_at(t, rows)``,
+    their score at slot ``t`` (:func:`fisher_ref.engine.parent_sums.history_cross`)."""
+    H, G, last = block["H"][s, sl], arrs.G[s, sl], block["last"][sl, s]
+    return H, G, _history(arrs.xiT[s], block["path_rows"][sl], gen[sl], last)
+
+
+def _history(xi, prow, gen, last):
+    def hist_at(t, at):  # the parents' score xi_t, rows ``at``
+        if t == prow.shape[1] - 1:
+            return last if len(at) == len(last) else last[at]
+        return xi[prow[at, t], gen[at, t]]
+    return hist_at
+
+
+def _last_H(block, arrs, s, sl, gen, out):
+    r"""Stream ``s``'s running score sums of the last level's parents ``sl``,
+    :math:`H = H_{parent} + \xi_{last}`, written into ``out (b, P)``; returns
+    :math:`\xi_{last}`."""
+    d, H0, src = block["depth"], block["from"][0], block["src"][sl]
+    prow, g = block["path_rows"][sl], gen[sl]
+    last = arrs.xiT[s][prow[:, d - 1], g[:, d - 1]]  # (b, P)
+    np.take(H0[s], src, axis=0, out=out, mode="clip")
+    out += last
+    return last
+
+
+def _last_level(cache, block, arrs, s, sl, gen, W, r):
+    r"""Stream ``s``'s arrays of the last level's parents ``sl``, formed from their parents'
+    (:func:`_carry`): ``H = H_parent + \xi_{last}`` written where
+    :meth:`WindowCache.defer` holds it; ``X = (r y_1, r y_2)`` of their windows; the path
+    sums :math:`\sum_g W_g G_g` and :math:`\sum_g W_g G_g^2` with
+    :math:`G_g = G_{parent} + m_g`, expanded per parent (all terms nonnegative); and
+    ``hist_at``."""
+    G0, src, prow, g = block["from"][1], block["src"][sl], block["path_rows"][sl], gen[sl]
+    rows, a = arrs.rows[sl], cache.arrays
+    H = cache.reserve(len(src), arrs.xiT[s].shape[2])
+    last = _last_H(block, arrs, s, sl, gen, H)
+    m = a[f"y{s}_2"][rows]  # (b, P) the parents' own token moments
+    runs = np.flatnonzero(np.r_[True, src[1:] != src[:-1]])  # parents of one grandparent
+    Wp, Gp = segment_sum(W, runs), np.take(G0[s], src[runs], axis=0, mode="clip")  # (n,), (n, P)
+    path = Wp @ Gp + W @ m
+    path2 = Wp @ (Gp * Gp) + 2 * np.einsum("gp,gp->p", Gp, segment_sum(m, runs, W)) + W @ (m * m)
+    X1 = a[f"y{s}_1"][rows]
+    X1 *= r[:, None]
+    m *= r[:, None]  # now X2 = r y_2
+    return H, (X1, m), path, path2, _history(arrs.xiT[s], prow, g, last)
+
+
+def _terminal_children(task, block, arrs, idx):
+    """The complete responses among the block's children ``idx`` (rows ``b*V + a``): ``B``
+    parents, ``k`` terminal tokens ``K (k,)`` under each, the last token ``tok (B*k,)`` and
+    the child block ``done`` of every response, the parents' generated tokens ``gen (B, d)``."""
+    B, d = block["prompt"].shape[0], block["depth"]
+    k = len(idx) // B
+    _, tok, done = expand(task, block, idx, arrs.p, arrs.q, tokens=False)
+    gen = block["tokens"][np.arange(B)[:, None], (block["length"] - d)[:, None] + np.arange(d)]
+    return B, k, idx[:k] % task.model.vocab_size, tok, done, gen
+
+
+def _sub_blocks(B, P):
+    """Slices of ``B`` parents whose ``(b, P)`` arrays hold at most ``_SUB_ELEMENTS``."""
+    step = max(1, _SUB_ELEMENTS // P)
+    return [slice(lo, lo + step) for lo in range(0, B, step)]
+
+
+def _complete(run, cache, batch, block, arrs, idx):
+    """The complete responses among the block's children ``idx`` (the same tokens ``K``
+    under every parent): their rewards at once, the sums of each stream (weights per
+    window and token, then per parent), the autodiff queue and the kept records."""
+    task, d = run.task, block["depth"]
+    B, k, K, tok, done, gen = _terminal_children(task, block, arrs, idx)
+    resp = np.full((B * k, task.max_len), -1, dtype=np.int64)  # (C, T)
+    resp[:, :d], resp[:, d] = np.repeat(gen, k, axis=0), tok
+    R = task.reward.batch(resp, np.full(B * k, d + 1), task.prompts, done["prompt"])  # (C,)
+    weights = [_stream_weights(run, cache, s, block, arrs, done, K, R)
+               for s in range(len(run.streams))]
+    _parent_sums(run, cache, block, arrs, gen, K, weights)
+    path = np.repeat(block["wpath"], k, axis=0)  # (C, T)
+    path[:, d] = np.repeat(block["wid"], k)
+    if batch.add(path, resp, d + 1, done["prompt"], R):
+        run.grad_ad += batch.flush()
+    run.keep_responses(done, resp, R)
+
+
+def _stream_weights(run, cache, s, block, arrs, done, K, R):
+    """Stream ``s``'s weights ``w (B, k)``, rewards ``R - r0``, importance weights; the
+    weights of its per-(window, token) sums and of its sums without ``H`` handed to the
+    window cache."""
+    name, wname, _ = run.streams[s]
+    mom, r, B = run.moments[name], block[REACH[wname]], block["prompt"].shape[0]
+    w = done[REACH[wname]].reshape(B, len(K))  # (B, k)
+    mom.add_reward_spread(w.ravel(), R)
+    Rc = mom.centered(R).reshape(w.shape)
+    wR = w * Rc
+    rho_w = importance_weighted(w, done["rp"].reshape(w.shape)) if wname == "q" else None
+    acc = [wR, wR, wR * Rc] if rho_w is None else [rho_w, rho_w * Rc, wR, wR, wR * Rc]
+    cache.accumulate(s, arrs.rows, K, np.stack(acc, axis=1))  # see _accumulated
+    if len(K) == run.task.model.vocab_size:  # w = r q: the sums without H, per window
+        cache.accumulate_reach(s, arrs.rows, r, block["depth"])
+    return mom, arrs.xiT[s], w, Rc, rho_w, r
+
+
+def _parent_sums(run, cache, block, arrs, gen, K, weights):
+    """Every sum of :func:`fisher_ref.engine.parent_sums.level_sums`, parents in sub-blocks (bounded
+    temporaries); with every token terminal, the reward-weighted products per window
+    later."""
+    B, full = block["prompt"].shape[0], len(K) == run.task.model.vocab_size
+    for sl in _sub_blocks(B, run.task.model.num_params):
+        starts = prefix_starts(block["prompt"][sl], gen[sl])
+        rows = arrs.rows[sl]
+        for s, (mom, xi, w, Rc, rho_w, r) in enumerate(weights):
+            w, Rc, rho_w = w[sl], Rc[sl], None if rho_w is None else rho_w[sl]
+            C = np.stack([w * Rc, w * Rc * Rc], axis=1)  # (b, 2, k)
+            if "src" in block:  # the last level: every token terminal
+                H, X, g, g2, hist_at = _last_level(cache, block, arrs, s, sl, gen,
+                                                   w.sum(axis=1), r[sl])
+                cache.defer(s, rows, C, H, ("Rh2", "R2h2"), r[sl])
+                sums = level_sums(H, None, hist_at, w, Rc, rho_w, X, starts)
+                sums["g"], sums["g2"] = g, g2
+                mom.add_sums(**sums)
+                continue
+            H, G, hist_at = _sub_arrays(block, arrs, s, sl, gen)
+            X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w, 2 if full else 4)
+            if full:  # sums without H and products with per-window arrays: later
+                Z = pure = None
+                cache.defer(s, rows, C, H, ("Rh2", "R2h2"), r[sl])
+            else:
+                Z, pure = window_products(C, xi, rows, K), [x.sum(axis=0) for x in X[:2] + X[3:]]
+                X = X[:3]
+            mom.add_sums(**level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z, pure))
+
+
+def _complete_fisher(run, cache, block, arrs, idx):
+    r"""``quantities="fisher"``: the complete responses among the block's children ``idx``
+    add only their probability, :math:`\sum w\,h` and :math:`\sum w\,h^2` per stream
+    (:func:`fisher_ref.engine.parent_sums.fisher_sums`; with every token terminal, the terms without
+    ``H`` per window, :meth:`WindowCache.accumulate_reach`). No rewards are evaluated."""
+    task, d, P = run.task, block["depth"], run.task.model.num_params
+    B, k, K, _, done, gen = _terminal_children(task, block, arrs, idx)
+    full = k == task.model.vocab_size
+    for s, (name, wname, _) in enumerate(run.streams):
+        r, w = block[REACH[wname]], done[REACH[wname]].reshape(B, k)  # (B,), (B, k)
+        if full:
+            cache.accumulate_reach(s, arrs.rows, r, d)
+        for sl in _sub_blocks(B, P):
+            if "src" in block:  # the last level: H formed from the parents' rows
+                H = cache.work(2, (len(w[sl]), P))
+                _last_H(block, arrs, s, sl, gen, H)
+            else:
+                H = block["H"][s, sl]
+            X = parent_powers(cache.arrays, s, arrs.xiT[s], arrs.rows[sl], K, r[sl], w[sl],
+                              1 if full else 2)  # X_1 (and X_2 when summed here)
+            run.moments[name].add_sums(**fisher_sums(H, w[sl].sum(axis=1), *X))
+
+
+def _accumulated(run):
+    """Per stream, the sums the per-(window, token) weights of :func:`_complete` add to,
+    with the power of the score each takes (:meth:`WindowCache.accumulate`)."""
+    on = [("Rh", 1), ("Rh2", 2), ("R2h2", 2)]
+    return {s: on if wname == "p" else [("is_h", 1), ("is_Rh", 1)] + on
+            for s, (_, wname, _) in enumerate(run.streams)}
+
+
+def _finish(run, cache):
+    """Add what the window cache accumulated; a stream drawn from the policy has
+    :math:`\rho = 1`, so its importance-weighted sums are its plain ones."""
+    cache.flush()
+    T = run.task.max_len
+    for s, (name, wname, _) in enumerate(run.streams):
+        mom, sums = run.moments[name], dict(cache.sums[s])
+        by_depth = sums.pop("token_sum_by_depth")  # (T, P)
+        mom.add_sums(token_sum=by_depth.sum(axis=0), token_sum_by_depth=by_depth)
+        mom.cond_mean_max = np.maximum(mom.cond_mean_max, sums.pop("cond_max"))
+        if run.quantities == "fisher":
+            mom.add_sums(h=sums["h"], h2=sums["h2"])
+            continue
+        diag, diag4 = np.zeros((T, T, mom.h.shape[0])), np.zeros((T, T, mom.h.shape[0]))
+        diag[np.arange(T), np.arange(T)] = sums.pop("cross")
+        diag4[np.arange(T), np.arange(T)] = sums.pop("cross4")
+        mom.add_sums(cross=diag, cross4=diag4, **sums)
+        if wname == "p":
+            mom.is_h, mom.is_Rh = mom.h.copy(), mom.Rh.copy()
+
+
+def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
+          max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES, progress=True,
+          reference=False, quantities="all"):
+    r"""Every quantity of docs/theory.md §2-3 for ``task``, exactly, in float64.
+
+    Args:
+        task: a :class:`fisher_ref.tasks.Task`.
+        topk: with a sampler, also center with only the top-``k`` tokens of ``mu``
+            for each ``k`` here (what partial knowledge of ``mu`` costs).
+        chunk: states per block (default: sized to about 256 MiB of work arrays).
+        keep_states, keep_sequences: keep the per-state / per-response arrays
+            (``"auto"``: when they fit in about 1 GiB).
+        max_seconds, max_bytes: refuse (:class:`EnumerationTooLarge`) past these.
+        progress: show a progress bar on stderr once the run exceeds 2 s.
+        reference: run the plain engine
+            (:func:`fisher_ref.engine.reference.exact_reference`) instead.
+        quantities: ``"all"`` (every quantity) or ``"fisher"``: per stream only
+            :math:`E[h]`, :math:`E[h^2]`, ``token_fisher_sum``, ``token_fisher_by_depth``,
+            the largest conditional score mean and the mass
+            (:class:`fisher_ref.results.FisherStreamResult`),
+            with the per-state arrays when kept and no per-response arrays; no
+            reward is evaluated. Reading a skipped quantity raises an ``AttributeError``.
+
+    Returns:
+        :class:`fisher_ref.results.ExactResult`.
+
+    Example:
+        >>> from fisher_ref import load_config, exact
+        >>> r = exact(load_config("default"))
+        >>> bool(np.allclose(r.sequence_fisher, r.token_fisher_sum, rtol=1e-10, atol=0))
+        True
+    """
+    kw = dict(topk=topk, chunk=chunk, keep_states=keep_states, keep_sequences=keep_sequences,
+              max_seconds=max_seconds, max_bytes=max_bytes, progress=progress,
+              quantities=quantities)
+    if reference:
+        return exact_reference(task, **kw)
+    run = Run(task, **kw)
+    V, k, fisher = task.model.vocab_size, task.model.context, run.quantities == "fisher"
+    cache = WindowCache(task, run.streams, run.keep_states, WINDOW_CACHE_BYTES,
+                        {} if fisher else _accumulated(run), moments=2 if fisher else 4,
+                        expected=min(run.cost.n_states, (V + 2) ** min(k, 8)),
+                        defer_bytes=min(DEFER_BYTES, 8 * run.cost.chunk * V * task.model.num_params
+                                        * len(run.streams) * (task.max_len + 2)),
+                        kept=_kept_by_window(task) if run.keep_states else None)
+    batch = _AutodiffBatch(task, cache)
+
+    def block_arrays(block):
+        if "wpath" not in block:  # the root: nothing generated yet
+            n, S, P = block["prompt"].shape[0], len(run.streams), task.model.num_params
+            block.update(wpath=np.zeros((n, task.max_len), dtype=np.int64),
+                         last=np.zeros((n, S, P)))
+        return _block_arrays(run, cache, block)
+
+    complete = (lambda *args: _complete_fisher(run, cache, *args)) if fisher else \
+        (lambda *args: _complete(run, cache, batch, *args))
+    run.walk(("H",) if fisher else ("H", "G"), block_arrays, complete,
+             lambda *args: _carry(run, *args))
+    run.grad_ad += batch.flush()
+    _finish(run, cache)
+    result = run.finish()
+    if run.keep_states:
+        states = dict(result.states)
+        window = states.pop("window")
+        tables = {k: v[:cache.n_ids] for k, v in cache.by_id.items()}
+        result.states = GatheredStates(states, tables, window)
+    return result

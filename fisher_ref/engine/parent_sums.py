@@ -1,0 +1,267 @@
+r"""The sums over one block's complete responses, regrouped (the fast engine).
+
+The complete responses of a block are the terminal children :math:`(g, a)` of
+its ``B`` parents; every parent has the same terminal tokens ``K`` (all ``V``
+tokens at depth ``T - 1``, EOS alone before). Response :math:`(g, a)` has weight
+:math:`w_{g,a} = r_g\,q_a(g)` (the parent's reach times the token's
+probability), reward :math:`R_{g,a}`, and score sum
+:math:`h_{g,a} = H_g + \xi_{g,a}`: the parent's running sum plus the score of
+the last token, a row of the parent's window. Each power of :math:`h` is
+expanded by the binomial theorem and the sum over responses distributes over
+the terms (for any weights :math:`c`, ``n = 1, 2`` and for :math:`w` up to 4):
+
+.. math::
+
+   \sum_{g,a} c_{g,a} h_{g,a}^n
+   = \sum_{l=0}^{n} \binom{n}{l} \sum_g H_g^{\,n-l} \odot \sum_a c_{g,a}\,\xi_{g,a}^{\,l}.
+
+These are the same finite sums over responses, with each response's own
+weight and reward; no identity of docs/theory.md §2.9 (vanishing conditional
+means, probabilities summing to 1) is used. Where the weight factorises,
+:math:`\sum_a w_{g,a}\xi_{g,a}^l = r_g\,y_l(u_g)` with the per-window sums
+:math:`y_l(u) = \sum_a q_a(u)\,\xi_{u,a}^l`; the reward-weighted products
+:math:`\sum_a c_{g,a}\xi_{g,a}` are one matrix product per window; the pure
+:math:`\sum c\,\xi^2` terms of reward weights are collected per (window,
+token) by :class:`fisher_ref.engine.window_cache.WindowCache`.
+
+Rounding: a response's expanded terms can be larger than its :math:`h^n`
+(:math:`H \approx -\xi`), so the error of a sum is of order
+:math:`\epsilon\,\sum c\,(|H| + |\xi|)^n` rather than
+:math:`\epsilon \sum c\,h^n`; for nonnegative weights, and since
+:math:`E[h^2] = E[H^2] + E[\xi^2]` on a centered stream, that is a few
+:math:`\epsilon` relative. tests/test_fast_paths.py holds every result to the
+plain engine at 1e-10.
+
+Cross terms (:math:`E[\xi_u\xi_t]`, :math:`E[\xi_u^2\xi_t^2]`) use the
+responses' shared history: the parents of a block are in prefix order, and
+parents with the same first ``t + 1`` generated tokens share
+:math:`\xi_0..\xi_t`, so their weights are summed (:func:`segment_sum`)
+before they are multiplied by the shared scores.
+"""
+from __future__ import annotations
+
+import numpy as np
+from scipy import sparse
+
+__all__ = ["parent_powers", "window_products", "prefix_starts", "segment_sum", "history_cross",
+           "level_sums", "fisher_sums"]
+
+
+def parent_powers(a, s, xi, rows, K, r, w, n=4):
+    r""":math:`X_l = \sum_{a \in K} w_{g,a}\,\xi_{g,a}^{\,l}`, ``l = 1..n``: ``n`` arrays
+    ``(B, P)``.
+
+    Args:
+        a: the window cache's arrays; ``s`` the stream; ``xi`` its ``(n, V, P)`` scores.
+        rows: ``(B,)`` cache row of each parent's window; ``K``: ``(k,)`` terminal tokens.
+        r: ``(B,)`` parents' reach; ``w``: ``(B, k)`` the responses' weights.
+    """
+    if len(K) == xi.shape[1]:  # every token ends a response: w = r q factorises
+        out = [a[f"y{s}_{l}"][rows] for l in range(1, n + 1)]  # (B, P) each
+        for x in out:
+            x *= r[:, None]
+        return out
+    x = xi[rows[:, None], K[None, :]]  # (B, k, P)
+    x2 = x * x
+    terms = [lambda: np.einsum("bk,bkp->bp", w, x), lambda: np.einsum("bk,bkp->bp", w, x2),
+             lambda: np.einsum("bk,bkp,bkp->bp", w, x2, x),
+             lambda: np.einsum("bk,bkp,bkp->bp", w, x2, x2)]
+    return [f() for f in terms[:n]]
+
+
+def window_products(C, xi, rows, K):
+    r""":math:`Z_{g,i} = \sum_{a \in K} C_{g,i,a}\,\xi_{g,a}`: ``(B, n, P)``.
+
+    Args:
+        C: ``(B, n, k)`` weights of each parent's responses.
+        xi: ``(m, V, P)`` scores of the cached windows; ``rows``: ``(B,)``; ``K``: ``(k,)``.
+
+    With every token terminal, the parents are grouped by window and each group
+    is one matrix product with its window's ``(V, P)`` scores.
+    """
+    B, n, k = C.shape
+    if k != xi.shape[1]:
+        return np.einsum("bik,bkp->bip", C, xi[rows[:, None], K[None, :]])
+    Z = np.empty((B, n, xi.shape[2]))
+    order = np.argsort(rows, kind="stable")  # (B,)
+    srt = rows[order]
+    cuts = np.flatnonzero(np.r_[True, srt[1:] != srt[:-1], True])
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        if hi - lo == 1:
+            b = order[lo]
+            np.dot(C[b], xi[srt[lo]], out=Z[b])
+        else:
+            idx = order[lo:hi]
+            Z[idx] = (C[idx].reshape(-1, k) @ xi[srt[lo]]).reshape(hi - lo, n, -1)
+    return Z
+
+
+def prefix_starts(prompt, gen):
+    """First row of each run of parents sharing their prompt and first ``t + 1``
+    generated tokens, for ``t = 0..d-1``.
+
+    Args:
+        prompt: ``(B,)`` prompt index; ``gen``: ``(B, d)`` generated tokens.
+
+    Example:
+        >>> gen = np.array([[1, 1], [1, 2], [2, 1]])
+        >>> [s.tolist() for s in prefix_starts(np.zeros(3, int), gen)]
+        [[0, 2], [0, 1, 2]]
+    """
+    new = np.r_[True, prompt[1:] != prompt[:-1]]  # (B,)
+    out = []
+    for t in range(gen.shape[1]):
+        new[1:] |= gen[1:, t] != gen[:-1, t]
+        out.append(np.flatnonzero(new))
+    return out
+
+
+def segment_sum(x, starts, w=None):
+    """Sums of the runs of rows of ``x (n, ...)`` beginning at ``starts``: ``(len(starts), ...)``;
+    with weights ``w (n,)``, of the rows times their weights (without forming the product).
+
+    Runs of one length (all but perhaps the first and last, where a block cut a
+    run) are summed as a reshape (weighted: one small matrix product per run); other
+    patterns by a sparse indicator product (``numpy.add.reduceat`` along the rows is
+    several times slower)."""
+    n, G = x.shape[0], len(starts)
+    if n and n % G == 0 and (starts == np.arange(0, n, n // G)).all():  # every run one size
+        k = n // G
+        if w is None:
+            return x.reshape((G, k) + x.shape[1:]).sum(axis=1)
+        out = np.einsum("gk,gkm->gm", w.reshape(G, k), x.reshape(G, k, -1))
+        return out.reshape((G,) + x.shape[1:])
+    size = np.diff(np.r_[starts, n])  # (G,)
+    if G <= 2 or (size[1:-1] == size[1]).all():
+        out = np.empty((G,) + x.shape[1:])
+        lo, hi = (1, G - 1) if G > 2 else (0, 0)
+        if hi > lo:
+            mid = x[starts[lo]:starts[hi]].reshape((hi - lo, size[1]) + x.shape[1:])
+            if w is None:
+                out[lo:hi] = mid.sum(axis=1)
+            else:  # (g, size) weights of (g, size, m) rows; numpy's batched matmul is slower
+                wm = w[starts[lo]:starts[hi]].reshape(hi - lo, size[1])
+                out[lo:hi] = np.einsum("gk,gkm->gm", wm, mid.reshape(hi - lo, size[1], -1)
+                                       ).reshape(out[lo:hi].shape)
+        for g in [0, G - 1] if G > 2 else range(G):
+            part = slice(starts[g], starts[g] + size[g])
+            out[g] = x[part].sum(axis=0) if w is None else np.tensordot(w[part], x[part], 1)
+        return out
+    lab = np.repeat(np.arange(G), size)  # (n,)
+    val = np.ones(n) if w is None else w
+    S = sparse.csr_matrix((val, (lab, np.arange(n))), shape=(G, n))
+    return np.asarray(S @ x.reshape(n, -1)).reshape((G,) + x.shape[1:])
+
+
+def history_cross(hist_at, W, X1, X2, starts):
+    r"""Cross terms of the responses ending under ``B`` parents at depth ``d``:
+    ``(c, c4)``, each ``(d + 1, d + 1, P)``, slot ``[d, d]`` left 0.
+
+    .. math::
+
+       c_{u,t} = \sum_g W_g\,\xi_u(g)\,\xi_t(g),\quad
+       c_{u,d} = \sum_g \xi_u(g) \odot X_{1,g} \qquad (u \le t < d),
+
+    and :math:`c^{(4)}` the same with squared scores and :math:`X_2`.
+
+    Args:
+        hist_at: ``(t, rows) -> (len(rows), P)``, the parents' score :math:`\xi_t`.
+        W: ``(B,)`` total weight of each parent's complete responses.
+        X1, X2: ``(B, P)`` :math:`\sum_a w_a \xi_d(a)` and :math:`\sum_a w_a \xi_d(a)^2`.
+        starts: :func:`prefix_starts` of the parents (``d`` levels).
+    """
+    d, P = len(starts), X1.shape[1]
+    c, c4 = np.zeros((d + 1, d + 1, P)), np.zeros((d + 1, d + 1, P))
+    if d == 0:
+        return c, c4
+    h = hist_at(d - 1, starts[d - 1])  # (B, P): one row per parent
+    h2 = h * h
+    Wd = W if len(starts[d - 1]) == len(W) else segment_sum(W, starts[d - 1])  # (B,)
+    c[d - 1, d - 1], c4[d - 1, d - 1] = Wd @ h2, Wd @ (h2 * h2)
+    c[d - 1, d], c4[d - 1, d] = np.einsum("gp,gp->p", h, X1), np.einsum("gp,gp->p", h2, X2)
+    if d > 1:  # coarser runs: the sums over each run, slots t = d, d-1, then each coarser one
+        pos = np.searchsorted(starts[d - 1], starts[d - 2])
+        stack = np.empty((len(pos), 4, P))  # (n, 4, P)
+        for i, (x, wx) in enumerate([(X1, None), (X2, None), (h, Wd), (h2, Wd)]):
+            stack[:, i] = segment_sum(x, pos, wx)
+        ts = [d, d - 1]
+        for L in range(d - 2, -1, -1):
+            h = hist_at(L, starts[L])  # (n_L, P)
+            v1 = segment_sum(W, starts[L])[:, None] * h
+            stack = np.concatenate([stack, np.stack([v1, v1 * h], axis=1)], axis=1)
+            ts.append(L)
+            c[L, ts] = np.einsum("gp,gmp->mp", h, stack[:, 0::2])
+            c4[L, ts] = np.einsum("gp,gmp->mp", h * h, stack[:, 1::2])
+            if L:
+                stack = segment_sum(stack, np.searchsorted(starts[L], starts[L - 1]))
+    for u in range(d):
+        c[u + 1:d, u], c4[u + 1:d, u] = c[u, u + 1:d], c4[u, u + 1:d]
+    c[d, :d], c4[d, :d] = c[:d, d], c4[:d, d]
+    return c, c4
+
+
+def level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z=None, pure=None):
+    r"""The response-level sums of one stream over a block's complete responses.
+
+    Args:
+        H, G: ``(B, P)`` parents' running score sums and path sums of ``m`` (their own
+            included); ``G`` ``None`` when :math:`\sum W G` and :math:`\sum W G^2` are formed
+            elsewhere.
+        hist_at: the parents' scores (:func:`history_cross`); ``starts``: :func:`prefix_starts`.
+        w, Rc: ``(B, k)`` weights and rewards (relative to the stream's ``r0``).
+        rho_w: ``(B, k)`` importance-weighted weights, or ``None`` when the stream is
+            drawn from the policy (then :math:`\rho w = w` and the caller copies).
+        X: :math:`X_1, X_2, X_3` of :func:`parent_powers`, or only :math:`X_1, X_2` when
+            :math:`2\sum_g H_g X_1` and :math:`4\sum_g H_g X_3` are added elsewhere.
+        Z: :func:`window_products` of ``[w R, w R^2]``, or ``None`` when the terms
+            :math:`2\sum_g H_g \odot Z_g` are added elsewhere (deferred per window).
+        pure: :math:`(\sum_g X_1, \sum_g X_2, \sum_g X_4)`, the terms without
+            :math:`H`, or ``None`` when they are added elsewhere (per window).
+
+    Returns:
+        ``{name: sum}`` for :meth:`fisher_ref.results.Moments.add_sums`. Never here:
+        the per-(window, token) terms :math:`\sum c\,\xi^n` of the reward and importance
+        weights (``c = wR, wR^2, \rho w, \rho w R``), which are accumulated.
+    """
+    wR = w * Rc  # (B, k)
+    W, WR, WR2 = w.sum(axis=1), wR.sum(axis=1), (wR * Rc).sum(axis=1)  # (B,) each
+    X1, X2 = X[:2]
+    H2 = H * H  # (B, P)
+    h4 = W @ (H2 * H2) + 4 * np.einsum("bp,bp,bp->p", H2, H, X1) \
+        + 6 * np.einsum("bp,bp->p", H2, X2)
+    # one matrix-vector product per weight (faster here than one with a few rows)
+    out = {"mass": W.sum(), "R": WR.sum(), "h": W @ H, "Rh": WR @ H,
+           "h2": W @ H2, "Rh2": WR @ H2, "R2h2": WR2 @ H2, "h4": h4}
+    if G is not None:  # else the path sums are added elsewhere
+        out["g"], out["g2"] = W @ G, W @ (G * G)
+    if len(X) > 2:  # else the terms H X_1, H X_3 are added per window elsewhere
+        out["h2"] = out["h2"] + 2 * np.einsum("bp,bp->p", H, X1)
+        out["h4"] = out["h4"] + 4 * np.einsum("bp,bp->p", H, X[2])
+    if Z is not None:
+        mix = np.einsum("bp,bip->ip", H, Z)  # (2, P)
+        out["Rh2"], out["R2h2"] = out["Rh2"] + 2 * mix[0], out["R2h2"] + 2 * mix[1]
+    if rho_w is not None:
+        out["is_h"], out["is_Rh"] = np.stack([rho_w.sum(axis=1), (rho_w * Rc).sum(axis=1)]) @ H
+    c, c4 = history_cross(hist_at, W, X1, X2, starts)
+    if pure is not None:
+        S1, S2, S4 = pure
+        out["h"], out["h2"], out["h4"] = out["h"] + S1, out["h2"] + S2, out["h4"] + S4
+        c[-1, -1], c4[-1, -1] = S2, S4
+    out["cross"], out["cross4"] = c, c4
+    return out
+
+
+def fisher_sums(H, W, X1, X2=None):
+    r"""The sums of ``exact(..., quantities="fisher")`` over a block's complete responses:
+    probability, :math:`\sum w\,h = \sum_g W_g H_g + \sum_g X_{1,g}` and
+    :math:`\sum w\,h^2 = \sum_g W_g H_g^2 + 2 \sum_g H_g \odot X_{1,g} + \sum_g X_{2,g}`.
+
+    Args:
+        H: ``(B, P)`` parents' running score sums; ``W``: ``(B,)`` their responses' total
+            weight; ``X1, X2``: :func:`parent_powers`. Without ``X2`` the terms without
+            ``H`` are left out (summed per window elsewhere).
+    """
+    out = {"mass": W.sum(), "h": W @ H, "h2": W @ (H * H) + 2 * np.einsum("bp,bp->p", H, X1)}
+    if X2 is not None:
+        out["h"], out["h2"] = out["h"] + X1.sum(axis=0), out["h2"] + X2.sum(axis=0)
+    return out

@@ -1,0 +1,374 @@
+r"""The walk over the prefix tree that both exact engines share, and what it feeds.
+
+Both numpy engines (:mod:`fisher_ref.engine.reference`, the plain judge, and
+:mod:`fisher_ref.exact`, the fast one) are thin strategies over this module:
+
+- :func:`plan` validates the engine arguments, sizes the run and refuses it past
+  the limits (:mod:`fisher_ref.engine.plan` counts in closed form);
+- :func:`model_probs`, :func:`checked_sensitivities`, :func:`check_support` give
+  the checked per-state probabilities of the policy and the sampler and the logit
+  sensitivities :math:`j_{i,a}(s) = \partial z_a(s)/\partial\theta_i`;
+- :func:`stream_specs` names the streams (distribution drawn from, centering);
+- :class:`Run` walks every state depth-first in bounded blocks and accumulates
+  per-stream :class:`fisher_ref.results.Moments`, the autodiff gradient and the
+  kept per-state and per-response records;
+- :func:`autodiff_gradient` is the second route to the policy gradient: the
+  derivative of the exact expected reward :math:`\sum_y P(y) R(y)` by the chain rule,
+  autograd's vector-Jacobian product for the model's logits
+  (:func:`reward_gradient`).
+
+Streams (see docs/theory.md): ``"policy"`` — drawn from ``p``, centered at
+:math:`\bar j_p`; with a sampler ``"raw"`` (from ``mu``, centered at
+:math:`\bar j_p`), ``"centered"`` (from ``mu``, at :math:`\bar j_\mu`) and
+``"top{k}"`` (from ``mu``, centered with only the top-``k`` tokens of ``mu``).
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+from autograd import make_vjp
+
+from fisher_ref.engine.tree import carry, depth_first, expand, root_block, terminal
+from fisher_ref.engine.plan import check_chunk, check_cost, count_states, estimate_cost, resolve_keep
+from fisher_ref.numerics import log_softmax, softmax
+from fisher_ref._progress import Progress
+from fisher_ref.results import ExactResult, Moments, check_quantities, finish_fisher, finish_stream
+from fisher_ref.models.sensitivities import sensitivities
+from fisher_ref.tasks import require_task
+from fisher_ref.numerics import mean_sensitivity
+
+__all__ = ["REACH", "BlockArrays", "check_topk", "stream_specs", "check_logits",
+           "model_probs", "checked_sensitivities", "check_support", "autodiff_gradient",
+           "reward_gradient", "plan", "state_places", "response_places", "children", "last_scores",
+           "Run"]
+
+# Block key of the reach probability under each distribution a stream draws from.
+REACH = {"p": "rp", "q": "rq"}
+
+#: What a block's states pass on to their children: probabilities ``p, q (B, V)``,
+#: ``rows (B,)`` the row of each state in the ``xiT`` arrays, ``xiT`` one array
+#: ``(U, V, P)`` per stream (the score of every candidate token), and ``G (S, B, P)``
+#: the path sums of ``m`` including the states' own.
+BlockArrays = namedtuple("BlockArrays", "p q rows xiT G")
+
+
+def check_topk(topk):
+    """``topk`` as a tuple of positive integers (``k >= V`` means full centering)."""
+    try:
+        ks = tuple(topk)
+    except TypeError:
+        raise ValueError(f"topk must be a sequence of positive integers, got {topk!r}") from None
+    for k in ks:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"topk entries must be positive integers, got {k!r} in {topk!r}")
+    return tuple(int(k) for k in ks)
+
+
+def stream_specs(task, topk):
+    """``(name, drawn from "p" | "q", centered at "p" | "q" | k)`` of every stream."""
+    if task.sampler is None:
+        return [("policy", "p", "p")]
+    out = [("policy", "p", "p"), ("raw", "q", "p"), ("centered", "q", "q")]
+    out += [(f"top{k}", "q", k) for k in topk]
+    return out
+
+
+def check_logits(z, W, V, who):
+    if z.shape != (W.shape[0], V):
+        raise ValueError(f"the {who} returned logits of shape {z.shape} for {W.shape[0]} "
+                         f"windows; expected ({W.shape[0]}, {V}) (V={V})")
+
+
+def model_probs(task, theta, W):
+    """Policy and sampler probabilities ``(B, V)`` each, with the logits checked."""
+    z = np.asarray(task.model.logits(theta, W), dtype=float)  # (B, V)
+    check_logits(z, W, task.model.vocab_size, "model")
+    if np.isnan(z).any() or np.isposinf(z).any():
+        raise ValueError("the model returned NaN or +inf logits")
+    if np.isneginf(z).all(axis=-1).any():
+        raise ValueError("the model returned a state whose logits are all -inf")
+    p = softmax(z)  # (B, V)
+    if task.sampler is None:
+        return p, p
+    zq = np.asarray(task.sampler.logits(task.model, theta, W), dtype=float)  # (B, V)
+    check_logits(zq, W, task.model.vocab_size, "sampler")
+    if np.isnan(zq).any() or np.isposinf(zq).any() or np.isneginf(zq).all(axis=-1).any():
+        raise ValueError("the sampler returned NaN, +inf or all -inf logits")
+    return p, softmax(zq)
+
+
+def checked_sensitivities(task, W, tokens_first=False, out=None):
+    """Logit sensitivities ``j (B, P, V)`` of windows ``W (B, k)`` (``(B, V, P)`` with
+    ``tokens_first``, into ``out`` when given), checked finite."""
+    J = sensitivities(task.model, task.theta, W, tokens_first, out)  # (B, P, V) or (B, V, P)
+    if not np.isfinite(J).all():
+        raise ValueError("non-finite logit sensitivities (check the model's derivatives)")
+    return J
+
+
+def check_support(block, p, q):
+    bad = (p > 0) & (q == 0) & (block["rp"][:, None] > 0)  # (B, V)
+    if bad.any():
+        b, a = map(int, np.argwhere(bad)[0])
+        state = block["tokens"][b, :block["length"][b]].tolist()
+        raise ValueError(
+            f"the sampler gives probability 0 to token {a} at state {state} (prompt "
+            f"{int(block['prompt'][b])}), which the policy emits with probability {p[b, a]:.3g}; "
+            "responses the policy can produce would never be sampled, so importance "
+            "weights p/mu are undefined there")
+
+
+def autodiff_gradient(task, theta, tokens, lengths, prompt_len, weights, R):
+    r"""grad_theta of :math:`\sum_m w_m \prod_t p(y_t|s_t) R_m` over responses (autograd).
+
+    The windows of every response's states are listed and made distinct
+    (``numpy.unique``), then :func:`reward_gradient` differentiates."""
+    M, T = tokens.shape[0], task.max_len
+    t = np.arange(T)[None, :]
+    live = t < (lengths - prompt_len)[:, None]  # (M, T) slots holding a generated token
+    state_len = np.minimum(prompt_len[:, None] + t, lengths[:, None] - 1)  # (M, T)
+    W = task.model.windows(np.repeat(tokens, T, axis=0), state_len.ravel())  # (M*T, k)
+    Wu, inv = np.unique(W, axis=0, return_inverse=True)  # (U, k), (M*T,)
+    nxt = tokens[np.arange(M)[:, None], state_len]  # (M, T)
+    return reward_gradient(task, theta, Wu, inv.reshape(M, T), nxt, live, weights, R)
+
+
+def reward_gradient(task, theta, Wu, win, nxt, live, weights, R):
+    r"""grad_theta of :math:`\sum_m w_m \exp(\sum_{t\,\text{live}} \log p(y_{m,t} | s_{m,t})) R_m`.
+
+    The chain rule, one step at a time: the derivative with respect to each
+    log-probability :math:`\ell_{u,a}` is :math:`\sum c_m` over the live slots that read
+    it, :math:`c_m = w_m P(y_m) R_m` (a ``bincount``); through the log-softmax
+    :math:`\partial/\partial z_{u,b} = g_{u,b} - p_{u,b} \sum_a g_{u,a}`; through the
+    model, autograd's vector-Jacobian product of its logits at ``theta``. Nothing here
+    reads the sensitivities or scores the moment sums use.
+
+    Args:
+        Wu: ``(U, k)`` distinct windows; their logits are evaluated once.
+        win, nxt: ``(M, T)`` window (row of ``Wu``) and next token of every slot.
+        live: ``(M, T)`` slots holding a generated token; the others are dropped with
+            a ``where``, not multiplied by 0 (a slot's log-probability may be
+            ``-inf``, a masked token, and ``0 * -inf`` is NaN).
+        weights, R: ``(M,)`` prompt weights and rewards.
+    """
+    M, T = win.shape
+    flat = win * task.model.vocab_size + nxt  # (M, T) into the (U*V,) log-probs
+    vjp, z = make_vjp(lambda th: task.model.logits(th, Wu))(theta)
+    z = np.asarray(z, dtype=float)  # (U, V)
+    lp = log_softmax(z)  # (U, V)
+    logP = np.where(live, lp.reshape(-1)[flat], 0.0).sum(axis=1)  # (M,)
+    c = weights * np.exp(logP) * R  # (M,) the derivative with respect to logP
+    g = np.bincount(flat[live], np.broadcast_to(c[:, None], (M, T))[live],
+                    minlength=lp.size).reshape(lp.shape)  # (U, V)
+    return vjp(g - softmax(z) * g.sum(axis=1, keepdims=True))
+
+
+def plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes,
+         quantities="all"):
+    """Validate the engine's arguments, size the run and refuse it past the limits.
+
+    Returns:
+        ``(streams, cost, keep_states, keep_sequences)`` with the ``"auto"`` choices
+        resolved (keep the arrays when they fit in about 1 GiB; never the per-response
+        arrays, which hold rewards and advantages, with ``quantities="fisher"``).
+    """
+    P, T = require_task(task).model.num_params, task.max_len
+    topk = check_topk(topk)
+    if check_quantities(quantities) == "fisher":
+        if keep_sequences is True:
+            raise ValueError("keep_sequences=True needs quantities='all': the per-response "
+                             "arrays hold rewards and advantages, which quantities='fisher' "
+                             "does not compute")
+        keep_sequences = False
+    if topk and task.sampler is None:
+        raise ValueError("topk centering needs a sampler mu; this task is on-policy "
+                         "(add a 'sampler' to the task)")
+    chunk = check_chunk(chunk)
+    streams = stream_specs(task, topk)
+    cost = estimate_cost(task, n_streams=len(streams), chunk=chunk)
+    keep_states, keep_sequences = resolve_keep(keep_states, keep_sequences, cost.n_states,
+                                               cost.n_responses, P, T)
+    cost = estimate_cost(task, n_streams=len(streams), chunk=chunk, keep_states=keep_states,
+                         keep_sequences=keep_sequences)
+    check_cost(cost, max_seconds, max_bytes)
+    return streams, cost, keep_states, keep_sequences
+
+
+def state_places(task, block):
+    """Place of each state of a block among all states sorted by (prompt, depth,
+    generated tokens), as in :attr:`fisher_ref.results.ExactResult.states`: ``(B,)``.
+
+    Per prompt there are :math:`\beta^t` open states at depth ``t`` (``beta = V - 1``
+    with EOS, whose open states never hold token 0; ``V`` without), in
+    lexicographic order of their generated tokens."""
+    V, T, d = task.model.vocab_size, task.max_len, block["depth"]
+    low = 1 if task.model.eos else 0
+    beta = V - low
+    gen = block["tokens"][np.arange(block["prompt"].shape[0])[:, None],
+                          (block["length"] - d)[:, None] + np.arange(d)]  # (B, d)
+    rank = (gen - low) @ (beta ** np.arange(d - 1, -1, -1, dtype=np.int64))  # (B,)
+    per_prompt = sum(beta ** t for t in range(T))
+    return block["prompt"] * per_prompt + sum(beta ** t for t in range(d)) + rank
+
+
+def response_places(task, prompt, resp):
+    """Place of each complete response among all responses sorted by (prompt, generated
+    tokens), as in :attr:`fisher_ref.results.ExactResult.sequences`: ``(M,)``.
+
+    Responses are prefix-free (each ends with EOS or at ``max_len``), so the order is
+    lexicographic in the tokens, and a response's place counts the responses before it:
+    at each of its positions ``t``, every smaller token ends one response (EOS, or any
+    token at the last position) or opens a subtree of ``S(t + 1)`` responses.
+
+    Args:
+        prompt: ``(M,)`` prompt index; ``resp``: ``(M, T)`` tokens, ``-1`` past the end.
+    """
+    V, T, eos = task.model.vocab_size, task.max_len, task.model.eos
+    # S[t]: responses under a state with t tokens (a subtree of T - t tokens; 1 at t = T)
+    S = np.array([count_states(V, T - t, eos)[1] for t in range(T)] + [1], dtype=np.int64)
+    a, t = resp, np.arange(T)[None, :]  # (M, T)
+    opens = eos & (t < T - 1)  # EOS ends the response; the other tokens open subtrees
+    below = np.where(opens, np.where(a >= 1, 1 + (a - 1) * S[t + 1], 0), a * S[t + 1])
+    return prompt * S[0] + np.where(a >= 0, below, 0).sum(axis=1)
+
+
+def children(task, block, idx, arrs):
+    """Children ``idx`` of a block with the score of each one's last token.
+
+    Returns:
+        ``(par, xi, child)``: parent rows ``(C,)``, ``S`` arrays ``(C, P)``, the child block
+        (without per-stream arrays).
+    """
+    par, tok, child = expand(task, block, idx, arrs.p, arrs.q)
+    return par, last_scores(arrs, par, tok), child
+
+
+def last_scores(arrs, par, tok):
+    """The score of token ``tok (C,)`` at parent rows ``par (C,)``: ``S`` arrays ``(C, P)``."""
+    return [x[arrs.rows[par], tok] for x in arrs.xiT]
+
+
+def _scored_carry(block, par, tok, arrs):
+    return carry(block, par, last_scores(arrs, par, tok), arrs.G)
+
+
+class Run:
+    """One enumeration, shared by both engines: the walk over the prefix tree and
+    what it accumulates (per-stream :class:`Moments`, the autodiff gradient, the
+    kept per-state and per-response records)."""
+
+    def __init__(self, task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes,
+                 progress, quantities="all"):
+        self.task, self.quantities = task, quantities
+        self.streams, self.cost, self.keep_states, self.keep_sequences = plan(
+            task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes, quantities)
+        P, T = task.model.num_params, task.max_len
+        self.moments = {name: Moments(P, T) for name, _, _ in self.streams}
+        self.grad_ad = np.zeros(P)  # (P,)
+        self.states, self.seqs = [], []
+        self.written = {}  # part -> (rows written in place, which places were written)
+        self.width = max(len(p) for p in task.prompts) + T - 1  # longest state
+        self.bar = Progress(self.cost.n_states, "exact enumeration", enabled=progress)
+
+    def walk(self, carried, block_arrays, complete, carry=None):
+        """Visit every state depth-first (then call :meth:`finish`).
+
+        Args:
+            carried: per-stream arrays each state carries (names in ``PER_STREAM``).
+            block_arrays: ``block -> BlockArrays``; adds the block's token-level terms.
+            complete: ``(block, arrs, idx)`` adds the complete responses, children
+                ``idx`` (rows ``b*V + a``, sorted) of the block.
+            carry: ``(block, par, tok, arrs) -> dict``, the arrays the children with
+                parent rows ``par (C,)`` and last tokens ``tok (C,)`` carry (default:
+                :func:`fisher_ref.engine.plan.carry` of their last tokens' scores).
+        """
+        carry = carry or _scored_carry
+        stack = [root_block(self.task, len(self.streams), carried)]
+        for block in depth_first(stack, self.cost.chunk):
+            arrs = block_arrays(block)
+            term = terminal(self.task, block)  # (B*V,)
+            if term.any():  # complete responses
+                complete(block, arrs, np.flatnonzero(term))
+            if not term.all():
+                par, tok, child = expand(self.task, block, np.flatnonzero(~term), arrs.p, arrs.q)
+                child.update(carry(block, par, tok, arrs))
+                stack.append(child)
+
+    def add_states(self, reach, ms, conds, depth, n_states):
+        """Token-level terms: ``reach`` maps ``"p"``, ``"q"`` to ``(B,)`` reach
+        probabilities, ``ms``, ``conds`` are ``S`` arrays ``(B, P)``, the token second
+        moment ``m`` and :math:`E[\\xi | s]` of each stream, per state (the fast engine sums
+        per window instead, :meth:`WindowCache.accumulate_states`); ``n_states`` advances
+        the bar."""
+        for s, (name, wname, _) in enumerate(self.streams):
+            self.moments[name].add_states(reach[wname], ms[s], conds[s], depth)
+        self.bar.update(n_states)
+
+    def keep_state_arrays(self, block, p, q, values, at=None):
+        """Record a block's states if states are kept. ``values``: name -> ``(B, ...)``
+        array.
+
+        With ``at`` (:func:`state_places`), write them straight into their place in
+        the sorted per-state arrays; else keep the block's records, sorted at the end."""
+        if not self.keep_states:
+            return
+        n = block["prompt"].shape[0]
+        rec = {"tokens": block["tokens"][:, :self.width], "prompt": block["prompt"],
+               "depth": np.full(n, block["depth"]), "reach": block["rp"], "probs": p}
+        if self.task.sampler is not None:
+            rec.update({"sampler_reach": block["rq"], "sampler_probs": q})
+        rec.update(values)
+        if at is None:
+            rec["tokens"] = rec["tokens"].copy()  # not a view that keeps the block alive
+            self.states.append(rec)
+            return
+        if not isinstance(self.states, dict):  # the first block: room for every state
+            N = self.cost.n_states
+            self.states = {k: np.empty((N,) + v.shape[1:], dtype=v.dtype)
+                           for k, v in rec.items()}
+        self._mark("states", at, self.cost.n_states)
+        lo = int(at[0])
+        run = n and int(at[-1]) - lo == n - 1 and (np.diff(at) == 1).all()  # consecutive places
+        for k, v in rec.items():
+            if run:
+                self.states[k][lo:lo + n] = v
+            else:
+                self.states[k][at] = v
+
+    def _mark(self, part, at, total):
+        count, seen = self.written.get(part, (0, np.zeros(total, dtype=bool)))
+        seen[at] = True
+        self.written[part] = (count + len(at), seen)
+
+    def keep_responses(self, done, resp, R):
+        """Record complete responses ``resp (M, T)`` with rewards ``R (M,)`` if kept, each
+        written straight into its sorted place (:func:`response_places`)."""
+        if not self.keep_sequences:
+            return
+        rec = {"tokens": resp, "prompt": done["prompt"], "prob": done["rp"],
+               "sampler_prob": done["rq"], "reward": R}
+        if not isinstance(self.seqs, dict):  # the first block: room for every response
+            M = self.cost.n_responses
+            self.seqs = {k: np.empty((M,) + v.shape[1:], dtype=v.dtype) for k, v in rec.items()}
+        at = response_places(self.task, done["prompt"], resp)
+        self._mark("sequences", at, self.cost.n_responses)
+        for k, v in rec.items():
+            self.seqs[k][at] = v
+
+    def finish(self):
+        """Close the progress bar; the :class:`ExactResult` of the accumulated sums.
+
+        Arrays written in place must have had every row written once: a walk that
+        missed or repeated a state or response is an error, not uninitialised rows."""
+        self.bar.close()
+        for part, (count, seen) in self.written.items():
+            if count != len(seen) or not seen.all():
+                raise RuntimeError(f"the walk wrote {count} {part} rows into "
+                                   f"{int(seen.sum())} of {len(seen)} places (a bug in the walk)")
+        fisher = self.quantities == "fisher"
+        results = {name: finish_fisher(self.moments[name]) if fisher else
+                   finish_stream(self.moments[name], self.task.baseline)
+                   for name, _, _ in self.streams}
+        return ExactResult.build(self.task, self.cost, results, self.grad_ad, self.states,
+                                 self.seqs, self.quantities)

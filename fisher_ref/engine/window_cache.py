@@ -1,0 +1,406 @@
+r"""Per-window arrays of the fast exact engine, computed once per distinct window.
+
+A state enters every per-state quantity only through its window (the ``k``
+tokens the model reads, docs/theory.md §7.5): its probabilities ``p``, ``mu``,
+its sensitivities :math:`j`, the centers, the scores
+:math:`\xi_{i,a} = j_{i,a} - c_i` of every candidate token, the token moments.
+:class:`WindowCache` computes them once per distinct window and serves them to
+every state that ends in it:
+
+- every distinct window gets an id for the whole run (:meth:`WindowCache.ids`);
+  the window of an id stays known (:meth:`WindowCache.windows_of`), so the
+  autodiff gradient reuses the ids the walk already has;
+- the per-window arrays live in a cache of bounded size (:meth:`WindowCache.rows`),
+  emptied when a block's new windows would not fit;
+- sums of the form :math:`\sum_{(g, a)} c_{g,a}\,\xi_{u_g, a}^{\,j}` over the
+  complete responses of many blocks are collected as weights per (window, token)
+  (:meth:`WindowCache.accumulate`) and contracted with the window's scores once,
+  when the window leaves the cache: the distributive law on the same finite sum.
+
+Per-window arrays (``U`` windows; streams ``s`` as in :mod:`fisher_ref.engine.run`):
+
+- ``p``, ``q`` ``(U, V)``: the policy's and the sampler's next-token probabilities;
+- ``xi{c}`` ``(U, V, P)``: the score of every token under center ``c``;
+- ``y{s}_{n}`` ``(U, P)``, ``n = 1..4`` (``1..2`` with ``moments=2``, all that
+  ``exact(..., quantities="fisher")`` reads): :math:`\sum_a q_a \xi_a^n` under the
+  distribution ``q`` stream ``s`` draws from: ``y{s}_1`` is :math:`E[\xi \mid s]`,
+  ``y{s}_2`` the token moment :math:`m = \sum_a q_a (j_a - c)^2`;
+- ``uniform`` ``(U, P)`` when states are kept: :math:`\frac1V\sum_a (j_a - \bar j^{\,unif})^2`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fisher_ref.engine.run import checked_sensitivities, model_probs
+from fisher_ref.numerics import topk_weights
+
+__all__ = ["WindowCache"]
+
+# Elements of the (windows, V, P) arrays of one pass over a few windows (about 2 MiB),
+# and of one sensitivities call (about 16 MiB).
+_CHUNK_ELEMENTS = 2 ** 18
+_J_ELEMENTS = 2 ** 21
+# Window keys looked up in a table indexed by key when there are at most this many
+# possible keys (8 MiB of ids); else in a dict.
+_DENSE_KEYS = 2 ** 20
+
+
+class WindowCache:
+    r"""Per-window arrays of a run, computed once per distinct window (module docstring).
+
+    Args:
+        task: the :class:`fisher_ref.tasks.Task`.
+        streams: ``(name, drawn from, centered at)`` of each stream.
+        keep_states: also compute what the kept per-state records need.
+        budget: bytes of per-window arrays to keep between blocks (speed only).
+        names: ``{stream: [(name, n), ...]}``: the sum each of the stream's weights given
+            to :meth:`accumulate` adds to and the power of :math:`\xi` it takes.
+        expected: how many distinct windows the run will likely see (first allocation).
+        moments: the largest ``n`` of the sums ``y{s}_{n}`` computed (2 or 4).
+        defer_bytes: parents' score sums held by :meth:`defer` before they are used.
+        kept: ``{key: array name}``: per-window arrays also kept for the whole run in
+            ``by_id[key]`` ``(ids, ...)``, row ``i`` the window of run-wide id ``i``.
+    """
+
+    def __init__(self, task, streams, keep_states, budget, names, expected=64,
+                 defer_bytes=64 * 2 ** 20, kept=None, moments=4):
+        self.task, self.streams, self.keep = task, streams, keep_states
+        self.kept, self.by_id = dict(kept or {}), {}
+        V, P = task.model.vocab_size, task.model.num_params
+        self.centers = list(dict.fromkeys(c for _, _, c in streams))
+        self.shapes = {"p": (V,), "q": (V,)}
+        self.shapes.update({f"xi{c}": (V, P) for c in self.centers})
+        for s in range(len(streams)):
+            self.shapes.update({f"y{s}_{n}": (P,) for n in range(1, moments + 1)})
+        if keep_states:
+            self.shapes["uniform"] = (P,)
+        self.names = {s: [name for name, _ in v] for s, v in names.items()}
+        self.powers = {s: np.array([n for _, n in v], dtype=int) for s, v in names.items()}
+        T = task.max_len
+        per = 8 * sum(int(np.prod(sh)) for sh in self.shapes.values())
+        per += 8 * (V * sum(len(p) for p in self.powers.values()) + 2 * T * len(streams))
+        self.capacity = max(1, budget // per)
+        # window entries lie in -1..V (-1 pads a model's whole-history window)
+        k = task.model.context
+        self.exact_keys = (V + 2) ** k < 2 ** 62
+        self.base = ((V + 2) ** np.arange(k)).astype(np.int64) if self.exact_keys else None
+        # few possible keys: an id table indexed by key (else a dict of keys)
+        self.id_of_key = np.full((V + 2) ** k, -1, dtype=np.int64) \
+            if (V + 2) ** k <= _DENSE_KEYS else None
+        self.key_id, self.table, self.n_ids = {}, np.zeros((64, k), dtype=np.int64), 0
+        self.row_of = np.full(64, -1, dtype=np.int64)  # (n_ids,) cache row of each id
+        self.sums = {s: {k: np.zeros(P) for k in self.names.get(s, []) + ["h", "h2", "h4"]}
+                     for s in range(len(streams))}
+        for s in self.sums:
+            self.sums[s].update(cross=np.zeros((T, P)), cross4=np.zeros((T, P)),
+                                token_sum_by_depth=np.zeros((T, P)), cond_max=np.zeros(P))
+        self.pending, self.held, self.defer_bytes = [], 0, defer_bytes
+        self.held_H = np.empty((0, P))  # running sums of deferred parents (defer)
+        self.arrays, self.acc, self.size, self.n, self.scratch = {}, {}, 0, 0, {}
+        self.first = max(1, min(self.capacity, expected))  # rows allocated at first
+
+    # ------------------------------------------------------------ ids
+
+    def ids(self, W):
+        """Run-wide id of each window of ``W (B, k)``: ``(B,)`` int64."""
+        if not self.exact_keys:
+            keys = [tuple(r) for r in W.tolist()]
+            out = np.empty(len(keys), dtype=np.int64)
+            for i, key in enumerate(keys):
+                j = self.key_id.get(key)
+                if j is None:
+                    j = self.key_id[key] = self._new_id(W[i])
+                out[i] = j
+            return out
+        if self.id_of_key is not None:
+            keys = (W + 1) @ self.base  # (B,)
+            fresh = np.flatnonzero(self.id_of_key[keys] < 0)
+            if len(fresh):  # new ids in order of first appearance
+                uk, first = np.unique(keys[fresh], return_index=True)
+                order = np.argsort(first, kind="stable")
+                lo = self.n_ids
+                self._new_ids(W[fresh[first[order]]])
+                self.id_of_key[uk[order]] = np.arange(lo, self.n_ids)
+            return self.id_of_key[keys]
+        # each distinct key looked up once, in order of first appearance (new ids follow it)
+        uk, first, inv = np.unique((W + 1) @ self.base, return_index=True, return_inverse=True)
+        ids = np.empty(len(uk), dtype=np.int64)
+        for u in np.argsort(first, kind="stable"):
+            key = int(uk[u])
+            j = self.key_id.get(key)
+            if j is None:
+                j = self.key_id[key] = self._new_id(W[first[u]])
+            ids[u] = j
+        return ids[inv.reshape(-1)]
+
+    def _new_id(self, window):
+        self._new_ids(window[None])
+        return self.n_ids - 1
+
+    def _new_ids(self, windows):
+        """Give the next ids to ``windows (m, k)``, growing the tables (doubling)."""
+        n = self.n_ids + len(windows)
+        while n > len(self.table):
+            self.table = np.concatenate([self.table, np.zeros_like(self.table)])
+            self.row_of = np.concatenate([self.row_of, np.full(len(self.row_of), -1)])
+        self.table[self.n_ids:n] = windows
+        self.n_ids = n
+
+    def windows_of(self, ids):
+        """The windows ``(len(ids), k)`` of run-wide ids."""
+        return self.table[ids]
+
+    # ------------------------------------------------------------ cached arrays
+
+    def rows(self, ids):
+        """Cache row ``(B,)`` of each id, computing the windows not cached yet.
+
+        Rows stay valid until the next call (which may empty the cache).
+        """
+        new = np.unique(ids[self.row_of[ids] < 0])  # (U_new,)
+        if len(new):
+            if self.n + len(new) > self.capacity:
+                self.flush()
+                new = np.unique(ids)
+            self._grow(self.n + len(new))
+            lo, hi = self.n, self.n + len(new)
+            self._compute(self.table[new], lo)
+            self.row_of[new] = np.arange(lo, hi)
+            self.n = hi
+            self._keep_by_id(new, lo, hi)
+        return self.row_of[ids]
+
+    def _keep_by_id(self, new, lo, hi):
+        """Copy the kept arrays of windows ``new`` (cache rows ``lo..hi``) into the tables
+        by run-wide id (:attr:`by_id`), which outlive the cache."""
+        for key, name in self.kept.items():
+            table = self.by_id.get(key)
+            if table is None or len(table) < self.n_ids:
+                grown = np.empty((max(self.n_ids, 2 * (0 if table is None else len(table))),)
+                                 + self.shapes[name])
+                if table is not None:
+                    grown[:len(table)] = table
+                table = self.by_id[key] = grown
+            table[new] = self.arrays[name][lo:hi]
+
+    def _grow(self, n):
+        """Room for ``n`` rows (doubling; past the capacity only when one block needs it)."""
+        if n <= self.size:
+            return
+        size = max(n, min(self.capacity, max(self.first, 2 * self.size)))
+        for name, shape in self.shapes.items():
+            old, self.arrays[name] = self.arrays.get(name), np.empty((size,) + shape)
+            if old is not None:
+                self.arrays[name][:self.n] = old[:self.n]
+        for s, p in self.powers.items():
+            old, self.acc[s] = self.acc.get(s), np.zeros((size, len(p), self.shapes["p"][0]))
+            if old is not None:
+                self.acc[s][:self.n] = old[:self.n]
+        for key in [(kind, s) for kind in ("r", "st") for s in range(len(self.streams))]:
+            old, self.acc[key] = self.acc.get(key), np.zeros((size, self.task.max_len))
+            if old is not None:
+                self.acc[key][:self.n] = old[:self.n]
+        self.size = size
+
+    def _compute(self, Wu, lo):
+        """Arrays of the distinct windows ``Wu (U, k)`` into rows ``lo..lo+U``."""
+        task, a = self.task, self.arrays
+        U, (V, P) = len(Wu), self.shapes["xi" + str(self.centers[0])]
+        pu, qu = model_probs(task, task.theta, Wu)  # (U, V) each
+        a["p"][lo:lo + U], a["q"][lo:lo + U] = pu, qu
+        n_J, n = max(1, _J_ELEMENTS // (V * P)), max(1, _CHUNK_ELEMENTS // (V * P))
+        xi0 = a["xi" + str(self.centers[0])]  # j is written here, then centered in place
+        for i in range(0, U, n_J):  # sensitivities of a batch of windows ...
+            end = min(i + n_J, U)
+            checked_sensitivities(task, Wu[i:end], tokens_first=True, out=xi0[lo + i:lo + end])
+            for j in range(i, end, n):  # ... and the passes over a few at a time
+                h = min(j + n, end)
+                self._compute_chunk(pu[j:h], qu[j:h], xi0[lo + j:lo + h], slice(lo + j, lo + h))
+
+    def _compute_chunk(self, p, q, J, r):
+        r"""Centers, scores and moments of a few windows into rows ``r``; ``J (u, V, P)``,
+        the token rows of :math:`j`, are the first center's rows, centered in place.
+
+        Sums over tokens are matrix products with the probabilities:
+        :math:`\bar j = p^\top j`, :math:`y_n = q^\top \xi^{\circ n}`; the token moment of a
+        stream is its :math:`y_2 = \sum_a q_a (j_a - c)^2`."""
+        a, dist = self.arrays, {"p": p[:, None, :], "q": q[:, None, :]}  # (u, 1, V)
+        x2, xn = self.work(0, J.shape), self.work(1, J.shape)  # (u, V, P): powers of xi
+        if self.keep:  # first, while J holds j: sums over tokens as products with 1/V
+            u = np.full((1, J.shape[1]), 1.0 / J.shape[1])  # (1, V)
+            np.subtract(J, u @ J, out=xn)  # (u, V, P): j_a minus the uniform mean
+            a["uniform"][r] = (u @ np.multiply(xn, xn, out=xn))[:, 0]  # (u, P)
+        means = [(c, (q if c == "q" else p if c == "p" else topk_weights(q, c))[:, None, :] @ J)
+                 for c in self.centers]  # (u, 1, P) each: the centers
+        for c, mean in means[1:]:
+            np.subtract(J, mean, out=a[f"xi{c}"][r])  # (u, V, P): j_a - c
+        J -= means[0][1]
+        for s, (_, wname, c) in enumerate(self.streams):
+            d, xi = dist[wname], a[f"xi{c}"][r]  # (u, 1, V), (u, V, P)
+            np.multiply(xi, xi, out=x2)
+            a[f"y{s}_1"][r] = (d @ xi)[:, 0]
+            a[f"y{s}_2"][r] = (d @ x2)[:, 0]
+            if f"y{s}_4" in a:
+                a[f"y{s}_3"][r] = (d @ np.multiply(x2, xi, out=xn))[:, 0]
+                a[f"y{s}_4"][r] = (d @ np.multiply(x2, x2, out=xn))[:, 0]
+
+    def work(self, i, shape):
+        """Work array ``i`` of ``shape``, reused from call to call (no fresh pages); ``i``
+        0 and 1 are this class's own."""
+        n = int(np.prod(shape))
+        if self.scratch.get(i, np.empty(0)).size < n:
+            self.scratch[i] = np.empty(n)
+        return self.scratch[i][:n].reshape(shape)
+
+    # ------------------------------------------------------------ accumulated sums
+
+    def accumulate(self, s, rows, tokens, weights):
+        r"""Add weights ``(B, n, k)`` of tokens ``(k,)`` at rows ``(B,)`` for stream ``s``:
+        at :meth:`flush`, weight ``i`` adds
+        :math:`\sum_{b,a} w_{b,i,a}\,\xi_{\text{row}_b, a}^{\,n_i}` to ``sums[s][name_i]``."""
+        acc = self.acc[s]  # (size, n, V)
+        n = weights.shape[1]
+        idx = (rows[:, None, None] * n + np.arange(n)[None, :, None]) * acc.shape[2] \
+            + tokens[None, None, :]  # (B, n, k)
+        used = acc[:int(rows.max()) + 1].reshape(-1)  # the rows in use (add.at is slow)
+        used += np.bincount(idx.ravel(), weights.ravel(), minlength=used.size)
+
+    def accumulate_reach(self, s, rows, r, depth):
+        r"""Add reach ``r (B,)`` of parents at rows ``(B,)`` and ``depth`` whose every token
+        ends a response (weights :math:`w_{g,a} = r_g q_a`): at :meth:`flush`, the sums
+        without :math:`H`, :math:`\sum_g r_g\,y_n(u_g)`, go to ``h`` (``n = 1``), ``h2``
+        and ``cross[depth]`` (2), ``h4`` and ``cross4[depth]`` (4; not with ``moments=2``)."""
+        m = int(rows.max()) + 1
+        self.acc[("r", s)][:m, depth] += np.bincount(rows, r, minlength=m)
+
+    def accumulate_states(self, s, rows, reach, depth):
+        r"""Add the reach ``(B,)`` of states at rows ``(B,)`` and ``depth`` under stream
+        ``s``'s distribution: at :meth:`flush`, :math:`\sum_s \pi(s)\,m(s)` (the token
+        moment ``y_2`` of each state's window) goes to ``token_sum_by_depth[depth]``, and
+        :math:`|E[\xi \mid s]|` (``y_1``) of every window with a state of positive reach
+        to the largest so far, ``cond_max``."""
+        m = int(rows.max()) + 1
+        self.acc[("st", s)][:m, depth] += np.bincount(rows, reach, minlength=m)
+
+    def reserve(self, B, P):
+        """Room for the running sums of ``B`` parents in the held buffer, ``(B, P)``: the
+        caller writes them there and passes that view to :meth:`defer` (no copy). Uses
+        what is held first when the buffer would pass ``defer_bytes``."""
+        if self.held + B > len(self.held_H):
+            cap = self.defer_bytes // (8 * P)
+            if self.held + B > cap:  # past defer_bytes: use what is held first
+                self._products()
+            if self.held + B > len(self.held_H):  # grow (fourfold, up to defer_bytes)
+                grown = np.empty((max(self.held + B, min(cap, 4 * max(len(self.held_H), B))), P))
+                grown[:self.held] = self.held_H[:self.held]
+                self.held_H = grown
+        return self.held_H[self.held:self.held + B]
+
+    def defer(self, s, rows, C, H, names, r):
+        r"""Later, add :math:`2\sum_g H_g \odot \sum_a C_{g,i,a}\,\xi_{\text{row}_g, a}` to
+        ``sums[s][names[i]]``, and :math:`\sum_g r_g H_g \odot y_l(\text{row}_g)` twice to
+        ``h2`` (``l = 1``) and four times to ``h4`` (``l = 3``): parents of one window are
+        gathered over many blocks, so that each window's arrays are read once per product.
+
+        Args:
+            rows: ``(B,)``; ``C``: ``(B, n, V)`` weights of every token; ``H``: ``(B, P)``,
+            the view :meth:`reserve` returned, or an array copied into it here;
+            ``r``: ``(B,)`` the parents' reach.
+        """
+        B, P = H.shape
+        slot = self.reserve(B, P)
+        if H.ctypes.data != slot.ctypes.data:  # not written in place
+            slot[:] = H
+        self.pending.append((s, tuple(names), rows, C, r, np.arange(self.held, self.held + B)))
+        self.held += B
+
+    def _products(self):
+        """The deferred products (:meth:`defer`), windows with as many parents at once."""
+        by = {}
+        for s, names, *part in self.pending:
+            by.setdefault((s, names), []).append(part)
+        self.pending, self.held = [], 0
+        for (s, names), parts in by.items():
+            rows, C, r, src = (np.concatenate(x) for x in zip(*parts))
+            total, ry = self._window_products(s, rows, C, r, src)
+            for i, name in enumerate(names):
+                self.sums[s][name] += 2 * total[i]
+            self.sums[s]["h2"] += 2 * ry[0]
+            self.sums[s]["h4"] += 4 * ry[1]
+
+    def _window_products(self, s, rows, C, r, src):
+        r""":math:`\sum_g H_g \odot Z_g` with :math:`Z_g = C_g\,\xi_{\text{row}_g}`
+        ``(n, P)`` and :math:`\sum_g r_g H_g \odot y_l(\text{row}_g)`, ``l = 1, 3``
+        ``(2, P)``, for parents at cache rows ``rows (B,)`` whose running sums are the rows
+        ``src (B,)`` of the held buffer. Windows with ``g`` parents each go through one
+        batched matrix product ``(m, g n, V) @ (m, V, P)``, a few windows at a time."""
+        xi, n = self.arrays[f"xi{self.streams[s][2]}"], C.shape[1]
+        y1, y3 = self.arrays[f"y{s}_1"], self.arrays[f"y{s}_3"]
+        V, P = xi.shape[1:]
+        order = np.argsort(rows, kind="stable")  # (B,): parents in window order
+        us, first, count = np.unique(rows[order], return_index=True, return_counts=True)
+        total, ry = np.zeros((n, P)), np.zeros((2, P))
+        for g in np.unique(count):
+            sel = np.flatnonzero(count == g)  # windows with g parents
+            step = max(1, _CHUNK_ELEMENTS // (g * (n + 1) * P))
+            for lo in range(0, len(sel), step):
+                c = sel[lo:lo + step]
+                m, u = len(c), us[c]
+                idx = order[first[c][:, None] + np.arange(g)]  # (m, g)
+                Hs = self.held_H[src[idx]]  # (m, g, P)
+                x = xi[u[0]:u[-1] + 1] if u[-1] - u[0] == m - 1 else xi[u]  # (m, V, P)
+                Z = np.matmul(C[idx].reshape(m, g * n, V), x)  # (m, g*n, P)
+                total += np.einsum("mgp,mgip->ip", Hs, Z.reshape(m, g, n, P))
+                rH = np.einsum("mg,mgp->mp", r[idx], Hs)  # (m, P)
+                ry[0] += np.einsum("mp,mp->p", rH, y1[u])
+                ry[1] += np.einsum("mp,mp->p", rH, y3[u])
+        return total, ry
+
+    def flush(self):
+        """Use every cached window's deferred and accumulated weights, then empty the cache."""
+        self._products()
+        for s, (_, _, c) in enumerate(self.streams):
+            xi = self.arrays.get(f"xi{c}")
+            if xi is None:
+                continue
+            self._contract(s, xi)
+            A, a = self.acc[("r", s)][:self.n], self.arrays  # (n, T)
+            tot, out = A.sum(axis=1), self.sums[s]  # (n,)
+            for name, l in (("h", 1), ("h2", 2), ("h4", 4)):
+                if f"y{s}_{l}" in a:  # not with moments=2
+                    out[name] += tot @ a[f"y{s}_{l}"][:self.n]
+            out["cross"] += A.T @ a[f"y{s}_2"][:self.n]  # (T, P)
+            if f"y{s}_4" in a:
+                out["cross4"] += A.T @ a[f"y{s}_4"][:self.n]
+            A[:] = 0.0
+            A = self.acc[("st", s)][:self.n]  # (n, T) the states' reach per window and depth
+            out["token_sum_by_depth"] += A.T @ a[f"y{s}_2"][:self.n]  # (T, P)
+            live = np.flatnonzero(A.sum(axis=1) > 0)  # reach >= 0: some state reachable
+            if len(live):
+                np.maximum(out["cond_max"], np.abs(a[f"y{s}_1"][live]).max(axis=0),
+                           out=out["cond_max"])
+            A[:] = 0.0
+        self.row_of[:self.n_ids] = -1
+        self.n = 0
+
+    def _contract(self, s, xi):
+        """Contract stream ``s``'s per-(window, token) weights with powers of its scores."""
+        powers, acc = self.powers.get(s, ()), self.acc.get(s)
+        if not len(powers):  # no weights accumulated
+            return
+        V, P = xi.shape[1:]
+        step = max(1, _CHUNK_ELEMENTS // (V * P))
+        for lo in range(0, self.n, step):
+            hi = min(lo + step, self.n)
+            x, A = xi[lo:hi], acc[lo:hi]  # (u, V, P), (u, n, V)
+            xn = x
+            for n in range(1, powers.max() + 1):
+                if n > 1:
+                    xn = x * x if n == 2 else np.multiply(xn, x, out=xn)
+                i = np.flatnonzero(powers == n)
+                if len(i):  # (m, u*V) @ (u*V, P): one matrix product for the m weights
+                    Ai = A[:, i].transpose(1, 0, 2).reshape(len(i), -1)
+                    for name, v in zip([self.names[s][j] for j in i],
+                                       Ai @ xn.reshape(-1, P)):
+                        self.sums[s][name] += v
+        acc[:self.n] = 0.0

@@ -1,0 +1,379 @@
+r"""The golden-file format: its keys, its comparison scales, the writer and the checked reader.
+
+This module imports only numpy and the standard library (plus
+:mod:`fisher_ref.fileio`, itself standard library only), so checking an
+implementation against a golden file never loads autograd, scipy or the
+engines. The export side, which runs the exact engine, is :mod:`fisher_ref.golden`.
+
+A golden file is an ``.npz``; key ``meta`` holds a JSON string (schema,
+version, model, task, parameter layout, sizes, a SHA-256 of every other array,
+and ``meta_sha256``, the SHA-256 of the canonical JSON of the meta itself
+without that field); every other key is a little-endian float64 or int64 array.
+The format is written out key by key in ``docs/golden_format.md``.
+
+Files are byte-for-byte reproducible on one machine: the zip is written by hand
+with fixed timestamps, no compression and sorted keys, and the JSON with sorted
+keys and ``repr`` floats.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from fisher_ref.fileio import atomic_output
+
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "OLDEST_READABLE_VERSION", "MATRIX_MAX_PARAMS",
+           "ON_POLICY_KEYS", "OFF_POLICY_KEYS", "MATRIX_KEYS", "SCALE_KINDS", "expected_keys",
+           "scale_kind", "GoldenFileError", "Golden", "array_sha256", "meta_sha256",
+           "canonical_json", "write_npz", "read_members", "load_golden"]
+
+SCHEMA = "fisher_ref.golden"
+# Bump on ANY change of keys, dtypes, shapes or meaning. History: 1 first format;
+# 2 adds meta["meta_sha256"]; 3 adds state_logits, seq_score, the P x P matrices and
+# meta["matrices"]. Older files are refused: regenerate them.
+SCHEMA_VERSION = 3
+OLDEST_READABLE_VERSION = 3
+# The P x P matrices are written by default when P is at most this.
+MATRIX_MAX_PARAMS = 2000
+_ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # the earliest date a zip entry can hold
+REGENERATE_HINT = ("regenerate it with `python -m fisher_ref export --config NAME --out FILE` "
+                   "(or `--task FILE.json`), or rewrite the shipped files with "
+                   "`python -m fisher_ref regenerate`")
+
+# key -> (dtype, shape as size symbols, comparison scale kind). P params, V vocab,
+# T max_len, N states, M responses, L state width, X prompts; "" is a 0-d array.
+ON_POLICY_KEYS = {
+    "theta": ("f8", "P", "value"), "prompt_weights": ("f8", "X", "value"),
+    "state_tokens": ("i8", "NL", "exact"), "state_prompt": ("i8", "N", "exact"),
+    "state_depth": ("i8", "N", "exact"), "state_reach": ("f8", "N", "value"),
+    "state_logits": ("f8", "NV", "value"), "state_probs": ("f8", "NV", "value"),
+    "state_token_fisher": ("f8", "NP", "fisher"),
+    "state_uniform_token_fisher": ("f8", "NP", "fisher"),
+    "seq_tokens": ("i8", "MT", "exact"), "seq_prompt": ("i8", "M", "exact"),
+    "seq_prob": ("f8", "M", "value"), "seq_reward": ("f8", "M", "reward"),
+    "seq_advantage": ("f8", "M", "reward"), "seq_score": ("f8", "MP", "score"),
+    "sequence_fisher": ("f8", "P", "fisher"), "token_fisher_sum": ("f8", "P", "fisher"),
+    "score_mean": ("f8", "P", "score"), "gradient": ("f8", "P", "gradient"),
+    "covariance": ("f8", "P", "gradient"), "gradient_autodiff": ("f8", "P", "gradient"),
+    "bound": ("f8", "P", "gradient"), "correlation": ("f8", "P", "correlation"),
+    "cross_terms": ("f8", "TTP", "fisher"),
+    "expected_reward": ("f8", "", "reward"), "reward_std": ("f8", "", "reward"),
+    "baseline": ("f8", "", "reward"),
+}
+OFF_POLICY_KEYS = {
+    "sampler_theta": ("f8", "P", "value"), "sampler_reach": ("f8", "N", "value"),
+    "sampler_probs": ("f8", "NV", "value"), "sampler_token_fisher": ("f8", "NP", "fisher"),
+    "sampler_raw_score_mean": ("f8", "NP", "score"),
+    "seq_sampler_prob": ("f8", "M", "value"), "seq_sampler_advantage": ("f8", "M", "reward"),
+    "offpolicy_sequence_fisher": ("f8", "P", "fisher"),
+    "offpolicy_token_fisher_sum": ("f8", "P", "fisher"),
+    "offpolicy_score_mean": ("f8", "P", "score"),
+    "offpolicy_gradient": ("f8", "P", "gradient"),
+    "offpolicy_covariance": ("f8", "P", "gradient"),
+    "offpolicy_bound": ("f8", "P", "gradient"),
+    "offpolicy_correlation": ("f8", "P", "correlation"),
+    "offpolicy_cross_terms": ("f8", "TTP", "fisher"),
+    "offpolicy_gradient_uncentered": ("f8", "P", "gradient"),
+    "offpolicy_score_mean_uncentered": ("f8", "P", "score"),
+    "offpolicy_sequence_fisher_uncentered": ("f8", "P", "fisher"),
+    "offpolicy_importance_gradient": ("f8", "P", "gradient"),
+    "offpolicy_expected_reward": ("f8", "", "reward"),
+    "offpolicy_reward_std": ("f8", "", "reward"),
+    "offpolicy_baseline": ("f8", "", "reward"),
+}
+MATRIX_KEYS = {
+    "sequence_fisher_matrix": ("f8", "PP", "fisher"),
+    "token_fisher_matrix_sum": ("f8", "PP", "fisher"),
+}
+# The denominator of each scale kind (docs/golden_format.md, "Comparing"): ``own`` is
+# max(max|golden|, max|yours|); S = sqrt of the largest sequence Fisher entry (on- or
+# off-policy), Rs = the largest sqrt(E[R^2]) + |b| over the streams in the file.
+SCALE_KINDS = {
+    "exact": "integers: must be equal",
+    "value": "own",
+    "reward": "max(own, Rs)",
+    "score": "max(own, S)",
+    "fisher": "max(own, S^2)",
+    "gradient": "max(own, Rs*S)",
+    "correlation": "error |d rho_i| * B_i over max(max B, Rs*S), B the bound",
+}
+
+
+class GoldenFileError(ValueError):
+    """A golden file is unreadable or inconsistent; the message names what is wrong."""
+
+
+def expected_keys(offpolicy, matrices):
+    """key -> (dtype, size symbols, scale kind) of a file with or without a sampler and
+    the ``P x P`` matrices."""
+    out = dict(ON_POLICY_KEYS)
+    if offpolicy:
+        out.update(OFF_POLICY_KEYS)
+    if matrices:
+        out.update(MATRIX_KEYS)
+    return out
+
+
+def scale_kind(key):
+    """The comparison scale kind of a golden key (``KeyError`` for an unknown key)."""
+    return expected_keys(True, True)[key][2]
+
+
+def array_sha256(a):
+    """SHA-256 (hex) of an array's raw bytes in C order, as stored (little-endian).
+
+    Example:
+        >>> array_sha256(np.zeros(2))[:16]
+        '374708fff7719dd5'
+    """
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes(order="C")).hexdigest()
+
+
+def canonical_json(obj):
+    """``json.dumps`` with sorted keys, no spaces, ASCII only, NaN refused."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False,
+                      ensure_ascii=True)
+
+
+def meta_sha256(meta):
+    """SHA-256 (hex) of the canonical JSON of ``meta`` without its ``meta_sha256`` field.
+
+    Canonical JSON: ``json.dumps(meta, sort_keys=True, separators=(",", ":"),
+    ensure_ascii=True)`` (Python's defaults otherwise), encoded as ASCII.
+
+    Example:
+        >>> meta_sha256({"b": 1, "a": [2.5], "meta_sha256": "ignored"})[:16]
+        '11cf70519f8728b2'
+    """
+    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
+    return hashlib.sha256(canonical_json(body).encode("ascii")).hexdigest()
+
+
+def write_npz(path, meta, arrays):
+    """Write a deterministic ``.npz`` atomically: sorted entries, fixed date, stored
+    (no compression). A failed write leaves no file behind (and an old file intact)."""
+    entries = dict(arrays)
+    entries["meta"] = np.array(canonical_json(meta))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
+        for key in sorted(entries):
+            info = zipfile.ZipInfo(key + ".npy", date_time=_ZIP_DATE)
+            info.compress_type = zipfile.ZIP_STORED
+            info.create_system = 3
+            info.external_attr = 0o644 << 16
+            data = io.BytesIO()
+            np.lib.format.write_array(data, np.asarray(entries[key]), version=(1, 0),
+                                      allow_pickle=False)
+            zf.writestr(info, data.getvalue())
+    with atomic_output(path, "golden file") as tmp:
+        Path(tmp).write_bytes(buf.getvalue())
+    return Path(path)
+
+
+class Golden:
+    """A loaded golden file: ``meta`` (dict) and ``arrays`` (dict); ``g[key]`` reads an array."""
+
+    def __init__(self, meta, arrays, path=None):
+        self.meta, self.arrays, self.path = meta, arrays, path
+
+    def __getitem__(self, key):
+        return self.arrays[key]
+
+    def __contains__(self, key):
+        return key in self.arrays
+
+    def keys(self):
+        return self.arrays.keys()
+
+    @property
+    def name(self):
+        return self.meta.get("name")
+
+    @property
+    def sizes(self):
+        return self.meta["sizes"]
+
+    def __repr__(self):
+        return f"Golden({self.name!r}, {len(self.arrays)} arrays, sizes={self.sizes})"
+
+
+def read_members(path):
+    """Every ``.npy`` entry of the ``.npz`` at ``path`` as ``{key: array}`` (no checks
+    beyond readability); :class:`GoldenFileError` for anything unreadable."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise GoldenFileError(f"cannot read golden file {path}: {exc.strerror or exc}") from None
+    if not zipfile.is_zipfile(io.BytesIO(raw)):
+        raise GoldenFileError(
+            f"{path} is not a golden file: not a valid .npz (zip) archive ({len(raw)} bytes; "
+            "truncated or not an .npz)")
+    out = {}
+    try:
+        with zipfile.ZipFile(io.BytesIO(raw)) as zf:
+            for name in zf.namelist():
+                key = name[:-4] if name.endswith(".npy") else name
+                try:
+                    data = zf.read(name)
+                except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
+                    raise GoldenFileError(f"{path}: array {key!r} is corrupted: {exc}") from None
+                try:
+                    out[key] = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+                except (ValueError, OSError, EOFError) as exc:
+                    raise GoldenFileError(
+                        f"{path}: array {key!r} is not a readable .npy array: {exc}") from None
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError,
+            ValueError, NotImplementedError) as exc:
+        if isinstance(exc, GoldenFileError):
+            raise
+        raise GoldenFileError(f"{path}: broken .npz (zip) archive, truncated?: {exc}") from None
+    return out
+
+
+def _check_version(path, meta):
+    v = meta.get("schema_version")
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise GoldenFileError(f"{path}: schema_version must be an integer, got {v!r}")
+    if v > SCHEMA_VERSION:
+        raise GoldenFileError(
+            f"{path}: schema_version {v} is newer than this reader supports ({SCHEMA_VERSION}); "
+            "upgrade fisher_ref")
+    if v < OLDEST_READABLE_VERSION:
+        raise GoldenFileError(
+            f"{path}: schema_version {v} is older than the oldest supported "
+            f"({OLDEST_READABLE_VERSION}); {REGENERATE_HINT}")
+
+
+def _check_meta(path, members):
+    if "meta" not in members:
+        raise GoldenFileError(f"{path}: no 'meta' key; not a fisher_ref golden file")
+    m = members.pop("meta")
+    if m.shape != () or m.dtype.kind != "U":
+        raise GoldenFileError(f"{path}: 'meta' must be a 0-d unicode string array, "
+                              f"got dtype {m.dtype} shape {m.shape}")
+    try:
+        meta = json.loads(str(m))
+    except json.JSONDecodeError as exc:
+        raise GoldenFileError(f"{path}: 'meta' is not valid JSON: {exc}") from None
+    if not isinstance(meta, dict):
+        raise GoldenFileError(f"{path}: 'meta' must be a JSON object")
+    if meta.get("schema") != SCHEMA:
+        raise GoldenFileError(f"{path}: schema is {meta.get('schema')!r}, expected {SCHEMA!r}")
+    _check_version(path, meta)
+    claimed = meta.get("meta_sha256")
+    if not isinstance(claimed, str):
+        raise GoldenFileError(f"{path}: meta has no valid 'meta_sha256' entry (the SHA-256 of "
+                              f"the meta itself), got {claimed!r}")
+    got = meta_sha256(meta)
+    if got != claimed:
+        raise GoldenFileError(
+            f"{path}: meta was modified: its SHA-256 is {got[:16]}..., but meta_sha256 says "
+            f"{claimed[:16]}... (a field of meta, e.g. the model, task, reward, baseline, "
+            "layout, sizes or array hashes, was edited or corrupted after export)")
+    for key, kind in (("sha256", dict), ("sizes", dict), ("model", dict), ("task", dict),
+                      ("layout", list), ("offpolicy", bool), ("matrices", bool),
+                      ("theta_source", str)):
+        if not isinstance(meta.get(key), kind):
+            want = {dict: "a JSON object", list: "a JSON array", bool: "true or false",
+                    str: "a string"}[kind]
+            raise GoldenFileError(f"{path}: meta has no valid {key!r} entry (expected {want})")
+    return meta
+
+
+def _check_hashes(path, meta, arrays):
+    """Hash stage: every array that has a recorded SHA-256 must match it."""
+    hashes = meta["sha256"]
+    for key in sorted(set(arrays) & set(hashes)):
+        got = array_sha256(arrays[key])
+        if got != hashes[key]:
+            raise GoldenFileError(
+                f"{path}: SHA-256 mismatch for array {key!r}: meta says {str(hashes[key])[:16]}"
+                f"..., the data hashes to {got[:16]}... (the array was altered or corrupted)")
+
+
+def _check_keys(path, meta, arrays):
+    """Keys stage: exactly the expected arrays, each with exactly one recorded SHA-256."""
+    expected = expected_keys(meta["offpolicy"], meta["matrices"])
+    present, hashed = set(arrays), set(meta["sha256"])
+    missing = sorted(set(expected) - present)
+    if missing:
+        listed = [k for k in missing if k in hashed]
+        note = f" ({listed} still listed in meta.sha256)" if listed else ""
+        raise GoldenFileError(f"{path}: required key(s) missing: {missing}{note}")
+    extra = sorted(present - set(expected))
+    if extra:
+        unhashed = [k for k in extra if k not in hashed]
+        note = f"; {unhashed} also have no SHA-256 in meta" if unhashed else ""
+        raise GoldenFileError(f"{path}: unexpected key(s) {extra} for schema_version "
+                              f"{SCHEMA_VERSION} (offpolicy={meta['offpolicy']}, "
+                              f"matrices={meta['matrices']}){note}")
+    unhashed = sorted(present - hashed)
+    if unhashed:
+        raise GoldenFileError(f"{path}: array(s) {unhashed} have no SHA-256 in meta "
+                              "(key(s) missing from meta.sha256)")
+    orphans = sorted(hashed - present)
+    if orphans:
+        raise GoldenFileError(f"{path}: meta.sha256 lists unexpected key(s) {orphans}: "
+                              "no such array is in the file")
+    return expected
+
+
+def _check_sizes(path, meta, arrays):
+    sizes = dict(meta["sizes"])
+    for sym in "PVTNMLX":
+        if isinstance(sizes.get(sym), bool) or not isinstance(sizes.get(sym), int):
+            raise GoldenFileError(f"{path}: meta sizes lack an integer {sym!r} (got {sizes})")
+    try:
+        P = int(sum(int(np.prod(e["shape"])) for e in meta["layout"]))
+    except (TypeError, KeyError, ValueError):
+        raise GoldenFileError(f"{path}: meta layout entries need a 'shape' list") from None
+    checks = [("P", P, "the parameter layout"), ("P", arrays["theta"].shape[0], "theta"),
+              ("V", meta["model"].get("vocab_size"), "model.vocab_size"),
+              ("T", meta["task"].get("max_len"), "task.max_len"),
+              ("X", len(meta["task"].get("prompts", [])), "task.prompts")]
+    for sym, value, what in checks:
+        if sizes.get(sym) != value:
+            raise GoldenFileError(f"{path}: meta sizes give {sym}={sizes.get(sym)} but "
+                                  f"{what} gives {value}")
+    if meta["matrices"] and P > MATRIX_MAX_PARAMS:
+        raise GoldenFileError(f"{path}: meta says matrices=true but P={P} exceeds "
+                              f"{MATRIX_MAX_PARAMS}, the largest P a file holds P x P matrices for")
+    return sizes
+
+
+def _check_arrays(path, meta, arrays):
+    _check_hashes(path, meta, arrays)
+    expected = _check_keys(path, meta, arrays)
+    for key, (dt, _, _) in expected.items():
+        if arrays[key].dtype != np.dtype("<" + dt):
+            raise GoldenFileError(f"{path}: array {key!r} has dtype {arrays[key].dtype.str}, "
+                                  f"expected {np.dtype('<' + dt).str}")
+    sizes = _check_sizes(path, meta, arrays)
+    for key, (_, dims, _) in expected.items():
+        want = tuple(int(sizes[c]) for c in dims)
+        if arrays[key].shape != want:
+            raise GoldenFileError(
+                f"{path}: array {key!r} has shape {arrays[key].shape}, expected {want} "
+                f"({', '.join(f'{c}={sizes[c]}' for c in dims) or 'a 0-d array'})")
+
+
+def load_golden(path):
+    """Load and check a golden file: zip, meta, schema, version, hashes (meta's own, then
+    the arrays'), keys, dtypes, shapes.
+
+    Raises:
+        GoldenFileError: naming the first thing that is wrong, in that order.
+
+    Returns:
+        :class:`Golden` with ``meta`` and ``arrays``.
+    """
+    members = read_members(path)
+    meta = _check_meta(path, members)
+    _check_arrays(path, meta, members)
+    return Golden(meta, members, path)

@@ -1,0 +1,118 @@
+r"""Logit sensitivities :math:`j_{i,a}(s) = \partial z_a(s) / \partial\theta_i`.
+
+Two routes: :func:`sensitivities_autograd` (any model, by autograd) and
+:func:`mlp_sensitivities` (the MLP of docs/theory.md §4.1 in closed form, using that
+per-example derivatives of a linear layer are outer products). The tests hold
+them against each other and against central finite differences.
+"""
+from __future__ import annotations
+
+import numpy as np
+from autograd import jacobian
+
+from fisher_ref.models.base import MLPModel
+
+__all__ = ["sensitivities", "sensitivities_autograd", "mlp_sensitivities",
+           "finite_difference_sensitivities"]
+
+
+def sensitivities_autograd(model, theta, windows):
+    """``j`` by autograd: the Jacobian of each state's logits, ``(B, P, V)``."""
+    jac = jacobian(lambda th: model.logits(th, windows))(theta)  # (B, V, P)
+    return np.ascontiguousarray(np.transpose(jac, (0, 2, 1)))  # (B, P, V)
+
+
+def mlp_sensitivities(model, theta, windows, tokens_first=False, out=None):
+    r"""Closed-form ``j`` for :class:`MLPModel`, ``(B, P, V)`` (``(B, V, P)`` with
+    ``tokens_first``: the same numbers, each token's row contiguous, written into ``out``
+    when given).
+
+    With :math:`g_{h,a} = (1-\mathrm{hid}_h^2) W2_{h,a}`:
+    :math:`\partial z_a/\partial b2_c = \delta_{ca}`,
+    :math:`\partial z_a/\partial W2_{h,c} = \mathrm{hid}_h\delta_{ca}`,
+    :math:`\partial z_a/\partial b1_h = g_{h,a}`,
+    :math:`\partial z_a/\partial W1_{m,h} = e_m g_{h,a}`,
+    :math:`\partial z_a/\partial E_{v,r} = \sum_{p: c_p=v}\sum_h W1_{pd+r,h} g_{h,a}`.
+    """
+    spec = model.spec
+    V, k, d, H = spec.vocab_size, spec.context, spec.embed_dim, spec.hidden
+    p = model.unpack(theta)
+    e, hid = model.hidden(theta, windows)  # (B, k*d), (B, H)
+    B = windows.shape[0]
+    g = (1.0 - hid ** 2)[:, :, None] * p["W2"][None]  # (B, H, V)
+    q = np.einsum("pdh,bha->bpda", p["W1"].reshape(k, d, H), g)  # (B, k, d, V)
+    if out is not None and (not tokens_first or out.shape != (B, V, model.num_params)
+                            or not out.flags.c_contiguous):
+        raise ValueError(f"out must be a C-contiguous ({B}, {V}, {model.num_params}) array "
+                         "with tokens_first=True")
+    if tokens_first:
+        return _mlp_tokens_first(windows, q, e, hid, g, V, d, H, out)
+    onehot = (windows[:, :, None] == np.arange(V + 1)[None, None]).astype(float)  # (B, k, V+1)
+    jE = np.einsum("bpv,bpda->bvda", onehot, q).reshape(B, (V + 1) * d, V)
+    jW1 = (e[:, :, None, None] * g[:, None]).reshape(B, k * d * H, V)
+    eye = np.eye(V)
+    jW2 = (hid[:, :, None, None] * eye[None, None]).reshape(B, H * V, V)
+    jb2 = np.broadcast_to(eye, (B, V, V))
+    return np.concatenate([jE, jW1, g, jW2, jb2], axis=1)  # (B, P, V)
+
+
+def _mlp_tokens_first(windows, q, e, hid, g, V, d, H, out=None):
+    """The blocks of :func:`mlp_sensitivities` written straight into one ``(B, V, P)``
+    array (token rows), without stacking copies; ``W2``'s block is zero off its diagonal,
+    ``E``'s off the rows of the window's tokens (added position by position, so that a
+    token twice in a window gets both terms)."""
+    B, kd = e.shape
+    o1 = (V + 1) * d
+    o2 = o1 + kd * H
+    o3 = o2 + H
+    o4 = o3 + H * V
+    out = np.empty((B, V, o4 + V)) if out is None else out  # (B, V, P), every entry written
+    jE = out[:, :, :o1].reshape(B, V, V + 1, d)  # a view: dz_a / dE_{v,r}
+    jE[:] = 0.0
+    rows = np.arange(B)
+    for pos in range(windows.shape[1]):  # q[b, pos, r, a] to E's row windows[b, pos]
+        jE[rows, :, windows[:, pos], :] += q[:, pos].transpose(0, 2, 1)  # (B, V, d)
+    gt = g.transpose(0, 2, 1)  # (B, V, H)
+    np.multiply(e[:, None, :, None], gt[:, :, None, :], out=out[:, :, o1:o2].reshape(B, V, kd, H))
+    out[:, :, o2:o3] = gt
+    w2 = out[:, :, o3:o4].reshape(B, V, H, V)  # a view: dz_a / dW2_{h,c} = hid_h [c = a]
+    w2[:] = 0.0
+    ar = np.arange(V)
+    w2[:, ar, :, ar] = hid[None]  # (V, B, H) <- (1, B, H)
+    out[:, :, o4:] = np.eye(V)
+    return out
+
+
+def sensitivities(model, theta, windows, tokens_first=False, out=None):
+    """``j`` for a batch of windows, ``(B, P, V)`` (``(B, V, P)`` with ``tokens_first``,
+    written into ``out`` when given): closed form for the MLP, the model's own
+    ``sensitivities`` method where it has one (the GPT-2's per-state stack), else
+    autograd's Jacobian."""
+    if out is not None and not tokens_first:
+        raise ValueError("out= takes the (B, V, P) layout: pass tokens_first=True")
+    if isinstance(model, MLPModel):
+        return mlp_sensitivities(model, theta, windows, tokens_first, out)
+    if callable(getattr(model, "sensitivities", None)):
+        J = model.sensitivities(theta, windows)
+    else:
+        J = sensitivities_autograd(model, theta, windows)
+    if not tokens_first:
+        return J
+    if out is None:
+        return np.ascontiguousarray(J.transpose(0, 2, 1))
+    out[...] = J.transpose(0, 2, 1)
+    return out
+
+
+def finite_difference_sensitivities(model, theta, windows, step=1e-6):
+    """Central differences ``(z(theta + h e_i) - z(theta - h e_i)) / 2h``, ``(B, P, V)``."""
+    theta = np.asarray(theta, dtype=float)
+    B = windows.shape[0]
+    out = np.empty((B, theta.size, model.vocab_size))
+    for i in range(theta.size):
+        tp, tm = theta.copy(), theta.copy()
+        tp[i] += step
+        tm[i] -= step
+        out[:, i, :] = (np.asarray(model.logits(tp, windows))
+                        - np.asarray(model.logits(tm, windows))) / (2 * step)
+    return out

@@ -1,0 +1,384 @@
+r"""``python -m fisher_ref bench``: the numpy exact engine against the torch engine, timed
+side by side under the same thread settings.
+
+Measurements (each a function ``task -> zero-argument callable`` in :data:`MEASUREMENTS`):
+
+- ``fisher_ref`` — :func:`fisher_ref.exact.exact` (numpy, CPU, float64);
+- ``torch_cpu_float64`` — :func:`fisher_ref.torch.exact.torch_exact` on the CPU in
+  float64: the same enumeration and the same quantities (every stream, cross terms and
+  their fourth moments, the exact variances, per-state and per-response arrays, the
+  autograd gradient), depth-first in bounded blocks;
+- ``torch_cuda_float64`` — the same on CUDA, synchronised, when present;
+- ``torch_peer`` — when ``scripts/torch_peer.py`` exists in the checkout and the model
+  is the MLP: an independent minimal torch implementation of ``F``, ``E[h]`` and the
+  token Fisher per state only (:data:`WORK` says what each side computes);
+- ``fisher_ref_fisher`` — with the peer: ``exact(task, quantities="fisher")``, the numpy
+  engine doing the peer's work, so that the peer has a like-for-like ratio
+  (:data:`LIKE_FOR_LIKE`).
+
+Method. Each measurement runs in a process of its own (``multiprocessing`` spawn),
+started with ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS`` set to
+``threads`` before numpy or torch load, and ``torch.set_num_threads(threads)``: both
+sides run with the same thread count, 1 by default (two threads on two busy cores made
+torch 20-50x slower). Each is warmed up once; then the measurements run in turn,
+``repeats`` rounds (interleaved, so drifts in machine load hit all alike), and the load
+average is recorded before every round. Reported: median and minimum wall time of each,
+the ratios ``median(fisher_ref) / median(other)`` and of the minima (below 1:
+fisher_ref is faster), the like-for-like ratio of the peer, and per measurement its torch threads, its BLAS threads
+(threadpoolctl's report when installed, else the environment) and its peak RSS.
+``isolate=False`` times in this process instead (threads pinned with
+``torch.set_num_threads`` and threadpoolctl when installed), for tasks that cannot be
+sent to another process (a Python callable reward).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import pickle
+import statistics
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+
+__all__ = ["MEASUREMENTS", "WORK", "LIKE_FOR_LIKE", "DEFAULT_REPEATS", "DEFAULT_THREADS", "PEER_SCRIPT",
+           "measurements", "time_call", "bench", "format_table", "thread_report"]
+
+DEFAULT_REPEATS = 5
+DEFAULT_THREADS = 1
+REFERENCE = "fisher_ref"
+# the independent torch peer of a source checkout (``--peer PATH`` names another)
+PEER_SCRIPT = Path(str(resources.files("fisher_ref"))).parent / "scripts" / "torch_peer.py"
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+WORK = {
+    "fisher_ref": "every quantity: all streams, E[h^4], cross terms and their 4th moments, "
+                  "exact variances, autodiff gradient, per-state and per-response arrays",
+    "torch_cpu_float64": "the same quantities as fisher_ref",
+    "torch_cuda_float64": "the same quantities as fisher_ref",
+    "torch_peer": "F, E[h] and the token Fisher per state only (scripts/torch_peer.py)",
+    "fisher_ref_fisher": "quantities='fisher' on the policy stream (the sampler dropped, as "
+                         "the peer ignores it): E[h], E[h^2], token_fisher_sum and by depth, "
+                         "the token Fisher per state formed (the uniform Fisher and E[xi|s] "
+                         "kept per window)",
+}
+#: For a measurement that does less than fisher_ref, the fisher_ref measurement doing the
+#: same work: ``ratio_like[name] = median(LIKE_FOR_LIKE[name]) / median(name)``.
+LIKE_FOR_LIKE = {"torch_peer": "fisher_ref_fisher"}
+NUMPY_SIDES = (REFERENCE, "fisher_ref_fisher")
+
+
+def measure_fisher_ref(task):
+    """``exact(task)`` — the numpy engine, CPU float64, with every per-state array formed
+    (as the torch engine stores them)."""
+    from fisher_ref.engine.fast import exact
+    return lambda: exact(task, progress=False).gathered()
+
+
+def measure_fisher_only(task):
+    """``exact(task, quantities="fisher")`` on the policy stream with its per-state token
+    Fisher formed: the peer's work and output. The peer reads no sampler, so neither does
+    this side: an off-policy task is timed without its sampler."""
+    from fisher_ref.engine.fast import exact
+    task = task.with_(sampler=None) if task.sampler is not None else task
+    return lambda: exact(task, progress=False, quantities="fisher").states["token_fisher"]
+
+
+def _measure_torch(device):
+    def make(task):
+        import torch
+        from fisher_ref.torch.exact import torch_exact
+
+        def call():
+            out = torch_exact(task, device=device, dtype="float64")
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return out
+        return call
+    make.__doc__ = f"``torch_exact(task)`` on {device} in float64 (the same quantities)."
+    return make
+
+
+def _load_peer():
+    spec = importlib.util.spec_from_file_location("fisher_ref_torch_peer", PEER_SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def measure_peer(task):
+    """``peer_exact(task JSON)`` of ``scripts/torch_peer.py`` (F, E[h], token Fisher only)."""
+    peer = _load_peer()
+    spec = dict(task.to_json(), theta=task.theta.tolist())
+    return lambda: peer.peer_exact(spec)
+
+
+MEASUREMENTS = {
+    REFERENCE: measure_fisher_ref,
+    "torch_cpu_float64": _measure_torch("cpu"),
+    "torch_cuda_float64": _measure_torch("cuda"),
+    "torch_peer": measure_peer,
+    "fisher_ref_fisher": measure_fisher_only,
+}
+
+
+def peer_available(task=None):
+    """Whether the optional peer row applies: the script exists and the model is the MLP."""
+    arch = None if task is None else getattr(task.model, "name", None)
+    return PEER_SCRIPT.is_file() and arch in (None, "mlp_window")
+
+
+def measurements(device=None, task=None, peer=True):
+    """Names to run: fisher_ref, torch on the CPU, torch on CUDA when ``device`` is
+    ``"cuda"`` or (``device=None``) when CUDA is present, and the peer when available
+    (with ``fisher_ref_fisher``, its like-for-like side)."""
+    import torch
+    names = [REFERENCE, "torch_cpu_float64"]
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda asked for, but torch sees no CUDA device")
+    if device == "cuda" or (device is None and torch.cuda.is_available()):
+        names.append("torch_cuda_float64")
+    if peer and peer_available(task):
+        names += ["torch_peer", LIKE_FOR_LIKE["torch_peer"]]
+    return names
+
+
+def time_call(fn):
+    """Wall time of one call of ``fn`` in seconds (``time.perf_counter``)."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def thread_report():
+    """This process's thread settings: torch's intra-op threads (if torch is loaded), BLAS
+    thread pools (threadpoolctl when installed, else the environment variables)."""
+    out = {"torch_threads": None, "blas": None, "blas_source": None}
+    if "torch" in sys.modules:
+        out["torch_threads"] = sys.modules["torch"].get_num_threads()
+    try:
+        from threadpoolctl import threadpool_info
+        out["blas"] = [{"api": p.get("internal_api"), "threads": p.get("num_threads")}
+                       for p in threadpool_info()]
+        out["blas_source"] = "threadpoolctl"
+    except ImportError:
+        out["blas"] = {v: os.environ.get(v) for v in THREAD_VARS}
+        out["blas_source"] = "environment"
+    return out
+
+
+def _max_rss_bytes():
+    from fisher_ref.perf.memory import peak_rss_bytes
+    return peak_rss_bytes()
+
+
+def _worker(conn, name, task_bytes, threads):
+    """A measurement's own process: build, warm up, then time one call per ``"run"``."""
+    try:
+        if threads and name not in NUMPY_SIDES:  # the numpy sides never load torch
+            import torch
+            torch.set_num_threads(threads)
+        fn = MEASUREMENTS[name](pickle.loads(task_bytes))
+        fn()  # warm-up: imports, allocator, kernels
+        conn.send(("ready", None))
+        while conn.recv() == "run":
+            conn.send(("time", time_call(fn)))
+        conn.send(("done", dict(thread_report(), max_rss_bytes=_max_rss_bytes())))
+    except Exception as exc:  # reported to the parent, which raises
+        import traceback
+        conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+class _Process:
+    """A measurement in a spawned process whose thread variables are set before start."""
+
+    def __init__(self, name, task_bytes, threads):
+        import multiprocessing as mp
+        ctx = mp.get_context("spawn")
+        self.name, (self.conn, child) = name, ctx.Pipe()
+        saved = {v: os.environ.get(v) for v in THREAD_VARS}
+        try:
+            if threads:
+                os.environ.update({v: str(threads) for v in THREAD_VARS})
+            self.proc = ctx.Process(target=_worker, args=(child, name, task_bytes, threads),
+                                    daemon=True)
+            self.proc.start()
+        finally:
+            for v, val in saved.items():
+                if val is None:
+                    os.environ.pop(v, None)
+                else:
+                    os.environ[v] = val
+        self._expect("ready")
+
+    def _expect(self, kind):
+        got, value = self.conn.recv()
+        if got == "error":
+            self.close()
+            raise RuntimeError(f"measurement {self.name!r} failed in its process: {value}")
+        return value
+
+    def __call__(self):
+        self.conn.send("run")
+        return self._expect("time")
+
+    def finish(self):
+        self.conn.send("stop")
+        info = self._expect("done")
+        self.close()
+        return info
+
+    def close(self):
+        self.proc.join(timeout=10)
+        if self.proc.is_alive():
+            self.proc.terminate()
+
+
+class _InProcess:
+    """A measurement timed in this process (threads pinned by the caller)."""
+
+    def __init__(self, name, task):
+        self.fn = MEASUREMENTS[name](task)
+        self.fn()  # warm-up
+
+    def __call__(self):
+        return time_call(self.fn)
+
+    def finish(self):
+        return dict(thread_report(), max_rss_bytes=None)
+
+    def close(self):
+        pass
+
+
+@contextlib.contextmanager
+def _pinned_here(threads):
+    """Pin torch (and BLAS, with threadpoolctl) in this process; restore afterwards."""
+    import torch
+    old = torch.get_num_threads()
+    with contextlib.ExitStack() as stack:
+        if threads:
+            torch.set_num_threads(threads)
+            with contextlib.suppress(ImportError):
+                from threadpoolctl import threadpool_limits
+                stack.enter_context(threadpool_limits(threads))
+        try:
+            yield
+        finally:
+            torch.set_num_threads(old)
+
+
+def _check_args(repeats, threads, names):
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 0):
+        raise ValueError(f"threads must be a non-negative integer (0: do not pin), "
+                         f"got {threads!r}")
+    unknown = [n for n in names if n not in MEASUREMENTS]
+    if unknown:
+        raise ValueError(f"unknown measurements {unknown}; known: {sorted(MEASUREMENTS)}")
+
+
+def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, isolate=None):
+    """Time the measurements side by side, interleaved, ``repeats`` rounds.
+
+    Args:
+        task: a :class:`fisher_ref.tasks.Task` whose model has a torch adapter.
+        repeats: timed runs of each measurement (after one warm-up run).
+        names: measurement names (default :func:`measurements`).
+        threads: thread count of every side (0: leave the settings as they are).
+        isolate: one process per measurement (default: when the task can be pickled).
+
+    Returns:
+        dict: ``task``, ``repeats``, ``n_states``, ``n_responses``, ``num_params``,
+        ``threads``, ``isolated``, ``times`` {name: [s, ...]}, ``median``, ``min``,
+        ``ratio`` and ``ratio_min`` {name: fisher_ref / name}, ``ratio_like`` and
+        ``ratio_like_min`` {name: LIKE_FOR_LIKE[name] / name}, ``loadavg`` (1, 5, 15-minute
+        load before each round and at the end), ``env`` {name: threads and peak RSS},
+        ``work`` {name: what it computes}.
+    """
+    from fisher_ref.engine.plan import estimate_cost
+    names = measurements(task=task) if names is None else list(names)
+    _check_args(repeats, threads, names)
+    try:
+        task_bytes = pickle.dumps(task)
+    except Exception as exc:
+        if isolate:
+            raise ValueError(f"isolate=True needs a task that can be pickled: {exc}") from None
+        task_bytes, isolate = None, False
+    isolate = True if isolate is None else isolate
+    runs, times, loadavg = {}, {n: [] for n in names}, []
+    with contextlib.ExitStack() as stack:
+        if not isolate:
+            stack.enter_context(_pinned_here(threads))
+        try:
+            for n in names:
+                runs[n] = _Process(n, task_bytes, threads) if isolate else _InProcess(n, task)
+            for _ in range(repeats):
+                loadavg.append(list(os.getloadavg()))
+                for n in names:
+                    times[n].append(runs[n]())
+            loadavg.append(list(os.getloadavg()))
+            env = {n: r.finish() for n, r in runs.items()}
+        finally:
+            for r in runs.values():
+                r.close()
+    median = {n: statistics.median(t) for n, t in times.items()}
+    minimum = {n: min(t) for n, t in times.items()}
+    # a like-for-like side is compared with what it stands in for, not with fisher_ref
+    others = [n for n in names if n != REFERENCE and REFERENCE in names
+              and n not in LIKE_FOR_LIKE.values()]
+    like = {n: m for n, m in LIKE_FOR_LIKE.items() if n in names and m in names}
+    cost = estimate_cost(task)
+    return {"task": task.name, "repeats": repeats, "n_states": cost.n_states,
+            "n_responses": cost.n_responses, "num_params": cost.num_params,
+            "threads": threads, "isolated": bool(isolate), "times": times, "median": median,
+            "min": minimum, "ratio": {n: median[REFERENCE] / median[n] for n in others},
+            "ratio_min": {n: minimum[REFERENCE] / minimum[n] for n in others},
+            "ratio_like": {n: median[m] / median[n] for n, m in like.items()},
+            "ratio_like_min": {n: minimum[m] / minimum[n] for n, m in like.items()},
+            "loadavg": loadavg, "env": env, "work": {n: WORK[n] for n in names},
+            "machine": _machine()}
+
+
+def _machine():
+    import platform
+    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def format_table(res):
+    """The timings as a text table, the ratio lines and the thread/load record."""
+    loads = [l[0] for l in res["loadavg"]]
+    lines = [f"fisher_ref bench: task {res['task']!r} ({res['n_states']:,} states, "
+             f"{res['n_responses']:,} responses, P={res['num_params']:,}), "
+             f"{res['repeats']} interleaved repeats, threads={res['threads'] or 'unpinned'}, "
+             f"{'one process per measurement' if res['isolated'] else 'in-process'}; "
+             f"{res['machine']}; 1-min load average {min(loads):.2f}-{max(loads):.2f}",
+             f"{'measurement':<20} {'median s':>9} {'min s':>9} {'ref/this':>9} "
+             f"{'ref/this(min)':>13} {'torch thr':>9} {'peak RSS MiB':>12}", "-" * 87]
+    for n, med in res["median"].items():
+        e = res["env"].get(n, {})
+        r, rm = res["ratio"].get(n), res["ratio_min"].get(n)
+        rss = e.get("max_rss_bytes")
+        lines.append(f"{n:<20} {med:>9.4f} {res['min'][n]:>9.4f} "
+                     f"{('%.3f' % r) if r is not None else '-':>9} "
+                     f"{('%.3f' % rm) if rm is not None else '-':>13} "
+                     f"{str(e.get('torch_threads')):>9} "
+                     f"{('%.0f' % (rss / 2 ** 20)) if rss else '-':>12}")
+    for n, r in res["ratio"].items():
+        lines.append(f"ratio fisher_ref/{n} = {r:.3f} (medians; "
+                     f"{'fisher_ref faster' if r < 1 else 'fisher_ref slower'})")
+    for n, r in res.get("ratio_like", {}).items():
+        m = LIKE_FOR_LIKE[n]
+        lines.append(f"ratio {m}/{n} = {r:.3f} (medians; minima {res['ratio_like_min'][n]:.3f};"
+                     f" the same work; {'fisher_ref faster' if r < 1 else 'fisher_ref slower'})")
+    for n, e in res["env"].items():
+        lines.append(f"{n}: BLAS threads ({e['blas_source']}) {e['blas']}; computes "
+                     f"{res['work'][n]}")
+    return "\n".join(lines)
+
+

@@ -1,0 +1,77 @@
+"""What an exercise is, and how an answer is judged.
+
+An :class:`Exercise` is data: a prompt, the code that builds its inputs, the
+learner's variable, a solution, a recorded mistake and a judge. A judge is a
+function ``judge(value, namespace) -> (ok, message)``; :func:`close_to` builds
+the common one, an elementwise comparison with a reference the judge computes
+itself from the setup's variables. The lessons' exercises live in
+:mod:`fisher_ref.teaching.exercises` (lessons 0-6) and
+:mod:`fisher_ref.teaching.exercises_transformer` (lesson 7); :mod:`fisher_ref.teaching.exercises`
+holds the one registry and the notebook API.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["Exercise", "close_to"]
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One "try it yourself" exercise.
+
+    Attributes:
+        id: short key, unique.
+        lesson: the notebook stem it belongs to.
+        title: a few words.
+        prompt: the task (markdown, may hold ``$...$`` math).
+        setup: self-contained code that builds the inputs (shown in the notebook).
+        answer: name of the variable the learner sets.
+        solution: code that sets ``answer`` from the setup's variables.
+        mistake: code of a plausible wrong answer the checker must reject.
+        judge: ``judge(value, namespace) -> (ok, message)``; ``namespace`` holds the
+            setup's variables.
+    """
+
+    id: str
+    lesson: str
+    title: str
+    prompt: str
+    setup: str
+    answer: str
+    solution: str
+    mistake: str
+    judge: Callable
+
+
+def close_to(expected, rtol=1e-8, atol=0.0, hint=""):
+    """A judge comparing an array (or number) with ``expected(namespace)`` elementwise.
+
+    ``|value - expected| <= atol + rtol * max|expected|`` everywhere, shapes equal.
+
+    Example:
+        >>> judge = close_to(lambda ns: ns["x"] ** 2, rtol=1e-12)
+        >>> judge(4.0, {"x": 2.0})
+        (True, 'largest difference from the reference 0.0e+00 (tolerance 4.0e-12)')
+        >>> judge([4.0], {"x": 2.0})
+        (False, 'expected shape (), got (1,)')
+    """
+    def judge(value, ns):
+        want = np.asarray(expected(ns), dtype=float)
+        try:
+            got = np.asarray(value, dtype=float)
+        except (TypeError, ValueError):
+            return False, f"expected a number or an array of numbers, got {type(value).__name__}"
+        if got.shape != want.shape:
+            return False, f"expected shape {want.shape}, got {got.shape}"
+        if not np.all(np.isfinite(got)):
+            return False, "the answer holds NaN or inf"
+        err = float(np.max(np.abs(got - want), initial=0.0))
+        tol = atol + rtol * float(np.max(np.abs(want), initial=0.0))
+        if err <= tol:
+            return True, f"largest difference from the reference {err:.1e} (tolerance {tol:.1e})"
+        return False, f"largest difference from the reference {err:.2e} > {tol:.1e}. {hint}"
+    return judge

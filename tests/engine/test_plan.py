@@ -1,0 +1,144 @@
+"""Enumeration: closed-form counts against brute force, the cost refusal, windows,
+and streaming results independent of the block size."""
+import itertools
+
+import numpy as np
+import pytest
+
+from cases import get_task
+from fisher_ref import EnumerationTooLarge, exact, load_config
+from fisher_ref.engine.plan import check_cost, count_states, estimate_cost
+from fisher_ref.models.base import state_windows
+from fisher_ref.models.base import windows_for
+
+CHUNK_RTOL = 1e-12
+
+
+def _brute_counts(V, T, eos):
+    states = responses = 0
+    for t in range(T + 1):
+        for seq in itertools.product(range(V), repeat=t):
+            ended = eos and 0 in seq[:-1]
+            if ended:
+                continue
+            done = t == T or (eos and t > 0 and seq[-1] == 0)
+            if done and t > 0:
+                responses += 1
+            elif t < T:
+                states += 1
+    return states, responses
+
+
+@pytest.mark.parametrize("V, T, eos", [(V, T, e) for V in (2, 3, 4) for T in (1, 2, 3)
+                                       for e in (True, False)])
+def test_count_states_matches_brute_force(V, T, eos):
+    assert count_states(V, T, eos) == _brute_counts(V, T, eos)
+    n, m = count_states(V, T, eos, n_prompts=3)
+    assert (n, m) == tuple(3 * x for x in _brute_counts(V, T, eos))
+
+
+@pytest.mark.parametrize("name", ["config:default", "config:no_eos", "config:weighted_prompts",
+                                  "masked_logits", "logits_sampler"])
+def test_count_states_matches_exact(name):
+    from cases import get_result
+    task, r = get_task(name), get_result(name)
+    n, m = count_states(task.model.vocab_size, task.max_len, task.model.eos, len(task.prompts))
+    assert (r.n_states, r.n_responses) == (n, m)
+    assert len(r.states["depth"]) == n and len(r.sequences["prob"]) == m
+
+
+def test_enumeration_too_large_refuses_before_computing(monkeypatch):
+    task = load_config("default").with_(max_len=40)
+
+    def no_logits(theta, windows):
+        raise AssertionError("the model was evaluated before the refusal")
+
+    monkeypatch.setattr(task.model, "logits", no_logits)
+    with pytest.raises(EnumerationTooLarge) as info:
+        exact(task, progress=False)
+    msg = str(info.value)
+    for words in ("exact enumeration refused", "estimated time", "exceeds the limit",
+                  "states", "responses", "V=5", "T=40", "Monte Carlo"):
+        assert words in msg
+    assert isinstance(info.value, ValueError)
+
+
+def test_memory_limit_is_named():
+    cost = estimate_cost(load_config("default"))
+    with pytest.raises(EnumerationTooLarge, match="estimated memory .* GiB exceeds the limit"):
+        check_cost(cost, max_bytes=1)
+
+
+def test_state_windows_matches_windows_for():
+    seqs = [(), (1,), (1, 2), (3, 1, 2, 4)]
+    L = 5
+    tokens = np.full((len(seqs), L), -1)
+    for i, s in enumerate(seqs):
+        tokens[i, :len(s)] = s
+    lengths = np.array([len(s) for s in seqs])
+    for k in (1, 2, 3):
+        assert np.array_equal(state_windows(tokens, lengths, k, 9), windows_for(seqs, k, 9))
+
+
+@pytest.mark.parametrize("name", ["config:weighted_prompts", "config:offpolicy_stale",
+                                  "masked_logits"])
+def test_results_independent_of_chunk(name):
+    task = get_task(name)
+    topk = (1, 2) if task.sampler is not None else ()
+    runs = [exact(task, topk=topk, chunk=c, progress=False) for c in (1, 7, None)]
+    ref = runs[-1]
+    for r in runs[:-1]:
+        for s, stream in ref.streams.items():
+            for q in ("sequence_fisher", "token_fisher_sum", "token_fisher_sum_paths",
+                      "cross_terms", "gradient", "score_mean", "importance_gradient"):
+                a, b = getattr(r.streams[s], q), getattr(stream, q)
+                scale = max(np.abs(b).max(), np.sqrt(stream.sequence_fisher.max()))
+                assert np.abs(a - b).max() <= CHUNK_RTOL * scale, (s, q)
+        assert np.abs(r.gradient_autodiff - ref.gradient_autodiff).max() <= \
+            CHUNK_RTOL * np.sqrt(ref.sequence_fisher.max()) * max(1, ref.reward_std)
+        score_scale = np.sqrt(ref.states["token_fisher"].max())
+        for k in ref.states:
+            # per-state score means are rounding noise around 0: scale by sqrt(f)
+            scale = score_scale if k.endswith("score_mean") else np.abs(ref.states[k]).max()
+            assert np.abs(r.states[k] - ref.states[k]).max() <= CHUNK_RTOL * scale, k
+        for k in ref.sequences:
+            assert np.allclose(r.sequences[k], ref.sequences[k], rtol=CHUNK_RTOL, atol=0), k
+
+
+def test_keep_states_false_still_gives_the_aggregates():
+    task = load_config("offpolicy_temperature")
+    full = exact(task, progress=False)
+    lean = exact(task, keep_states=False, keep_sequences=False, progress=False)
+    assert lean.states is None and lean.sequences is None
+    for s in full.streams:
+        assert np.array_equal(lean.streams[s].sequence_fisher, full.streams[s].sequence_fisher)
+        assert np.array_equal(lean.streams[s].gradient, full.streams[s].gradient)
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(topk=(0,)), "topk entries must be positive integers"),
+    (dict(topk=3), "topk must be a sequence"),
+    (dict(chunk=0), "chunk must be a positive integer"),
+    (dict(chunk=2.5), "chunk must be a positive integer"),
+])
+def test_bad_engine_arguments(kw, words):
+    with pytest.raises(ValueError, match=words):
+        exact(load_config("offpolicy_temperature"), progress=False, **kw)
+
+
+@pytest.mark.parametrize("P,V,T,S,eos", [(1044, 12, 4, 1, True), (4376, 16, 4, 1, True),
+                                          (119, 5, 3, 3, True), (68, 4, 3, 1, False),
+                                          (10 ** 6, 50, 8, 4, True), (12, 3, 2, 1, True)])
+def test_default_chunk_is_a_multiple_of_a_run_of_siblings(P, V, T, S, eos):
+    """With ``siblings`` the default block size is the plain one rounded down to a
+    multiple of the largest power of beta it holds (so a level's runs of beta^j states
+    that share their first tokens are never cut), and never 0."""
+    from fisher_ref.engine.plan import default_chunk
+    plain = default_chunk(P, V, T, S)
+    beta = V - eos
+    chunk = default_chunk(P, V, T, S, siblings=beta)
+    run = 1
+    while run * beta <= plain:
+        run *= beta
+    assert 1 <= chunk <= plain and chunk % run == 0 and plain - chunk < run
+    assert estimate_cost(load_config("default")).chunk % 4 == 0  # beta = 4 on default

@@ -1,0 +1,115 @@
+"""WindowCache: run-wide window ids, per-window arrays against the plain per-state
+ones, per-(window, token) sums and deferred products against direct sums, and
+results unchanged when the cache is emptied between uses."""
+import numpy as np
+import pytest
+
+import fisher_ref.engine.window_cache as wc
+from cases import RTOL, rel
+from fisher_ref import load_config
+from fisher_ref.models.base import windows_for
+from fisher_ref.numerics import token_fisher, uniform_token_fisher
+from fisher_ref.engine.run import checked_sensitivities, model_probs, stream_specs
+from fisher_ref.engine.window_cache import WindowCache
+
+NAMES = {0: [("Rh", 1), ("Rh2", 2)]}
+
+
+def _cache(task, budget=2 ** 26, **kw):
+    return WindowCache(task, stream_specs(task, ()), True, budget, NAMES, **kw)
+
+
+def _windows(task):
+    states = [(), (1,), (1, 2), (3, 1), (2, 2, 4), (1,)]
+    return windows_for(states, task.model.context, task.model.bos)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_ids_are_run_wide_and_give_back_the_windows(monkeypatch, dense):
+    """Keys looked up in a table indexed by key, or (many possible keys) in a dict: ids
+    in order of first appearance either way."""
+    if not dense:
+        monkeypatch.setattr(wc, "_DENSE_KEYS", 0)
+    task = load_config("default")
+    cache, W = _cache(task), _windows(task)
+    assert (cache.id_of_key is not None) == dense
+    ids = cache.ids(W)
+    assert ids.tolist() == [0, 1, 2, 3, 4, 1]
+    assert np.array_equal(cache.windows_of(ids), W)
+    assert np.array_equal(cache.ids(W[::-1]), ids[::-1])  # same ids on a second call
+
+
+def test_ids_of_many_and_of_very_long_windows():
+    """Ids past the first table size, and windows too long for integer keys (tuples)."""
+    from fisher_ref import FunctionModel, Task
+    task = load_config("default")
+    cache = _cache(task)
+    W = np.array([[a, b] for a in range(6) for b in range(6)] * 3)[:100]  # 36 distinct
+    assert np.array_equal(cache.windows_of(cache.ids(W)), W)
+    assert len(set(_cache(task).ids(np.concatenate([W, W])).tolist())) == 36
+    long = FunctionModel(lambda th, w: np.zeros((w.shape[0], 3)) + th[0], 1, 3, 40)
+    lt = Task(model=long, theta=np.zeros(1), prompts=[(1,)], prompt_weights=[1.0], max_len=2,
+              reward={"name": "count", "token": 1})
+    lc = _cache(lt)
+    assert not lc.exact_keys
+    Wl = np.full((70, 40), 3)
+    Wl[:, -1] = np.arange(70) % 3
+    Wl[:, -2] = np.arange(70) // 3 % 4 - 1  # -1 pads a whole-history window
+    Wl[:, 0] = np.arange(70) // 12
+    lids = lc.ids(Wl)
+    assert len(set(lids.tolist())) == len({tuple(r) for r in Wl.tolist()}) > 64
+    assert np.array_equal(lc.windows_of(lids), Wl)
+
+
+def test_per_window_arrays_match_the_plain_formulas():
+    task = load_config("default")
+    cache, W = _cache(task), _windows(task)
+    rows = cache.rows(cache.ids(W))
+    a = cache.arrays
+    p, _ = model_probs(task, task.theta, W)  # (B, V)
+    J = checked_sensitivities(task, W)  # (B, P, V)
+    xi = J - np.einsum("bv,bpv->bp", p, J)[:, :, None]  # (B, P, V)
+    assert rel(a["p"][rows], p) <= RTOL
+    assert rel(a["xip"][rows], xi.transpose(0, 2, 1)) <= RTOL
+    for n in range(1, 5):
+        assert rel(a[f"y0_{n}"][rows], np.einsum("bv,bpv->bp", p, xi ** n),
+                   np.abs(xi).max() ** n) <= RTOL
+    assert rel(a["y0_2"][rows], token_fisher(p, J)) <= RTOL
+    assert rel(a["uniform"][rows], uniform_token_fisher(J)) <= RTOL
+
+
+def test_accumulated_and_deferred_sums_survive_emptying_the_cache():
+    """Weights accumulated, reach and deferred products over two uses, the cache
+    emptied in between (budget of one window): the direct sums."""
+    task = load_config("default")
+    V, P = task.model.vocab_size, task.model.num_params
+    rng = np.random.default_rng(3)
+    W = _windows(task)
+    want = {k: np.zeros(P) for k in ("Rh", "Rh2", "h2", "h4", "cross")}
+    cache = _cache(task, budget=1, defer_bytes=0)
+    ref = _cache(task)
+    xi_of = ref.arrays  # filled below
+    for half in (W[:3], W[3:]):
+        ids = cache.ids(half)
+        rows = cache.rows(ids)
+        refrows = ref.rows(ref.ids(half))
+        wts = rng.random((len(half), 2, V))
+        K = np.arange(V)
+        cache.accumulate(0, rows, K, wts)
+        r = rng.random(len(half))
+        cache.accumulate_reach(0, rows, r, 1)
+        C, H = rng.normal(size=(len(half), 2, V)), rng.normal(size=(len(half), P))
+        rd = rng.random(len(half))
+        cache.defer(0, rows, C, H, ("Rh", "Rh2"), rd)
+        x = xi_of["xip"][refrows]  # (b, V, P)
+        mix = 2 * np.einsum("bp,bip->ip", H, np.einsum("biv,bvp->bip", C, x))  # (2, P)
+        want["Rh"] += np.einsum("bv,bvp->p", wts[:, 0], x) + mix[0]
+        want["Rh2"] += np.einsum("bv,bvp->p", wts[:, 1], x ** 2) + mix[1]
+        want["cross"] += r @ xi_of["y0_2"][refrows]
+        rH = rd[:, None] * H  # (b, P)
+        want["h2"] += r @ xi_of["y0_2"][refrows] + 2 * (rH * xi_of["y0_1"][refrows]).sum(0)
+        want["h4"] += r @ xi_of["y0_4"][refrows] + 4 * (rH * xi_of["y0_3"][refrows]).sum(0)
+    cache.flush()
+    for key in ("Rh", "Rh2", "h2", "h4"):
+        assert rel(cache.sums[0][key], want[key]) <= RTOL, key
+    assert rel(cache.sums[0]["cross"][1], want["cross"]) <= RTOL

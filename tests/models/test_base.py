@@ -1,0 +1,112 @@
+"""The models of ``fisher_ref/model.py``: layout, logits by hand, extreme logits,
+windows, and bad specs/parameters."""
+import numpy as np
+import pytest
+
+from fisher_ref.models.base import FunctionModel, MLPModel, ModelSpec, TabularModel, check_theta, windows_for
+from fisher_ref.numerics import log_softmax, softmax
+from fisher_ref.models import make_model
+
+RTOL = 1e-10
+
+
+def test_layout_is_contiguous_and_in_design_order():
+    m = MLPModel(ModelSpec(vocab_size=5, context=2, embed_dim=3, hidden=8))
+    lay = m.layout()
+    assert [n for n, _, _ in lay] == ["E", "W1", "b1", "W2", "b2"]
+    assert [s for _, s, _ in lay] == [(6, 3), (6, 8), (8,), (8, 5), (5,)]
+    off = 0
+    for _, shape, o in lay:
+        assert o == off
+        off += int(np.prod(shape))
+    assert off == m.num_params == 119
+
+
+def test_mlp_logits_match_hand_computation():
+    m = MLPModel(ModelSpec(vocab_size=4, context=2, embed_dim=2, hidden=3, init_seed=1))
+    th = m.init_params()
+    p = m.unpack(th)
+    W = np.array([[4, 1], [2, 3]])  # BOS=4
+    for b in range(2):
+        e = np.concatenate([p["E"][W[b, 0]], p["E"][W[b, 1]]])
+        z = np.tanh(e @ p["W1"] + p["b1"]) @ p["W2"] + p["b2"]
+        assert np.allclose(m.logits(th, W)[b], z, rtol=RTOL, atol=0)
+
+
+def test_unpack_views_are_row_major_slices_of_theta():
+    m = MLPModel(ModelSpec(vocab_size=3, context=1, embed_dim=2, hidden=2))
+    th = np.arange(m.num_params, dtype=float)
+    p = m.unpack(th)
+    assert p["E"][1, 0] == 2.0 and p["W1"][0, 1] == 9.0 and p["b2"][-1] == m.num_params - 1
+
+
+def test_init_params_are_seeded_and_scaled():
+    a = MLPModel(ModelSpec(vocab_size=3, init_seed=4, init_scale=2.0)).init_params()
+    b = 2.0 * np.random.default_rng(4).standard_normal(a.size)
+    assert np.array_equal(a, b)
+
+
+def test_tabular_logits_are_the_table_row_of_the_window():
+    m = TabularModel(3, context=2, eos=False)
+    th = np.arange(m.num_params, dtype=float)
+    W = np.array([[3, 3], [1, 2]])
+    rows = [3 * 4 + 3, 1 * 4 + 2]
+    assert np.array_equal(m.logits(th, W), th.reshape(16, 3)[rows])
+
+
+def test_log_softmax_is_finite_for_extreme_and_masked_logits():
+    z = np.array([[1e3, -1e3, 0.0], [-np.inf, 2.0, 1e3], [700.0, 700.0, -np.inf]])
+    lp = log_softmax(z)
+    p = softmax(z)
+    assert np.isfinite(lp[~np.isneginf(z)]).all()
+    assert np.allclose(p.sum(axis=1), 1.0, rtol=0, atol=RTOL)
+    assert p[1, 0] == 0.0 and np.isclose(p[2, 0], 0.5, rtol=RTOL)
+
+
+def test_windows_for_pads_with_bos_oldest_first():
+    W = windows_for([(), (1,), (1, 2, 3)], context=2, bos=9)
+    assert W.tolist() == [[9, 9], [9, 1], [2, 3]]
+
+
+def test_function_model_wraps_a_logits_function():
+    m = FunctionModel(lambda th, w: np.outer(w[:, 0], th), 3, 3, 1, eos=False, name="outer")
+    assert m.logits(np.array([1.0, 2.0, 3.0]), np.array([[2]])).tolist() == [[2.0, 4.0, 6.0]]
+    assert m.describe()["arch"] == "outer" and m.bos == 3
+
+
+@pytest.mark.parametrize("theta, exc, words", [
+    (np.zeros(5), ValueError, "length 5"),
+    (np.zeros((2, 6)), ValueError, "flat vector"),
+    (np.array([0.0] * 11 + [np.nan]), ValueError, "non-finite"),
+    (np.array([0.0] * 11 + [np.inf]), ValueError, "index 11"),
+    (np.array(["a"] * 12), TypeError, "numeric"),
+], ids=["wrong-length", "not-flat", "nan", "inf", "strings"])
+def test_check_theta_rejects_bad_parameters(theta, exc, words):
+    with pytest.raises(exc, match=words):
+        check_theta(theta, 12)
+
+
+@pytest.mark.parametrize("spec, words", [
+    ({"vocab_size": 0}, "vocab_size must be a positive integer"),
+    ({"vocab_size": 2.5}, "vocab_size must be a positive integer"),
+    ({"vocab_size": 4, "hidden": 0}, "hidden must be a positive integer"),
+    ({"vocab_size": 4, "context": True}, "context must be a positive integer"),
+    ({"vocab_size": 1, "eos": True}, "at least 2 when eos"),
+    ({"vocab_size": 4, "eos": "yes"}, "eos must be true or false"),
+    ({"vocab_size": 4, "init_seed": -1}, "init_seed must be a non-negative integer"),
+    ({"vocab_size": 4, "init_scale": float("nan")}, "init_scale must be a finite number"),
+    ({"vocab_size": 4, "init_scale": "big"}, "init_scale must be a finite number"),
+    ({"vocab_size": 4, "depth": 2}, "unknown model keys \\['depth'\\]"),
+    ({"context": 2}, "vocab_size is required"),
+    ({"arch": "transformer", "vocab_size": 4}, "unknown model arch 'transformer'"),
+    ({"arch": "tabular", "vocab_size": 3, "hidden": 2}, "unknown model keys \\['hidden'\\]"),
+    ({"arch": "tabular", "vocab_size": 0}, "vocab_size must be a positive integer"),
+], ids=lambda v: str(v) if isinstance(v, str) else None)
+def test_bad_model_specs_name_the_problem(spec, words):
+    with pytest.raises(ValueError, match=words):
+        make_model(spec)
+
+
+def test_make_model_rejects_non_dict():
+    with pytest.raises(TypeError, match="model spec must be a dict"):
+        make_model([5])

@@ -1,0 +1,189 @@
+"""Statistics of the Monte Carlo engine: estimates, delta-method ses, z-scores, thresholds."""
+from __future__ import annotations
+
+import doctest
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from fisher_ref import exact, load_config
+import fisher_ref.monte_carlo.sampling as monte_carlo
+import fisher_ref.monte_carlo.stats as mc_stats
+from fisher_ref.monte_carlo.stats import (ROUNDING_RTOL, ZERO_VAR_RTOL, Estimate, advantage_estimates,
+                                 bernstein_halfwidth, bernstein_ratio, bernstein_z,
+                                 bonferroni_z, cross_estimate, mean_estimate, running_estimates,
+                                 variance_reduction, z_score)
+from fisher_ref.monte_carlo.sampling import estimate
+
+from cases import brute_values, rows_of_draws
+
+RTOL = 1e-10  # exact float64 identities
+FD_RTOL = 1e-5  # central differences with step 1e-6 (truncation ~1e-12, rounding ~1e-10 / 1e-6)
+
+
+@pytest.mark.parametrize("mod", [mc_stats, monte_carlo], ids=["mc_stats", "monte_carlo"])
+def test_docstring_examples(mod):
+    res = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert res.attempted > 0 and res.failed == 0
+
+
+def test_bonferroni_z_is_the_two_sided_normal_quantile():
+    assert bonferroni_z(0.05, 1) == pytest.approx(1.959963984540054, rel=RTOL)
+    for m in (1, 10, 1000):
+        z = bonferroni_z(1e-6, m)
+        assert 2 * m * norm.sf(z) == pytest.approx(1e-6, rel=1e-9)
+    with pytest.raises(ValueError, match="alpha"):
+        bonferroni_z(0.0, 3)
+    with pytest.raises(ValueError, match="number of z-scores"):
+        bonferroni_z(1e-3, 0)
+
+
+def test_bernstein_z_is_near_normal_for_light_tails_and_large_for_spikes():
+    L = np.log(2 / 1e-6)
+    assert bernstein_z(10 ** 12, 1.0, 1.0, 1e-6) == pytest.approx(np.sqrt(2 * L), rel=1e-4)
+    # a value that is 1 with probability 1e-4: var ~ 1e-4, max deviation ~ 1
+    assert bernstein_z(20000, 1e-4, 1.0, 1e-6) > 1.5 * np.sqrt(2 * L)
+    assert bernstein_z(100, 0.0, 0.0, 1e-6) == 0.0
+
+
+def test_bernstein_ratio_judges_rounding_noise_variance_to_rounding():
+    """A constant per-sample value (0.53 for every response) whose exact variance came out
+    -3.5e-18 and range 2.8e-17 (rounding): the error of its mean is compared to rounding,
+    not to the noise-sized half-width (which would give a ratio in the hundreds)."""
+    n, delta = 4000, 1e-6 / 119
+    mean = np.array([0.53, 1.76, 0.0])  # (3,): constant, live, all-zero
+    var = np.array([-3.5e-18, 0.3, 0.0])
+    dev = np.array([2.8e-17, 9.0, 0.0])
+    diff = np.array([5.6e-16, 0.01, 0.0])
+    assert diff[0] / bernstein_halfwidth(n, 0.0, dev[0], delta) > 100  # the old failure
+    r = bernstein_ratio(diff, n, var, dev, delta, mean)
+    assert np.all(np.isfinite(r)) and r[0] <= 1e-2 and r[2] == 0
+    # a live entry: the plain Bernstein ratio (the ZERO_VAR_RTOL inflation is negligible)
+    assert r[1] == pytest.approx(0.01 / bernstein_halfwidth(n, 0.3, 9.0, delta), rel=1e-10)
+    # a constant that is off by more than rounding (of the array's scale) fails
+    scale = np.max(np.abs(mean) + dev)
+    bad = bernstein_ratio(np.array([10 * ROUNDING_RTOL * scale, 0.0, 0.0]), n, var, dev,
+                          delta, mean)
+    assert bad[0] == pytest.approx(10.0, rel=1e-10)
+    # an all-zero quantity (scale 0) must be matched exactly
+    zero = np.zeros(2)
+    assert bernstein_ratio(np.array([0.0, 1e-300]), n, zero, zero, delta, zero).tolist() == \
+        [0.0, np.inf]
+    # a positive noise variance is capped by dev^2 (Var <= max|x - mu|^2) given E[x^2]
+    eps = bernstein_halfwidth(n, 1e-17, 2.8e-17, delta, second=0.53 ** 2)
+    assert eps <= 2.8e-17
+    assert bernstein_halfwidth(n, 1e-17, 2.8e-17, delta) > 1e3 * eps  # without E[x^2]: noise
+    # the variance is known only to ZERO_VAR_RTOL * E[x^2]: a rounded-to-0 variance of a
+    # value with a real range is not trusted as 0
+    assert bernstein_halfwidth(n, 0.0, 1.0, delta, second=1.0) == pytest.approx(
+        bernstein_halfwidth(n, ZERO_VAR_RTOL, 1.0, delta), rel=1e-12)
+    # bernstein_z (check_monte_carlo's form) is the half-width in units of sqrt(var / n)
+    assert bernstein_z(n, 0.3, 9.0, delta) == pytest.approx(
+        bernstein_halfwidth(n, 0.3, 9.0, delta) / np.sqrt(0.3 / n), rel=1e-12)
+    assert bernstein_z(n, var, dev, delta)[0] == 0.0
+
+
+def test_mean_estimate_and_interval():
+    x = np.arange(10.0)[:, None] * np.array([1.0, -2.0])  # (10, 2)
+    e = mean_estimate(x)
+    np.testing.assert_allclose(e.mean, x.mean(axis=0), rtol=RTOL)
+    np.testing.assert_allclose(e.se, x.std(axis=0, ddof=1) / np.sqrt(10), rtol=RTOL)
+    lo, hi = e.interval()
+    np.testing.assert_allclose(hi - lo, 2 * 1.959963984540054 * e.se, rtol=RTOL)
+    assert np.isnan(mean_estimate(np.ones((1, 3))).se).all()
+
+
+def test_cross_estimate_matches_a_direct_computation():
+    xi = np.random.default_rng(0).standard_normal((50, 3, 4))  # (n, T, P)
+    e = cross_estimate(xi)
+    prod = xi[:, :, None, :] * xi[:, None, :, :]  # (n, T, T, P)
+    np.testing.assert_allclose(e.mean, prod.mean(axis=0), rtol=RTOL)
+    np.testing.assert_allclose(e.se, prod.std(axis=0, ddof=1) / np.sqrt(50), rtol=1e-8)
+
+
+def _weighted_stats(u, R, h, h2):
+    """Covariance (population), bound and correlation under sample weights u (sum 1)."""
+    mR = u @ R
+    cov = u @ ((R - mR)[:, None] * (h - u @ h))
+    B = np.sqrt(u @ (R - mR) ** 2) * np.sqrt(u @ h2)
+    return {"covariance": cov, "bound": B, "correlation": np.abs(cov) / B}
+
+
+def test_delta_method_ses_are_the_influence_functions():
+    """Each sample's influence is d/de stat((1-e) uniform + e delta_k): by central
+    differences, the std of those influences / sqrt(n) is the se advantage_estimates gives."""
+    rng = np.random.default_rng(1)
+    n = 40
+    R = rng.integers(0, 3, n).astype(float)
+    h = rng.standard_normal((n, 3)) + R[:, None] * np.array([0.5, -0.3, 0.1])
+    est = advantage_estimates(R, h, h * h)
+    base = np.full(n, 1.0 / n)
+    step = 1e-6
+    infl = {k: np.empty((n, 3)) for k in est}
+    for k in range(n):
+        e = np.zeros(n)
+        e[k] = 1.0
+        up = _weighted_stats(base + step * (e - base), R, h, h * h)
+        dn = _weighted_stats(base - step * (e - base), R, h, h * h)
+        for q in est:
+            infl[q][k] = (up[q] - dn[q]) / (2 * step)
+    for q, e in est.items():
+        np.testing.assert_allclose(e.se, infl[q].std(axis=0, ddof=1) / np.sqrt(n), rtol=FD_RTOL)
+    np.testing.assert_allclose(est["covariance"].mean, np.cov(R, h.T)[0, 1:], rtol=RTOL)
+    np.testing.assert_allclose(est["bound"].mean, R.std() * np.sqrt((h * h).mean(axis=0)),
+                               rtol=RTOL)
+    assert np.all(est["correlation"].mean <= 1.0)
+
+
+def test_constant_inputs_give_zero_se_not_nan():
+    R = np.ones(20)  # constant reward: std(A) = 0
+    h = np.zeros((20, 2))  # a parameter that never moves: h = 0
+    est = advantage_estimates(R, h, h * h)
+    for e in est.values():
+        assert np.all(e.mean == 0) and np.all(e.se == 0)
+
+
+def test_z_score_handles_zero_and_rounding_variance():
+    z = z_score(np.array([1.0, 2.0, 2.0 + 1e-9, 0.5]), np.array([1.0, 2.0, 2.0, 0.4]),
+                np.array([0.0, -1e-18, 0.0, 0.01]), 100)
+    assert z[0] == 0 and z[1] == 0  # constant: equal to rounding
+    assert z[2] == np.inf  # constant but off by more than rounding
+    assert z[3] == pytest.approx(10.0, rel=RTOL)
+    assert z_score(np.array([1.0 + 0.5 * ROUNDING_RTOL]), np.array([1.0]), np.array([0.0]), 5)[0] == 0
+
+
+def test_running_estimates_match_prefix_statistics():
+    x = np.random.default_rng(2).exponential(size=(30, 2)) + 1e6  # an offset stresses cancellation
+    r = running_estimates(x, exact=np.array([1e6 + 1, 1e6 + 1]))
+    assert r["n"].tolist() == list(range(1, 31))
+    for k in (2, 7, 30):
+        np.testing.assert_allclose(r["mean"][k - 1], x[:k].mean(axis=0), rtol=RTOL)
+        np.testing.assert_allclose(r["se"][k - 1], x[:k].std(axis=0, ddof=1) / np.sqrt(k),
+                                   rtol=1e-8)
+    assert np.isnan(r["se"][0]).all()
+    np.testing.assert_allclose(r["error"], r["mean"] - (1e6 + 1), rtol=RTOL)
+    with pytest.raises(ValueError, match="samples must be an"):
+        running_estimates(np.zeros(0))
+
+
+def test_mc_result_z_scores_and_variance_reduction():
+    task = load_config("offpolicy_temperature")
+    ex = exact(task, progress=False)
+    mc = estimate(task, 3000, np.random.default_rng(4))
+    zs = mc.z_scores(ex)
+    qs = {"score_mean", "sequence_fisher", "token_fisher_sum", "cross_terms", "gradient",
+          "expected_reward", "covariance", "bound"}
+    expected = {(s, q) for s in ("raw", "centered") for q in qs}
+    assert set(zs) == expected | {("raw", "importance_gradient")}
+    assert zs[("raw", "cross_terms")].shape == (3, 3, task.model.num_params)
+    assert isinstance(mc.streams["centered"]["bound"], Estimate)
+    # variance_reduction defaults to the centered stream when drawn from mu: against the
+    # variances, taken here, of the same draws' h^2 and token sums, each looked up in the
+    # brute-force enumeration (centered at mu's mean score; tests/cases.py)
+    w, h2, g, rows = brute_values("config:offpolicy_temperature", "centered")
+    k = rows_of_draws(mc.draws, rows)
+    vh, vg = np.var(h2[k], axis=0, ddof=1), np.var(g[k], axis=0, ddof=1)  # (P,) each
+    live = vg > 1e-12 * np.max(g[k] ** 2)
+    assert live.sum() > 0.5 * len(vg)
+    np.testing.assert_allclose(variance_reduction(mc)[live], vh[live] / vg[live], rtol=1e-8)

@@ -1,0 +1,127 @@
+"""The side-by-side benchmark (fisher_ref.perf.bench); wall times are never asserted."""
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="bench times the torch engine (the torch extra)")
+
+import fisher_ref.perf.bench as fb  # noqa: E402
+from fisher_ref import load_config  # noqa: E402
+from fisher_ref.perf.bench import MEASUREMENTS, bench, format_table, measurements  # noqa: E402
+from fisher_ref.cli import main  # noqa: E402
+from fisher_ref.rewards import FunctionReward  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def test_bench_isolates_each_side_with_pinned_threads_and_reports_them():
+    res = bench(load_config("no_eos"), repeats=2, names=["fisher_ref", "torch_cpu_float64"],
+                threads=1)
+    assert res["isolated"] and res["threads"] == 1
+    assert set(res["times"]) == {"fisher_ref", "torch_cpu_float64"}
+    assert all(len(t) == 2 and min(t) > 0 for t in res["times"].values())
+    r = res["ratio"]["torch_cpu_float64"]
+    assert r == pytest.approx(res["median"]["fisher_ref"] / res["median"]["torch_cpu_float64"])
+    assert res["ratio_min"]["torch_cpu_float64"] == pytest.approx(
+        res["min"]["fisher_ref"] / res["min"]["torch_cpu_float64"])
+    assert len(res["loadavg"]) == 3 and all(len(x) == 3 for x in res["loadavg"])
+    torch_env, np_env = res["env"]["torch_cpu_float64"], res["env"]["fisher_ref"]
+    assert torch_env["torch_threads"] == 1 and np_env["torch_threads"] is None
+    for e in (torch_env, np_env):
+        assert e["max_rss_bytes"] > 0
+        if e["blas_source"] == "environment":
+            assert e["blas"]["OMP_NUM_THREADS"] == "1" and e["blas"]["MKL_NUM_THREADS"] == "1"
+        else:
+            assert all(p["threads"] == 1 for p in e["blas"])
+    table = format_table(res)
+    assert "ratio fisher_ref/torch_cpu_float64 = " in table and "load average" in table
+
+
+def test_unpicklable_task_is_timed_in_process_with_threads_restored():
+    task = load_config("no_eos")
+    task = task.with_(reward=FunctionReward(lambda p, r: float(len(r))))
+    before = torch.get_num_threads()
+    res = bench(task, repeats=1, names=["fisher_ref", "torch_cpu_float64"], threads=1)
+    assert not res["isolated"] and res["env"]["torch_cpu_float64"]["torch_threads"] == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="isolate=True needs a task that can be pickled"):
+        bench(task, repeats=1, names=["fisher_ref"], isolate=True)
+
+
+def test_cli_bench_prints_ratio_and_writes_json(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    rc = main(["bench", "--config", "default", "--repeats", "1", "--device", "cpu",
+               "--no-peer", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "ratio fisher_ref/torch_cpu_float64 = " in out
+    data = json.loads(path.read_text())
+    assert data["task"] == "default" and data["ratio"]["torch_cpu_float64"] > 0
+    assert data["threads"] == 1 and "torch_cpu_float64" in data["env"]
+
+
+def test_gpt2_config_benches_against_the_transformers_adapter():
+    res = bench(load_config("gpt2_small"), repeats=1, names=["fisher_ref", "torch_cpu_float64"])
+    assert res["ratio"]["torch_cpu_float64"] > 0
+
+
+def test_peer_row_is_optional(tmp_path, monkeypatch):
+    monkeypatch.setattr(fb, "PEER_SCRIPT", tmp_path / "absent.py")
+    assert "torch_peer" not in measurements("cpu", load_config("default"))
+    script = tmp_path / "torch_peer.py"
+    script.write_text("def peer_exact(spec):\n    return {'fisher': len(spec['theta'])}\n")
+    monkeypatch.setattr(fb, "PEER_SCRIPT", script)
+    assert measurements("cpu", load_config("default"))[-2:] == ["torch_peer",
+                                                                "fisher_ref_fisher"]
+    assert "torch_peer" not in measurements("cpu", load_config("gpt2_small"))  # MLP only
+    assert "torch_peer" not in measurements("cpu", load_config("default"), peer=False)
+    res = bench(load_config("default"), repeats=2,
+                names=["fisher_ref", "torch_peer", "fisher_ref_fisher"], isolate=False)
+    assert res["ratio"]["torch_peer"] > 0 and "token Fisher" in res["work"]["torch_peer"]
+    # the like-for-like ratio: the numpy engine doing only the peer's work
+    assert res["ratio_like"]["torch_peer"] == pytest.approx(
+        res["median"]["fisher_ref_fisher"] / res["median"]["torch_peer"])
+    assert res["ratio_like_min"]["torch_peer"] == pytest.approx(
+        res["min"]["fisher_ref_fisher"] / res["min"]["torch_peer"])
+    assert "quantities='fisher'" in res["work"]["fisher_ref_fisher"]
+    assert "ratio fisher_ref_fisher/torch_peer = " in format_table(res)
+    assert "fisher_ref_fisher" not in res["ratio"]  # compared with the peer only
+    without = bench(load_config("default"), repeats=1, names=["fisher_ref", "torch_peer"],
+                    isolate=False)
+    assert without["ratio_like"] == {}  # no like-for-like side, no like-for-like ratio
+
+
+def test_numpy_sides_run_without_torch():
+    res = bench(load_config("default"), repeats=1, names=["fisher_ref", "fisher_ref_fisher"],
+                threads=1)
+    assert res["isolated"]
+    assert all(res["env"][n]["torch_threads"] is None for n in res["env"])
+
+
+def test_measurements_are_functions_of_the_task():
+    assert {"fisher_ref", "torch_cpu_float64", "torch_cuda_float64", "torch_peer"} <= \
+        set(MEASUREMENTS)
+    assert callable(MEASUREMENTS["fisher_ref"](load_config("no_eos")))
+
+
+def test_cuda_without_device_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert measurements(None, peer=False) == ["fisher_ref", "torch_cpu_float64"]
+    with pytest.raises(ValueError, match="no CUDA device"):
+        measurements("cuda")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(repeats=0), "repeats must be a positive integer"),
+    (dict(repeats=1, threads=-1), "threads must be a non-negative integer"),
+    (dict(repeats=1, names=["fisher_ref", "jax"]), "unknown measurements"),
+])
+def test_bad_arguments_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        bench(load_config("no_eos"), **kwargs)
+
+
+def test_failure_inside_a_measurement_process_is_reported():
+    import pickle
+    with pytest.raises(RuntimeError, match="'fisher_ref' failed in its process"):
+        fb._Process("fisher_ref", pickle.dumps(None), 1)  # exact(None) raises in the worker
