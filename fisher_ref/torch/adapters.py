@@ -36,7 +36,7 @@ from torch.func import jacrev, vmap
 from fisher_ref.samplers import LogitsSampler, PerturbedSampler, RoundedSampler, TemperatureSampler
 
 __all__ = ["DTYPES", "JACOBIAN_CHUNK", "resolve_dtype", "accumulation_dtype", "TorchAdapter",
-           "TorchMLP", "TorchTabular", "token_fisher", "state_windows",
+           "TorchMLP", "TorchTabular", "check_device", "token_fisher", "state_windows",
            "sampler_logits"]
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -61,6 +61,25 @@ def accumulation_dtype(dtype):
     return torch.float32 if dtype == torch.bfloat16 else dtype
 
 
+def check_device(device):
+    """``torch.device(device)``, refusing one this torch cannot use (``ValueError`` naming
+    it): CUDA without a CUDA build or GPU, MPS without MPS, the meta device (no values)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not a torch device ({exc})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but torch.cuda.is_available() is False (torch "
+                         f"{torch.__version__}: a CPU build, or no GPU visible); use "
+                         "device='cpu'")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device={device!r} but torch.backends.mps.is_available() is False; "
+                         "use device='cpu'")
+    if dev.type == "meta":
+        raise ValueError("device='meta' holds no values; use 'cpu' or 'cuda'")
+    return dev
+
+
 class TorchAdapter:
     """Base of the adapters: device, dtypes, ``theta`` conversion and ``vmap(jacrev)``.
 
@@ -74,7 +93,7 @@ class TorchAdapter:
     name = "adapter"
 
     def __init__(self, device="cpu", dtype="float64"):
-        self.device = torch.device(device)
+        self.device = check_device(device)
         self.dtype = resolve_dtype(dtype)
         self.acc_dtype = accumulation_dtype(self.dtype)
 

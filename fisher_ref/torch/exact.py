@@ -2,7 +2,7 @@ r"""Exact enumeration in torch, depth-first in blocks on the device, for any ada
 
 The same finite sums as :func:`fisher_ref.exact.exact` (docs/theory.md §2, §3, §7),
 computed in torch on any device and dtype, for any model with a torch adapter
-(:func:`fisher_ref.torch.adapters.torch_model`: the MLP, the tabular model, the GPT-2
+(:func:`fisher_ref.torch.registry.torch_model`: the MLP, the tabular model, the GPT-2
 through ``transformers``, any ``torch.nn.Module`` through
 :func:`fisher_ref.torch.module.from_module`). Streams: ``"policy"`` (drawn from ``p``,
 centered at :math:`\bar j_p`); with a sampler ``"raw"`` (drawn from :math:`\mu`, centered
@@ -27,6 +27,8 @@ stack holds at most ``T`` blocks of ``chunk * V`` rows and no ``(M, T, P)`` hist
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np  # noqa: F401 (the doctest below uses it)
 import torch
 
@@ -38,6 +40,8 @@ from fisher_ref.torch.module_model import causal_lm_task
 from fisher_ref.torch.registry import torch_model
 from fisher_ref.torch.moments import Ranges, StreamSums
 from fisher_ref.torch.tree import depth_first, ending_tokens, open_children, root_block
+from fisher_ref.torch.self_check import (CausalLMResult, SelfCheckError, SelfCheckWarning,
+                                         check_finite, self_checks)
 from fisher_ref.torch.window_cache import WindowTable, unique_windows
 
 __all__ = ["torch_exact", "exact_causal_lm", "STREAM_QUANTITIES", "GradientBatch", "visit_block", "add_complete"]
@@ -115,6 +119,7 @@ class _Run:
         self.r0 = None  # reference reward: every R sum is of R - r0
         self.table = WindowTable(self)
         self.grad = GradientBatch(self)
+        self.jmax = 0.0  # largest |j| seen (the scale of the E[h] = 0 self-check)
         self.states, self.seqs = [], []
         self.width = max(len(p) for p in task.prompts) + T - 1  # longest state
 
@@ -225,12 +230,12 @@ def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None
     Args:
         task: a :class:`fisher_ref.tasks.Task` whose model has a torch adapter (MLP,
             tabular, GPT-2, a torch module from
-            :func:`fisher_ref.torch.module.causal_lm_task`).
+            :func:`fisher_ref.torch.module_model.causal_lm_task`).
         device: torch device.
         dtype: compute dtype of logits and sensitivities (sums in
             :func:`fisher_ref.torch.adapters.accumulation_dtype`).
         adapter: the :class:`fisher_ref.torch.adapters.TorchAdapter` to use (default:
-            :func:`fisher_ref.torch.adapters.torch_model` of ``task.model``).
+            :func:`fisher_ref.torch.registry.torch_model` of ``task.model``).
         chunk: states per block (default :func:`fisher_ref.engine.plan.default_chunk`,
             about 256 MiB of work arrays); memory grows with it, never with ``V^T``.
         keep_states, keep_sequences: return the per-state / per-response arrays
@@ -248,7 +253,13 @@ def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None
         ``probs (N, V)``, ``token_fisher (N, P)``, ``uniform (N, P)``; sorted by prompt,
         depth, tokens as in fisher_ref) and ``sequences`` (``tokens (M, T)``, ``prompt``,
         ``prob``, ``sampler_prob``, ``reward``; sorted by prompt, tokens), each ``None``
-        when not kept.
+        when not kept; ``dtype`` (the compute dtype: every array is returned as float64
+        numpy but holds only this precision), ``upcasts`` (ops of a module run in
+        ``dtype`` instead of a lower one, :mod:`fisher_ref.torch.precision`) and ``checks``
+        (the exact identities of :func:`fisher_ref.torch.self_check.self_checks`).
+
+    Raises:
+        ValueError: a result array is NaN or infinite (naming it).
 
     Example:
         >>> from fisher_ref import load_config
@@ -281,9 +292,16 @@ def _result(run):
         pol = run.sums[0]
         ranges = {k: _np(v) for k, v in run.ranges.finish(
             {"sequence_fisher": pol.h2 / pol.mass, "token_fisher_sum": pol.g / pol.mass}).items()}
-    return {"streams": streams, "gradient_autodiff": _np(run.grad.grad), "ranges": ranges,
-            "states": _sorted(run.states, ("depth", "prompt")) if run.keep_states else None,
-            "sequences": _sorted(run.seqs, ("prompt",)) if run.keep_seqs else None}
+    ad = run.adapter
+    out = {"streams": streams, "gradient_autodiff": _np(run.grad.grad), "ranges": ranges,
+           "states": _sorted(run.states, ("depth", "prompt")) if run.keep_states else None,
+           "sequences": _sorted(run.seqs, ("prompt",)) if run.keep_seqs else None,
+           "dtype": str(ad.dtype).replace("torch.", ""),
+           "upcasts": dict(getattr(ad, "upcasts", {}))}
+    check_finite(out)
+    out["checks"] = self_checks(out, run.task.baseline, run.task.max_len, run.jmax,
+                                out["dtype"])
+    return out
 
 
 def _np(x):
@@ -301,10 +319,30 @@ def _sorted(records, keys):
 
 def exact_causal_lm(module, prompts, max_len, reward, *, vocab_size, eos, bos=None,
                     prompt_weights=None, baseline=0.0, sampler=None, vectorize=True,
-                    device="cpu", dtype="float64", **engine_kwargs):
-    """Every exact quantity of a torch causal LM on a task: :func:`causal_lm_task`, then
+                    device="cpu", dtype="float64", params="all", strict=False,
+                    n_embeddings=None, **engine_kwargs):
+    r"""Every exact quantity of a torch causal LM on a task: :func:`causal_lm_task`, then
     :func:`fisher_ref.torch.exact.torch_exact` (``engine_kwargs``: ``chunk``,
-    ``keep_states``, ``keep_sequences``).
+    ``keep_states``, ``keep_sequences``, ``variances``), then the self-checks.
+
+    Args:
+        params: what ``theta`` is (``"all"``, ``"trainable"``, a list of names, a predicate
+            ``(name, param) -> bool``; :func:`fisher_ref.torch.module.select_parameters`).
+        strict: raise instead of warning: :class:`~fisher_ref.torch.precision.LowPrecisionError`
+            when the module runs an op below ``dtype`` (default: the op runs in ``dtype``,
+            listed in ``result["upcasts"]``), and
+            :class:`~fisher_ref.torch.self_check.SelfCheckError` when an exact identity
+            fails (default: a :class:`~fisher_ref.torch.self_check.SelfCheckWarning`
+            naming the worst row).
+        n_embeddings: prompts may hold ids ``0..n_embeddings-1`` (default: the rows of the
+            module's input embedding); ids ``vocab_size`` and up are input-only.
+        Others as in :func:`causal_lm_task` and :func:`torch_exact`.
+
+    Returns:
+        :class:`~fisher_ref.torch.self_check.CausalLMResult`: the dict of
+        :func:`torch_exact` plus ``layout`` (``(name, shape, offset)`` of every block of
+        ``theta``) and ``params`` (their names); ``result.by_name(name)`` gives a block of
+        any per-parameter array, shaped like the parameter.
 
     Example:
         >>> class Bigram(torch.nn.Module):  # next-token logits from the last token only
@@ -319,8 +357,24 @@ def exact_causal_lm(module, prompts, max_len, reward, *, vocab_size, eos, bos=No
         >>> pol = out["streams"]["policy"]
         >>> bool(np.allclose(pol["sequence_fisher"], pol["token_fisher_sum"], rtol=1e-10))
         True
+        >>> out.by_name("table.weight").shape, [r["passed"] for r in out["checks"]]
+        ((4, 3), [True, True, True])
     """
     task = causal_lm_task(module, prompts, max_len, reward, vocab_size=vocab_size, eos=eos,
                           bos=bos, prompt_weights=prompt_weights, baseline=baseline,
-                          sampler=sampler, vectorize=vectorize)
-    return torch_exact(task, device=device, dtype=dtype, **engine_kwargs)
+                          sampler=sampler, vectorize=vectorize, params=params, strict=strict,
+                          n_embeddings=n_embeddings)
+    out = CausalLMResult(torch_exact(task, device=device, dtype=dtype, **engine_kwargs))
+    out["layout"] = list(task.model.layout())
+    out["params"] = [name for name, _, _ in out["layout"]]
+    failed = [r for r in out["checks"] if not r["passed"]]
+    if failed:
+        worst = max(failed, key=lambda r: r["value"] / r["tolerance"])
+        text = (f"exact_causal_lm: the exact identity {worst['identity']} is off by "
+                f"{worst['value']:.3g} relative, beyond the {out['dtype']} tolerance "
+                f"{worst['tolerance']:.0e} ({len(failed)} of {len(out['checks'])} self-checks "
+                "failed; see result['checks'])")
+        if strict:
+            raise SelfCheckError(text)
+        warnings.warn(text, SelfCheckWarning, stacklevel=2)
+    return out

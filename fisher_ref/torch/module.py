@@ -6,24 +6,32 @@ next-token logits: ``(b, V')`` (the next token after each sequence), ``(b, n, V'
 (``transformers`` models). Columns ``0..V-1`` are the vocabulary; extra columns (a BOS
 id ``V``, say) are dropped.
 
-:func:`from_module` flattens the module's parameters into one ``theta``:
-``named_parameters()`` order (each tied tensor once), each tensor row-major, and
-evaluates the module at any ``theta`` with ``torch.func.functional_call``, so the logits
-are a pure function of the flat vector and ``vmap(jacrev)`` gives every state's
-:math:`j = \partial z / \partial\theta`. A state ``s`` is read as the sequence
-``[bos] + s`` (no BOS when ``bos`` is ``None``); its window is that sequence
-right-padded with ``-1`` to ``positions``; states of equal length are evaluated as one
-unpadded batch.
+**theta.** :func:`from_module` flattens the selected parameters (``params=``: all of
+them, the trainable ones, a list of names or a predicate; the others stay fixed at the
+module's values) into one ``theta``: ``named_parameters()`` order (each tied tensor
+once), each tensor row-major; :attr:`ModuleAdapter.layout` gives every block's name,
+shape and offset. Integer parameters are never part of ``theta``. The module is
+evaluated at any ``theta`` with ``torch.func.functional_call``, so the logits are a pure
+function of the flat vector and ``vmap(jacrev)`` gives every state's
+:math:`j = \partial z / \partial\theta`.
 
-The same module also serves the numpy engines: :class:`TorchModuleModel` is a fisher_ref
-model whose logits are an autograd primitive evaluated by the module, with derivatives
-by plain ``torch.autograd`` (one backward pass per logit), so :func:`fisher_ref.exact`,
-``verify`` and ``compare`` run on a user's module too. :func:`causal_lm_task` builds the
-:class:`fisher_ref.tasks.Task`.
+**Inputs.** A state ``s`` is read as the sequence ``[bos] + s`` (no BOS when ``bos`` is
+``None``); its window is that sequence right-padded with ``-1`` to ``positions``; states
+of equal length are evaluated as one unpadded batch. Ids ``0..V-1`` are generated; ids
+``V..n_embeddings-1`` (system or separator tokens of a chat template) may appear in
+prompts and are never generated (``n_embeddings``: the rows of the module's input
+embedding, read from it when it has one).
 
-The GPT-2 of :mod:`fisher_ref.models.gpt2` is one such module: :func:`gpt2_adapter` wraps
-``transformers``' ``GPT2LMHeadModel`` (built by :func:`fisher_ref.hf.to_hf`), whose
-``named_parameters()`` order is the GPT-2 ``theta`` layout.
+**Precision.** Every evaluation runs under :func:`fisher_ref.torch.precision.run_dtype`:
+ops the module would run below the run's dtype (the float32 casts of RMSNorm, eager
+softmax and rotary embeddings in ``transformers``) run in the run's dtype, and are listed
+in :attr:`ModuleAdapter.upcasts`; ``strict=True`` refuses them instead, naming the module
+path and the op.
+
+**Checks.** The first evaluation is repeated, and its first rows are evaluated alone: a
+forward that is not deterministic (a stateful or random module) or whose rows depend on
+the rest of the batch is refused, since the engines evaluate each state once and in
+batches of other sizes. A ``(b, V', n)`` output (the length axis second) is refused.
 """
 from __future__ import annotations
 
@@ -35,58 +43,215 @@ from torch.func import functional_call, jacrev
 
 from fisher_ref.models.base import layout_offsets
 from fisher_ref.torch.adapters import JACOBIAN_CHUNK, TorchAdapter
+from fisher_ref.torch.precision import LowPrecisionError, run_dtype
 
-__all__ = ["from_module", "ModuleAdapter", "flat_parameters"]
+__all__ = ["from_module", "ModuleAdapter", "flat_parameters", "select_parameters",
+           "input_embeddings", "LowPrecisionError"]
+
+#: Rows of the first batch re-evaluated alone by the batch-independence check.
+CHECK_ROWS = 3
 
 
-def flat_parameters(module):
-    """``(names, shapes, theta)`` of a module: ``named_parameters()`` order (a tied tensor
-    once, under its first name), ``theta`` the float64 numpy concatenation, row-major."""
+def select_parameters(module, params="all"):
+    """The ``(name, tensor)`` pairs of ``module`` that make up ``theta``.
+
+    Args:
+        module: a ``torch.nn.Module``.
+        params: ``"all"`` (every floating parameter), ``"trainable"`` (those with
+            ``requires_grad``), a list of names from ``named_parameters()``, or a
+            predicate ``(name, param) -> bool``.
+
+    Returns:
+        list of ``(name, parameter)`` in ``named_parameters()`` order (tied once);
+        integer parameters are never selected.
+
+    Raises:
+        ValueError: an unknown or integer name, an unknown ``params`` value, or an empty
+            selection (naming ``params``).
+    """
     named = list(module.named_parameters())
+    floating = [(n, p) for n, p in named if p.is_floating_point()]
+    if isinstance(params, str):
+        if params not in ("all", "trainable"):
+            raise ValueError(f"params must be 'all', 'trainable', a list of parameter names "
+                             f"or a predicate (name, param) -> bool; got {params!r}")
+        out = floating if params == "all" else [(n, p) for n, p in floating if p.requires_grad]
+    elif callable(params):
+        out = [(n, p) for n, p in floating if params(n, p)]
+    elif isinstance(params, (list, tuple, set, frozenset)):
+        have = dict(named)
+        for n in params:
+            if n not in have:
+                close = [k for k in have if k.endswith(str(n)) or str(n) in k][:3]
+                raise ValueError(f"params names {n!r}, which is not in the module's "
+                                 f"named_parameters()" + (f" (did you mean {close}?)"
+                                                          if close else ""))
+            if not have[n].is_floating_point():
+                raise ValueError(f"params names {n!r}, an integer parameter "
+                                 f"({have[n].dtype}): it has no derivative")
+        want = set(params)
+        out = [(n, p) for n, p in floating if n in want]
+    else:
+        raise ValueError(f"params must be 'all', 'trainable', a list of names or a "
+                         f"predicate; got {type(params).__name__}")
+    if not out:
+        what = "no floating parameters" if not floating else \
+            f"no parameters selected by params={params!r}" if not callable(params) else \
+            "no parameters selected by the params predicate"
+        raise ValueError(f"the module has {what}: there is no theta to differentiate "
+                         "(fisher_ref needs at least one floating parameter)")
+    return out
+
+
+def flat_parameters(module, params="all"):
+    """``(names, shapes, theta)`` of the selected parameters (:func:`select_parameters`):
+    ``named_parameters()`` order (a tied tensor once, under its first name), ``theta`` the
+    float64 numpy concatenation, row-major."""
+    named = select_parameters(module, params)
     theta = np.concatenate([p.detach().to("cpu", torch.float64).reshape(-1).numpy()
-                            for _, p in named]) if named else np.zeros(0)
+                            for _, p in named])
     return [n for n, _ in named], [tuple(p.shape) for _, p in named], theta
 
 
-def _last_logits(out, V):
-    """``(b, V)`` next-token logits from a module's output (see the module docstring)."""
+def input_embeddings(module):
+    """Rows of the module's input embedding (``get_input_embeddings()`` of a
+    ``transformers`` model, else its first ``torch.nn.Embedding``), or ``None``."""
+    get = getattr(module, "get_input_embeddings", None)
+    emb = None
+    if callable(get):
+        try:
+            emb = get()
+        except (NotImplementedError, AttributeError):
+            emb = None
+    if emb is None:
+        emb = next((m for m in module.modules() if isinstance(m, torch.nn.Embedding)), None)
+    weight = getattr(emb, "weight", None)
+    return None if weight is None else int(weight.shape[0])
+
+
+def position_table(module):
+    """The longest input the module's position table covers (``max_position_embeddings``
+    of a ``transformers`` config), or ``None``."""
+    n = getattr(getattr(module, "config", None), "max_position_embeddings", None)
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def _last_logits(out, V, n, dtype):
+    """``(b, V)`` next-token logits from a module's output for inputs of length ``n``."""
     out = getattr(out, "logits", out)
     if not isinstance(out, torch.Tensor) or out.ndim not in (2, 3):
         raise ValueError("the module must return next-token logits (b, V) or (b, n, V) "
                          f"(or an object with .logits); got {type(out).__name__} "
                          f"{tuple(getattr(out, 'shape', ()))}")
+    if not out.is_floating_point():
+        raise ValueError(f"the module returned {out.dtype} logits; fisher_ref needs floating "
+                         "logits that depend differentiably on the parameters")
+    if out.ndim == 3 and out.shape[1] != n:
+        raise ValueError(f"the module returned logits of shape {tuple(out.shape)} for inputs "
+                         f"of length {n}: a 3-D output must be (b, n, V) with one row per "
+                         f"position (is it (b, V, n)? transpose it)")
     out = out[:, -1] if out.ndim == 3 else out
     if out.shape[-1] < V:
         raise ValueError(f"the module returned {out.shape[-1]} logits per state, fewer than "
                          f"vocab_size={V}")
+    if out.dtype != dtype:
+        raise LowPrecisionError(f"the module returned {out.dtype} logits in a {dtype} run")
     return out[:, :V]  # (b, V)
 
 
+def _vmap_hint(exc):
+    return ValueError(
+        f"torch.func.vmap cannot evaluate this module ({type(exc).__name__}: "
+        f"{str(exc).splitlines()[0][:300]}); modules with data-dependent control flow, random "
+        "ops or ops without a vmap rule (torch.nn.GRU, say) need vectorize=False (an argument "
+        "of from_module, causal_lm_task and exact_causal_lm)")
+
+
 class ModuleAdapter(TorchAdapter):
-    """A torch module as a :class:`fisher_ref.torch.adapters.TorchAdapter` (see :func:`from_module`).
+    """A torch module as a :class:`fisher_ref.torch.adapters.TorchAdapter` (see
+    :func:`from_module`).
 
     Attributes:
         names, shapes: the parameter blocks of ``theta``, in order; ``layout`` the same
             with each block's offset.
-        theta0: float64 numpy ``(P,)``, the module's own parameters.
+        theta0: float64 numpy ``(P,)``, the module's own values of those blocks.
+        n_embeddings: ids a prompt may hold (``0..n_embeddings-1``; ``V`` and up are
+            input-only), ``None`` when unknown (then ``0..V-1``).
+        upcasts: ``{"module.path: aten.op to float32": count}``, the ops run in the run's
+            dtype instead of a lower one.
     """
 
     whole_history = True
 
-    def __init__(self, module, vocab_size, eos, bos, positions, device, dtype, name, vectorize):
+    def __init__(self, module, vocab_size, eos, bos, positions, device, dtype, name, vectorize,
+                 params="all", strict=False, n_embeddings=None):
         super().__init__(device, dtype)
-        self.module = copy.deepcopy(module).to(device=self.device, dtype=self.dtype).eval()
-        self.names, self.shapes, self.theta0 = flat_parameters(module)
+        meta = [n for n, t in list(module.named_parameters()) + list(module.named_buffers())
+                if t.is_meta]
+        if meta:
+            raise ValueError(f"the module's {meta[0]!r} is on the meta device (no values); "
+                             "load its weights first (module.to_empty(device=...) and "
+                             "load_state_dict)")
+        self.names, self.shapes, self.theta0 = flat_parameters(module, params)
+        self.params = list(self.names)
         self.layout = layout_offsets(list(zip(self.names, self.shapes)))
         self.vocab_size, self.eos, self.bos = int(vocab_size), bool(eos), bos
         self.context = int(positions)
         self.num_params = int(self.theta0.size)
-        self.name, self.vectorize = name, vectorize
+        self.name, self.vectorize, self.strict = name, vectorize, bool(strict)
+        self.n_embeddings = input_embeddings(module) if n_embeddings is None else \
+            int(n_embeddings)
+        self._check_inputs(position_table(module))
+        self.module = copy.deepcopy(module).to(device=self.device, dtype=self.dtype).eval()
+        for p in self.module.parameters():
+            p.requires_grad_(False)  # only the theta blocks are differentiated
+        self.upcasts, self._checked = {}, False
+
+    def _check_inputs(self, table):
+        E, V = self.n_embeddings, self.vocab_size
+        if E is not None and E < V:
+            raise ValueError(f"the module's input embedding has {E} rows, fewer than "
+                             f"vocab_size={V}")
+        if self.bos is not None and E is not None and self.bos >= E:
+            raise ValueError(f"bos={self.bos} is not an id of the module's input embedding "
+                             f"(rows 0..{E - 1}); pick a bos below {E}")
+        if table is not None and self.context > table:
+            raise ValueError(f"inputs need up to {self.context} positions (BOS, the longest "
+                             f"prompt and max_len - 1 tokens) but the module's position table "
+                             f"has max_position_embeddings={table}; shorten the prompts or "
+                             "max_len")
+
+    def check_prompt_ids(self, prompts):
+        """Refuse prompt ids outside ``0..n_embeddings-1`` (``0..V-1`` when unknown) and
+        the BOS id, naming the prompt and the id."""
+        top = self.vocab_size if self.n_embeddings is None else self.n_embeddings
+        for i, pr in enumerate(prompts):
+            for t in pr:
+                if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                    raise ValueError(f"prompt {i} holds a non-integer token {t!r}")
+                if not 0 <= t < top:
+                    extra = "" if top == self.vocab_size else \
+                        f"; ids {self.vocab_size}..{top - 1} are input-only"
+                    raise ValueError(f"prompt {i} holds token id {t}, out of range 0..{top - 1} "
+                                     f"(vocab_size={self.vocab_size}{extra})")
+                if t == self.bos:
+                    raise ValueError(f"prompt {i} holds token id {t}, the bos id: bos={t} is put "
+                                     "before every input; leave it out of the prompts")
+
+    def _evaluating(self):
+        return run_dtype(self.module, self.dtype, self.strict, self.upcasts, root=self.name)
 
     def call(self, params, ids):
         """Next-token logits ``(b, V)`` of unpadded sequences ``ids (b, n)`` with the
         parameter blocks ``params``."""
-        return _last_logits(functional_call(self.module, params, (ids,)), self.vocab_size)
+        try:
+            out = functional_call(self.module, params, (ids,))
+        except IndexError as exc:
+            raise ValueError(
+                f"the module raised IndexError ({exc}) on inputs of length {ids.shape[1]}: an "
+                f"id past its embedding (bos={self.bos}, vocab_size={self.vocab_size}) or an "
+                f"input longer than its position table (positions={self.context})") from exc
+        return _last_logits(out, self.vocab_size, ids.shape[1], self.dtype)
 
     def windows(self, tokens, lengths):
         """Row ``b`` = ``[bos] + tokens[b, :lengths[b]]``, ``-1`` padded: ``(B, positions)``."""
@@ -118,24 +283,70 @@ class ModuleAdapter(TorchAdapter):
     def logits_of(self, params, windows):
         """``(B, N)`` windows -> ``(B, V)`` logits, one unpadded call per length."""
         out = None
-        for rows, ids in self._groups(windows):
-            z = self.call(params, ids)  # (b, V)
-            out = z.new_zeros((windows.shape[0], self.vocab_size)) if out is None else out
-            out = out.index_put((rows,), z)
+        with self._evaluating():
+            for rows, ids in self._groups(windows):
+                z = self.call(params, ids)  # (b, V)
+                out = z.new_zeros((windows.shape[0], self.vocab_size)) if out is None else out
+                out = out.index_put((rows,), z)
         return out  # (B, V)
+
+    def logits(self, theta, windows):
+        """``(B, N)`` windows -> ``(B, V)`` logits at the flat ``theta``; the first call also
+        runs :meth:`check_forward`."""
+        z = self.logits_of(self.unpack(theta), windows)
+        if not self._checked:
+            self._checked = True
+            self.check_forward(theta, windows, z)
+        return z
+
+    def check_forward(self, theta, windows, z):
+        """Refuse a forward whose logits ``z (B, V)`` change when evaluated again (a
+        stateful or random module) or when a row is evaluated alone (rows that depend on
+        the rest of the batch): the engines rely on neither."""
+        with torch.no_grad():
+            params = self.unpack(theta.detach())
+            z = z.detach()
+            again = self.logits_of(params, windows)
+            tol = 64 * torch.finfo(self.dtype).eps * max(1.0, float(z.abs().max()))
+            if not torch.allclose(again, z, rtol=0, atol=tol, equal_nan=True):
+                raise ValueError(
+                    f"the module's forward is not deterministic: the same inputs gave logits "
+                    f"{float((again - z).abs().max()):.3g} apart on two evaluations (a stateful "
+                    "module, dropout, or a random op); fisher_ref needs the logits to be a "
+                    "function of the parameters and the input ids")
+            for b in range(min(CHECK_ROWS, windows.shape[0]) if windows.shape[0] > 1 else 0):
+                alone = self.logits_of(params, windows[b:b + 1])
+                if not torch.allclose(alone, z[b:b + 1], rtol=0, atol=tol, equal_nan=True):
+                    raise ValueError(
+                        f"the module's logits for a sequence depend on the other sequences of "
+                        f"the batch ({float((alone - z[b:b + 1]).abs().max()):.3g} apart alone "
+                        "and in a batch: batch statistics, say BatchNorm in train mode); "
+                        "fisher_ref evaluates states in batches of varying size")
 
     def sensitivities(self, theta, windows):
         r""":math:`j (B, P, V)` by ``vmap(jacrev)`` per length group (a per-window ``jacrev``
         loop for modules without vmap rules, ``vectorize=False``)."""
         params = self.unpack(theta)
         out = theta.new_zeros((windows.shape[0], self.vocab_size, self.num_params))
-        for rows, ids in self._groups(windows):
-            if self.vectorize:
-                jac = torch.cat([self.jacobian_blocks(params, chunk)
-                                 for chunk in ids.split(JACOBIAN_CHUNK)])  # (b, V, P)
-            else:
-                jac = torch.stack([self._jac_loop(params, row) for row in ids])  # (b, V, P)
-            out[rows] = jac
+        with self._evaluating():
+            for rows, ids in self._groups(windows):
+                if self.vectorize:
+                    try:
+                        jac = torch.cat([self.jacobian_blocks(params, chunk)
+                                         for chunk in ids.split(JACOBIAN_CHUNK)])  # (b, V, P)
+                    except (RuntimeError, NotImplementedError) as exc:
+                        raise _vmap_hint(exc) from exc
+                else:
+                    try:
+                        jac = torch.stack([self._jac_loop(params, row)
+                                           for row in ids])  # (b, V, P)
+                    except (RuntimeError, NotImplementedError) as exc:
+                        raise ValueError(
+                            f"torch.func.jacrev cannot differentiate this module "
+                            f"({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); "
+                            "fisher_ref needs a module torch.func can differentiate (an "
+                            "autograd.Function needs setup_context, say)") from exc
+                out[rows] = jac
         return out.transpose(1, 2)  # (B, P, V)
 
     def _one(self, params, ids):
@@ -146,38 +357,52 @@ class ModuleAdapter(TorchAdapter):
         jac = jacrev(self._one)(params, ids)  # {name: (V, *)}
         return torch.cat([jac[n].reshape(self.vocab_size, -1) for n in params], dim=1)
 
+    def respecified(self, device, dtype):
+        """The same module, ``theta`` blocks and options on another device or dtype."""
+        return ModuleAdapter(self.module, self.vocab_size, self.eos, self.bos, self.context,
+                             device, dtype, self.name, self.vectorize, params=self.params,
+                             strict=self.strict, n_embeddings=self.n_embeddings)
+
 
 def from_module(module, vocab_size, eos, bos=None, *, positions, device="cpu",
-                dtype="float64", vectorize=True, name="torch_module"):
+                dtype="float64", vectorize=True, name="torch_module", params="all",
+                strict=False, n_embeddings=None):
     """A torch causal LM as an adapter of the torch engines.
 
     Args:
         module: a ``torch.nn.Module`` mapping ``(b, n)`` token ids to next-token logits
             (see the module docstring); it is copied, moved to ``device``/``dtype`` and put
             in eval mode (the caller's module is not changed).
-        vocab_size: ``V``; token ids ``0..V-1``.
+        vocab_size: ``V``; token ids ``0..V-1`` are generated.
         eos: whether id 0 ends a response.
-        bos: the id every input starts with (``None``: none; then no state may be empty).
+        bos: the id every input starts with (``None``: none; then no state may be empty);
+            any id of the input embedding.
         positions: the longest input the module reads (BOS included).
         device, dtype: where and in what precision the module runs.
         vectorize: ``vmap(jacrev)`` over windows; ``False`` loops ``jacrev`` per window
-            (for modules whose ops have no vmap rule, such as ``torch.nn.GRU``).
+            (for modules whose ops have no vmap rule, such as ``torch.nn.GRU``, or with
+            data-dependent control flow).
         name: a label for reports.
+        params: what ``theta`` is: ``"all"`` floating parameters, ``"trainable"`` (those
+            with ``requires_grad``: the adapters of a PEFT/LoRA model), a list of names, or
+            a predicate ``(name, param) -> bool``; the others stay fixed.
+        strict: refuse an op the module runs below ``dtype`` (``LowPrecisionError`` naming
+            the module path and the op) instead of running it in ``dtype``.
+        n_embeddings: ids ``0..n_embeddings-1`` may appear in prompts (``V`` and up:
+            input-only, never generated); default: the rows of the module's input embedding.
 
     Returns:
-        :class:`ModuleAdapter` (``theta0``: the module's parameters as a float64 vector).
+        :class:`ModuleAdapter` (``theta0``: the selected parameters as a float64 vector).
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"from_module needs a torch.nn.Module, got {type(module).__name__}")
     for key, v in (("vocab_size", vocab_size), ("positions", positions)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"{key} must be a positive integer, got {v!r}")
-    if bos is not None and (isinstance(bos, bool) or not isinstance(bos, (int, np.integer))
-                            or bos < 0):
-        raise ValueError(f"bos must be a non-negative integer id or None, got {bos!r}")
+    for key, v in (("bos", bos), ("n_embeddings", n_embeddings)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
+                              or v < 0):
+            raise ValueError(f"{key} must be a non-negative integer or None, got {v!r}")
     return ModuleAdapter(module, vocab_size, eos, bos, positions, device, dtype, name,
-                         bool(vectorize))
-
-
-
-
+                         bool(vectorize), params=params, strict=strict,
+                         n_embeddings=n_embeddings)

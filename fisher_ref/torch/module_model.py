@@ -95,25 +95,39 @@ class TorchModuleModel:
 
 def causal_lm_task(module, prompts, max_len, reward, *, vocab_size, eos, bos=None,
                    prompt_weights=None, baseline=0.0, sampler=None, vectorize=True,
-                   name="torch_module"):
-    """A :class:`fisher_ref.tasks.Task` over a torch causal LM, its ``theta`` the module's.
+                   name="torch_module", params="all", strict=False, n_embeddings=None):
+    """A :class:`fisher_ref.tasks.Task` over a torch causal LM, its ``theta`` the selected
+    parameters of the module (``params``).
 
     ``positions`` is the longest input of the task (BOS, the longest prompt and
     ``max_len - 1`` generated tokens). The task runs on the torch engine
     (:func:`fisher_ref.torch.torch_exact`) and on the numpy engines (through
-    :class:`TorchModuleModel`). Arguments as in :func:`from_module` and
-    :class:`fisher_ref.tasks.Task`; ``prompt_weights`` default to uniform.
+    :class:`TorchModuleModel`). Arguments as in :func:`fisher_ref.torch.from_module` and
+    :class:`fisher_ref.tasks.Task`; ``prompt_weights`` default to uniform. Prompts may hold
+    the input-only ids ``V..n_embeddings-1`` (checked here, never generated).
     """
     from fisher_ref.tasks import Task
+    if not isinstance(prompts, (list, tuple)) or not all(isinstance(p, (list, tuple))
+                                                         for p in prompts):
+        raise ValueError(f"prompts must be a list of token lists, got {prompts!r:.80}")
     longest = max((len(p) for p in prompts), default=0)
+    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
+        raise ValueError(f"max_len must be an integer >= 1, got {max_len!r}")
     positions = longest + int(max_len) - (0 if bos is not None else 1)
     adapter = from_module(module, vocab_size, eos, bos, positions=max(positions, 1),
-                          vectorize=vectorize, name=name)
+                          vectorize=vectorize, name=name, params=params, strict=strict,
+                          n_embeddings=n_embeddings)
     if bos is None and any(len(p) == 0 for p in prompts):
         raise ValueError("an empty prompt needs a bos id: without one the module would be "
                          "called on an empty sequence")
+    adapter.check_prompt_ids(prompts)
     n = len(prompts)
     weights = np.full(n, 1.0 / n) if prompt_weights is None and n else prompt_weights
-    return Task(model=TorchModuleModel(adapter), theta=adapter.theta0, prompts=prompts,
+    # Task checks prompt ids against 0..V-1; input-only ids (checked above) are put back
+    # after it has checked everything else on same-length prompts.
+    generated = [[t if t < adapter.vocab_size else 0 for t in p] for p in prompts]
+    task = Task(model=TorchModuleModel(adapter), theta=adapter.theta0, prompts=generated,
                 prompt_weights=weights, max_len=max_len, reward=reward, baseline=baseline,
                 sampler=sampler, name=name)
+    task.prompts = tuple(tuple(int(t) for t in p) for p in prompts)
+    return task

@@ -12,7 +12,6 @@ from fisher_ref.models.base import MLPModel, TabularModel
 from fisher_ref.models.gpt2 import GPT2Model
 from fisher_ref.torch.adapters import TorchAdapter, TorchMLP, TorchTabular
 from fisher_ref.torch.gpt2 import gpt2_adapter
-from fisher_ref.torch.module import ModuleAdapter
 from fisher_ref.torch.module_model import TorchModuleModel
 
 __all__ = ["torch_model", "adapter_of", "ADAPTERS"]
@@ -26,8 +25,8 @@ def torch_model(model, device="cpu", dtype="float64"):
 
     MLP and tabular models get :class:`TorchMLP` / :class:`TorchTabular`; the GPT-2 gets
     ``transformers``' ``GPT2LMHeadModel`` over the flat ``theta``
-    (:func:`fisher_ref.torch.module.gpt2_adapter`); a model built from a torch module
-    (:func:`fisher_ref.torch.module.causal_lm_task`) gets its own module adapter.
+    (:func:`fisher_ref.torch.gpt2.gpt2_adapter`); a model built from a torch module
+    (:func:`fisher_ref.torch.module_model.causal_lm_task`) gets its own module adapter.
     """
     if isinstance(model, TorchAdapter):
         return model
@@ -51,8 +50,7 @@ def adapter_of(model, device="cpu", dtype="float64"):
         if torch.device(device) == ad.device and ad.dtype == torch.float64 and dtype in (
                 "float64", torch.float64):
             return ad
-        return ModuleAdapter(ad.module, ad.vocab_size, ad.eos, ad.bos, ad.context, device,
-                             dtype, ad.name, ad.vectorize)
+        return ad.respecified(device, dtype)
     if isinstance(model, GPT2Model):
         try:
             return gpt2_adapter(model, device=device, dtype=dtype)

@@ -96,6 +96,8 @@ class WindowTable:
         J = ad.sensitivities(run.theta, Wu).to(acc)  # (U, P, V)
         if not torch.isfinite(J).all():
             raise ValueError("non-finite logit sensitivities (check the model's derivatives)")
+        if J.numel():
+            run.jmax = max(run.jmax, float(J.abs().max()))
         za = z.to(acc)
         dist = {"p": za.softmax(-1)}  # (U, V)
         if run.task.sampler is None:
@@ -123,9 +125,12 @@ def _check_logits(z, who):
 
 
 def unique_windows(W, V):
-    """``(Wu, inv)``: the distinct rows of ``W (B, k)`` (entries ``-1..V``) and the row of
-    each, by one sort of integer keys when they fit in 62 bits, else ``torch.unique(dim=0)``."""
+    """``(Wu, inv)``: the distinct rows of ``W (B, k)`` (entries ``-1..V``, or up to the
+    largest entry: input-only ids and a BOS above ``V``) and the row of each, by one sort of
+    integer keys when they fit in 62 bits, else ``torch.unique(dim=0)``."""
     k = W.shape[1]
+    if W.numel():
+        V = max(V, int(W.max()))
     if k * np.log2(V + 2) >= 62:
         return torch.unique(W, dim=0, return_inverse=True)
     base = (V + 2) ** torch.arange(k, device=W.device)  # (k,)
