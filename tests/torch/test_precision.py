@@ -1,0 +1,158 @@
+"""The run's dtype all the way through a module (fisher_ref.torch.precision), and the
+self-checks every torch-engine result carries (fisher_ref.torch.self_check)."""
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the torch engine needs torch (the torch extra)")
+pytest.importorskip("transformers", reason="the hf extra (transformers) is needed")
+
+from fisher_ref.torch import exact_causal_lm  # noqa: E402
+from fisher_ref.torch import self_check  # noqa: E402
+from fisher_ref.torch.precision import LowPrecisionError, run_dtype  # noqa: E402
+from fisher_ref.torch.self_check import SelfCheckError, SelfCheckWarning  # noqa: E402
+from tests.torch.hf_families import V, tiny  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+RTOL = 1e-12
+
+
+def reward(prompt, response):
+    return float(list(response).count(2)) + 0.25 * len(response)
+
+
+class CastingLM(torch.nn.Module):
+    """Embedding, a hidden layer computed through a float32 cast in ``blocks.0.norm``
+    (``cast=True``, as RMSNorm does) or not, a float32 constant, and a head."""
+
+    def __init__(self, cast, logits32=False):
+        super().__init__()
+        self.cast, self.logits32 = cast, logits32
+        self.emb = torch.nn.Embedding(V + 1, 3)
+        self.blocks = torch.nn.ModuleList([torch.nn.ModuleDict({"norm": Norm(cast)})])
+        self.head = torch.nn.Linear(3, V)
+
+    def forward(self, ids):  # (b, n) -> (b, V)
+        x = self.emb(ids).mean(1)  # (b, 3)
+        x = self.blocks[0]["norm"](x)
+        z = self.head(x)
+        return z.float() if self.logits32 else z
+
+
+class Norm(torch.nn.Module):
+    def __init__(self, cast):
+        super().__init__()
+        self.cast = cast
+        self.scale = torch.nn.Parameter(torch.tensor([1.1, 0.9, 1.3]))
+
+    def forward(self, x):
+        dtype = x.dtype
+        if self.cast:
+            x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.scale * x.to(dtype)
+
+
+def modules(**kw):
+    torch.manual_seed(4)
+    plain = CastingLM(cast=False).double()
+    other = CastingLM(**kw).double()
+    other.load_state_dict(plain.state_dict())
+    return plain, other
+
+
+def run(module, **kw):
+    return exact_causal_lm(module, [[1], [2, 3]], 3, reward, vocab_size=V, eos=True, bos=V,
+                           baseline="mean", **kw)
+
+
+def rel(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def test_an_unknown_float32_cast_is_run_in_float64():
+    """A cast fisher_ref knows nothing about gives the float64 results of the same module
+    without it, and is listed with its module path."""
+    plain, casting = modules(cast=True)
+    want, got = run(plain), run(casting)
+    for q in ("sequence_fisher", "gradient", "cross_terms"):
+        assert rel(got["streams"]["policy"][q], want["streams"]["policy"][q]) <= RTOL, q
+    assert "blocks.0.norm: aten._to_copy to float32" in got["upcasts"]
+    assert not want["upcasts"]
+
+
+def test_strict_refuses_the_cast_naming_module_and_op():
+    _, casting = modules(cast=True)
+    with pytest.raises(LowPrecisionError, match=r"blocks\.0\.norm: aten\._to_copy to float32"):
+        run(casting, strict=True)
+
+
+def test_float32_logits_in_a_float64_run_are_upcast_or_refused():
+    plain, narrow = modules(cast=False, logits32=True)
+    want, got = run(plain), run(narrow)
+    assert rel(got["streams"]["policy"]["sequence_fisher"],
+               want["streams"]["policy"]["sequence_fisher"]) <= RTOL
+    assert any("aten._to_copy to float32" in k for k in got["upcasts"])
+    with pytest.raises(LowPrecisionError, match="to float32"):
+        run(narrow, strict=True)
+
+
+def test_stock_llama_strict_names_its_first_cast_and_default_lists_them():
+    model = tiny("llama", "eager")
+    with pytest.raises(LowPrecisionError, match=r"model\.rotary_emb: aten\._to_copy to float32"):
+        run(model, strict=True)
+    out = run(model)
+    assert "model.layers.0.input_layernorm: aten._to_copy to float32" in out["upcasts"]
+    assert "model.layers.0.self_attn: aten._to_copy to float32" in out["upcasts"]  # softmax
+
+
+def test_run_dtype_restores_torch_state():
+    lin = torch.nn.Linear(2, 2).double()
+    before = torch.get_default_dtype()
+    with pytest.raises(LowPrecisionError):
+        with run_dtype(lin, torch.float64, strict=True):
+            lin(torch.ones(1, 2, dtype=torch.float64)).float()
+    assert torch.get_default_dtype() == before
+    assert not lin._forward_pre_hooks and not lin._forward_hooks
+
+
+def test_a_float32_run_says_its_dtype_and_is_judged_by_it():
+    out = run(modules(cast=False)[0], dtype="float32")
+    assert out["dtype"] == "float32"
+    assert all(r["tolerance"] == self_check.SELF_CHECK_TOL["float32"] for r in out["checks"])
+    assert all(r["passed"] for r in out["checks"]), out["checks"]
+
+
+def test_self_checks_are_attached_and_pass_on_float64():
+    out = run(modules(cast=True)[1])
+    names = [r["identity"] for r in out["checks"]]
+    assert names == ["F = sum pi f", "gradient = autodiff", "E[h] = 0"]
+    assert all(r["passed"] and r["value"] <= 1e-12 for r in out["checks"]), out["checks"]
+
+
+def test_a_failed_self_check_warns_naming_the_row_or_raises_when_strict(monkeypatch):
+    """With every tolerance below zero each row fails: the warning names the worst one."""
+    monkeypatch.setitem(self_check.SELF_CHECK_TOL, "float64", -1.0)
+    module = modules(cast=False)[0]
+    with pytest.warns(SelfCheckWarning, match=r"exact identity .* is off by .* float64"):
+        out = run(module)
+    assert not any(r["passed"] for r in out["checks"])
+    with pytest.raises(SelfCheckError, match="exact identity"):
+        run(module, strict=True)
+
+
+def test_without_the_audit_the_self_check_catches_a_stock_llama(monkeypatch):
+    """The self-check is what would have caught the float32 casts: with the audit
+    switched off, the stock Llama's gradient-vs-autodiff row fails."""
+    import contextlib
+
+    import fisher_ref.torch.module as module_mod
+    monkeypatch.setattr(module_mod, "run_dtype", lambda *a, **k: contextlib.nullcontext())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = run(tiny("llama", "eager"))
+    assert not all(r["passed"] for r in out["checks"])
+    assert any(issubclass(w.category, SelfCheckWarning) for w in caught)
