@@ -4,7 +4,9 @@
     python lessons/build.py --check  # exit 1 if any stored notebook differs
 
 The cells of each notebook are data in ``lessons/lesson_cells/lNN.py``: a list of
-``(kind, source)`` pairs, kind ``"md"`` or ``"code"``. Cell ids are
+``(kind, source)`` pairs, kind ``"md"``, ``"code"`` or ``"checks"`` (a code cell holding the
+lesson's asserts, tagged ``hide-input`` and collapsed, so the docs site and JupyterLab keep
+it out of the reader's way while the test suite still runs it). Cell ids are
 ``<lesson number>-<cell number>`` so regenerating is byte-stable. Quizzes come
 from :mod:`fisher_ref.teaching.quizzes`, exercises from :mod:`fisher_ref.teaching.exercises` (of
 this checkout: the repository root goes first on ``sys.path``).
@@ -22,6 +24,9 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # this checkout's fisher_ref, not an installed one
 from lesson_cells import LESSONS  # noqa: E402  (one module of cells per lesson)
 
+#: The tag of each lesson's cell of asserts (myst-nb and Jupyter Book collapse its input).
+CHECKS_TAG = "hide-input"
+
 
 def build(stem):
     """The notebook ``stem`` as an :class:`nbformat.NotebookNode` (no outputs)."""
@@ -34,6 +39,8 @@ def build(stem):
     for k, (kind, src) in enumerate(LESSONS[stem], start=1):
         make = nbformat.v4.new_markdown_cell if kind == "md" else nbformat.v4.new_code_cell
         cell = make(src)
+        if kind == "checks":
+            cell.metadata = {"tags": [CHECKS_TAG], "jupyter": {"source_hidden": True}}
         cell.id = f"{number}-{k:02d}"
         nb.cells.append(cell)
     nbformat.validate(nb)

@@ -1,13 +1,15 @@
 """What an exercise is, and how an answer is judged.
 
 An :class:`Exercise` is data: a prompt, the code that builds its inputs, the
-learner's variable, a solution, a recorded mistake and a judge. A judge is a
-function ``judge(value, namespace) -> (ok, message)``; :func:`close_to` builds
+learner's variable, a solution with the reason it is right, the plausible mistakes
+(each with the feedback a learner who made it should read) and a judge. A judge is
+a function ``judge(value, namespace) -> (ok, message)``; :func:`close_to` builds
 the common one, an elementwise comparison with a reference the judge computes
-itself from the setup's variables. The lessons' exercises live in
-:mod:`fisher_ref.teaching.exercises` (lessons 0-6) and
-:mod:`fisher_ref.teaching.exercises_transformer` (lesson 7); :mod:`fisher_ref.teaching.exercises`
-holds the one registry and the notebook API.
+itself from the setup's variables. :func:`matches` tells whether a wrong answer is
+one of the recorded mistakes, so the feedback can name it. The lessons' exercises
+live in :mod:`fisher_ref.teaching.exercises` (lessons 0-6) and
+:mod:`fisher_ref.teaching.exercises_transformer` (lesson 7);
+:mod:`fisher_ref.teaching.exercises` holds the one registry and the notebook API.
 """
 from __future__ import annotations
 
@@ -16,7 +18,20 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["Exercise", "close_to"]
+__all__ = ["Exercise", "Mistake", "close_to", "matches"]
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A plausible wrong answer and what to tell the learner who gives it.
+
+    Attributes:
+        code: code that sets the exercise's answer variable the wrong way.
+        feedback: what went wrong, in a sentence (markdown).
+    """
+
+    code: str
+    feedback: str
 
 
 @dataclass(frozen=True)
@@ -31,7 +46,8 @@ class Exercise:
         setup: self-contained code that builds the inputs (shown in the notebook).
         answer: name of the variable the learner sets.
         solution: code that sets ``answer`` from the setup's variables.
-        mistake: code of a plausible wrong answer the checker must reject.
+        why: why the solution is right, in a sentence or two (markdown).
+        mistakes: :class:`Mistake` s the checker must reject, each with its feedback.
         judge: ``judge(value, namespace) -> (ok, message)``; ``namespace`` holds the
             setup's variables.
     """
@@ -43,11 +59,35 @@ class Exercise:
     setup: str
     answer: str
     solution: str
-    mistake: str
+    why: str
+    mistakes: tuple
     judge: Callable
 
 
-def close_to(expected, rtol=1e-8, atol=0.0, hint=""):
+def _arrays(value):
+    """``value`` as a tuple of float arrays (one for a number or an array), or None."""
+    parts = value if isinstance(value, tuple) else (value,)
+    try:
+        return tuple(np.asarray(v, dtype=float) for v in parts)
+    except (TypeError, ValueError):
+        return None
+
+
+def matches(value, other, rtol=1e-6):
+    """True when ``value`` equals ``other`` (numbers, arrays or tuples of them) to ``rtol``.
+
+    Example:
+        >>> matches(2.0000001, 2.0), matches([1.0, 2.0], [1.0, 2.5]), matches("x", 1.0)
+        (True, False, False)
+    """
+    a, b = _arrays(value), _arrays(other)
+    if a is None or b is None or len(a) != len(b):
+        return False
+    return all(x.shape == y.shape and np.allclose(x, y, rtol=rtol, atol=1e-12 * max(
+        1.0, float(np.max(np.abs(y), initial=0.0)))) for x, y in zip(a, b))
+
+
+def close_to(expected, rtol=1e-8, atol=0.0):
     """A judge comparing an array (or number) with ``expected(namespace)`` elementwise.
 
     ``|value - expected| <= atol + rtol * max|expected|`` everywhere, shapes equal.
@@ -73,5 +113,5 @@ def close_to(expected, rtol=1e-8, atol=0.0, hint=""):
         tol = atol + rtol * float(np.max(np.abs(want), initial=0.0))
         if err <= tol:
             return True, f"largest difference from the reference {err:.1e} (tolerance {tol:.1e})"
-        return False, f"largest difference from the reference {err:.2e} > {tol:.1e}. {hint}"
+        return False, f"largest difference from the reference {err:.2e} > {tol:.1e}"
     return judge

@@ -1,21 +1,25 @@
 """Lesson quizzes as data: question, options, the correct one, feedback per option.
 
-A notebook shows a quiz with :func:`show` and answers it with :func:`check`::
+A notebook shows a quiz with :func:`show` *before* the cell that computes its answer, and
+answers it either by clicking (in JupyterLab and on the documentation site, through the
+optional package ``jupyterquiz``) or with :func:`check`, which works anywhere::
 
     show("seq-to-token")
     answer = None  # put your letter here, e.g. "B"
     check("seq-to-token", answer)
 
-``tests/test_quizzes.py`` proves every correct answer with a computation from
-fisher_ref, so a quiz cannot drift from the code.
+``tests/teaching/test_quizzes.py`` proves every correct answer with a computation from
+fisher_ref, so a quiz cannot drift from the code, and checks that the longest option is the
+right one in at most a third of the quizzes (so "pick the longest" does not pay).
 """
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass
 
 __all__ = ["Quiz", "QUIZZES", "get", "quizzes_for", "render_text", "render_html", "show",
-           "check", "emit", "in_notebook", "LETTERS"]
+           "check", "emit", "in_notebook", "as_jupyterquiz", "LETTERS"]
 
 LETTERS = "ABCDEFGH"
 
@@ -55,10 +59,10 @@ _Q = [
          r"The default model reads a window of $k = 2$ tokens. The prompt is `[3]` and the "
          r"model has generated `[4, 1]` so far. Which tokens does it read to choose the next "
          r"token?",
-         (r"`(BOS, 3)`: the start of the prompt.",
+         (r"`(BOS, 3)`: the start of the prompt, padded with BOS.",
           r"`(3, 4)`: the prompt and the first generated token.",
-          r"`(3, 4, 1)`: the whole history.",
-          r"`(4, 1)`: the last two tokens."),
+          r"`(3, 4, 1)`: the whole history, prompt included.",
+          r"`(4, 1)`: the last two tokens of the state."),
          3,
          (r"No: the window slides; BOS only pads a state shorter than $k$.",
           r"No: the window is the *last* $k$ tokens of the state, not the first.",
@@ -70,11 +74,12 @@ _Q = [
          r"When responses are sampled from the model itself, why can the diagonal sequence "
          r"Fisher $F_i = E[h_i^2]$ be split into a sum of per-token contributions "
          r"$E[\sum_t f_i(s_t)]$?",
-         (r"Because the sequence score is the mean of the token scores, not their sum.",
-          r"Because the logits at different positions do not depend on one another.",
-          r"Because every later token score averages to zero given the tokens before it, so "
-          r"the expected products of scores at two different positions vanish.",
-          r"Because each token score is exactly zero on every sampled response."),
+         (r"Because the sequence score is the mean of the token scores, so the products of "
+          r"two positions are divided away.",
+          r"Because the logits at different positions are computed independently of one "
+          r"another, so their scores are uncorrelated.",
+          r"Because each later token score averages to zero given the tokens before it.",
+          r"Because every token score is exactly zero on a sampled response."),
          2,
          (r"No: $h_i$ is the sum $\sum_t \xi_{t,i}$ (the log-probability of a sequence is a "
           r"sum of token log-probabilities). Averaging would rescale $F$, not remove cross terms.",
@@ -88,42 +93,43 @@ _Q = [
     Quiz("cross-term-single", "01_sequence_to_tokens",
          r"Take one full-length response sampled from the model and one parameter $i$. What is "
          r"the product $\xi_{1,i}\,\xi_{2,i}$ of its first two token scores?",
-         (r"Usually non-zero, of either sign; only its average over all responses is zero.",
-          r"Exactly zero, for every response.",
-          r"Always positive, since it is part of a Fisher information.",
-          r"Equal to $f_i(s_1)\,f_i(s_2)$."),
+         (r"Usually non-zero, of either sign: only its average over all responses is zero.",
+          r"Exactly zero for every response, since the two scores are uncorrelated.",
+          r"Always positive, since it is one of the terms that make up a Fisher information.",
+          r"Equal to $f_i(s_1)\,f_i(s_2)$, the product of the two token Fishers."),
          0,
          (r"Right: the cancellation happens in expectation; single responses carry positive "
           r"and negative cross terms that average out.",
-          r"No: the per-response products in the table are clearly not zero (only a response "
-          r"that ends after one token has $\xi_{2,i} = 0$).",
+          r"No: uncorrelated means the *average* product is zero; the products of single "
+          r"responses are not (only a response that ends after one token has $\xi_{2,i} = 0$).",
           r"No: it takes both signs; only the diagonal terms $\xi_{t,i}^2$ are non-negative.",
           r"No: $f_i(s_t)$ is the conditional mean of $\xi_{t,i}^2$, a different quantity.")),
     # ---- lesson 2 -------------------------------------------------------------
     Quiz("uniform-shift", "02_pairwise_differences",
          r"At one state, parameter $i$ has sensitivities $j_{i,a}$ and token Fisher $f_i(s)$. "
          r"Change the model so that this parameter's effect on **every** token's logit grows "
-         r"by the same constant $c$: $j_{i,a} \to j_{i,a} + c$ for all tokens $a$, with the "
-         r"probabilities $p$ unchanged. What is the new token Fisher?",
-         (r"$f_i(s) + c^2$.",
+         r"by the same number $\delta$: $j_{i,a} \to j_{i,a} + \delta$ for all tokens $a$, with "
+         r"the probabilities $p$ unchanged. What is the new token Fisher?",
+         (r"$f_i(s) + \delta^2$: every logit moved, so the spread grows.",
           r"$f_i(s)$: unchanged.",
-          r"$0$.",
-          r"$f_i(s) + c^2 / V$."),
+          r"$0$: a shift shared by all tokens removes the parameter's effect.",
+          r"$f_i(s) + \delta^2 / V$: the shift is spread over the $V$ tokens."),
          1,
-         (r"No: $f_i$ only sees differences $j_{i,a} - j_{i,b}$, and a common $c$ cancels in "
-          r"each of them.",
-          r"Right: every pairwise difference is unchanged, and so is the centered form "
-          r"$\sum_a p_a (j_{i,a} - \bar j_i)^2$, since $\bar j_i$ grows by the same $c$.",
-          r"No: adding $c$ removes nothing either; $f_i$ keeps the value the differences give it "
-          r"(it is 0 only if it was 0 before).",
+         (r"No: $f_i$ only sees differences $j_{i,a} - \bar j_i$, and a common $\delta$ "
+          r"cancels in each of them.",
+          r"Right: $\bar j_i$ grows by the same $\delta$, so every centered sensitivity "
+          r"$j_{i,a} - \bar j_i$, and their $p$-weighted mean square, is unchanged.",
+          r"No: the shift removes nothing either; $f_i$ keeps the value the differences give "
+          r"it (it is 0 only if it was 0 before).",
           r"No: the vocabulary size does not enter; the shift cancels exactly.")),
     Quiz("tea-coffee", "02_pairwise_differences",
          r"After *She drank a cup of*, the model puts most mass on *tea* and *coffee*. "
          r"Parameter $\theta_1$ raises both logits by 1; parameter $\theta_2$ raises *tea* by 1 "
          r"and lowers *coffee* by 1. Which has the larger token Fisher at this state?",
-         (r"$\theta_1$, because it raises two likely tokens.",
-          r"Neither: both token Fishers are zero.",
-          r"They are equal: both move two logits by a magnitude of 1.",
+         (r"$\theta_1$, because it raises the logits of both likely tokens, where most of the "
+          r"probability mass is.",
+          r"Neither: both token Fishers are exactly zero here.",
+          r"They are equal, since both parameters move two logits by a magnitude of 1 each.",
           r"$\theta_2$, because it changes the preference between the two likely tokens."),
          3,
          (r"No: moving two likely tokens together leaves their relative probability as it "
@@ -138,11 +144,11 @@ _Q = [
     Quiz("likely-alike", "03_where_mass_lands",
          r"Suppose one parameter raises every likely next token's logit by roughly equal "
          r"amounts. According to the pairwise form of the token Fisher, what follows?",
-         (r"A large token Fisher, since every logit movement adds to it.",
-          r"A small token Fisher, since the sensitivity differences among the likely tokens "
-          r"are small.",
-          r"A sequence Fisher of exactly zero for every prompt and response.",
-          r"A value fixed by the vocabulary size alone."),
+         (r"A large token Fisher, since every logit it moves adds to the Fisher whatever the "
+          r"other tokens do.",
+          r"A small token Fisher, since the sensitivity gaps among the likely tokens are small.",
+          r"A sequence Fisher of exactly zero, for every prompt and every response.",
+          r"A value fixed by the vocabulary size $V$ alone."),
          1,
          (r"No: a movement shared by the likely tokens cancels in their pairwise differences.",
           r"Right: pairs of likely tokens dominate the weights $p_ap_b$, and their squared "
@@ -153,27 +159,29 @@ _Q = [
     Quiz("ratio-below-one", "03_where_mass_lands",
          r"For most reach-weighted (state, parameter) pairs of a model, "
          r"$f_i(s) / f^{unif}_i(s) < 1$. What does that show on its own?",
-         (r"That the model's mass sits on tokens each parameter moves alike.",
-          r"That the model's next-token distribution is uniform at most states.",
-          r"Little about alignment: randomly permuting $p$ across the tokens (which destroys "
-          r"any alignment) gives $c(s)\,f^{unif}_i(s)$ on average, with "
-          r"$c(s) = (1 - \sum_a p_a^2)/(1 - 1/V) \le 1$, so a concentrated $p$ alone pulls "
-          r"the ratio below 1. Alignment shows only against the shuffled $p$.",
+         (r"That the model's mass sits on tokens that each parameter moves alike, more often "
+          r"than chance would put it there.",
+          r"That the model's next-token distribution is close to uniform at most states.",
+          r"Little about alignment: a concentrated $p$ alone pulls the ratio below 1.",
           r"That the sequence Fisher of those parameters is negative."),
          2,
          (r"No: a parameter can move the likely token *apart* from the rest and still have a "
           r"ratio below 1, when $p$ is concentrated; compare with shuffled $p$ to see alignment.",
           r"No: under a uniform model $f = f^{unif}$ and the ratio is exactly 1.",
-          r"Right: $f/f^{unif} = c(s)\,a_i(s)$; the concentration $c(s)$ depends on $p$ only, "
-          r"and the alignment factor $a_i(s)$ averages exactly 1 over shuffles.",
+          r"Right: shuffling $p$ across the tokens (which destroys any alignment) gives "
+          r"$\kappa(s)\,f^{unif}_i(s)$ on average, with "
+          r"$\kappa(s) = (1 - \sum_a p_a^2)/(1 - 1/V) \le 1$: the concentration depends on $p$ "
+          r"only. Alignment shows only against the shuffled $p$.",
           r"No: a Fisher is an expected square and never negative.")),
     Quiz("confident-state", "03_where_mass_lands",
-         r"The model becomes nearly certain of the next token (one probability close to 1). "
-         r"What happens to the token Fisher of every parameter at that state?",
+         r"The model becomes nearly certain of the next token (one probability close to 1), "
+         r"while the sensitivities stay as they are. What happens to the token Fisher of every "
+         r"parameter at that state?",
          (r"It goes to zero, whatever the sensitivities are.",
-          r"It goes to the uniform reference $f^{unif}$.",
-          r"It grows without bound.",
-          r"It equals the squared sensitivity of the likely token."),
+          r"It goes to the uniform reference $f^{unif}_i(s)$, the same sensitivities under "
+          r"$p = 1/V$.",
+          r"It grows without bound, since one logit dominates.",
+          r"It equals the squared sensitivity $j_{i,a}^2$ of the likely token."),
          0,
          (r"Right: every pair has weight $p_ap_b \le p_b$ for some $b$ other than the "
           r"certain token, and all those weights vanish.",
@@ -185,24 +193,26 @@ _Q = [
     Quiz("zero-fisher-zero-gradient", "04_gradient_is_covariance",
          r"On-policy, a parameter has sequence Fisher $F_i = 0$. What can its policy gradient "
          r"$G_i = E[A h_i]$ be?",
-         (r"Anything: the gradient depends on the reward, the Fisher does not.",
-          r"Exactly $\mathrm{std}(A)$.",
-          r"Zero only if the reward is constant.",
-          r"Only zero, because $|G_i| \le \mathrm{std}(A)\sqrt{F_i}$."),
+         (r"Anything: the gradient depends on the reward, and the Fisher does not see the "
+          r"reward at all.",
+          r"Exactly $\mathrm{std}(A)$, the largest value the bound allows.",
+          r"Zero only if the reward is the same for every response.",
+          r"Only zero: $|G_i| \le \mathrm{std}(A)\sqrt{F_i}$."),
          3,
          (r"No: the reward enters through $\mathrm{std}(A)$, but the bound multiplies it by "
           r"$\sqrt{F_i}$.",
           r"No: the bound is an upper limit, and here it is zero.",
           r"No: a zero Fisher alone forces $G_i = 0$, for any reward.",
-          r"Right: $G_i = \mathrm{Cov}(A, h_i)$ and Cauchy-Schwarz bounds a covariance by the "
+          r"Right: $G_i = \mathrm{Cov}(A, h_i)$ and Cauchy–Schwarz bounds a covariance by the "
           r"product of standard deviations; $F_i = \mathrm{Var}(h_i) = 0$ forces $G_i = 0$.")),
     Quiz("constant-baseline", "04_gradient_is_covariance",
-         r"On-policy, you add the constant 5 to every advantage. What happens to the exact "
-         r"gradient $E[A h]$?",
-         (r"It grows by $5\,E[h]$, which is large.",
-          r"It is multiplied by 5.",
-          r"Nothing: $E[h] = 0$, so the constant contributes $5\,E[h] = 0$.",
-          r"It changes sign."),
+         r"On-policy, you add the constant $c = 5$ to every advantage. What happens to the "
+         r"exact gradient $E[A h]$?",
+         (r"It grows by $5\,E[h]$, which is large when the responses are long and their "
+          r"scores are big.",
+          r"It is multiplied by 5, like every advantage.",
+          r"Nothing: $E[h] = 0$, so the constant adds $5\,E[h] = 0$.",
+          r"It changes sign, since the baseline is subtracted."),
          2,
          (r"No: on-policy $E[h] = 0$ exactly, so the shift is zero.",
           r"No: the added term is $5\,E[h]$, not $5\,E[Ah]$.",
@@ -212,16 +222,17 @@ _Q = [
          r"One Adam step from zero moments moves parameter $i$ by "
          r"$\eta\,G_i/(|G_i| + \epsilon) \approx \eta\,\mathrm{sign}(G_i)$. Which parameters "
          r"then change at bf16 precision?",
-         (r"Those with the largest Fisher $F_i$.",
-          r"Mostly those whose own magnitude $|\theta_i|$ is small, since bf16 spacing grows "
-          r"with $|\theta_i|$ and every step is about $\eta$; the Fisher hardly matters.",
+         (r"Those with the largest Fisher $F_i$, since the bound caps each gradient "
+          r"coordinate and so each step.",
+          r"Mostly those whose own magnitude $|\theta_i|$ is small: bf16 spacing grows with "
+          r"$|\theta_i|$.",
           r"Exactly those with the largest $|G_i|$.",
-          r"None: Adam steps are too small to show in bf16."),
+          r"None: a step of size $\eta$ is too small to show in bf16."),
          1,
          (r"No: the step size no longer follows $G_i$, so the Fisher bound on $G_i$ does not "
           r"decide which parameters move visibly (the measured overlap is close to random).",
-          r"Right: the changed set follows the smallest $|\theta_i|$ far more than the "
-          r"largest $F_i$ or $|G_i|$.",
+          r"Right: every step is about $\eta$, so what decides is whether $\eta$ exceeds the "
+          r"bf16 spacing at $\theta_i$, about $|\theta_i|/256$.",
           r"No: Adam's normalisation gives every coordinate with $G_i \ne 0$ about the same "
           r"step; $|G_i|$ hardly matters (that is SGD).",
           r"No: with a large enough $\eta$ almost every parameter changes; the share depends "
@@ -230,23 +241,26 @@ _Q = [
     Quiz("centering-needs-mu", "05_offpolicy_centering",
          r"Responses are drawn from a sampler $\mu$ that is not the policy. What do you need to "
          r"center the score so its mean under $\mu$ is zero?",
-         (r"The whole next-token distribution $\mu(\cdot|s_t)$ at each state of the response.",
-          r"Only the probability $\mu(y_t|s_t)$ of each sampled token.",
-          r"Nothing: the raw score already has mean zero under any sampler.",
+         (r"The whole next-token distribution $\mu(\cdot|s_t)$ at each state.",
+          r"Only the probability $\mu(y_t|s_t)$ of each sampled token, as for importance "
+          r"weights.",
+          r"Nothing: the raw score already has mean zero under any sampler that covers the "
+          r"policy.",
           r"The top-1 token of $\mu$ at each state."),
          0,
          (r"Right: $\tilde\xi = j_{y_t} - \sum_a \mu_a j_a$ needs every $\mu_a$; with only the "
-          r"top-$k$ a bias is left (the plot shows how much).",
+          r"top-$m$ tokens a bias is left (the plot shows how much).",
           r"No: the centering term is $\bar j_\mu = \sum_a \mu_a j_a$, a sum over all tokens.",
           r"No: its mean under $\mu$ is $\bar j_\mu - \bar j_p \ne 0$.",
-          r"No: top-1 leaves the largest bias of all the top-$k$ choices shown.")),
+          r"No: top-1 leaves the largest bias of all the top-$m$ choices shown.")),
     Quiz("uncentered-constant", "05_offpolicy_centering",
          r"Off-policy and uncentered, you add a constant $c$ to every advantage. What happens?",
-         (r"Nothing, as on-policy.",
-          r"The gradient shifts but always stays within the bound.",
+         (r"Nothing, as on-policy: a constant never changes a gradient that is an average "
+          r"over responses.",
+          r"The gradient shifts, but it always stays within the bound "
+          r"$\mathrm{std}(A)\sqrt{E_\mu[h^2]}$.",
           r"The Fisher $E_\mu[h^2]$ grows by $c^2$.",
-          r"The gradient shifts by $c\,E_\mu[h]$, and for a large enough $c$ it exceeds the "
-          r"bound $\mathrm{std}(A)\sqrt{E_\mu[h^2]}$."),
+          r"It shifts by $c\,E_\mu[h]$, and for a large enough $c$ it exceeds the bound."),
          3,
          (r"No: on-policy $E[h]=0$; under $\mu$ the raw score's mean is not zero.",
           r"No: the bound does not depend on $c$, the gradient grows linearly in it.",
@@ -257,11 +271,11 @@ _Q = [
     Quiz("rao-blackwell", "06_monte_carlo",
          r"Both $h_i^2$ and $\sum_t f_i(s_t)$, averaged over sampled responses, estimate $F_i$. "
          r"Why does the second have lower variance here?",
-         (r"It uses more responses.",
-          r"It is biased toward zero.",
-          r"It replaces each sampled token's squared score by its average over the next "
-          r"token, and it carries no cross terms, so the randomness of the sampled tokens "
-          r"matters less.",
+         (r"It uses more responses: one per state along each response instead of one per "
+          r"response.",
+          r"It is biased toward zero, and a biased estimator can have a smaller variance than "
+          r"an unbiased one.",
+          r"It replaces each sampled token's squared score by its mean, and has no cross terms.",
           r"It ignores the prompts."),
          2,
          (r"No: both use the same responses.",
@@ -284,26 +298,26 @@ _Q = [
     # ---- lesson 7 -------------------------------------------------------------
     Quiz("key-bias", "07_transformer",
          r"In an attention head, the key bias $b_K$ is added to every key, so the score of "
-         r"query position $q$ against key position $r$ becomes "
-         r"$S_{qr} = Q_q \cdot (K_r + b_K)/\sqrt{d_h}$. What is the Fisher of the key-bias "
-         r"parameters, and why?",
-         (r"Zero: $Q_q \cdot b_K/\sqrt{d_h}$ is the same for every key $r$ of a query, and "
-          r"the softmax over $r$ does not change when all its inputs shift alike, so no "
-          r"logit moves.",
-          r"Large: the key bias moves every attention score, so it moves every logit.",
+         r"query position $t$ against key position $u$ is "
+         r"$S_{tu} = Q_t \cdot (K_u + b_K)/\sqrt{d_h}$ ($d_h$ the width of one head). What is "
+         r"the Fisher of the key-bias parameters?",
+         (r"Zero: $Q_t \cdot b_K/\sqrt{d_h}$ is the same for every key $u$, and softmax "
+          r"ignores a shared shift.",
+          r"Large: the key bias moves every attention score of every query, and so every "
+          r"logit that reads them.",
           r"Zero at initialisation only; once the queries grow in training it becomes "
           r"positive.",
-          r"The same as the query bias's, since a score is symmetric in $Q$ and $K$."),
+          r"The same as the query bias's Fisher, since a score is symmetric in $Q$ and $K$."),
          0,
          (r"Right: the attention weights, and so everything after them, do not depend on "
           r"$b_K$ at all; its sensitivities $j_{i,a}$ are 0 at every state, and so is $F_i$. "
-          r"(The query bias is different: $b_Q \cdot K_r$ varies with $r$.)",
+          r"(The query bias is different: $b_Q \cdot K_u$ varies with $u$.)",
           r"No: it moves the scores of one query all by the same amount, and a softmax "
           r"ignores a shared shift.",
-          r"No: the shift is shared by all keys of a query whatever $Q_q$ is, at any "
+          r"No: the shift is shared by all keys of a query whatever $Q_t$ is, at any "
           r"parameter values; the lesson checks it at a second, unrelated $\theta$.",
-          r"No: $b_Q \cdot K_r$ changes with the key $r$, so the query bias does reweight "
-          r"the keys and has a positive Fisher; $Q_q \cdot b_K$ does not change with $r$.")),
+          r"No: $b_Q \cdot K_u$ changes with the key $u$, so the query bias does reweight "
+          r"the keys and has a positive Fisher; $Q_t \cdot b_K$ does not change with $u$.")),
 ]
 
 QUIZZES = {q.id: q for q in _Q}
@@ -345,6 +359,31 @@ def render_html(quiz_id):
             f"*Answer with* `check(\"{q.id}\", \"A\")` *(your letter).*")
 
 
+def _inline_html(markdown):
+    """The little markdown the quizzes use (code, bold, italics) as HTML; ``$`` maths kept."""
+    text = html.escape(markdown, quote=False)
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+    text = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", text)
+    return re.sub(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])", r"<i>\1</i>", text)
+
+
+def as_jupyterquiz(quiz_id):
+    """The quiz in jupyterquiz's format: a list of one multiple-choice question.
+
+    Options keep their letters, so a click and :func:`check` name the same answer.
+
+    Example:
+        >>> q = as_jupyterquiz("se-scaling")[0]
+        >>> q["type"], [a["correct"] for a in q["answers"]]
+        ('multiple_choice', [False, True, False, False])
+    """
+    q = get(quiz_id)
+    answers = [{"answer": f"{LETTERS[k]}. {_inline_html(opt)}", "correct": k == q.correct,
+                "feedback": _inline_html(q.feedback[k])} for k, opt in enumerate(q.options)]
+    return [{"question": _inline_html(q.question), "type": "multiple_choice",
+             "answers": answers}]
+
+
 def in_notebook():
     """True inside a Jupyter kernel (where Markdown renders), False in a terminal or script."""
     try:
@@ -365,8 +404,19 @@ def emit(markdown, text):
 
 
 def show(quiz_id):
-    """Display a quiz: as Markdown in a notebook, as plain text otherwise."""
-    emit(render_html(quiz_id), render_text(quiz_id))
+    """Display a quiz: clickable buttons in a notebook (with ``jupyterquiz`` installed, the
+    ``lessons`` extra), Markdown in a notebook without it, plain text otherwise."""
+    if in_notebook():
+        try:
+            from jupyterquiz import display_quiz  # optional: pip install -e ".[lessons]"
+        except ImportError:
+            emit(render_html(quiz_id), render_text(quiz_id))
+            return
+        display_quiz(as_jupyterquiz(quiz_id), shuffle_answers=False)
+        emit(f"*Click an option, or answer in the next cell:* `check(\"{quiz_id}\", \"A\")`.",
+             "")
+    else:
+        print(render_text(quiz_id))
 
 
 def check(quiz_id, answer):
@@ -377,7 +427,9 @@ def check(quiz_id, answer):
         answer: a letter (``"B"`` or ``"b"``), or ``None`` while not answered.
 
     Returns:
-        ``True`` (right), ``False`` (wrong) or ``None`` (not answered yet).
+        ``True`` (right), ``False`` (wrong) or ``None`` (not answered yet). Inside a notebook
+        it returns ``None`` always, so the cell shows the feedback and not a bare
+        ``True``/``False`` under it.
 
     Example:
         >>> check("se-scaling", None)
@@ -404,4 +456,4 @@ def check(quiz_id, answer):
         text += "\nTry another letter."
         markdown += "\n\nTry another letter."
     emit(markdown, text)
-    return ok
+    return None if in_notebook() else ok

@@ -34,6 +34,8 @@ average over permutations is exactly 1, is what is left for alignment.
 """
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 
 from fisher_ref.models.base import model_windows
@@ -43,7 +45,8 @@ from fisher_ref.numerics import mean_sensitivity, token_fisher, uniform_token_fi
 
 __all__ = ["response_token_scores", "pairwise_terms", "fisher_ratio", "entropy",
            "concentration", "shuffled_token_fisher", "alignment_factor",
-           "shuffled_sequence_fisher", "state_sensitivities", "shuffle_control", "RATIO_FLOOR"]
+           "shuffled_sequence_fisher", "state_sensitivities", "shuffle_control", "compact_table",
+           "RATIO_FLOOR"]
 
 #: f_unif below this (relative to its largest value) counts as "no sensitivity":
 #: the ratio is undefined there and returned as NaN.
@@ -282,3 +285,35 @@ def shuffle_control(task, result, rng, shuffles=200, params=None, floor=RATIO_FL
     return {"share": share, "ratio": ratio, "params": idx,
             "shuffled_share": np.array([s for s, _ in shuffled]),
             "shuffled_ratio": np.array([r for _, r in shuffled]).reshape(shuffles, idx.size)}
+
+
+#: The verify table's words for symbols the lessons name otherwise (one meaning per symbol).
+_LESSON_WORDS = {"pi(s)": "rho(s)", "rho A h": "(p/mu) A h"}
+
+
+def compact_table(rows, width=96):
+    """Rows of :func:`fisher_ref.checks.identities.exact_checks` as a table ``width`` wide.
+
+    One line per row (identity, stream, value, result), the check's wording wrapped under it;
+    the notes are left out. The lessons print this instead of the full ``verify`` table, whose
+    lines are wider than a notebook cell.
+
+    Example:
+        >>> from types import SimpleNamespace as Row
+        >>> print(compact_table([Row(identity="2 cross terms vanish", stream="policy",
+        ...                          check="max |C[u,t]| / max F", value=1e-17, kind="zero",
+        ...                          passed=True)]))
+        identity                  stream       value  result
+        ----------------------------------------------------
+        2 cross terms vanish      policy    1.00e-17  PASS
+            max |C[u,t]| / max F
+    """
+    out = [f"{'identity':<25} {'stream':<8} {'value':>9}  result", "-" * 52]
+    for row in rows:
+        result = "info" if row.kind == "info" else ("PASS" if row.passed else "FAIL")
+        out.append(f"{row.identity[:25]:<25} {row.stream:<8} {row.value:9.2e}  {result}")
+        words = row.check
+        for old, new in _LESSON_WORDS.items():
+            words = words.replace(old, new)
+        out += textwrap.wrap(words, width, initial_indent="    ", subsequent_indent="    ")
+    return "\n".join(out)

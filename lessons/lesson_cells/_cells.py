@@ -34,10 +34,18 @@ def code(text):
 
 
 def quiz(quiz_id):
-    """The two cells of a quiz: show it, then an unanswered check that runs unattended."""
-    return [("code", f'show("{quiz_id}")'),
-            ("code", f'answer = None  # put your letter here, e.g. "A"\n'
+    """The two cells of a quiz, placed before the computation that answers it: show it
+    (clickable where jupyterquiz is installed), then an unanswered check that runs unattended."""
+    return [("code", f'show("{quiz_id}")  # predict first: the cells below answer it'),
+            ("code", f'answer = None  # or put your letter here, e.g. "A"\n'
                      f'check("{quiz_id}", answer)')]
+
+
+def checks(text):
+    """The lesson's asserts in one collapsed, tagged cell: every claim the text makes is
+    checked here (the test suite runs it), out of the reader's way."""
+    return ("checks", "# The claims of this lesson, checked (the test suite runs this cell).\n"
+                      + text.strip("\n") + '\nprint("every claim of this lesson holds")')
 
 
 def exercise(ex_id):

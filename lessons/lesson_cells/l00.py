@@ -11,10 +11,10 @@ _SHOWS = {
     "03_where_mass_lands": "how the Fisher depends on where $p$ puts its mass; concentration "
                            "told apart from alignment",
     "04_gradient_is_covariance": "the gradient is a covariance capped by "
-                                 "$\\mathrm{std}(A)\\sqrt{F_i}$; the two headline figures "
-                                 "measured",
+                                 "$\\mathrm{std}(A)\\sqrt{F_i}$; why high Fisher and high "
+                                 "gradient overlap, and when not",
     "05_offpolicy_centering": "samples from another distribution need the score centered "
-                              "under it",
+                              "under it; what centering buys and what it does not",
     "06_monte_carlo": "sampled estimates, their standard errors, and the exact values they "
                       "converge to",
     "07_transformer": "the same identities on a small GPT-2 (attention, LayerNorm, a tied head); "
@@ -22,6 +22,50 @@ _SHOWS = {
 }
 _LESSON_LIST = "\n".join(f"| [{k}. {title}]({stem}.ipynb) | {_SHOWS[stem]} |"
                          for k, (stem, title) in enumerate(PATH[1:], start=1))
+
+NOTATION = r"""
+## Notation
+
+One meaning per symbol, in every lesson (docs/theory.md §1.1 has the same table).
+
+| symbol | meaning | lessons |
+|---|---|---|
+| $V$ | number of tokens; token 0 is EOS, and BOS is an extra input-only id | all |
+| $k$ | window: how many of the last tokens the MLP reads | 0–6 |
+| $d$, $D$ | embedding width; hidden width of the MLP | 0, 7 |
+| $P$, $\theta$, $i$ | number of parameters; the flat parameter vector; a parameter's index | all |
+| $x$, $y$, $T$, $L$ | a prompt; a response; the longest response; one response's length | all |
+| $s_t$; $t$, $u$ | the state before token $t$ (prompt and $y_1 \dots y_{t-1}$); positions | all |
+| $a$, $b$ | tokens | all |
+| $z_a(s)$, $p_a(s)$ | logit and probability of token $a$ at state $s$ | all |
+| $j_{i,a}(s)$ | sensitivity $\partial z_a / \partial \theta_i$ | 2– |
+| $\bar j_i$, $\bar j_{\mu,i}$ | mean sensitivity under $p$; under the sampler $\mu$ | 2–, 5 |
+| $\xi_{t,i}$ | token score $\partial_i \log p(y_t \mid s_t)$ | 1– |
+| $h_i$ | sequence score $\sum_t \xi_{t,i}$ | 1– |
+| $F_i$ | sequence Fisher $E[h_i^2]$ | 1– |
+| $f_i(s)$ | token Fisher $E_{a \sim p}[(\partial_i \log p_a)^2]$ | 1– |
+| $f^{unif}_i(s)$ | the token Fisher with $p$ replaced by the uniform $1/V$ | 2–3 |
+| $\delta$ | a number added to every sensitivity (a uniform logit shift) | 2 |
+| $\beta$ | inverse temperature: $p_\beta = \mathrm{softmax}(\beta z)$ | 3 |
+| $\pi$ | a permutation of the tokens (a shuffle of $p$) | 3 |
+| $\rho(s)$ | reach: the probability that generation passes through state $s$ | 3 |
+| $\kappa(s)$ | concentration $(1 - \sum_a p_a^2)/(1 - 1/V)$ | 3 |
+| $\alpha_i(s)$ | alignment factor $f_i / (\kappa f^{unif}_i)$; $F^{shuf}_i$ its sequence form | 3 |
+| $R$, $R_0$, $A$ | reward; a constant baseline; advantage $A = R - R_0$ | 4– |
+| $c$ | a constant added to every advantage | 4–5 |
+| $G_i$ | policy gradient $E[A h_i]$ | 4– |
+| cap$_i$, corr$_i$ | the bound $\mathrm{std}(A)\sqrt{F_i}$; $\mathrm{corr}(A, h_i)$ | 4, 7 |
+| $q$ | top-$q$: a share of the parameters, ranked by $F$ or by $\lvert G \rvert$ | 4, 7 |
+| $\eta$, $\epsilon$ | step size; Adam's $\epsilon$ | 4 |
+| $\mu$ | the sampler the responses come from, when it is not $p$ | 5, 7 |
+| $\tilde \xi$, $\tilde h$ | token and sequence score centered under $\mu$ | 5 |
+| $m$ | top-$m$: how many of $\mu$'s most likely tokens are known | 5 |
+| $n$, $\sigma$, se | number of samples; sd of one sampled value; standard error $\sigma/\sqrt n$ | 6 |
+| $\zeta$ | z-score: (estimate − exact) / se | 6 |
+| $X$, $Y$ | GPT-2's residual stream; $Y = \mathrm{LN}_1(X)$, the input of `c_attn` | 7 |
+| $Q$, $K$, $V'$ | queries, keys, values of a head; $b_Q$, $b_K$ their biases | 7 |
+| $S_{tu}$, $d_h$ | score of query position $t$ on key position $u$; width of one head | 7 |
+"""
 
 CELLS = [
     header(STEM, [
@@ -43,6 +87,7 @@ with its exact probability. Every average then becomes a finite sum in float64, 
 estimated. Those exact numbers are the reference that sampling, a torch implementation or
 your own code can be held against.
 """),
+    code(IMPORTS),
     md(r"""
 ## The two arguments the lessons check
 
@@ -72,24 +117,26 @@ logits are computed.
 
 A state $s$ is the prompt plus the tokens generated so far. The model reads only a **window**
 of the last $k$ tokens of the state (padded on the left with a BOS token when the state is
-shorter), looks up an embedding row of `E` for each, and computes
+shorter), looks up the row $e_l$ of the embedding block `E` for the $l$-th token of the
+window, and computes
 
-$$z(s) = \tanh\big([E_{c_1}, \dots, E_{c_k}]\,W_1 + b_1\big)\,W_2 + b_2, \qquad
+$$z(s) = \tanh\big([e_1, \dots, e_k]\,W_1 + b_1\big)\,W_2 + b_2, \qquad
 p(\cdot \mid s) = \mathrm{softmax}(z(s)),$$
 
 with $V$ tokens (token 0 is EOS: drawing it ends the response). `b2` is the **output bias**: one
 number per token, added to that token's logit at every state. All parameters live in one flat
 vector `theta`; the layout says which slice is which block.
 """),
-    code(IMPORTS + """
-
+    *quiz("window"),
+    code("""
 task = load_config("default")
 m = task.model
 print(f"V = {m.vocab_size} tokens (0 = EOS, BOS = {m.bos} as input only), window k = {m.context}")
 print(f"{'block':>5} {'shape':>9} {'offset':>7} {'size':>5}")
 for name, shape, offset in m.layout():
     print(f"{name:>5} {str(shape):>9} {offset:7d} {int(np.prod(shape)):5d}")
-print(f"P = {m.num_params} parameters; prompts {task.prompts}, responses up to {task.max_len} tokens")
+print(f"P = {m.num_params} parameters; prompts {task.prompts}, "
+      f"responses up to {task.max_len} tokens")
 r = exact(task, progress=False)
 print(f"exact() listed {r.n_responses} responses through {r.n_states} states")"""),
     md(r"""
@@ -107,18 +154,24 @@ print(np.round(m.logits(bumped, windows) - m.logits(task.theta, windows), 12))""
     md(r"""
 ## How the quizzes and exercises work
 
-A **quiz** cell shows a question; the cell after it reads `answer = None`. Put your letter
-there (`answer = "C"`) and run the cell: it says right or wrong and explains that option.
-Left as `None`, it prints "not answered yet", so a notebook runs top to bottom unattended.
+A **quiz** comes *before* the cells that answer it: predict, then read on. Run its cell and
+click an option (the buttons need the optional package `jupyterquiz`: `pip install -e
+".[lessons]"`); each option explains itself. Without the buttons, or anywhere else, the cell
+after it reads `answer = None`: put your letter there (`answer = "C"`) and run it. Left as
+`None`, it prints "not answered yet", so a notebook runs top to bottom unattended.
 
 An **exercise** ("Try it yourself") gives a cell that builds its inputs and ends with
 `check_exercise(...)`. Replace `None` by your code's result and run it. The checker rebuilds
 the inputs itself and computes the reference its own way, so changing the inputs will not
-help. The solution sits in a collapsed cell below: click to open.
+help; a wrong answer that matches a common mistake is told which one. The solution, and why it
+is right, sits in a collapsed cell below: click to open.
+
+The last code cell of each lesson is collapsed too: it asserts every claim the lesson's text
+makes, so the test suite can run it. You can skip it.
 """),
-    *quiz("window"),
     *exercise("count-params"),
     *exercise("b2-moves-logits"),
+    md(NOTATION),
     md(f"""
 ## The lessons
 
@@ -132,8 +185,9 @@ Read them in order; each one names what it needs from the ones before.
         "Unless a cell says it draws random numbers (sampled responses, shuffles), every "
         "number in these lessons is an exact finite sum over listed responses.",
         "The model reads a window of the last $k$ tokens; `b2[a]` adds to token $a$'s logit "
-        "at every state, so $\\partial z_a / \\partial b2_c$ is 1 if $a = c$ and 0 otherwise.",
-        "Quizzes: set `answer` to a letter. Exercises: set the named variable; the solution is "
-        "collapsed below each one.",
+        "at every state, so $\\partial z_a / \\partial b2_b$ is 1 if $a = b$ and 0 otherwise.",
+        "Quizzes come before their answer: click an option or set `answer` to a letter. "
+        "Exercises: set the named variable; the solution, with its reason, is collapsed "
+        "below each one.",
     ]),
 ]

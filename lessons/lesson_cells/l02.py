@@ -1,10 +1,12 @@
 """Lesson 2: the token Fisher is a probability-weighted spread of logit sensitivities."""
-from ._cells import IMPORTS, code, exercise, footer, header, md, quiz
+from ._cells import IMPORTS, checks, code, exercise, footer, header, md, quiz
 
 STEM = "02_pairwise_differences"
 
 CELLS = [
     header(STEM, [
+        "derive the score of a softmax, $\\partial_i \\log p_a = j_{i,a} - \\bar j_i$, and "
+        "from it the centered and the pairwise form of the token Fisher;",
         "compute a state's token Fisher from its probabilities and logit sensitivities, in "
         "numpy and in torch;",
         "show that the centered form and the pairwise form give the same number;",
@@ -12,35 +14,66 @@ CELLS = [
     ], [
         "[Lesson 1](01_sequence_to_tokens.ipynb): the token Fisher $f_i(s)$ as the expected "
         "squared token score.",
-        "The softmax derivative $\\partial \\log p_a / \\partial z_b = \\delta_{ab} - p_b$.",
+        "The chain rule; a variance as a probability-weighted mean square.",
     ], r"""
 ## The claim
 
-**Claim.** At a state $s$, the token Fisher of parameter $i$ only sees how differently the
-parameter moves the logits of *different* tokens. Write $j_{i,a} = \partial z_a / \partial\theta_i$
-for the sensitivity of token $a$'s logit and $\bar j_i = \sum_b p_b j_{i,b}$ for its average under
-the model's next-token probabilities $p$. Then two formulas give the same number:
+**Claim.** At a state $s$, the token Fisher of parameter $i$ only sees how *differently* the
+parameter moves the logits of different tokens: moving every logit by the same amount costs
+nothing, and a gap between two tokens counts in proportion to how likely *both* are. Write
+$j_{i,a} = \partial z_a / \partial\theta_i$ for the **sensitivity** of token $a$'s logit.
+Three lines of algebra give two formulas for $f_i(s)$, and the rest of the lesson checks them.
+
+## Derivation 1: the score of a softmax
+
+The log-probability of token $a$ is $\log p_a = z_a - \log\sum_b e^{z_b}$. Differentiate with
+respect to $\theta_i$, using the chain rule on the second term:
+
+$$\partial_i \log p_a = \partial_i z_a - \frac{\sum_b e^{z_b}\,\partial_i z_b}{\sum_b e^{z_b}}
+= j_{i,a} - \sum_b p_b\, j_{i,b} = j_{i,a} - \bar j_i,$$
+
+where $\bar j_i = \sum_b p_b j_{i,b}$ is the **mean sensitivity** under the model's
+next-token probabilities $p$. The score of a token is its logit's sensitivity measured from
+that mean. The token Fisher is the expected square of the score, over $a \sim p$:
 
 $$f_i(s) = \sum_a p_a\,(j_{i,a} - \bar j_i)^2
-\qquad\text{(centered form: a variance under } p\text{)}$$
+\qquad\text{(centered form: the variance of } j_{i,\cdot} \text{ under } p\text{)}.$$
+
+Predict what this form does to a shift shared by all tokens:
+"""),
+    code(IMPORTS),
+    *quiz("uniform-shift"),
+    md(r"""
+## Derivation 2: the pairwise form
+
+Expand the weighted squared gaps between all pairs of tokens (index $i$ dropped; $p$ sums
+to 1):
+
+$$\tfrac12\sum_{a,b} p_a p_b (j_a - j_b)^2
+= \tfrac12\Big(\sum_a p_a j_a^2 + \sum_b p_b j_b^2 - 2\sum_a p_a j_a \sum_b p_b j_b\Big)
+= \sum_a p_a j_a^2 - \bar j^{\,2} = \sum_a p_a (j_a - \bar j)^2 .$$
+
+So
 
 $$f_i(s) = \tfrac12 \sum_{a,b} p_a p_b\,(j_{i,a} - j_{i,b})^2
-\qquad\text{(pairwise form: weighted squared gaps)}$$
+\qquad\text{(pairwise form: weighted squared gaps)}.$$
 
-The pairwise form says it plainly: moving every logit by the same amount costs nothing, and
-a gap between two tokens matters in proportion to how likely *both* are.
+Both halves of the claim can be read off it: a common shift cancels in every gap, and the
+gap between $a$ and $b$ is weighted by $p_a p_b$, small unless both tokens are likely.
 """),
-    code(IMPORTS + """
+    code("""
 from fisher_ref import token_fisher, token_fisher_pairwise, uniform_token_fisher
 from fisher_ref.teaching.views import pairwise_terms"""),
     md(r"""
 ## A toy state with named tokens
 
-After *She drank a cup of*, suppose the model's next-token distribution is the one below, and
-four parameters with hand-made sensitivities: one moves *tea* and *coffee* **together**, one
-pulls them **apart**, one **shifts** every logit alike, one moves only the **rare** token *rock*
-a lot.
+After *She drank a cup of*, suppose the model's next-token distribution puts 0.46 on *tea*,
+0.40 on *coffee*, and the rest on *water*, *juice* and *rock*. Four parameters have
+hand-made sensitivities: one moves *tea* and *coffee* **together**, one pulls them **apart**,
+one **shifts** every logit alike, one moves only the **rare** token *rock* a lot. Predict
+which has the larger Fisher, *together* or *apart*:
 """),
+    *quiz("tea-coffee"),
     code("""
 tokens = ["tea", "coffee", "water", "juice", "rock"]
 p = np.array([0.46, 0.40, 0.08, 0.05, 0.01])  # (V,)
@@ -55,8 +88,8 @@ f_centered = token_fisher(p, sens)
 f_pairwise = token_fisher_pairwise(p, sens)
 f_uniform = uniform_token_fisher(sens)
 print(f"{'parameter':>10} {'centered':>10} {'pairwise':>10} {'uniform p':>10}")
-for n, a, b, u in zip(names, f_centered, f_pairwise, f_uniform):
-    print(f"{n:>10} {a:10.4f} {b:10.4f} {u:10.4f}")
+for name, fc, fp, fu in zip(names, f_centered, f_pairwise, f_uniform):
+    print(f"{name:>10} {fc:10.4f} {fp:10.4f} {fu:10.4f}")
 print(f"mass on tokens other than tea and coffee: {p[2:].sum():.2f}; p(rock) = {p[4]:.2f}")"""),
     md(r"""
 The two forms agree. *apart* has by far the largest Fisher: it changes the model's preference
@@ -81,7 +114,6 @@ for ax, n, t in zip(axes, names, terms):
 fig.suptitle(r"Pair terms $\\frac{1}{2}p_ap_b(j_a-j_b)^2$ of each parameter "
              "(colour scale per panel; shift is 0 everywhere)")
 plt.show()"""),
-    *quiz("tea-coffee"),
     md(r"""
 ## The computation everything rests on
 
@@ -93,11 +125,11 @@ the sensitivities centered on it, and their $p$-weighted mean square. In numpy:
 z = np.log(p)                                   # (V,) logits of the toy state (up to a constant)
 probs = np.exp(z - z.max()) / np.exp(z - z.max()).sum()   # (V,) softmax
 jbar = sens @ probs                             # (P,)   mean sensitivity under p
-f_numpy = ((sens - jbar[:, None]) ** 2) @ probs # (P,)   p-weighted mean square of centered j
+f_numpy = ((sens - jbar[:, None]) ** 2) @ probs  # (P,) p-weighted mean square, centered j
 print("numpy:", np.round(f_numpy, 6))"""),
     md(r"""
 The same three lines in torch (an optional dependency: install it with
-`pip install -e ".[torch]"`). On a GPU the same code runs on batches of states.
+`pip install -e ".[torch]"`).
 """),
     code("""
 try:
@@ -140,13 +172,19 @@ print(f"{J.shape[0]} states x {J.shape[1]} parameters; vocabulary {task.model.vo
       f"responses up to {task.max_len} tokens")
 print(f"centered vs pairwise:           relative error {rel_err(f_c, f_p):.1e}")
 print(f"after a uniform logit shift:    relative error {rel_err(f_c, f_shifted):.1e}")
-print(f"engine's stored token Fisher:   relative error {rel_err(f_c, result.states['token_fisher']):.1e}")"""),
+f_stored = result.states["token_fisher"]                # (N, P) what exact() accumulated
+print(f"engine's stored token Fisher:   relative error {rel_err(f_c, f_stored):.1e}")"""),
     md(r"""
-All three agree to rounding (the relative errors printed above). The shift was large (standard deviation 3 in
-sensitivity units) and the Fisher did not notice it: the softmax only sees logit differences.
+All three agree to rounding (the relative errors printed above). The shift was large
+(standard deviation 3 in sensitivity units) and the Fisher did not notice it: the softmax
+only sees logit differences.
 """),
-    *quiz("uniform-shift"),
-    *exercise("token-fisher-3-lines"),
+    checks("""
+assert rel_err(f_centered, f_pairwise) <= 1e-12 and abs(f_centered[2]) <= 1e-12  # shift: 0
+assert f_centered[1] > 5 * f_centered[0] > 0 and f_centered[3] < f_uniform[3]   # the text
+assert np.abs(f_numpy - f_centered).max() <= 1e-12
+assert max(rel_err(f_c, f_p), rel_err(f_c, f_shifted), rel_err(f_c, f_stored)) <= 1e-10"""),
+    *exercise("pairwise-by-broadcasting"),
     *exercise("predict-one-token"),
     footer(STEM, [
         "$f_i(s) = \\sum_a p_a (j_{i,a} - \\bar j_i)^2 = \\tfrac12\\sum_{a,b} p_a p_b "

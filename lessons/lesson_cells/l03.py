@@ -1,6 +1,6 @@
 """Lesson 3: the same sensitivities give a Fisher that depends on where p puts its mass;
 concentration and alignment told apart with a shuffled-p control."""
-from ._cells import IMPORTS, code, exercise, footer, header, md, quiz
+from ._cells import IMPORTS, checks, code, exercise, footer, header, md, quiz
 
 STEM = "03_where_mass_lands"
 
@@ -11,7 +11,7 @@ CELLS = [
         "compare $f$ with the uniform reference $f^{unif}$, and say why a ratio below 1 is "
         "mostly a sign of a *concentrated* $p$;",
         "separate concentration from alignment with a shuffled-$p$ control and the exact "
-        "factor $c(s) = (1 - \\sum_a p_a^2)/(1 - 1/V)$;",
+        "factor $\\kappa(s) = (1 - \\sum_a p_a^2)/(1 - 1/V)$;",
         "say what this toy model does and does not show about alignment.",
     ], [
         "[Lesson 2](02_pairwise_differences.ipynb): the centered and pairwise forms of $f_i(s)$.",
@@ -49,8 +49,9 @@ print(f"{len(states['reach'])} states, {task.model.num_params} parameters, "
 Take the first prompt's state and its logits $z$. Sharpen or flatten the distribution with an
 inverse temperature $\beta$: $p_\beta = \mathrm{softmax}(\beta z)$, keeping the sensitivities
 $j$ as they are. At $\beta = 0$ the distribution is uniform and $f = f^{unif}$; as $\beta$ grows
-the model becomes certain and $f \to 0$.
+the model becomes certain. Predict what happens to $f$ first:
 """),
+    *quiz("confident-state"),
     code("""
 s = 0                                                    # first state: prompt 0, nothing generated
 J = J_all[s]                                              # (P, V)
@@ -73,9 +74,10 @@ axes[1].set_xlabel(r"inverse temperature $\\beta$")
 axes[1].set_ylabel("largest next-token probability")
 axes[1].set_title("How confident the state is")
 plt.show()
-print("beta = 0 equals the uniform reference:", np.allclose(f_beta[0], uniform_token_fisher(J), rtol=1e-12))
-print(f"largest f at beta = 12: {f_beta[-1].max():.2e}  (at beta = 1: {f_beta[np.searchsorted(betas, 1.0)].max():.2e})")"""),
-    *quiz("confident-state"),
+f_at_1 = f_beta[np.searchsorted(betas, 1.0)]
+print("beta = 0 equals the uniform reference:",
+      np.allclose(f_beta[0], uniform_token_fisher(J), rtol=1e-12))
+print(f"largest f at beta = 12: {f_beta[-1].max():.2e}  (at beta = 1: {f_at_1.max():.2e})")"""),
     md(r"""
 ## The ratio $f/f^{unif}$ over every state and parameter
 
@@ -86,7 +88,8 @@ undefined (NaN) where $f^{unif}_i(s) = 0$, which happens exactly when the parame
 row of a token that is not in the window moves nothing. `fisher_ratio` also returns NaN where
 $f^{unif}_i(s)$ is not zero but below $10^{-12}$ of its largest value (here: weights into a
 hidden unit that $\tanh$ has saturated at that state). A histogram of $\log_{10}$ of the
-ratio, each state weighted by how often it is reached:
+ratio, each state weighted by its **reach** $\rho(s)$, the probability that generation
+passes through it:
 """),
     code("""
 ratio = fisher_ratio(result)                              # (N, P), NaN where f_unif = 0
@@ -94,9 +97,11 @@ reach = np.broadcast_to(states["reach"][:, None], ratio.shape)
 ok = np.isfinite(ratio) & (ratio > 0)
 fu_all = states["uniform"]                                # (N, P)
 flat = np.ptp(J_all, axis=2) == 0                        # (N, P) every logit moved alike
-print(f"NaN entries: {np.isnan(ratio).sum()}: {(flat & np.isnan(ratio)).sum()} where j is the same "
-      f"for every token (f_unif = 0: {np.all(fu_all[flat] == 0)}), "
-      f"{(~flat & np.isnan(ratio)).sum()} where 0 < f_unif < 1e-12 max f_unif")
+nan = np.isnan(ratio)
+print(f"NaN entries: {nan.sum()}:")
+print(f"  {(flat & nan).sum()} where j is the same for every token "
+      f"(f_unif = 0 there: {np.all(fu_all[flat] == 0)}),")
+print(f"  {(~flat & nan).sum()} where 0 < f_unif < 1e-12 max f_unif")
 fig, ax = plt.subplots(figsize=(7, 3.6), constrained_layout=True)
 ax.hist(np.log10(ratio[ok]), bins=50, weights=reach[ok], color="tab:purple", alpha=0.8)
 ax.axvline(0.0, color="k", ls="--", label="ratio 1")
@@ -116,21 +121,22 @@ their whole distribution: they lie exactly on top of each other, so each depth g
 marker.
 """),
     code("""
-H = entropy(states["probs"])                              # (N,)
+ent = entropy(states["probs"])                            # (N,) in nats
 med = np.nanmedian(np.where(ok, ratio, np.nan), axis=1)   # (N,)
-c_state = concentration(states["probs"])                  # (N,)
+kappa = concentration(states["probs"])                    # (N,)
 total_f = states["token_fisher"].sum(axis=1)              # (N,)
 windows = {tuple(t[t >= 0][-task.model.context:]) for t in states["tokens"]}
-print(f"{len(H)} states, {len(windows)} distinct windows of the last {task.model.context} tokens")
+print(f"{len(ent)} states, {len(windows)} distinct windows of the last "
+      f"{task.model.context} tokens")
 markers = {0: ("o", 90), 1: ("s", 55), 2: ("^", 30), 3: ("D", 14)}
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True)
 for d, (mk, size) in markers.items():
     at = states["depth"] == d
     if at.any():
         for ax, y in zip(axes, (med, total_f)):
-            ax.scatter(H[at], y[at], marker=mk, s=size, facecolors="none",
+            ax.scatter(ent[at], y[at], marker=mk, s=size, facecolors="none",
                        edgecolors=plt.cm.viridis(d / 3), label=f"depth {d}")
-axes[0].scatter(H, c_state, marker="x", s=12, color="k", label="c(s) (see below)")
+axes[0].scatter(ent, kappa, marker="x", s=12, color="k", label=r"$\\kappa(s)$ (see below)")
 axes[0].axhline(1.0, color="k", ls="--", lw=0.8)
 axes[0].axvline(np.log(task.model.vocab_size), color="gray", ls=":")
 axes[0].set_xlabel("entropy of p(.|s) (nats); dotted: log V")
@@ -138,12 +144,17 @@ axes[0].set_ylabel(r"median over parameters of $f/f^{unif}$")
 axes[0].set_title("Confident states have low ratios")
 axes[0].legend(fontsize=8)
 axes[1].set_xlabel("entropy of p(.|s) (nats)")
-axes[1].set_ylabel(r"$\\sum_i f_i(s)$")
+axes[1].set_ylabel(r"total token Fisher $\\sum_i f_i(s)$", labelpad=8)
 axes[1].set_title("Confident states carry little token Fisher")
 axes[1].legend(title="tokens generated", fontsize=8)
 plt.show()"""),
     md(r"""
 ## Concentration or alignment? A shuffled-$p$ control
+
+Before the control: what does a ratio below 1 show, taken on its own?
+"""),
+    *quiz("ratio-below-one"),
+    md(r"""
 
 A control that keeps the concentration and destroys any alignment: at every state, **shuffle
 the probabilities across the tokens** (a random permutation per state). The entropy and
@@ -163,36 +174,30 @@ ax.set_title("The share below the uniform reference survives shuffling")
 ax.legend()
 plt.show()
 print(f"model: {below:.1%};  shuffled p: mean {shuffled_share.mean():.1%}, "
-      f"range {shuffled_share.min():.1%} .. {shuffled_share.max():.1%}")
-assert shuffled_share.min() <= below <= shuffled_share.max()  # the text's claim, checked"""),
+      f"range {shuffled_share.min():.1%} .. {shuffled_share.max():.1%}")"""),
     md(r"""
 The model's share sits inside the range of its shuffles: on this model the share below the
 uniform reference is explained by **concentration**, not alignment. The reason is exact.
 Averaged over every permutation $\pi$ of $p$ across the tokens,
 
-$$E_\pi\big[f_i(s)\big] = c(s)\, f^{unif}_i(s), \qquad
-c(s) = \frac{1 - \sum_a p_a^2}{1 - 1/V} \in [0, 1],$$
+$$E_\pi\big[f_i(s)\big] = \kappa(s)\, f^{unif}_i(s), \qquad
+\kappa(s) = \frac{1 - \sum_a p_a^2}{1 - 1/V} \in [0, 1].$$
 
-(expand $f = \sum_a p_a j_a^2 - (\sum_a p_a j_a)^2$ and average each product of
-probabilities over the permutations). $c(s)$ is 1 for a uniform $p$ and falls to 0 for a point
-mass: a concentrated distribution pushes the ratio below 1 on average *whatever the
-sensitivities are*. (The black crosses in the scatter above are $c(s)$.) Checked against all
-$V! = 120$ arrangements at state 0:
-"""),
-    code("""
-import itertools
-p0 = states["probs"][0]                                   # (V,)
-brute = np.mean([token_fisher(p0[list(q)], J_all[0])
-                 for q in itertools.permutations(range(p0.size))], axis=0)   # (P,)
-closed = shuffled_token_fisher(p0, J_all[0])              # (P,) c(s) f_unif
-print(f"c(state 0) = {concentration(p0):.4f}; brute force vs c f_unif: largest relative "
-      f"difference {np.abs(brute - closed).max() / np.abs(brute).max():.1e}")"""),
-    md(r"""
-So the ratio splits into two factors, $f/f^{unif} = c(s)\, a_i(s)$. The **alignment factor**
-$a_i(s) = f_i(s) / (c(s) f^{unif}_i(s))$ averages exactly 1 over shuffles: below 1 the mass sits
+To see it, write $f = \sum_a p_a j_a^2 - \sum_{a,b} p_a p_b j_a j_b$ (index $i$ dropped) and
+average the probabilities over the shuffles: with $S = \sum_a p_a^2$, a shuffled
+$p_{\pi(a)}$ has mean $1/V$, its square has mean $S/V$, and a product of two different
+entries has mean $(1 - S)/(V(V-1))$. Collecting the terms leaves $(1-S)\frac{V}{V-1}$ times
+the variance of $j$ under the uniform distribution, which is $f^{unif}$. $\kappa(s)$ is 1 for a
+uniform $p$ and falls to 0 for a point mass: a concentrated distribution pushes the ratio
+below 1 on average *whatever the sensitivities are*. (The black crosses in the scatter above
+are $\kappa(s)$.) An exercise below checks the formula against all $V! = 120$ arrangements
+of state 0.
+
+So the ratio splits into two factors, $f/f^{unif} = \kappa(s)\, \alpha_i(s)$. The **alignment
+factor** $\alpha_i(s) = f_i(s) / (\kappa(s) f^{unif}_i(s))$ averages exactly 1 over shuffles: below 1 the mass sits
 on tokens the parameter moves alike more than chance would put it there, above 1 on tokens it
 moves apart. Summed over the states each parameter visits, $F_i / F^{shuf}_i$ with
-$F^{shuf}_i = \sum_s \pi(s)\, c(s)\, f^{unif}_i(s)$ ($\pi(s)$ the reach) asks the same question for
+$F^{shuf}_i = \sum_s \rho(s)\, \kappa(s)\, f^{unif}_i(s)$ asks the same question for
 the parameter's whole sequence Fisher.
 
 ## Alignment per parameter, against its shuffles
@@ -221,9 +226,8 @@ W2 = synonyms[o2:o2 + nH * V].reshape(nH, V)              # a view into synonyms
 W2[:, 3] = W2[:, 1]
 synonyms[ob + 3] = synonyms[ob + 1]
 synonyms[ob + 1] += 5.0
-synonyms[ob + 3] += 5.0
-
-
+synonyms[ob + 3] += 5.0"""),
+    code("""
 runs = {}
 for name, th in [("default", task.theta), ("distinct", distinct), ("synonyms", synonyms)]:
     t = task.with_(theta=th)
@@ -234,21 +238,22 @@ for name, th in [("default", task.theta), ("distinct", distinct), ("synonyms", s
     runs[name]["mass13"] = reach_ @ res.states["probs"][:, [1, 3]].sum(axis=1) / reach_.sum()
 print(f"{'model':>9} {'mass on 1,3':>11} {'% f<f_unif':>11} {'(shuffled)':>14} "
       f"{'median F/F_shuf':>16} {'(shuffled, 0.5-99.5%)':>22}")
-for name, c in runs.items():
-    sh, med = c["shuffled_share"], np.median(c["ratio"])
-    lo, hi = np.quantile(np.median(c["shuffled_ratio"], axis=1), [0.005, 0.995])
-    print(f"{name:>9} {c['mass13']:11.2f} {100 * c['share']:10.1f}% {100 * sh.min():6.1f}.."
+inside = {}
+for name, run in runs.items():
+    sh, med = run["shuffled_share"], np.median(run["ratio"])
+    lo, hi = np.quantile(np.median(run["shuffled_ratio"], axis=1), [0.005, 0.995])
+    inside[name] = bool(lo <= med <= hi and sh.min() <= run["share"] <= sh.max())
+    print(f"{name:>9} {run['mass13']:11.2f} {100 * run['share']:10.1f}% {100 * sh.min():6.1f}.."
           f"{100 * sh.max():4.1f}% {med:16.3f} {lo:11.3f} .. {hi:.3f}")
-    inside = lo <= med <= hi and sh.min() <= c["share"] <= sh.max()
-    assert inside == (name != "synonyms")                 # the text's claims, checked"""),
+"""),
     code("""
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), constrained_layout=True, sharey=True)
-for ax, (name, c) in zip(axes, runs.items()):
-    curves = np.sort(np.log10(c["shuffled_ratio"]), axis=1)     # (K, n) sorted per shuffle
+for ax, (name, run) in zip(axes, runs.items()):
+    curves = np.sort(np.log10(run["shuffled_ratio"]), axis=1)   # (K, n) sorted per shuffle
     rank = np.arange(curves.shape[1])
     ax.fill_between(rank, *np.quantile(curves, [0.005, 0.995], axis=0), color="0.8",
                     label="shuffled p (0.5-99.5%)")
-    ax.plot(rank, np.sort(np.log10(c["ratio"])), color="tab:purple", label="the model")
+    ax.plot(rank, np.sort(np.log10(run["ratio"])), color="tab:purple", label="the model")
     ax.axhline(0.0, color="k", lw=0.8, ls="--")
     ax.set_xlabel("feature parameters, sorted")
     ax.set_title(name)
@@ -263,11 +268,14 @@ statistics do: for the synonyms model the share lies outside its shuffled range 
 median $F_i/F^{shuf}_i$ lies far below its shuffle band (its features move the two likely
 tokens alike by construction), while the default and distinct models lie within theirs.
 
-## The seeds' question
+## Alike or opposite on the likely pair
 
-Build a state with two likely candidates and two parameters of the same size: one moves both
-likely logits by almost the same amount, the other moves them in opposite directions.
+The question this lesson started from: a parameter moves the likely next tokens by roughly
+the same amount. What does the pairwise form predict? Answer, then see it on a state with two
+likely candidates and two parameters of the same size: one moves both likely logits by almost
+the same amount, the other moves them in opposite directions.
 """),
+    *quiz("likely-alike"),
     code("""
 from fisher_ref import token_fisher_pairwise
 from fisher_ref.teaching.views import pairwise_terms
@@ -277,16 +285,14 @@ j = np.array([[3.0, 3.1, 0.0, 0.0],                       # (2, V): alike on the
 f = token_fisher_pairwise(p, j)
 likely_pair = 2 * pairwise_terms(p, j)[:, 0, 1]           # both orders (a, b) and (b, a)
 for name, fi, fs, lp in zip(["alike", "opposite"], f, shuffled_token_fisher(p, j), likely_pair):
-    print(f"{name:>8}: f = {fi:.4f}  (from the likely pair: {lp:.4f}),  shuffled-p average = "
-          f"{fs:.4f},  alignment factor a = {fi / fs:.2f}")"""),
-    *quiz("likely-alike"),
-    *quiz("ratio-below-one"),
+    print(f"{name:>8}: f = {fi:.4f} (from the likely pair: {lp:.4f})")
+    print(f"{'':>10}shuffled-p average = {fs:.4f}, alignment factor alpha = {fi / fs:.2f}")"""),
     md(r"""
 ## What this toy shows, and what it does not
 
 **It shows**, exactly: the token Fisher depends on where $p$ puts its mass, not only on the
 sensitivities; confident states carry little Fisher; the ratio to the uniform reference
-factors into a concentration part $c(s)$, fixed by $p$ alone, and an alignment part whose
+factors into a concentration part $\kappa(s)$, fixed by $p$ alone, and an alignment part whose
 average over shuffles is 1; and when alignment is built into a model (the synonyms), the
 alignment statistic finds it against a shuffled-$p$ control, while the plain share below the
 uniform reference, taken on its own, does not.
@@ -297,17 +303,31 @@ within its shuffle band. So "the model's mass lands on tokens its parameters mov
 not demonstrated here for an untrained model, and nothing in this toy says how much alignment
 a trained language model has. The same control answers that question on a real model: it
 needs only $p$ and the sensitivities at the sampled states, and compares $f$ with
-$c(s) f^{unif}$ or with shuffles of $p$.
+$\kappa(s) f^{unif}$ or with shuffles of $p$.
 """),
+    checks("""
+import itertools
+p0 = states["probs"][0]                                   # (V,)
+brute = np.mean([token_fisher(p0[list(q)], J_all[0])      # all V! = 120 arrangements
+                 for q in itertools.permutations(range(p0.size))], axis=0)   # (P,)
+closed = shuffled_token_fisher(p0, J_all[0])              # kappa(s) f_unif
+assert np.abs(brute - closed).max() <= 1e-10 * np.abs(brute).max()
+assert np.allclose(closed, concentration(p0) * uniform_token_fisher(J_all[0]), rtol=1e-12)
+assert np.allclose(f_beta[0], uniform_token_fisher(J), rtol=1e-12)          # beta = 0
+assert f_beta[-1].max() < 1e-3 * f_at_1.max()             # a confident state: f -> 0
+assert below > 0.5                                        # most pairs below the reference
+assert shuffled_share.min() <= below <= shuffled_share.max()   # ... explained by concentration
+assert inside == {"default": True, "distinct": True, "synonyms": False}   # the table's claims"""),
     *exercise("temperature-concentration"),
     *exercise("permutation-average"),
     *exercise("anti-aligned"),
     footer(STEM, [
         "For fixed sensitivities the token Fisher falls as $p$ concentrates; at a point mass "
         "it is 0.",
-        "$f/f^{unif} = c(s)\\,a_i(s)$ with $c(s) = (1-\\sum_a p_a^2)/(1-1/V)$: a ratio below 1 "
+        "$f/f^{unif} = \\kappa(s)\\,\\alpha_i(s)$ with $\\kappa(s) = (1-\\sum_a p_a^2)/(1-1/V)$: a "
+        "ratio below 1 "
         "is expected from concentration alone.",
-        "Alignment is what is left, $a_i(s)$ or $F_i/F^{shuf}_i$, judged against shuffles "
+        "Alignment is what is left, $\\alpha_i(s)$ or $F_i/F^{shuf}_i$, judged against shuffles "
         "of $p$; the toy shows it when built in (synonyms), not in the untrained default model.",
     ]),
 ]

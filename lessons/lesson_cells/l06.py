@@ -1,12 +1,13 @@
 """Lesson 6: Monte Carlo estimators, their standard errors, and the token-sum estimator."""
-from ._cells import IMPORTS, code, exercise, footer, header, md, quiz
+from ._cells import IMPORTS, checks, code, exercise, footer, header, md, quiz
 
 STEM = "06_monte_carlo"
 
 CELLS = [
     header(STEM, [
         "estimate the sequence Fisher from sampled responses, with a standard error and a "
-        "z-score against the exact value;",
+        "z-score $\\zeta$ against the exact value, and check that the z-scores of all "
+        "parameters look like standard normal draws;",
         "compare two unbiased estimators, $\\overline{h_i^2}$ and $\\overline{\\sum_t f_i(s_t)}$, "
         "by their exact variances;",
         "check whether nominal 95% intervals cover the exact value 95% of the time.",
@@ -19,33 +20,70 @@ CELLS = [
 **Claim.** Every quantity of lessons 1–5 is an average over responses, so sampling $n$
 responses gives an estimate with a standard error $\mathrm{se} = \sigma/\sqrt n$ ($\sigma$ the
 standard deviation of the per-response value). With the exact value known, the z-score
-$z = (\text{estimate} - \text{exact})/\mathrm{se}$ must look like a standard normal draw.
+$\zeta = (\text{estimate} - \text{exact})/\mathrm{se}$ should look like a draw from the
+standard normal distribution.
 
 Two estimators of the same $F_i$:
 
 * $\overline{h_i^2}$ — the squared sequence score of each response;
-* $\overline{\sum_t f_i(s_t)}$ — the token Fisher summed along each response's states. It
-  replaces each sampled token's $\xi_{t,i}^2$ by its average over the next token (a
-  Rao–Blackwell step) and carries no cross terms. On-policy its mean is the same $F_i$. Its
-  variance is usually smaller, though no theorem promises that here (the sum over positions
-  is not a conditional expectation of $h_i^2$): below we measure the ratio per parameter.
+* $\overline{\sum_t f_i(s_t)}$ — the token Fisher summed along each response's states.
+
+Both have mean $F_i$ on-policy (lesson 1). Which has the smaller variance, and why? Predict:
 """),
-    code(IMPORTS + """
+    code(IMPORTS),
+    *quiz("rao-blackwell"),
+    md(r"""
+The token sum replaces each sampled token's $\xi_{t,i}^2$ by its average over the next token,
+$f_i(s_t) = E[\xi_{t,i}^2 \mid s_t]$ (a Rao–Blackwell step), and it carries no cross terms,
+which are pure noise with mean zero. Its variance is usually smaller, though no theorem
+promises that here (the sum over positions is not a conditional expectation of $h_i^2$): below
+we measure the ratio per parameter.
+"""),
+    code("""
 import os, platform
-from fisher_ref.monte_carlo import estimate, bonferroni_z
-from fisher_ref.monte_carlo.stats import running_estimates, exact_variance_reduction, variance_reduction
+from fisher_ref.monte_carlo import (estimate, bonferroni_z, running_estimates,
+                                    exact_variance_reduction, variance_reduction)
 
 task = load_config("default")
 r = exact(task, progress=False)
 P = task.model.num_params
 mc = estimate(task, 4000, np.random.default_rng(0), keep_samples=True)
-z = mc.z_scores(r)
+zs = mc.z_scores(r)                                       # {(stream, quantity): (P,)}
 z_max = bonferroni_z(1e-6, P)
-print(f"n = {mc.n} responses, sampled in {mc.seconds:.2f} s on this machine ({platform.machine()}, "
-      f"{os.cpu_count()} CPU cores); threshold |z| <= {z_max:.2f} "
-      f"(false-failure rate 1e-6 over {P} parameters)")
-for (stream, quantity), zs in z.items():
-    print(f"{stream:>7} {quantity:>16}: max |z| = {np.nanmax(np.abs(zs)):.2f}")"""),
+print(f"n = {mc.n} responses, sampled in {mc.seconds:.2f} s on this machine "
+      f"({platform.machine()}, {os.cpu_count()} CPU cores)")
+print(f"threshold |zeta| <= {z_max:.2f} (false-failure rate 1e-6 over {P} parameters)")
+for (stream, quantity), z in zs.items():
+    print(f"{stream:>7} {quantity:>16}: max |zeta| = {np.nanmax(np.abs(z)):.2f}")"""),
+    md(r"""
+The largest $|\zeta|$ says no estimate is far off. Whether the z-scores *as a whole* look like
+standard normal draws needs all of them: pooled over parameters and quantities, their
+histogram against the normal density, and their sorted values against the normal quantiles
+(a QQ plot: normal draws lie on the diagonal). The z-scores of one run are not independent
+(one set of responses feeds them all), so expect a wobbly line, not a perfect one.
+"""),
+    code("""
+from scipy.stats import norm
+
+zeta = np.concatenate([z[np.isfinite(z)] for z in zs.values()])          # every z-score
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True)
+grid = np.linspace(-4, 4, 200)
+axes[0].hist(zeta, bins=40, range=(-4, 4), density=True, color="tab:blue", alpha=0.7,
+             label=f"{zeta.size} z-scores")
+axes[0].plot(grid, norm.pdf(grid), "k-", label="standard normal")
+axes[0].set_xlabel(r"$\\zeta$ = (estimate $-$ exact) / se")
+axes[0].set_ylabel("density")
+axes[0].legend(fontsize=8)
+expected = norm.ppf((np.arange(zeta.size) + 0.5) / zeta.size)            # normal quantiles
+axes[1].plot(expected, np.sort(zeta), ".", ms=3, label="z-scores")
+axes[1].plot([-4, 4], [-4, 4], "k-", lw=0.8, label="normal draws")
+axes[1].set_xlabel("standard normal quantile")
+axes[1].set_ylabel(r"sorted $\\zeta$")
+axes[1].set_title("QQ plot")
+axes[1].legend(fontsize=8)
+plt.show()
+print(f"mean {zeta.mean():+.2f}, sd {zeta.std():.2f}; share with |zeta| > 1.96: "
+      f"{np.mean(np.abs(zeta) > 1.96):.1%} (normal: 5%)")"""),
     md(r"""
 ## Convergence of the two estimators
 
@@ -100,7 +138,6 @@ axes[1].legend()
 plt.show()
 print(f"median saving: {np.median(exact_ratio[ok]):.1f}x fewer samples; "
       f"smallest: {exact_ratio[ok].min():.2f}x")"""),
-    *quiz("rao-blackwell"),
     md(r"""
 ## Are the standard errors right?
 
@@ -124,28 +161,34 @@ for n_small in (200, 2000):
         rate[n_small, q] = c.mean()
         print(f"n = {n_small:>5}, {q:>17}: {c.mean():.1%} of {c.size} intervals cover "
               f"the exact value (nominal 95%)")
-h2_small = rate[200, "sequence_fisher"]                   # the text's claims below, checked
-assert h2_small < 0.95 and h2_small < rate[200, "token_fisher_sum"]
-assert h2_small < rate[2000, "sequence_fisher"]"""),
+"""),
     md(r"""
 With few samples the intervals for $h^2$ cover less often than 95%: the se is itself estimated
 from the samples, and $h^2$ has a long right tail (rare responses with large scores), so a small
 sample tends to miss the tail and underestimate both the mean and its se. The token sum has a
 shorter tail and does better, and the $h^2$ intervals come closer to nominal as $n$ grows.
 
-The se falls like $1/\sqrt n$. From the exact variance:
+The se falls like $1/\sqrt n$. Predict how much a hundredfold sample narrows it, then read
+the exact values:
 """),
+    *quiz("se-scaling"),
     code("""
 var_h2 = r.streams["policy"].variances["h2"][i]
 for n in (100, 10_000, 1_000_000):
     print(f"n = {n:>9,}: se of mean h^2 for parameter {i} = {np.sqrt(var_h2 / n):.2e}")"""),
-    *quiz("se-scaling"),
+    checks("""
+assert all(np.nanmax(np.abs(z)) <= z_max for z in zs.values())          # no estimate far off
+assert abs(zeta.mean()) < 0.5 and 0.6 < zeta.std() < 1.5               # roughly standard normal
+assert np.all(exact_ratio[ok] > 1) and np.median(exact_ratio[ok]) > 1  # the token sum saves
+h2_small = rate[200, "sequence_fisher"]                   # coverage, as the text says
+assert h2_small < 0.95 and h2_small < rate[200, "token_fisher_sum"]
+assert h2_small < rate[2000, "sequence_fisher"]"""),
     *exercise("se-by-hand"),
     *exercise("samples-needed"),
     footer(STEM, [
         "Every exact quantity is an average over responses; sampling estimates it with a "
-        "standard error $\\sigma/\\sqrt n$, and z-scores against the exact values behave like "
-        "normal draws.",
+        "standard error $\\sigma/\\sqrt n$; the z-scores against the exact values, all of them "
+        "pooled, follow the standard normal closely (histogram and QQ plot).",
         "The token-sum estimator has the same mean as $\\overline{h_i^2}$ and, on these "
         "models, a smaller variance (measured per parameter, not promised by a theorem).",
         "Standard errors estimated from few samples of a long-tailed quantity can be too "

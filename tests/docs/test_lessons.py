@@ -27,6 +27,7 @@ LESSONS = ROOT / "lessons"
 # not asserted: these machines are shared and a wall time is noise. A cell that hangs fails
 # through nbclient's explicit per-cell timeout.
 CELL_TIMEOUT = 60
+MAX_OUTPUT_WIDTH = 100  # characters: a printed table wider than this wraps in the cell
 STARTUP_TIMEOUT = 120
 
 
@@ -151,5 +152,10 @@ def test_notebook_executes_top_to_bottom(stem, kernel_specs, monkeypatch):
     assert not errors
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                      for o in c.outputs if o.output_type == "stream")
+    wide = [line for line in text.splitlines() if len(line) > MAX_OUTPUT_WIDTH]
+    assert not wide, f"printed lines wider than a cell: {wide[:3]}"
+    results = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+               if o.output_type == "execute_result"]
+    assert not results, "a cell echoes a value (check() must not show a bare True/False)"
     assert "not answered yet" in text, "the quiz checks must run unattended"
     assert "not tried yet" in text, "the exercise checks must run unattended"

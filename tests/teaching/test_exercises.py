@@ -38,10 +38,11 @@ def test_solution_is_accepted(ex_id, capsys):
 @pytest.mark.parametrize("ex_id", list(EXERCISES))
 def test_mistake_is_rejected(ex_id, capsys):
     ex = EXERCISES[ex_id]
-    ns = run([ex.setup, ex.mistake])
-    assert check_exercise(ex_id, ns[ex.answer]) is False
-    out = capsys.readouterr().out
-    assert "not yet" in out and "solution" in out
+    for mistake in ex.mistakes:
+        ns = run([ex.setup, mistake.code])
+        assert check_exercise(ex_id, ns[ex.answer]) is False
+        out = capsys.readouterr().out
+        assert "not yet" in out and "solution" in out and mistake.feedback in out
 
 
 @pytest.mark.parametrize("ex_id", list(EXERCISES))
@@ -53,7 +54,7 @@ def test_nonsense_is_rejected_and_none_is_not_tried(ex_id, capsys):
 
 def test_edited_inputs_cannot_fool_the_checker():
     """The checker reruns the setup; a learner who changes the inputs is judged on the originals."""
-    ex = EXERCISES["token-fisher-3-lines"]
+    ex = EXERCISES["pairwise-by-broadcasting"]
     ns = run([ex.setup, "p = np.full(6, 1 / 6)", ex.solution])
     assert check_exercise(ex.id, ns["f"]) is False
 

@@ -3,6 +3,7 @@ every quiz is used in exactly one notebook, and check() grades correctly."""
 import doctest
 import itertools
 import re
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from fisher_ref.teaching.views import pairwise_terms, response_token_scores, sta
 from fisher_ref.models.base import state_windows
 from fisher_ref.models.base import windows_for
 from fisher_ref.teaching.training import bf16_changed, policy_gradient
-from fisher_ref.monte_carlo.stats import mean_estimate
+from fisher_ref.monte_carlo import mean_estimate
 from fisher_ref.numerics import softmax
 from fisher_ref.teaching.quizzes import LETTERS, QUIZZES, Quiz, check
 from fisher_ref.checks.tolerances import rel_err
@@ -401,17 +402,21 @@ def test_check_grades_every_option(quiz_id, capsys):
 
 
 def test_feedback_renders_as_markdown_in_a_notebook(monkeypatch):
-    """In a kernel the feedback goes to IPython's display as Markdown (maths rendered)."""
+    """In a kernel the feedback goes to IPython's display as Markdown (maths rendered), and
+    check() returns None there so no bare True/False is echoed; without jupyterquiz, show()
+    falls back to Markdown too."""
     display_mod = pytest.importorskip("IPython.display", reason="IPython ships with ipykernel")
     shown = []
     monkeypatch.setattr(quizzes, "in_notebook", lambda: True)
     monkeypatch.setattr(display_mod, "display", shown.append)
+    monkeypatch.setitem(sys.modules, "jupyterquiz", None)  # not installed
     q = QUIZZES["se-scaling"]
-    assert check("se-scaling", LETTERS[q.correct]) is True
-    assert check("se-scaling", LETTERS[(q.correct + 1) % 4]) is False
+    assert check("se-scaling", LETTERS[q.correct]) is None
+    assert check("se-scaling", LETTERS[(q.correct + 1) % 4]) is None
     quizzes.show("se-scaling")
     assert all(isinstance(m, display_mod.Markdown) for m in shown) and len(shown) == 3
     assert q.feedback[q.correct] in shown[0].data and "**se-scaling**" in shown[0].data
+    assert "is right" in shown[0].data and "is not right" in shown[1].data
     assert "Try another letter." in shown[1].data
     assert q.question in shown[2].data
 

@@ -1,0 +1,233 @@
+"""How the lessons teach: quizzes before their answers and not guessable by length, exercises
+with targeted feedback and a reason, asserts out of the reader's way, cells that fit, one
+notation table, clickable quizzes that keep ``import fisher_ref`` light."""
+import importlib.util
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import fisher_ref.teaching.exercises as exercises
+import fisher_ref.teaching.quizzes as quizzes
+from fisher_ref.teaching.exercises import EXERCISES, check_exercise
+from fisher_ref.teaching.quizzes import LETTERS, QUIZZES, check
+
+ROOT = Path(__file__).resolve().parents[2]
+LESSONS = ROOT / "lessons"
+STEMS = sorted(p.stem for p in LESSONS.glob("*.ipynb"))
+MAX_LINE = 100       # characters a JupyterLab code cell shows without scrolling
+MAX_CELL_LINES = 30  # a code cell is one idea; exercise cells (setup + blank) excepted
+
+
+def _load(rel, name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / rel)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+BUILD = _load("lessons/build.py", "lessons_build_pedagogy")
+
+
+def _cells(stem):
+    return nbformat.read(LESSONS / f"{stem}.ipynb", as_version=4).cells
+
+
+def _code(stem):
+    return [c for c in _cells(stem) if c.cell_type == "code"]
+
+
+def _is_checks(cell):
+    return BUILD.CHECKS_TAG in cell.metadata.get("tags", [])
+
+
+def _is_exercise(cell):
+    return "check_exercise(" in cell.source and "import numpy" in cell.source
+
+
+# --------------------------------------------------------------------------- rendering
+
+def too_long(text, limit=MAX_LINE):
+    """The lines of ``text`` longer than ``limit`` characters."""
+    return [line for line in text.splitlines() if len(line) > limit]
+
+
+def test_too_long_finds_a_long_line_and_a_wide_table():
+    assert too_long("x = 1\n" + "y" * 101) == ["y" * 101]
+    table = "\n".join("  ".join(f"{k:>20}" for k in range(6)) for _ in range(3))  # 130 wide
+    assert len(too_long(table)) == 3 and too_long("a | b\n1 | 2") == []
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_code_lines_fit_a_cell(stem):
+    for cell in _code(stem):
+        assert not too_long(cell.source), (stem, cell.id, too_long(cell.source))
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_code_cells_are_short(stem):
+    for cell in _code(stem):
+        if not (_is_exercise(cell) or _is_checks(cell)):
+            n = len(cell.source.splitlines())
+            assert n <= MAX_CELL_LINES, (stem, cell.id, n)
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_markdown_has_no_escaped_quotes(stem):
+    """A raw string holding \\" renders as a literal backslash and quote."""
+    for cell in _cells(stem):
+        if cell.cell_type == "markdown":
+            assert '\\"' not in cell.source, (stem, cell.id)
+
+
+# --------------------------------------------------------------------------- asserts
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_asserts_sit_in_one_collapsed_cell_after_the_computations(stem):
+    code = _code(stem)
+    tagged = [c for c in code if _is_checks(c)]
+    if stem == "00_start_here":
+        assert len(tagged) <= 1
+    else:
+        assert len(tagged) == 1, stem
+    for cell in tagged:
+        assert cell.metadata["jupyter"]["source_hidden"] is True
+        after = code[code.index(cell) + 1:]
+        assert all(_is_exercise(c) for c in after), "only exercises follow the checks"
+        assert cell.source.count("assert ") >= 3
+    for cell in code:
+        if not _is_checks(cell):
+            assert not re.search(r"^\s*assert\b", cell.source, flags=re.M), (stem, cell.id)
+
+
+# --------------------------------------------------------------------------- quizzes
+
+def longest_is_correct(quiz):
+    """True when the correct option is (one of) the longest."""
+    lengths = [len(o) for o in quiz.options]
+    return lengths[quiz.correct] == max(lengths)
+
+
+def test_longest_option_is_right_in_at_most_a_third_of_the_quizzes():
+    rigged = [q.id for q in QUIZZES.values() if longest_is_correct(q)]
+    assert 3 * len(rigged) <= len(QUIZZES), rigged
+
+
+def test_longest_is_correct_can_fail():
+    q = quizzes.Quiz("x", "y", "?", ("short", "the longest option"), 1, ("a", "b"))
+    assert longest_is_correct(q) and not longest_is_correct(q.__class__(
+        "x", "y", "?", ("short", "the longest option"), 0, ("a", "b")))
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_every_quiz_comes_before_a_computation(stem):
+    """Predict, then reveal: after each quiz's check cell there is code that computes."""
+    code = _code(stem)
+    for k, cell in enumerate(code):
+        m = re.search(r'check\("([^"]+)", answer\)', cell.source)
+        if m:
+            later = [c for c in code[k + 1:] if not (_is_exercise(c) or _is_checks(c)
+                                                     or c.source.startswith("show("))]
+            assert later, f"{stem}: quiz {m.group(1)} comes after every computation"
+
+
+def test_check_does_not_echo_in_a_notebook(monkeypatch, capsys):
+    """In a kernel check() and check_exercise() show feedback and return None, so no bare
+    True/False is printed under it; outside a kernel they return the verdict."""
+    shown = []
+    monkeypatch.setattr(quizzes, "in_notebook", lambda: True)
+    monkeypatch.setattr(exercises, "in_notebook", lambda: True)
+    monkeypatch.setattr(quizzes, "emit", lambda md, text: shown.append(md))
+    monkeypatch.setattr(exercises, "emit", lambda md, text: shown.append(md))
+    q = QUIZZES["se-scaling"]
+    assert check("se-scaling", LETTERS[q.correct]) is None
+    assert check_exercise("count-params", 1044) is None and len(shown) == 2
+    monkeypatch.undo()
+    assert check("se-scaling", LETTERS[q.correct]) is True
+
+
+def test_as_jupyterquiz_keeps_letters_feedback_and_maths():
+    q = QUIZZES["seq-to-token"]
+    (item,) = quizzes.as_jupyterquiz("seq-to-token")
+    assert item["type"] == "multiple_choice" and len(item["answers"]) == len(q.options)
+    assert [a["correct"] for a in item["answers"]] == [k == q.correct for k in range(4)]
+    assert all(a["answer"].startswith(f"{LETTERS[k]}. ") for k, a in enumerate(item["answers"]))
+    assert "$u&lt;t$" in item["answers"][q.correct]["feedback"]  # '<' escaped, maths kept
+    assert "<code>" in quizzes.as_jupyterquiz("window")[0]["question"]
+
+
+def test_show_uses_jupyterquiz_in_a_notebook(monkeypatch):
+    """Clickable where jupyterquiz is importable (answers in order, so letters match check())."""
+    calls, shown = [], []
+    fake = types.ModuleType("jupyterquiz")
+    fake.display_quiz = lambda ref, **kw: calls.append((ref, kw))
+    monkeypatch.setitem(sys.modules, "jupyterquiz", fake)
+    monkeypatch.setattr(quizzes, "in_notebook", lambda: True)
+    monkeypatch.setattr(quizzes, "emit", lambda md, text: shown.append(md))
+    quizzes.show("tea-coffee")
+    assert calls == [(quizzes.as_jupyterquiz("tea-coffee"), {"shuffle_answers": False})]
+    assert 'check("tea-coffee", "A")' in shown[0]
+    monkeypatch.setitem(sys.modules, "jupyterquiz", None)  # not installed: Markdown fallback
+    quizzes.show("tea-coffee")
+    assert len(calls) == 1 and QUIZZES["tea-coffee"].question in shown[-1]
+
+
+def test_import_fisher_ref_stays_light():
+    code = ("import sys, fisher_ref, fisher_ref.teaching.quizzes; "
+            "print('jupyterquiz' in sys.modules, 'IPython' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout.split()
+    assert out == ["False", "False"]
+
+
+# --------------------------------------------------------------------------- exercises
+
+@pytest.mark.parametrize("ex_id", list(EXERCISES))
+def test_exercise_says_why_and_records_two_mistakes(ex_id):
+    ex = EXERCISES[ex_id]
+    assert len(ex.why.split()) >= 12 and ex.why in exercises.solution_markdown(ex_id)
+    assert len(ex.mistakes) >= 2
+    assert len({m.feedback for m in ex.mistakes}) == len(ex.mistakes)
+
+
+@pytest.mark.parametrize("ex_id", list(EXERCISES))
+def test_each_mistake_gets_its_own_feedback(ex_id, capsys):
+    ex = EXERCISES[ex_id]
+    for mistake, value in zip(ex.mistakes, exercises.mistake_values(ex_id)):
+        assert check_exercise(ex_id, value) is False
+        out = capsys.readouterr().out
+        assert mistake.feedback in out, (ex_id, mistake.code)
+        others = [m.feedback for m in ex.mistakes if m is not mistake]
+        assert not any(f in out for f in others)
+
+
+def test_an_unrecorded_wrong_answer_gets_no_mistake_feedback(capsys):
+    assert check_exercise("count-params", 7) is False
+    out = capsys.readouterr().out
+    assert "Likely cause" not in out and "not yet" in out
+
+
+# --------------------------------------------------------------------------- notation
+
+def _table_rows(text):
+    """The ``| symbol | meaning | lessons |`` rows of the notation table in ``text``."""
+    start = text.index("| symbol | meaning | lessons |")
+    rows = []
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line.strip())
+    return rows
+
+
+def test_one_notation_table_in_lesson_0_and_the_theory_page():
+    lesson = "\n".join(c.source for c in _cells("00_start_here") if c.cell_type == "markdown")
+    theory = (ROOT / "docs" / "theory.md").read_text()
+    rows = _table_rows(lesson)
+    assert rows and rows == _table_rows(theory)
+    symbols = [r.split("|")[1].strip() for r in rows]
+    assert len(set(symbols)) == len(symbols), "a symbol listed twice"
