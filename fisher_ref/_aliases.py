@@ -27,7 +27,7 @@ MOVED = {  # old module (under fisher_ref) -> its home since the reorganisation
     "exact_reference": "engine.reference",
     "window_cache": "engine.window_cache",
     "grouped": "engine.parent_sums",
-    "mc_stats": "monte_carlo.stats",
+    "mc_stats": "monte_carlo",
     "error_scales": "checks.tolerances",
     "verify": "checks.identities",
     "compare": "checks.compare",

@@ -2,15 +2,18 @@
 
 - :mod:`fisher_ref.monte_carlo.sampling`: drawing responses, per-response values,
   :func:`estimate` and :func:`check_monte_carlo`;
-- :mod:`fisher_ref.monte_carlo.stats`: the estimators, their standard errors and the
-  z-scores and Bernstein bounds the checks use.
+- :mod:`fisher_ref.monte_carlo.estimators`: the estimators and their standard errors;
+- :mod:`fisher_ref.monte_carlo.ztests`: z-scores against exact values and the Bernstein
+  bounds the checks use.
 
-Every name of both is available here, so ``from fisher_ref.monte_carlo import estimate``
+Every name of the three is available here, so ``from fisher_ref.monte_carlo import estimate``
 keeps working.
 """
 from fisher_ref.monte_carlo.sampling import *  # noqa: F401,F403
 from fisher_ref.monte_carlo.sampling import __all__ as _sampling_all
-from fisher_ref.monte_carlo.stats import *  # noqa: F401,F403
-from fisher_ref.monte_carlo.stats import __all__ as _stats_all
+from fisher_ref.monte_carlo.estimators import *  # noqa: F401,F403
+from fisher_ref.monte_carlo.estimators import __all__ as _estimators_all
+from fisher_ref.monte_carlo.ztests import *  # noqa: F401,F403
+from fisher_ref.monte_carlo.ztests import __all__ as _ztests_all
 
-__all__ = list(dict.fromkeys(_sampling_all + _stats_all))
+__all__ = list(dict.fromkeys(_sampling_all + _estimators_all + _ztests_all))

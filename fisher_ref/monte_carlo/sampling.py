@@ -31,10 +31,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fisher_ref.monte_carlo.stats import (EXACT_VARIANCE, Estimate, MCResult, advantage_estimates, bernstein_z,
-                       bonferroni_z, cross_estimate, exact_variance_reduction,
-                       linearised_values, mean_estimate, running_estimates, spread,
-                       variance_reduction, z_score, cross_spread)
+from fisher_ref.monte_carlo.ztests import EXACT_VARIANCE, bernstein_z, bonferroni_z, linearised_values, spread, z_score, cross_spread
+from fisher_ref.monte_carlo.estimators import Estimate, MCResult, advantage_estimates, cross_estimate, exact_variance_reduction, mean_estimate, running_estimates, variance_reduction
 from fisher_ref.engine.plan import DEFAULT_MAX_BYTES
 from fisher_ref.limits import check_limit, readable
 from fisher_ref.numerics import log_softmax
@@ -397,7 +395,7 @@ def check_monte_carlo(task, exact_result, n, seed, alpha=1e-6):
     variance of its (linearised) per-sample value, computed from every response
     when ``exact_result.sequences`` was kept (else :meth:`MCResult.z_scores`). Its
     threshold is ``bonferroni_z(alpha, m)`` over all ``m`` entries, raised to
-    :func:`fisher_ref.monte_carlo.stats.bernstein_z` where that is larger (very skewed values
+    :func:`fisher_ref.monte_carlo.estimators.bernstein_z` where that is larger (very skewed values
     that are rarely non-zero), so the whole check fails falsely with probability at
     most about ``alpha`` whatever the tails.
 
