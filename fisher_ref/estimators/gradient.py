@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from scipy.sparse import csr_matrix
 
 from ..tasks import require_task
 from .batch import group_arrays, make_batch
@@ -31,10 +32,10 @@ from .groups import (DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, check_groups, groups
 __all__ = ["LossGradient", "expected_loss_gradient", "fit_scale", "kl_gradient",
            "loss_coefficients"]
 
-# Elements of the gathered scores (rows, V, P) of one chunk of groups (64 MiB).
-_GATHER_ELEMENTS = 2 ** 23
+# Elements of one chunk's per-group gradients (n, P) (8 MiB).
+_GATHER_ELEMENTS = 2 ** 20
 # Groups whose loss is evaluated in one vmap call.
-_VMAP_GROUPS = 2048
+_VMAP_GROUPS = 2 ** 14
 
 
 def fit_scale(mean, target):
@@ -146,12 +147,21 @@ def _vmapped(loss, a, prompt):
 
 
 class _Coefficients:
-    """Evaluates ``C`` chunk by chunk, vectorised until the loss refuses ``vmap``."""
+    """Evaluates ``C`` chunk by chunk, vectorised until the loss refuses ``vmap``, with
+    one torch thread (the tensors are small; more threads only contend)."""
 
     def __init__(self, loss, vectorize):
         self.loss, self.vectorize = loss, vectorize
 
     def __call__(self, a, prompt):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._evaluate(a, prompt)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _evaluate(self, a, prompt):
         if self.vectorize:
             try:
                 return _vmapped(self.loss, a, prompt)
@@ -166,15 +176,21 @@ def loss_coefficients(loss, arrays, prompt, vectorize=True):
     return _Coefficients(loss, vectorize)(arrays, prompt)
 
 
-def _group_gradients(table, rows, mask, C):
+def _group_gradients(table, a, C):
     r"""Per-group gradients :math:`\sum_{i,t,b} C_{i,t,b}\xi_b(s_{i,t})`: ``(n, P)``.
-    Padded slots are constants (not functions of :math:`\theta`) and add nothing."""
-    n, P = C.shape[0], table.xi.shape[2]
-    live = mask.reshape(n, -1)  # (n, G*T)
-    r, c = rows.reshape(n, -1)[live], C.reshape(n, -1, C.shape[-1])[live]  # (L,), (L, V)
-    v = np.matmul(c[:, None, :], table.xi[r])[:, 0, :]  # (L, P)
-    starts = np.r_[0, np.cumsum(live.sum(axis=1))[:-1]]  # every group has >= 1 live row
-    return np.add.reduceat(v, starts, axis=0) if len(v) else np.zeros((n, P))
+
+    One sparse product: row ``k`` holds group ``k``'s nonzero coefficients at columns
+    ``u V + b`` of the scores ``xi (U V, P)``, so a loss that reads only ``logp`` (``C``
+    zero off the generated tokens) costs ``G T`` scores per group, not ``G T V``. Padded
+    slots are constants (not functions of :math:`\theta`) and add nothing."""
+    U, V, P = table.xi.shape
+    n = C.shape[0]
+    data = np.where(a["mask"][..., None], C, 0.0).reshape(n, -1)  # (n, G T V)
+    cols = (a["rows"][..., None] * V + np.arange(V)).reshape(n, -1)
+    nz = data != 0
+    indptr = np.r_[0, np.cumsum(nz.sum(axis=1))]
+    S = csr_matrix((data[nz], cols[nz], indptr), shape=(n, U * V))
+    return np.asarray(S @ table.xi.reshape(U * V, P))
 
 
 class _Merged:
@@ -188,7 +204,9 @@ class _Merged:
         if Wc == 0:
             return
         mc = w @ g / Wc
-        M2c = w @ (g - mc) ** 2
+        g -= mc  # in place: g is this chunk's own array
+        np.square(g, out=g)
+        M2c = w @ g
         d, W = mc - self.mean, self.W + Wc
         self.mean = self.mean + d * (Wc / W)
         self.M2 = self.M2 + M2c + d * d * (self.W * Wc / W)
@@ -257,7 +275,7 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *,
     P = table.xi.shape[2]
     coeffs, acc = _Coefficients(loss, vectorize), _Merged(P)
     T, V = task.max_len, task.model.vocab_size
-    step = max(1, min(_VMAP_GROUPS, _GATHER_ELEMENTS // max(1, G * T * V * P)))
+    step = max(1, min(_VMAP_GROUPS, _GATHER_ELEMENTS // P))
     for pr in table.prompts:
         q = np.exp(pr.sampler_logp)  # (M,)
         for idx, mult in groups(len(pr), G, symmetric, chunk=step):
@@ -269,7 +287,7 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *,
                 continue
             a = group_arrays(table, pr, idx)
             C = coeffs(a, pr.prompt)  # (n, G, T, V)
-            acc.add(w, _group_gradients(table, a["rows"], a["mask"], C))
+            acc.add(w, _group_gradients(table, a, C))
     if policy_gradient is None:
         from ..engine.fast import exact
         policy_gradient = exact(task, progress=False, keep_states=False,

@@ -118,6 +118,17 @@ def _log_probs(z, W, V, who):
     return log_softmax(z)  # (U, V)
 
 
+def _unique_rows(W):
+    """``np.unique(W, axis=0, return_inverse=True)`` for small non-negative ints, by one
+    integer code per row when the codes fit in int64 (much faster than sorting rows)."""
+    base = int(W.max(initial=0)) + 1 if W.size else 1
+    if W.min(initial=0) < 0 or W.shape[1] * np.log2(base) > 62:
+        return np.unique(W, axis=0, return_inverse=True)
+    code = W @ (base ** np.arange(W.shape[1] - 1, -1, -1, dtype=np.int64))  # (N,)
+    u, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    return W[first], inv
+
+
 def check_response_count(task, max_bytes=DEFAULT_MAX_BYTES):
     """``(n_states, n_responses)`` per prompt; refuse when the scores would not fit."""
     V, T, P = task.model.vocab_size, task.max_len, task.model.num_params
@@ -152,7 +163,7 @@ def response_table(task, max_bytes=DEFAULT_MAX_BYTES):
         W = m.windows(np.repeat(full, T, axis=0), state_len.ravel())  # (M T, k)
         wins.append(np.asarray(W, dtype=np.int64))
         full_rows.append(full)
-    Wu, inv = np.unique(np.concatenate(wins), axis=0, return_inverse=True)  # (U, k), (n M T,)
+    Wu, inv = _unique_rows(np.concatenate(wins))  # (U, k), (n M T,)
     inv = inv.reshape(len(keep), M, T)
     logp = _log_probs(m.logits(task.theta, Wu), Wu, V, "model")  # (U, V)
     samp = logp if task.sampler is None else _log_probs(
