@@ -44,11 +44,12 @@ MORE = {
 UNDIFFERENTIABLE = {"bloom": ("BloomConfig", "BloomForCausalLM", dict(n_head=2, n_layer=1))}
 
 
-def tiny(family, attn="sdpa", seed=0):
+def tiny(family, attn="sdpa", seed=0, vocab_rows=V + 1):
     """A float64 one-layer model of ``family`` in eval mode, its weights the library's
-    init moved off it by 0.3 N(0, 1) per entry (norms start at 1 and biases at 0)."""
+    init moved off it by 0.3 N(0, 1) per entry (norms start at 1 and biases at 0);
+    ``vocab_rows`` rows of embedding (``V`` generated ids, BOS ``V``, the rest input-only)."""
     cfg_name, cls_name, kw = {**FAMILIES, **MORE, **UNDIFFERENTIABLE}[family]
-    base = dict(vocab_size=V + 1, hidden_size=8, num_hidden_layers=1,
+    base = dict(vocab_size=vocab_rows, hidden_size=8, num_hidden_layers=1,
                 max_position_embeddings=8, bos_token_id=V, eos_token_id=0)
     cfg = getattr(transformers, cfg_name)(**{**base, **kw})
     cfg._attn_implementation = attn
