@@ -38,6 +38,9 @@ from fisher_ref.engine.parent_sums import (fisher_sums, level_sums, parent_power
                       window_products)
 from fisher_ref.results import GatheredStates, importance_weighted
 from fisher_ref.engine.run import REACH, BlockArrays, Run, check_support, last_scores, reward_gradient, state_places
+from fisher_ref.engine.run import plan
+from fisher_ref.engine.shards import merge
+from fisher_ref.engine.workers import local_workers, run_shards
 from fisher_ref.numerics import topk_center
 from fisher_ref.engine.window_cache import WindowCache
 
@@ -107,10 +110,11 @@ def _block_arrays(run, cache, block):
     p, q = a["p"][rows], a["q"][rows]  # (B, V)
     if task.sampler is not None:
         check_support(block, p, q)
-    for s, (_, wname, _) in enumerate(run.streams):  # token-level sums: per window, later
-        cache.accumulate_states(s, rows, block[REACH[wname]], d)
-    run.bar.update(B)
-    if run.keep_states:  # the per-window arrays: by window id (_kept_by_window)
+    silent = block.get("silent", False)  # above a shard's units: added by another shard
+    for s, (_, wname, _) in enumerate(run.streams if not silent else ()):
+        cache.accumulate_states(s, rows, block[REACH[wname]], d)  # per window, later
+    run.bar.update(0 if silent else B)
+    if run.keep_states and not silent:  # the per-window arrays: by window id (_kept_by_window)
         run.keep_state_arrays(block, p, q, {"window": block["wid"]},
                               at=state_places(task, block))
     xiT = [a[f"xi{c}"] for _, _, c in run.streams]  # S arrays (n, V, P)
@@ -341,7 +345,7 @@ def _finish(run, cache):
 
 def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
           max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES, progress=True,
-          reference=False, quantities="all"):
+          reference=False, quantities="all", shard=None, workers="auto"):
     r"""Every quantity of docs/theory.md §2-3 for ``task``, exactly, in float64.
 
     Args:
@@ -361,9 +365,16 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
             (:class:`fisher_ref.results.FisherStreamResult`),
             with the per-state arrays when kept and no per-response arrays; no
             reward is evaluated. Reading a skipped quantity raises an ``AttributeError``.
+        shard: ``(i, n)``: only shard ``i`` of ``n`` (subtrees cut by prompt and first
+            tokens, :mod:`fisher_ref.engine.shards`); returns its
+            :class:`fisher_ref.engine.shards.ShardResult`, which
+            :func:`fisher_ref.engine.shards.merge` adds to the others.
+        workers: processes to run the shards in (:mod:`fisher_ref.engine.workers`);
+            ``"auto"``: the available cores, 1 (this process) for a run estimated under
+            a few seconds. The result is the same to rounding.
 
     Returns:
-        :class:`fisher_ref.results.ExactResult`.
+        :class:`fisher_ref.results.ExactResult` (with ``shard``: a ``ShardResult``).
 
     Example:
         >>> from fisher_ref import load_config, exact
@@ -375,8 +386,19 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
               max_seconds=max_seconds, max_bytes=max_bytes, progress=progress,
               quantities=quantities)
     if reference:
+        if shard is not None:
+            raise ValueError("shard=(i, n) runs the fast engine; the plain one "
+                             "(reference=True) takes no shard")
         return exact_reference(task, **kw)
-    run = Run(task, **kw)
+    n = 1 if shard is not None else local_workers(task, workers, kw)
+    if n > 1:  # every shard in its own process, merged here
+        cost = plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes,
+                    quantities, workers=n)[1]
+        kw.update(progress=False, max_seconds=float("inf"), max_bytes=float("inf"))
+        result = merge(task, run_shards(exact, task, n, kw))
+        result.cost = cost
+        return result
+    run = Run(task, **kw, shard=shard)
     V, k, fisher = task.model.vocab_size, task.model.context, run.quantities == "fisher"
     cache = WindowCache(task, run.streams, run.keep_states, WINDOW_CACHE_BYTES,
                         {} if fisher else _accumulated(run), moments=2 if fisher else 4,
@@ -400,6 +422,10 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     run.grad_ad += batch.flush()
     _finish(run, cache)
     result = run.finish()
+    if shard is not None:
+        if run.keep_states:
+            result.window_tables = {k: v[:cache.n_ids] for k, v in cache.by_id.items()}
+        return result
     if run.keep_states:
         states = dict(result.states)
         window = states.pop("window")

@@ -39,6 +39,9 @@ _FLOPS = 5.0e8
 _SECONDS_PER_RESPONSE = 1.0e-6
 _SECONDS_PER_CALLED_REWARD = 1.0e-5
 _SECONDS_FIXED = 0.01
+# Starting one worker process of exact(workers=N) (spawn, then importing numpy and the
+# package), and sending its task and sums.
+_SECONDS_PER_WORKER = 0.5
 # Per-window arrays kept between blocks (fisher_ref.exact.WINDOW_CACHE_BYTES), and the
 # parents' score sums held for per-window products (fisher_ref.exact.DEFER_BYTES).
 _WINDOW_CACHE_BYTES = 256 * 2 ** 20
@@ -62,6 +65,7 @@ class Cost:
     chunk: int
     seconds: float
     bytes: int
+    workers: int = 1
 
     def describe(self):
         """The size and estimates in words, numbers of any size kept readable."""
@@ -173,9 +177,14 @@ def resolve_keep(keep_states, keep_sequences, n_states, n_responses, num_params,
     return keep_states, keep_sequences
 
 
-def estimate_cost(task, n_streams=None, chunk=None, keep_states=False, keep_sequences=False):
+def estimate_cost(task, n_streams=None, chunk=None, keep_states=False, keep_sequences=False,
+                  quantities="all", workers=1):
     """Estimate the size, time and peak memory of :func:`fisher_ref.exact.exact` on ``task``."""
-    m = task.model
+    # quantities="fisher": two moments per window, a few passes per state, no rewards, only
+    # H carried. workers: the time of the slowest (a share of the work each, the windows
+    # all, and their start) and the memory of all of them (each its own blocks and caches;
+    # kept arrays once in the workers, once merged).
+    m, fisher = task.model, quantities == "fisher"
     V, P, T = m.vocab_size, m.num_params, task.max_len
     S = n_streams if n_streams is not None else (1 if task.sampler is None else 3)
     chunk = chunk or default_chunk(P, V, T, S, siblings=V - bool(m.eos))
@@ -184,20 +193,27 @@ def estimate_cost(task, n_streams=None, chunk=None, keep_states=False, keep_sequ
     # per distinct window: sensitivities, centers, the sums y_1..y_4 of each stream;
     # per state: about 40 passes over P (the regrouped sums of its complete responses,
     # its cross terms, what its children carry); per response: its reward
-    flops = windows * P * V * (10 + 8 * S) + N * P * S * 40
+    # (every worker computes the windows its subtrees meet: about all of them)
+    per_window, per_state = ((6 + 4 * S), 8) if fisher else ((10 + 8 * S), 40)
     called = type(task.reward).batch is Reward.batch  # no vectorised form: one call each
-    per_response = _SECONDS_PER_CALLED_REWARD if called else _SECONDS_PER_RESPONSE
-    seconds = _SECONDS_FIXED + flops / _FLOPS + M * per_response
+    per_response = 0.0 if fisher else \
+        _SECONDS_PER_CALLED_REWARD if called else _SECONDS_PER_RESPONSE
+    seconds = _SECONDS_FIXED + windows * P * V * per_window / _FLOPS
+    seconds += (N * P * S * per_state / _FLOPS + M * per_response) / workers
+    seconds += _SECONDS_PER_WORKER if workers > 1 else 0.0  # started side by side
     cache = min(_WINDOW_CACHE_BYTES, 8 * windows * P * V * S * 2)
     cache += min(_DEFER_BYTES, 8 * N * P * S)
     # one block's work arrays, plus the children (score histories) of up to T - 1
     # partly expanded blocks waiting on the depth-first stack
     rows = min(chunk, N)  # a block never holds more states than the tree has
-    block = 8 * rows * V * P * (S * (T + 2) + 4) + cache
-    block += max(T - 1, 0) * 8 * rows * V * P * S * (T + 2)
+    carried = 2 if fisher else T + 2  # per stream and child: H (and G, the last score)
+    block = 8 * rows * V * P * (S * carried + 4) + cache
+    block += max(T - 1, 0) * 8 * rows * V * P * S * carried
     kept = (8 * N * (3 * P + 2 * V + 8) if keep_states else 0) + \
         (8 * M * (T + 6) if keep_sequences else 0)
-    return Cost(N, M, P, V, T, S, chunk, float(seconds), int(block + kept + 8 * S * T * T * P * 2))
+    per_worker = block + 8 * S * T * T * P * 2
+    total = per_worker + kept if workers == 1 else workers * per_worker + 2 * kept
+    return Cost(N, M, P, V, T, S, chunk, float(seconds), int(total), workers)
 
 
 def check_cost(cost, max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES):

@@ -31,6 +31,7 @@ from autograd import make_vjp
 
 from fisher_ref.engine.tree import carry, depth_first, expand, root_block, terminal
 from fisher_ref.engine.plan import check_chunk, check_cost, count_states, estimate_cost, resolve_keep
+from fisher_ref.engine.shards import ShardWalk, first_reward
 from fisher_ref.numerics import log_softmax, softmax
 from fisher_ref._progress import Progress
 from fisher_ref.results import ExactResult, Moments, check_quantities, finish_fisher, finish_stream
@@ -165,8 +166,9 @@ def reward_gradient(task, theta, Wu, win, nxt, live, weights, R):
 
 
 def plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes,
-         quantities="all"):
-    """Validate the engine's arguments, size the run and refuse it past the limits.
+         quantities="all", workers=1):
+    """Validate the engine's arguments, size the run (in ``workers`` processes) and refuse
+    it past the limits.
 
     Returns:
         ``(streams, cost, keep_states, keep_sequences)`` with the ``"auto"`` choices
@@ -190,7 +192,7 @@ def plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes,
     keep_states, keep_sequences = resolve_keep(keep_states, keep_sequences, cost.n_states,
                                                cost.n_responses, P, T)
     cost = estimate_cost(task, n_streams=len(streams), chunk=chunk, keep_states=keep_states,
-                         keep_sequences=keep_sequences)
+                         keep_sequences=keep_sequences, quantities=quantities, workers=workers)
     check_cost(cost, max_seconds, max_bytes)
     return streams, cost, keep_states, keep_sequences
 
@@ -259,17 +261,23 @@ class Run:
     kept per-state and per-response records)."""
 
     def __init__(self, task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes,
-                 progress, quantities="all"):
+                 progress, quantities="all", shard=None):
         self.task, self.quantities = task, quantities
         self.streams, self.cost, self.keep_states, self.keep_sequences = plan(
             task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes, quantities)
         P, T = task.model.num_params, task.max_len
         self.moments = {name: Moments(P, T) for name, _, _ in self.streams}
+        # shard (i, n): walk only its subtrees; every run and shard takes the same r0
+        self.shard = None if shard is None else ShardWalk(task, shard)
+        if quantities == "all":
+            for m in self.moments.values():
+                m.r0 = first_reward(task)
         self.grad_ad = np.zeros(P)  # (P,)
         self.states, self.seqs = [], []
         self.written = {}  # part -> (rows written in place, which places were written)
         self.width = max(len(p) for p in task.prompts) + T - 1  # longest state
-        self.bar = Progress(self.cost.n_states, "exact enumeration", enabled=progress)
+        self.bar = Progress(self.cost.n_states if shard is None else self.shard.n_states,
+                            "exact enumeration", enabled=progress)
 
     def walk(self, carried, block_arrays, complete, carry=None):
         """Visit every state depth-first (then call :meth:`finish`).
@@ -285,15 +293,20 @@ class Run:
         """
         carry = carry or _scored_carry
         stack = [root_block(self.task, len(self.streams), carried)]
+        if self.shard is not None:  # its subtrees, and silent blocks above them
+            stack = self.shard.roots(stack[0])
         for block in depth_first(stack, self.cost.chunk):
             arrs = block_arrays(block)
             term = terminal(self.task, block)  # (B*V,)
-            if term.any():  # complete responses
+            if term.any() and not block.get("silent"):  # complete responses
                 complete(block, arrs, np.flatnonzero(term))
             if not term.all():
-                par, tok, child = expand(self.task, block, np.flatnonzero(~term), arrs.p, arrs.q)
-                child.update(carry(block, par, tok, arrs))
-                stack.append(child)
+                idx = np.flatnonzero(~term)
+                for idx, extra in ([(idx, {})] if self.shard is None else
+                                   self.shard.children(block, idx)):
+                    par, tok, child = expand(self.task, block, idx, arrs.p, arrs.q)
+                    child.update(carry(block, par, tok, arrs), **extra)
+                    stack.append(child)
 
     def add_states(self, reach, ms, conds, depth, n_states):
         """Token-level terms: ``reach`` maps ``"p"``, ``"q"`` to ``(B,)`` reach
@@ -323,6 +336,8 @@ class Run:
             rec["tokens"] = rec["tokens"].copy()  # not a view that keeps the block alive
             self.states.append(rec)
             return
+        if self.shard is not None:  # the shard's rows, with their places (merged later)
+            return self.shard.keep("states", rec, at)
         if not isinstance(self.states, dict):  # the first block: room for every state
             N = self.cost.n_states
             self.states = {k: np.empty((N,) + v.shape[1:], dtype=v.dtype)
@@ -348,20 +363,25 @@ class Run:
             return
         rec = {"tokens": resp, "prompt": done["prompt"], "prob": done["rp"],
                "sampler_prob": done["rq"], "reward": R}
+        at = response_places(self.task, done["prompt"], resp)
+        if self.shard is not None:
+            return self.shard.keep("sequences", rec, at)
         if not isinstance(self.seqs, dict):  # the first block: room for every response
             M = self.cost.n_responses
             self.seqs = {k: np.empty((M,) + v.shape[1:], dtype=v.dtype) for k, v in rec.items()}
-        at = response_places(self.task, done["prompt"], resp)
         self._mark("sequences", at, self.cost.n_responses)
         for k, v in rec.items():
             self.seqs[k][at] = v
 
     def finish(self):
-        """Close the progress bar; the :class:`ExactResult` of the accumulated sums.
+        """Close the progress bar; the :class:`ExactResult` of the accumulated sums (of a
+        shard: its :class:`fisher_ref.engine.shards.ShardResult`, merged later).
 
         Arrays written in place must have had every row written once: a walk that
         missed or repeated a state or response is an error, not uninitialised rows."""
         self.bar.close()
+        if self.shard is not None:
+            return self.shard.result(self)
         for part, (count, seen) in self.written.items():
             if count != len(seen) or not seen.all():
                 raise RuntimeError(f"the walk wrote {count} {part} rows into "

@@ -1,0 +1,178 @@
+"""The shards of one exact run in local processes: ``exact(task, workers=N)``.
+
+Each worker runs ``exact(task, shard=(i, N))`` (:mod:`fisher_ref.engine.shards`) and
+sends back its sums; the parent merges them once. Workers are started with the
+``spawn`` method, with the BLAS thread counts set to 1 in their environment before
+they import numpy (and through ``threadpoolctl`` too when it is installed), so that
+``N`` workers use ``N`` cores, not ``N`` times the BLAS threads. The pool is kept for
+the next call of the same size (starting a process and importing numpy costs about
+a second), and ended at exit.
+
+``workers="auto"`` takes the cores this process may use, and 1 (no process at all)
+when the single-core estimate (:func:`fisher_ref.engine.plan.estimate_cost`) is under
+:data:`AUTO_MIN_SECONDS`, where starting the workers costs more than they save.
+"""
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import pickle
+import sys
+import types
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
+
+from fisher_ref.engine.run import plan
+from fisher_ref.engine.shards import plan_shards
+
+__all__ = ["AUTO_MIN_SECONDS", "BLAS_THREAD_VARS", "available_cores", "check_workers",
+           "local_workers", "unsendable", "resolve_workers", "run_shards", "shutdown"]
+
+#: ``workers="auto"`` stays in this process below this many estimated seconds on one core.
+AUTO_MIN_SECONDS = 10.0
+#: Environment variables that set the thread count of the BLAS libraries numpy may use.
+BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                    "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+_POOL = {}  # {"n": workers, "executor": ProcessPoolExecutor}
+
+
+def available_cores():
+    """Cores this process may run on (its CPU affinity where the system tells it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def check_workers(workers):
+    """``workers`` checked: a positive integer or ``"auto"``."""
+    if workers == "auto":
+        return workers
+    if isinstance(workers, bool) or not hasattr(workers, "__index__") or int(workers) < 1:
+        raise ValueError(f"workers must be a positive integer or 'auto', got {workers!r}")
+    return int(workers)
+
+
+def resolve_workers(workers, cost):
+    """The number of processes for a run of ``cost`` (:class:`fisher_ref.engine.plan.Cost`
+    of one core): ``workers`` itself, or for ``"auto"`` the available cores, 1 below
+    :data:`AUTO_MIN_SECONDS`."""
+    workers = check_workers(workers)
+    if workers != "auto":
+        return workers
+    return 1 if cost.seconds < AUTO_MIN_SECONDS else available_cores()
+
+
+def local_workers(task, workers, kw):
+    """The processes ``exact(task, workers=workers, **kw)`` runs in: ``workers``
+    (:func:`resolve_workers` of the single-core estimate for ``"auto"``), at most one
+    per unit of the shard plan (:func:`fisher_ref.engine.shards.plan_shards`)."""
+    workers = check_workers(workers)
+    if workers == 1:
+        return 1
+    inf = float("inf")  # sized only: the run itself checks the limits for its workers
+    cost = plan(task, kw["topk"], kw["chunk"], kw["keep_states"], kw["keep_sequences"], inf,
+                inf, kw["quantities"])[1]
+    n = resolve_workers(workers, cost)
+    if n > 1 and workers == "auto" and unsendable(task):
+        return 1  # explicit workers say why they cannot (run_shards)
+    return max(1, min(n, plan_shards(task, n).bounds[-1]))
+
+
+@contextmanager
+def _one_blas_thread():
+    """The BLAS thread variables set to 1 while processes are started (they inherit the
+    environment), then restored."""
+    old = {k: os.environ.get(k) for k in BLAS_THREAD_VARS}
+    os.environ.update({k: "1" for k in BLAS_THREAD_VARS})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _init_worker():
+    try:  # the variables already hold BLAS to one thread; threadpoolctl where it is
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(1)
+
+
+def _executor(n):
+    if _POOL.get("n") != n:
+        shutdown()
+        _POOL.update(n=n, executor=ProcessPoolExecutor(
+            n, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker))
+    return _POOL["executor"]
+
+
+def shutdown():
+    """End the kept worker processes (at exit, or before a pool of another size)."""
+    ex = _POOL.pop("executor", None)
+    _POOL.clear()
+    if ex is not None:
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+atexit.register(shutdown)
+
+
+def unsendable(task):
+    """Why ``task`` cannot be sent to a worker process, or ``None``: it does not pickle, or
+    it holds objects defined in the ``__main__`` script (a reward function written there,
+    say), which a worker could only find by running the script again."""
+    try:
+        data = pickle.dumps(task)
+    except Exception as e:  # noqa: BLE001 (any reason a pickle fails)
+        return f"it cannot be pickled ({type(e).__name__}: {e})"
+    if b"__main__" in data:
+        return ("it holds objects defined in the __main__ script (a reward or model written "
+                "there); define them in an importable module")
+    return None
+
+
+@contextmanager
+def _without_main():
+    """Processes started here do not import the ``__main__`` script (``spawn`` would, and a
+    script without ``if __name__ == "__main__":`` would run again in each of them): the
+    workers need only this module."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+def run_shards(engine, task, n, kw):
+    """``[engine(task, shard=(i, n), **kw) for i in range(n)]``, one process each
+    (``engine``: a module-level function, such as :func:`fisher_ref.exact`).
+
+    Raises:
+        ValueError: the task cannot be sent to a worker (:func:`unsendable` says why).
+        RuntimeError: a worker died (the message names its shard); the pool is ended.
+    """
+    why = unsendable(task)
+    if why:
+        raise ValueError(f"workers > 1 sends the task to worker processes, but {why}; or "
+                         "use workers=1")
+    with _one_blas_thread(), _without_main():  # processes start on submit, so set up
+        ex = _executor(n)
+        futures = [ex.submit(engine, task, shard=(i, n), **kw) for i in range(n)]
+    out = []
+    for i, f in enumerate(futures):
+        try:
+            out.append(f.result())
+        except BrokenProcessPool as e:
+            shutdown()
+            raise RuntimeError(f"the worker process of shard {i} of {n} died ({e}); no "
+                               "result is returned for a partial run") from e
+    return out

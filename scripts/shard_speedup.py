@@ -1,0 +1,102 @@
+"""exact(task, workers=N) against workers=1 on one task, side by side in one run.
+
+Usage: python scripts/shard_speedup.py [--config v16] [--workers 2] [--repeats 5]
+
+The first workers=N call starts the pool (spawned processes, one BLAS thread each):
+it is timed and reported apart ("cold"). Then the two settings alternate, each run
+timed by wall clock; the speed-up is the ratio of the medians (and of the best
+times). The parent process is held to one BLAS thread too (threadpoolctl, or the
+variables before numpy is imported), so both sides use one thread per process.
+Prints the machine, the commit and whether the results agree at 1e-12.
+"""
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+
+for _k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
+    os.environ[_k] = "1"  # before numpy is imported
+
+import numpy as np  # noqa: E402
+
+from fisher_ref import load_config  # noqa: E402
+from fisher_ref.engine.fast import exact  # noqa: E402
+from fisher_ref.engine.shards import merge  # noqa: E402
+from fisher_ref.engine.workers import available_cores, shutdown  # noqa: E402
+from fisher_ref.perf.scaling import load_scale_config  # noqa: E402
+
+
+def _commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _load(name):
+    try:
+        return load_scale_config(name)
+    except (ValueError, FileNotFoundError, KeyError):
+        return load_config(name)
+
+
+def _cpu(fn):
+    t0 = time.process_time()
+    fn()
+    return time.process_time() - t0
+
+
+def _timed(task, workers):
+    t0 = time.perf_counter()
+    r = exact(task, progress=False, workers=workers)
+    return time.perf_counter() - t0, r
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="v16")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args(argv)
+    task = _load(args.config)
+    print(f"machine: {platform.machine()} {platform.processor() or ''}, "
+          f"{available_cores()} cores available; python {platform.python_version()}, "
+          f"numpy {np.__version__}; commit {_commit()}")
+    print(f"task: {args.config}: {exact.__module__}, P={task.model.num_params:,}, "
+          f"V={task.model.vocab_size}, T={task.max_len}")
+    cold, par = _timed(task, args.workers)
+    print(f"workers={args.workers} cold (pool start included): {cold:.3f} s")
+    _, one = _timed(task, 1)  # warm the single-process caches too
+    times = {1: [], args.workers: []}
+    for _ in range(args.repeats):
+        for w in (1, args.workers):
+            times[w].append(_timed(task, w)[0])
+    err = float(np.max(np.abs(par.sequence_fisher - one.sequence_fisher))
+                / np.max(np.abs(one.sequence_fisher)))
+    med = {w: float(np.median(t)) for w, t in times.items()}
+    best = {w: min(t) for w, t in times.items()}
+    print(f"workers=1: median {med[1]:.3f} s, best {best[1]:.3f} s  ({args.repeats} runs)")
+    print(f"workers={args.workers}: median {med[args.workers]:.3f} s, "
+          f"best {best[args.workers]:.3f} s")
+    print(f"speed-up (median): {med[1] / med[args.workers]:.2f}x; "
+          f"(best): {best[1] / best[args.workers]:.2f}x; "
+          f"sequence_fisher agrees to {err:.1e} relative")
+    # The same split by CPU time, which other processes on the machine do not inflate:
+    # each shard run here in turn, the whole run against the slowest shard plus the merge.
+    cpu_one = min(_cpu(lambda: exact(task, progress=False, workers=1)) for _ in range(3))
+    shards = [min(_cpu(lambda i=i: exact(task, progress=False, shard=(i, args.workers)))
+                  for _ in range(3)) for i in range(args.workers)]
+    parts = [exact(task, progress=False, shard=(i, args.workers)) for i in range(args.workers)]
+    cpu_merge = _cpu(lambda: merge(task, parts))
+    print(f"CPU seconds: whole run {cpu_one:.3f}; shards {', '.join(f'{x:.3f}' for x in shards)};"
+          f" merge {cpu_merge:.3f}; whole / (slowest shard + merge) = "
+          f"{cpu_one / (max(shards) + cpu_merge):.2f}x")
+    shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

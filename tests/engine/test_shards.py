@@ -1,0 +1,269 @@
+"""Shards of one enumeration and their merge, against a single run of the same engine.
+
+``exact(task, shard=(i, n))`` walks only the subtrees of shard ``i`` (cut by prompt and
+first tokens, fisher_ref/engine/shards.py); :func:`merge` adds the shards' raw sums and
+finishes once. Held against ``exact(task)`` in one process at 1e-12 relative (on the
+scales of tests/engine/test_fast_vs_reference.py for quantities that cancel), with the
+per-state and per-response arrays in the same order, on every case of tests/cases.py,
+hypothesis tasks, 1 to 5 shards (more than the task has subtrees included), off policy,
+in small blocks, with ``quantities="fisher"``, after pickling, and in worker processes.
+"""
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from fisher_ref import load_config
+from fisher_ref.engine import shards as shards_mod
+from fisher_ref.engine import workers as workers_mod
+from fisher_ref.engine.fast import exact
+from fisher_ref.engine.plan import count_states, estimate_cost
+from fisher_ref.engine.shards import ShardError, ShardResult, merge, plan_shards
+from fisher_ref.perf.scaling import load_scale_config
+from fisher_ref.rewards import FunctionReward
+
+from cases import CASES, rel
+from tests.engine.test_fast_vs_reference import natural_scale, result_errors
+from tests.engine.test_identities_exact import small_tasks
+
+RTOL = 1e-12
+
+
+def options(task):
+    return dict(progress=False, topk=(1, 2) if task.sampler is not None else ())
+
+
+def sharded(task, n, **kw):
+    parts = [exact(task, shard=(i, n), **kw) for i in range(n)]
+    return merge(task, parts), parts
+
+
+def merged_errors(merged, single):
+    """:func:`result_errors`, with Var(A h) = E[A^2 h^2] - E[A h]^2 measured on the size of
+    the terms E[A^2 h^2] is formed from (:func:`natural_scale` squared, as E[A h] is on
+    that scale), not on its own size, which may be far below them."""
+    errs = result_errors(merged, single)
+    for name, b in single.streams.items():
+        if merged.quantities == "all":
+            va, vb = merged.streams[name].variances["Ah"], b.variances["Ah"]
+            errs[f"{name}.variances.Ah"] = rel(va, vb, max(
+                natural_scale(b) ** 2, np.abs(va).max(), np.abs(vb).max()))
+    return errs
+
+
+def assert_merged_equal(task, n, label, **kw):
+    kw = {**options(task), **kw}
+    single = exact(task, **kw, workers=1)
+    merged, parts = sharded(task, n, **kw)
+    errs = merged_errors(merged, single)
+    bad = {k: e for k, e in errs.items() if not e <= RTOL}
+    assert not bad, f"{label}, {n} shards: merged vs single run differ: {bad}"
+    assert merged.computed == single.computed
+    return merged, parts
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_merged_shards_match_a_single_run(case):
+    task = CASES[case]()
+    for n in range(1, 6):
+        assert_merged_equal(task, n, case)
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=25)
+@given(small_tasks(), st.integers(1, 5))
+def test_merged_shards_match_on_random_tasks(task, n):
+    assert_merged_equal(task, n, repr(task.model.spec))
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_shards_in_small_blocks(chunk):
+    for name in ("default", "offpolicy_stale"):
+        assert_merged_equal(load_config(name), 3, f"{name} chunk={chunk}", chunk=chunk)
+
+
+def test_fisher_quantities_merge():
+    for name in ("weighted_prompts", "offpolicy_temperature"):
+        task = load_config(name)
+        merged, parts = assert_merged_equal(task, 4, name, quantities="fisher")
+        assert merged.quantities == "fisher" and merged.sequences is None
+
+
+def test_more_shards_than_subtrees():
+    """V=3 with EOS, T=2, one prompt: two subtrees; shards past them are empty and merge."""
+    task = load_config("default").with_(max_len=2)
+    task = task.with_(prompts=task.prompts[:1], prompt_weights=[1.0])
+    plan = plan_shards(task, 5)
+    assert plan.bounds[-1] < 5
+    merged, parts = assert_merged_equal(task, 5, "tiny")
+    assert sum(p.n_states == 0 for p in parts) >= 5 - plan.bounds[-1]
+    assert sum(p.n_states for p in parts) == merged.n_states
+
+
+def test_plan_counts_add_up_to_the_whole_tree():
+    for V, T, eos, n_p in [(3, 2, True, 1), (4, 3, False, 2), (5, 4, True, 3), (2, 5, True, 1),
+                           (1, 3, True, 2), (6, 1, False, 2)]:
+        N, M = count_states(V, T, eos, n_p)
+        for n in (1, 2, 3, 7, 40, 200):
+            model = type("M", (), {"vocab_size": V, "eos": eos})
+            fake = type("T", (), {"model": model, "max_len": T, "prompts": [()] * n_p})
+            plan = plan_shards(fake, n)
+            assert sum(plan.n_states(i) for i in range(n)) == N, (V, T, eos, n_p, n)
+            assert sum(plan.n_responses(i) for i in range(n)) == M, (V, T, eos, n_p, n)
+            sizes = [plan.bounds[i + 1] - plan.bounds[i] for i in range(n)]
+            assert max(sizes) - min(sizes) <= 1  # balanced: equal units, one at most apart
+
+
+def test_shard_results_are_small_and_picklable():
+    task = load_scale_config("medium").with_(max_len=3)
+    single = exact(task, progress=False, keep_states=False, keep_sequences=False)
+    parts = [pickle.loads(pickle.dumps(exact(task, progress=False, shard=(i, 3),
+                                             keep_states=False, keep_sequences=False)))
+             for i in range(3)]
+    P, T = task.model.num_params, task.max_len
+    for p in parts:
+        assert isinstance(p, ShardResult) and p.states is None and p.sequences is None
+        assert p.nbytes < 8 * P * (2 * T * T + 2 * T + 20)  # sums only: no per-state arrays
+    errs = merged_errors(merge(task, parts), single)
+    assert max(errs.values()) <= RTOL, errs
+
+
+def test_kept_rows_come_back_in_order():
+    task = load_config("offpolicy_temperature")
+    merged, parts = assert_merged_equal(task, 3, "kept", keep_states=True, keep_sequences=True)
+    assert sum(len(p.states["place"]) for p in parts) == merged.n_states
+    assert sum(len(p.sequences["place"]) for p in parts) == merged.n_responses
+
+
+def test_merge_refuses_a_partial_or_foreign_set():
+    task = load_config("default")
+    parts = [exact(task, progress=False, shard=(i, 3)) for i in range(3)]
+    with pytest.raises(ShardError, match=r"missing \[1\]"):
+        merge(task, [parts[0], parts[2]])
+    with pytest.raises(ShardError, match=r"repeated \[0\]"):
+        merge(task, [parts[0], parts[0], parts[1], parts[2]])
+    with pytest.raises(ShardError, match="another task"):
+        merge(load_config("no_eos"), parts)
+    other = exact(task, progress=False, shard=(1, 3), quantities="fisher")
+    with pytest.raises(ShardError, match="different runs"):
+        merge(task, [parts[0], other, parts[2]])
+    with pytest.raises(ShardError, match="ShardResult"):
+        merge(task, [exact(task, progress=False)])
+
+
+@pytest.mark.parametrize("bad", [(2, 2), (-1, 2), (0, 0), "0/2", (True, 2), (0.0, 2), (1,)])
+def test_bad_shard_is_refused(bad):
+    with pytest.raises(ValueError, match="shard"):
+        exact(load_config("default"), progress=False, shard=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, "many", True, None])
+def test_bad_workers_is_refused(bad):
+    with pytest.raises(ValueError, match="workers"):
+        exact(load_config("default"), progress=False, workers=bad)
+
+
+def test_reference_engine_takes_no_shard():
+    with pytest.raises(ValueError, match="shard"):
+        exact(load_config("default"), progress=False, reference=True, shard=(0, 2))
+
+
+def test_auto_workers_stay_in_process_for_small_runs(monkeypatch):
+    task = load_config("default")
+    cost = estimate_cost(task)
+    assert cost.seconds < workers_mod.AUTO_MIN_SECONDS
+    assert workers_mod.resolve_workers("auto", cost) == 1
+    monkeypatch.setattr(workers_mod, "AUTO_MIN_SECONDS", 0.0)
+    monkeypatch.setattr(workers_mod, "available_cores", lambda: 6)
+    assert workers_mod.resolve_workers("auto", cost) == 6
+    assert workers_mod.resolve_workers(3, cost) == 3
+
+
+def test_cost_guard_counts_every_worker():
+    task = load_scale_config("v16")
+    one, four = estimate_cost(task), estimate_cost(task, workers=4)
+    assert four.bytes > 3 * one.bytes and four.seconds < one.seconds and four.workers == 4
+    with pytest.raises(Exception, match="memory"):
+        exact(task, progress=False, workers=4, max_bytes=2 * one.bytes)
+
+
+def test_fisher_run_is_sized_as_a_fisher_run():
+    task = load_scale_config("v16")
+    full, fisher = estimate_cost(task), estimate_cost(task, quantities="fisher")
+    assert fisher.seconds < full.seconds / 2 and fisher.bytes < full.bytes
+
+
+def test_workers_give_the_single_run():
+    """Two local processes (spawned, one BLAS thread each): the same result."""
+    task = load_config("offpolicy_stale")
+    kw = dict(progress=False, topk=(1, 2))
+    single, par = exact(task, workers=1, **kw), exact(task, workers=2, **kw)
+    errs = merged_errors(par, single)
+    assert max(errs.values()) <= RTOL, errs
+    assert par.cost.workers == 2
+
+
+def _blas_env(_):
+    return {k: os.environ.get(k) for k in workers_mod.BLAS_THREAD_VARS}
+
+
+def test_workers_run_one_blas_thread():
+    """Workers start with every BLAS thread variable at 1; the parent's own are restored."""
+    before = _blas_env(None)
+    workers_mod.shutdown()  # fresh processes, started under the variables
+    with workers_mod._one_blas_thread():
+        envs = list(workers_mod._executor(2).map(_blas_env, range(4)))
+    assert all(v == "1" for env in envs for v in env.values()), envs
+    assert _blas_env(None) == before
+
+
+def _die(prompt, response):
+    os._exit(3)
+
+
+def test_a_dead_worker_is_an_error_naming_its_shard():
+    task = load_config("default").with_(reward=FunctionReward(_die))
+    with pytest.raises(RuntimeError, match=r"shard \d of 2"):
+        exact(task, progress=False, workers=2)
+    # the next run starts a fresh pool
+    good = load_config("default")
+    assert merged_errors(exact(good, progress=False, workers=2),
+                         exact(good, progress=False, workers=1))["policy.sequence_fisher"] <= RTOL
+
+
+def test_shards_module_names_its_public_parts():
+    assert {"merge", "plan_shards", "ShardResult"} <= set(shards_mod.__all__)
+
+
+def test_a_script_without_a_main_guard_runs_once(tmp_path):
+    """Workers are spawned without importing the calling script: one written without
+    ``if __name__ == "__main__":`` runs once, not again in every worker."""
+    script = tmp_path / "no_guard.py"
+    script.write_text("from fisher_ref import load_config, exact\n"
+                      "r = exact(load_config('default'), workers=2, progress=False)\n"
+                      "print('ran', r.cost.workers)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ran", "2"], out.stdout
+
+
+def _main_reward(prompt, response):
+    return float(len(response))
+
+
+def test_a_task_holding_main_objects_is_refused_by_explicit_workers(monkeypatch):
+    _main_reward.__module__ = "__main__"  # as if written in the calling script
+    try:
+        task = load_config("default").with_(reward=FunctionReward(_main_reward))
+        with pytest.raises(ValueError, match="__main__"):
+            exact(task, progress=False, workers=2)
+        monkeypatch.setattr(workers_mod, "AUTO_MIN_SECONDS", 0.0)
+        assert workers_mod.local_workers(task, "auto", dict(
+            topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
+            quantities="all")) == 1
+    finally:
+        _main_reward.__module__ = __name__
