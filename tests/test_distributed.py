@@ -1,0 +1,91 @@
+"""fisher_ref.distributed.exact_ray on a local Ray (two CPUs), against exact(task) here.
+
+Ray is started once for the module. Every merged run is held to a single run of the
+fast engine at 1e-12 (tests/engine/test_shards.py's measure), including a run in which
+one shard's worker process dies on its first attempt (``os._exit``, remembered by a
+marker file, so that the retry succeeds); a shard that always fails ends the run with
+an error naming it, after exactly ``max_retries + 1`` attempts, and no result.
+"""
+import os
+
+import pytest
+import ray
+
+from fisher_ref import load_config
+from fisher_ref.distributed import ShardFailed, exact_ray
+from fisher_ref.engine.fast import exact
+
+from tests.engine.test_shards import RTOL, merged_errors
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def single(task, **kw):
+    return exact(task, progress=False, workers=1, keep_states=False, keep_sequences=False, **kw)
+
+
+def assert_same(merged, one):
+    errs = merged_errors(merged, one)
+    assert max(errs.values()) <= RTOL, {k: e for k, e in errs.items() if e > RTOL}
+
+
+def test_ray_shards_give_the_single_run(local_ray):
+    task = load_config("offpolicy_temperature")
+    assert_same(exact_ray(task, shards=3, topk=(1, 2)), single(task, topk=(1, 2)))
+
+
+def test_ray_keeps_the_arrays_when_asked(local_ray):
+    task = load_config("weighted_prompts")
+    merged = exact_ray(task, keep_states=True, keep_sequences=True)  # shards: the cluster's CPUs
+    one = exact(task, progress=False, workers=1, keep_states=True, keep_sequences=True)
+    assert_same(merged, one)
+    assert merged.states is not None and merged.sequences is not None
+
+
+def _runner_dying_once(marker):
+    def run(task, shard, options):
+        if shard[0] == 1 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(7)  # the worker process dies mid-run
+        from fisher_ref.engine.fast import exact as run_exact
+        return run_exact(task, shard=shard, **options)
+    return run
+
+
+def test_a_killed_worker_is_retried(local_ray, tmp_path):
+    marker = str(tmp_path / "killed")
+    task = load_config("default")
+    merged = exact_ray(task, shards=3, max_retries=2, runner=_runner_dying_once(marker))
+    assert os.path.exists(marker)  # shard 1's first attempt did die
+    assert_same(merged, single(task))
+
+
+def _runner_failing(log, bad):
+    def run(task, shard, options):
+        if shard[0] == bad:
+            with open(log, "a") as f:
+                f.write("attempt\n")
+            raise RuntimeError(f"shard {shard} cannot run")
+        from fisher_ref.engine.fast import exact as run_exact
+        return run_exact(task, shard=shard, **options)
+    return run
+
+
+def test_a_shard_failing_for_good_is_an_error_naming_it(local_ray, tmp_path):
+    log = str(tmp_path / "attempts")
+    with pytest.raises(ShardFailed, match=r"shard 2 of 3 failed after 2 attempt") as info:
+        exact_ray(load_config("default"), shards=3, max_retries=1, runner=_runner_failing(log, 2))
+    assert info.value.shard == (2, 3)
+    assert open(log).read().count("attempt") == 2  # max_retries + 1 attempts
+
+
+@pytest.mark.parametrize("kw, field", [({"shards": 0}, "shards"), ({"max_retries": -1},
+                                                                    "max_retries")])
+def test_bad_arguments_are_refused(kw, field):
+    with pytest.raises(ValueError, match=field):
+        exact_ray(load_config("default"), **kw)
