@@ -1,13 +1,15 @@
 """The model architectures a task file can name, and :func:`make_model` to build one.
 
-``"arch"``: ``"mlp_window"`` (the default, :class:`fisher_ref.models.base.MLPModel`),
-``"tabular"`` (:class:`fisher_ref.models.base.TabularModel`) or ``"gpt2"``
+``"arch"``: ``"mlp_window"`` (the default, :class:`fisher_ref.models.mlp.MLPModel`),
+``"tabular"`` (:class:`fisher_ref.models.tabular.TabularModel`) or ``"gpt2"``
 (:class:`fisher_ref.models.gpt2.GPT2Model`). See docs/theory.md for each model.
 """
 from __future__ import annotations
 
 from fisher_ref.models.gpt2 import GPT2Model, GPT2Spec
-from fisher_ref.models.base import MLPModel, ModelSpec, TabularModel
+from fisher_ref.models.mlp import MLPModel
+from fisher_ref.models.base import ModelSpec
+from fisher_ref.models.tabular import TabularModel
 
 __all__ = ["make_model", "ARCHS"]
 

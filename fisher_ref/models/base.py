@@ -27,13 +27,12 @@ import math
 
 import autograd.numpy as anp
 import numpy as np
-from autograd.tracer import getval
 
 from fisher_ref.limits import (MAX_ABS_THETA, MAX_CONTEXT, MAX_INIT_SCALE, MAX_PARAMS, check_size,
                      is_real, readable, readable_log10)
 
 __all__ = [
-    "ModelSpec", "MLPModel", "TabularModel", "FunctionModel", "SpecModel",
+    "ModelSpec", "SpecModel",
     "check_common_fields", "check_positive_int", "check_param_count",
     "state_windows", "windows_for", "model_windows", "check_theta",
     "WindowModel",
@@ -98,6 +97,7 @@ def model_windows(model, states):
     """``model.windows`` of a list of states given as token sequences: ``(len(states), k)``.
 
     Example:
+        >>> from fisher_ref.models.tabular import TabularModel
         >>> m = TabularModel(3, context=2)
         >>> model_windows(m, [(), (1, 2, 0)]).tolist()
         [[3, 3], [2, 0]]
@@ -302,120 +302,3 @@ class SpecModel:
         return d
 
 
-class MLPModel(SpecModel, WindowModel):
-    """The MLP of docs/theory.md §4.1 over a window of the last ``k`` tokens.
-
-    Example:
-        >>> m = MLPModel(ModelSpec(vocab_size=5, context=2, embed_dim=3, hidden=8))
-        >>> m.num_params, m.bos
-        (119, 5)
-        >>> m.logits(m.init_params(), np.array([[5, 1]])).shape
-        (1, 5)
-    """
-
-    name = "mlp_window"
-
-    def __init__(self, spec: ModelSpec):
-        super().__init__(spec)
-        self.context = spec.context
-
-    def hidden(self, theta, windows):
-        """``(e, hid)`` for a batch of windows: ``(B, k*d)`` and ``(B, H)``."""
-        p = self.unpack(theta)
-        B = windows.shape[0]
-        e = anp.reshape(p["E"][windows], (B, -1))  # (B, k*d)
-        hid = anp.tanh(anp.dot(e, p["W1"]) + p["b1"])  # (B, H)
-        return e, hid
-
-    def logits(self, theta, windows):
-        """``z = tanh(e W1 + b1) W2 + b2``: ``(B, k)`` windows -> ``(B, V)`` logits."""
-        p = self.unpack(theta)
-        _, hid = self.hidden(theta, windows)
-        return anp.dot(hid, p["W2"]) + p["b2"]  # (B, V)
-
-
-class TabularModel(WindowModel):
-    r"""Logits are the parameters: one row of ``V`` logits per possible window.
-
-    ``theta`` reshaped to ``((V+1)^k, V)``; the row of a window
-    ``c_1..c_k`` is :math:`\sum_p c_p (V+1)^{k-p}`. Its token Fisher is
-    :math:`f = p(1-p)` for the visited row and 0 elsewhere.
-    """
-
-    name = "tabular"
-
-    def __init__(self, vocab_size, context=1, eos=True, init_seed=0, init_scale=1.0):
-        self.vocab_size = check_positive_int(vocab_size, "model.vocab_size")
-        self.context = check_positive_int(context, "model.context")
-        check_size(self.context, "model.context", MAX_CONTEXT, "tokens a model reads")
-        check_common_fields(vocab_size, eos, init_seed, init_scale)
-        # (V+1)^k V parameters, compared in logs before the power is formed
-        check_param_count(self.context * math.log10(self.vocab_size + 1)
-                          + math.log10(self.vocab_size), "tabular",
-                          f"vocab_size={readable(self.vocab_size)}, context={self.context}")
-        self.eos = bool(eos)
-        self.bos = self.vocab_size
-        self.rows = (self.vocab_size + 1) ** self.context
-        self.num_params = self.rows * self.vocab_size
-        self.init_seed, self.init_scale = init_seed, init_scale
-
-    def layout(self):
-        return [("table", (self.rows, self.vocab_size), 0)]
-
-    def init_params(self):
-        rng = np.random.default_rng(self.init_seed)
-        return self.init_scale * rng.standard_normal(self.num_params)
-
-    def row_index(self, windows):
-        base = (self.vocab_size + 1) ** np.arange(self.context - 1, -1, -1)
-        return windows @ base  # (B,)
-
-    def logits(self, theta, windows):
-        table = anp.reshape(theta, (self.rows, self.vocab_size))
-        return table[self.row_index(windows)]  # (B, V)
-
-    def describe(self):
-        return {"arch": self.name, "vocab_size": self.vocab_size, "context": self.context,
-                "eos": self.eos, "bos": self.bos, "init_seed": self.init_seed,
-                "init_scale": self.init_scale}
-
-
-class FunctionModel(WindowModel):
-    """Wrap any autograd-differentiable ``logits_fn(theta, windows) -> (B, V)``.
-
-    Args:
-        logits_fn: batched logits function, differentiable by autograd in theta.
-        num_params: length of theta.
-        vocab_size: ``V``.
-        context: window length ``k`` (use the longest state length for a model
-            that reads its whole history).
-        eos: whether id 0 is EOS.
-        name: a label for reports.
-    """
-
-    def __init__(self, logits_fn, num_params, vocab_size, context, eos=True, name="custom"):
-        if not callable(logits_fn):
-            raise TypeError(f"FunctionModel needs a callable logits_fn(theta, windows), got "
-                            f"{type(logits_fn).__name__}")
-        self._fn = logits_fn
-        self.num_params = check_positive_int(num_params, "num_params")
-        self.vocab_size = check_positive_int(vocab_size, "vocab_size")
-        self.context = check_positive_int(context, "context")
-        check_size(self.context, "context", MAX_CONTEXT, "tokens a model reads")
-        if not isinstance(eos, (bool, np.bool_)):
-            raise ValueError(f"eos must be True or False, got {eos!r}")
-        if eos and self.vocab_size < 2:
-            raise ValueError("vocab_size must be at least 2 when eos is on")
-        self.eos = bool(eos)
-        self.bos = self.vocab_size
-        self.name = name
-
-    def layout(self):
-        return [("theta", (self.num_params,), 0)]
-
-    def logits(self, theta, windows):
-        return self._fn(theta, windows)
-
-    def describe(self):
-        return {"arch": self.name, "vocab_size": self.vocab_size, "context": self.context,
-                "eos": self.eos, "bos": self.bos}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from autograd import jacobian
 
-from fisher_ref.models.base import MLPModel
+from fisher_ref.models.mlp import MLPModel
 
 __all__ = ["sensitivities", "sensitivities_autograd", "mlp_sensitivities",
            "finite_difference_sensitivities"]
