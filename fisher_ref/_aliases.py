@@ -18,7 +18,7 @@ __all__ = ["MOVED", "install"]
 MOVED = {  # old module (under fisher_ref) -> its home since the reorganisation
     "progress": "_progress",
     "architectures": "models",
-    "model": "models.base",
+    "model": ("models.base", "models.mlp", "models.tabular", "models.function", "numerics"),
     "gpt2": "models.gpt2",
     "sensitivities": "models.sensitivities",
     "token_fisher": "numerics",
@@ -54,11 +54,18 @@ class _Alias(types.ModuleType):
         super().__init__(name, f"Moved to {target}; this alias goes in the next release.")
         self.__dict__["_target"] = target
 
+    def _targets(self):
+        t = self.__dict__["_target"]
+        return [importlib.import_module(m) for m in ((t,) if isinstance(t, str) else t)]
+
     def __getattr__(self, attr):
-        return getattr(importlib.import_module(self.__dict__["_target"]), attr)
+        for mod in self._targets():
+            if hasattr(mod, attr):
+                return getattr(mod, attr)
+        raise AttributeError(f"module {self.__name__!r} has no attribute {attr!r}")
 
     def __dir__(self):
-        return dir(importlib.import_module(self.__dict__["_target"]))
+        return sorted({n for mod in self._targets() for n in dir(mod)})
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -69,7 +76,9 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.machinery.ModuleSpec(fullname, self)
 
     def create_module(self, spec):
-        return _Alias(spec.name, "fisher_ref." + MOVED[spec.name.removeprefix("fisher_ref.")])
+        new = MOVED[spec.name.removeprefix("fisher_ref.")]
+        return _Alias(spec.name, "fisher_ref." + new if isinstance(new, str)
+                      else tuple("fisher_ref." + m for m in new))
 
     def exec_module(self, module):
         warnings.warn(f"{module.__name__} has moved to {module.__dict__['_target']}; the old "
