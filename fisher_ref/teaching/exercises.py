@@ -328,8 +328,9 @@ cap = np.sqrt(w @ A ** 2 - (w @ A) ** 2) * np.sqrt(F)""",
         "adam-second-step", "04_gradient_is_covariance", "Adam's second step",
         r"Adam keeps exponential averages $m \leftarrow \beta_1 m + (1-\beta_1)G$ and "
         r"$v \leftarrow \beta_2 v + (1-\beta_2)G^2$ from zero, and steps by "
-        r"$\eta\,\hat m/(\sqrt{\hat v} + \epsilon)$ with $\hat m = m/(1-\beta_1^k)$, "
-        r"$\hat v = v/(1-\beta_2^k)$ at step $k$. From the two exact gradients `G1` and `G2` "
+        r"$\eta\,\hat m/(\sqrt{\hat v} + \epsilon)$, where at the second step "
+        r"$\hat m = m/(1-\beta_1^2)$ and $\hat v = v/(1-\beta_2^2)$. From the two exact "
+        r"gradients `G1` and `G2` "
         r"below, compute the **second** step, without calling the training code. Set "
         r"`delta` $(P,)$.",
         _DEFAULT + """

@@ -57,6 +57,7 @@ One meaning per symbol, in every lesson (docs/theory.md §1.1 has the same table
 | cap$_i$, corr$_i$ | the bound $\mathrm{std}(A)\sqrt{F_i}$; $\mathrm{corr}(A, h_i)$ | 4, 7 |
 | $q$ | top-$q$: a share of the parameters, ranked by $F$ or by $\lvert G \rvert$ | 4, 7 |
 | $\eta$, $\epsilon$ | step size; Adam's $\epsilon$ | 4 |
+| $\beta_1$, $\beta_2$ | Adam's averaging constants (not the inverse temperature $\beta$) | 4 |
 | $\mu$ | the sampler the responses come from, when it is not $p$ | 5, 7 |
 | $\tilde \xi$, $\tilde h$ | token and sequence score centered under $\mu$ | 5 |
 | $m$ | top-$m$: how many of $\mu$'s most likely tokens are known | 5 |

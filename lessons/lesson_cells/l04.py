@@ -37,9 +37,9 @@ $$|G_i| \le \mathrm{std}(A)\,\sqrt{F_i}.$$
 $$G_i = E[A\,h_i] = E\big[(A - E[A])\,(h_i - E[h_i])\big] = \mathrm{Cov}(A, h_i), \qquad
 F_i = E[h_i^2] = \mathrm{Var}(h_i).$$
 
-*Step 2: Cauchy–Schwarz.* For centered $X = A - E[A]$, $Y = h_i$ and any number $\lambda$,
-$0 \le E[(X - \lambda Y)^2] = \mathrm{Var}(A) - 2\lambda\,\mathrm{Cov}(A, h_i) +
-\lambda^2\,\mathrm{Var}(h_i)$. A quadratic in $\lambda$ that is never negative has a
+*Step 2: Cauchy–Schwarz.* For any number $\lambda$,
+$0 \le E\big[\big((A - E[A]) - \lambda h_i\big)^2\big] = \mathrm{Var}(A) -
+2\lambda\,\mathrm{Cov}(A, h_i) + \lambda^2\,\mathrm{Var}(h_i)$. A quadratic in $\lambda$ that is never negative has a
 discriminant $\le 0$: $\mathrm{Cov}(A, h_i)^2 \le \mathrm{Var}(A)\,\mathrm{Var}(h_i)$. Take
 square roots and use step 1: $|G_i| \le \mathrm{std}(A)\sqrt{F_i}$.
 

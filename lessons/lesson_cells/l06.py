@@ -85,6 +85,13 @@ plt.show()
 print(f"mean {zeta.mean():+.2f}, sd {zeta.std():.2f}; share with |zeta| > 1.96: "
       f"{np.mean(np.abs(zeta) > 1.96):.1%} (normal: 5%)")"""),
     md(r"""
+Centred on zero, near the diagonal in the middle, with tails a little lighter than a normal
+distribution's (the printed sd and the share beyond ±1.96): roughly standard normal, as
+correlated z-scores from one set of responses can be, and none near the threshold. The
+standard errors are not too small on this run; whether they are right *on average* is the
+coverage question below.
+"""),
+    md(r"""
 ## Convergence of the two estimators
 
 The same sampled responses, two running estimates of one parameter's $F_i$, each with its
@@ -187,8 +194,9 @@ assert h2_small < rate[2000, "sequence_fisher"]"""),
     *exercise("samples-needed"),
     footer(STEM, [
         "Every exact quantity is an average over responses; sampling estimates it with a "
-        "standard error $\\sigma/\\sqrt n$; the z-scores against the exact values, all of them "
-        "pooled, follow the standard normal closely (histogram and QQ plot).",
+        "standard error $\\sigma/\\sqrt n$; the z-scores against the exact values stay far "
+        "inside the threshold and, pooled, look roughly standard normal (histogram and QQ "
+        "plot), a little narrower in the tails.",
         "The token-sum estimator has the same mean as $\\overline{h_i^2}$ and, on these "
         "models, a smaller variance (measured per parameter, not promised by a theorem).",
         "Standard errors estimated from few samples of a long-tailed quantity can be too "
