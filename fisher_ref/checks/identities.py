@@ -294,7 +294,7 @@ def _mc_label(quantity, stream):
     return "mc " + _MC_IDENTITY.get(quantity, quantity)
 
 
-def verify_task(task, mc=0, seed=0, progress=True):
+def verify_task(task, mc=0, seed=0, progress=True, workers="auto"):
     """Exact rows, plus Monte Carlo rows with ``mc`` samples (0: none).
 
     Every argument is checked before the enumeration starts, the memory of the
@@ -315,7 +315,7 @@ def verify_task(task, mc=0, seed=0, progress=True):
     if mc:
         for from_mu in [False] + ([True] if task.sampler is not None else []):
             check_mc_size(task, mc, from_mu)
-    result = exact(task, progress=progress)
+    result = exact(task, progress=progress, workers=workers)
     rows = exact_checks(result)
     if mc:
         from fisher_ref.monte_carlo.stats import bonferroni_z

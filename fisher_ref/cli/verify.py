@@ -1,7 +1,10 @@
 """``python -m fisher_ref verify``: every identity of docs/theory.md on one task, as a table."""
 from __future__ import annotations
 
+import argparse
+
 from fisher_ref.checks.identities import format_table, verify_task
+from fisher_ref.engine.workers import check_workers
 from fisher_ref.cli._common import count_arg, task_from_args
 
 __all__ = ["add_arguments", "run"]
@@ -15,12 +18,25 @@ def add_arguments(parser):
     parser.add_argument("--seed", type=count_arg, default=0,
                         help="seed of the Monte Carlo generator (a non-negative integer)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--workers", type=workers_arg, default="auto",
+                        help="processes for the exact enumeration: a number or 'auto' (the "
+                             "available cores for a run estimated at 10 s or more, else 1)")
+
+
+def workers_arg(text):
+    """An argparse type: ``auto`` or a positive whole number of worker processes."""
+    try:
+        return check_workers(text if text == "auto" else int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive whole number of processes or 'auto', got {text!r}") from None
 
 
 def run(args):
     """Run ``verify``: print the table; return 0 if every check passed, else 1."""
     task = task_from_args(args)
-    result, rows = verify_task(task, mc=args.mc, seed=args.seed, progress=not args.quiet)
+    result, rows = verify_task(task, mc=args.mc, seed=args.seed, progress=not args.quiet,
+                               workers=args.workers)
     c = result.cost
     print(f"task {task.name}: V={c.vocab_size}, T={c.max_len}, P={c.num_params}, "
           f"{c.n_states} states, {c.n_responses} responses, prompts={len(task.prompts)}, "

@@ -267,3 +267,12 @@ def test_a_task_holding_main_objects_is_refused_by_explicit_workers(monkeypatch)
             quantities="all")) == 1
     finally:
         _main_reward.__module__ = __name__
+
+
+def test_cli_verify_takes_workers(capsys):
+    from fisher_ref.cli import main
+    assert main(["verify", "--mc", "0", "--quiet", "--workers", "2"]) == 0
+    assert "checks passed" in capsys.readouterr().out
+    for bad in ("0", "two", "-1"):
+        assert main(["verify", "--mc", "0", "--workers", bad]) == 2  # bad input
+        assert "--workers" in capsys.readouterr().err
