@@ -179,7 +179,7 @@ def resolve_keep(keep_states, keep_sequences, n_states, n_responses, num_params,
 
 def estimate_cost(task, n_streams=None, chunk=None, keep_states=False, keep_sequences=False,
                   quantities="all", workers=1):
-    """Estimate the size, time and peak memory of :func:`fisher_ref.exact.exact` on ``task``."""
+    """Estimate the size, time and peak memory of :func:`fisher_ref.exact` on ``task``."""
     # quantities="fisher": two moments per window, a few passes per state, no rewards, only
     # H carried. workers: the time of the slowest (a share of the work each, the windows
     # all, and their start) and the memory of all of them (each its own blocks and caches;

@@ -1,0 +1,56 @@
+"""Record ``bench`` runs as JSON for the performance pages, with the commit they measured.
+
+    python docs/performance/record_bench.py [--tasks default medium v16] [--repeats 5]
+
+Writes ``docs/bench/<task>.json``: the dict :func:`fisher_ref.perf.bench.bench` returns
+(one process per side, one thread each, interleaved repeats, medians and minima, the load
+average), plus ``commit`` (``git rev-parse HEAD``, with ``+dirty`` when the working tree
+differs), ``numpy``, ``torch`` and ``date``. Shipped configs and the scale configs of
+``fisher_ref/configs/scale/`` (``medium``, ``v16``) are accepted by name.
+"""
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from fisher_ref import list_configs, load_config  # noqa: E402
+from fisher_ref.perf.bench import bench  # noqa: E402
+from fisher_ref.perf.scaling import load_scale_config  # noqa: E402
+
+
+def _commit():
+    run = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True,
+                                    text=True).stdout.strip()
+    head = run("rev-parse", "HEAD")
+    dirty = run("status", "--porcelain", "--untracked-files=no", "--", "fisher_ref", "scripts")
+    return head + ("+dirty" if dirty else "")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", nargs="+", default=["default", "weighted_prompts", "medium", "v16"])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default=str(ROOT / "docs" / "bench"))
+    args = ap.parse_args(argv)
+    import numpy
+    import torch
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in args.tasks:
+        task = load_config(name) if name in list_configs() else load_scale_config(name)
+        task.name = name
+        res = bench(task, repeats=args.repeats, threads=1)
+        res.update(commit=_commit(), numpy=numpy.__version__, torch=torch.__version__,
+                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+        (out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
+        print(f"{name}: fisher_ref/peer {res['ratio'].get('torch_peer', float('nan')):.2f}, "
+              f"like for like {res['ratio_like'].get('torch_peer', float('nan')):.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

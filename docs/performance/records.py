@@ -1,0 +1,146 @@
+"""Read the measurement records kept in ``docs/`` and turn them into the tables and plots of
+the performance pages (the pages' code cells call these functions when the site is built).
+
+A record says where it was measured when it can: a ``commit`` and ``machine`` field, or the
+``commit.txt`` / ``gpu_name.txt`` / ``log.txt`` files beside a GPU run. Where a record does
+not say, :func:`provenance` falls back on the commit that last wrote the file (``git log``)
+and says so.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import fisher_ref
+
+ROOT = Path(fisher_ref.__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def load(path):
+    """The JSON record at ``path`` (relative to ``docs/`` or absolute)."""
+    return json.loads((DOCS / path).read_text())
+
+
+def git(*args):
+    """``git args...`` in the repository; '' where git or the history is not there."""
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def head():
+    """The commit this checkout is at, with ``+ uncommitted changes`` when the package
+    differs from it."""
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "fisher_ref")
+    return commit + (" + uncommitted changes" if dirty else "")
+
+
+def committed_in(path):
+    """``(short hash, date)`` of the commit that last wrote ``path``, or ``None``."""
+    line = git("log", "-1", "--format=%h %ad", "--date=short", "--", str(DOCS / path))
+    return tuple(line.split(" ", 1)) if line else None
+
+
+def provenance(path, record=None):
+    """One sentence: the commit and machine a record was measured on."""
+    record = load(path) if record is None and str(path).endswith(".json") else (record or {})
+    commit = record.get("commit")
+    machine = record.get("machine")
+    parts = []
+    if commit:
+        parts.append(f"measured at commit `{commit[:9]}`")
+    else:
+        c = committed_in(path)
+        parts.append(f"recorded in commit `{c[0]}` ({c[1]}); the record does not name the "
+                     "commit it measured" if c else "the record names no commit")
+    parts.append(f"on {machine}" if machine else "machine not named in the record")
+    return f"`docs/{path}`: " + ", ".join(parts) + "."
+
+
+def compare_summary(paths):
+    """Markdown table of ``compare --json`` records: rows passing, worst relative error, and
+    the Monte Carlo statistics; the same summary as ``scripts/summarize_compare.py``."""
+    lines = ["| config | dtype | rows pass | worst rel. error (quantity) | tolerance |",
+             "|---|---|---|---|---|"]
+    mc_rows, mc_names = {}, []
+    for path in paths:
+        d = load(path)
+        if "rows" not in d:  # a bench or big-task record
+            continue
+        for dtype in d["dtypes"]:
+            rows = [r for r in d["rows"] if r["dtype"] == dtype and r["test"] == "rel"]
+            worst = max(rows, key=lambda r: r["max_rel_error"])
+            npass = sum(r["passed"] for r in rows)
+            lines.append(f"| {d['task']} | {dtype} | {npass}/{len(rows)} | "
+                         f"{worst['max_rel_error']:.1e} (`{worst['quantity']}`) | "
+                         f"{d['tolerances'][dtype]:g} |")
+        for r in d["rows"]:
+            if r["test"] != "rel":  # "mc.sequence_fisher (n=4000, seed=0)"
+                mc_names += [] if r["quantity"] in mc_names else [r["quantity"]]
+                mc_rows.setdefault(d["task"], {})[r["quantity"]] = r["statistic"]
+    mc = ["| config | " + " | ".join(f"`{q}`" for q in mc_names) + " |",
+          "|---|" + "---|" * len(mc_names)]
+    mc += [f"| {task} | " + " | ".join(f"{row[q]:.2f}" if q in row else "-" for q in mc_names)
+           + " |" for task, row in mc_rows.items()]
+    note = ("Monte Carlo rows: the Bernstein statistic of the torch sampler against the exact "
+            "values, which passes at ≤ 1.\n\n")
+    return "\n".join(lines), (note + "\n".join(mc)) if mc_names else ""
+
+
+def gpu_provenance(folder="gpu"):
+    """The GPU run's commit, device, software and date, from the files beside its records."""
+    base = DOCS / folder
+    read = lambda name: (base / name).read_text().strip() if (base / name).exists() else "?"
+    log = read("log.txt").splitlines()
+    software = next((line for line in log if line.startswith("torch ")), "torch ?")
+    words = software.split()  # "torch 2.11.0+cu130 cuda 13.0 available True"
+    if len(words) >= 4 and words[2] == "cuda":
+        software = f"torch {words[1]}, CUDA {words[3]}"
+    commit = read("commit.txt")
+    since = git("rev-list", "--count", f"{commit}..HEAD", "--", "fisher_ref/torch") if commit != "?" else ""
+    return {"commit": commit[:9], "device": read("gpu_name.txt"), "software": software,
+            "date": read("date.txt"), "torch_commits_since": since}
+
+
+def bench_records(folder="bench"):
+    """The ``bench --json`` records of ``docs/<folder>/``, sorted by problem size."""
+    paths = sorted((DOCS / folder).glob("*.json"))
+    recs = [(p.relative_to(DOCS).as_posix(), json.loads(p.read_text())) for p in paths]
+    return sorted(recs, key=lambda pr: pr[1]["n_states"] * pr[1]["num_params"])
+
+
+def bench_table(records):
+    """Markdown table of bench records: medians (minima) per side and the ratios."""
+    sides = ["fisher_ref", "torch_cpu_float64", "torch_cuda_float64", "torch_peer",
+             "fisher_ref_fisher"]
+    present = [s for s in sides if any(s in r["median"] for _, r in records)]
+    head = ["task", "states", "responses", "P"] + [f"`{s}` median (min) s" for s in present]
+    head += ["fisher_ref / torch", "fisher_ref / peer", "`quantities='fisher'` / peer",
+             "load avg"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in records:
+        cells = [r["task"], f"{r['n_states']:,}", f"{r['n_responses']:,}", f"{r['num_params']:,}"]
+        cells += [f"{r['median'][s]:.4f} ({r['min'][s]:.4f})" if s in r["median"] else "-"
+                  for s in present]
+        ratio = r.get("ratio", {})
+        cells.append(f"{ratio['torch_cpu_float64']:.2f}" if "torch_cpu_float64" in ratio else "-")
+        cells.append(f"{ratio['torch_peer']:.2f}" if "torch_peer" in ratio else "-")
+        like = r.get("ratio_like", {})
+        cells.append(f"{like['torch_peer']:.2f}" if "torch_peer" in like else "-")
+        loads = [row[0] for row in r.get("loadavg", [])]
+        cells.append(f"{min(loads):.1f}–{max(loads):.1f}" if loads else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def scaling_rows():
+    """The rows of ``docs/scaling.csv`` as dicts of numbers."""
+    import csv
+    with open(DOCS / "scaling.csv") as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
