@@ -20,11 +20,12 @@ Importing this subpackage imports torch (an optional dependency: the ``torch`` e
 from fisher_ref.torch.adapters import (TorchAdapter, TorchMLP, TorchTabular, accumulation_dtype,
                                        resolve_dtype, token_fisher)
 from fisher_ref.torch.exact import exact_causal_lm, torch_exact
-from fisher_ref.torch.module import from_module
+from fisher_ref.torch.module import from_module, sampler_from_module
 from fisher_ref.torch.module_model import causal_lm_task
 from fisher_ref.torch.registry import torch_model
 from fisher_ref.torch.monte_carlo import torch_monte_carlo
 
 __all__ = ["torch_exact", "exact_causal_lm", "causal_lm_task", "from_module",
+           "sampler_from_module",
            "torch_monte_carlo", "TorchAdapter", "TorchMLP", "TorchTabular", "torch_model",
            "token_fisher", "resolve_dtype", "accumulation_dtype"]

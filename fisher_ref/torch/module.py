@@ -42,11 +42,11 @@ import torch
 from torch.func import functional_call, jacrev
 
 from fisher_ref.models.base import layout_offsets
-from fisher_ref.torch.adapters import JACOBIAN_CHUNK, TorchAdapter
+from fisher_ref.torch.adapters import JACOBIAN_CHUNK, TorchAdapter, resolve_dtype
 from fisher_ref.torch.precision import LowPrecisionError, run_dtype
 
 __all__ = ["from_module", "ModuleAdapter", "flat_parameters", "select_parameters",
-           "input_embeddings", "LowPrecisionError"]
+           "input_embeddings", "sampler_from_module", "LowPrecisionError"]
 
 #: Rows of the first batch re-evaluated alone by the batch-independence check.
 CHECK_ROWS = 3
@@ -412,3 +412,35 @@ def from_module(module, vocab_size, eos, bos=None, *, positions, device="cpu",
     return ModuleAdapter(module, vocab_size, eos, bos, positions, device, dtype, name,
                          bool(vectorize), params=params, strict=strict,
                          n_embeddings=n_embeddings)
+
+
+def sampler_from_module(module, vocab_size, *, dtype="float64", strict=False):
+    r"""A second causal LM as the sampler :math:`\mu` of an off-policy task (a stale copy
+    of the policy, a reference model): a :class:`fisher_ref.samplers.LogitsSampler` whose
+    function reads the engines' windows (``(B, positions)`` numpy ids, BOS first, ``-1``
+    right-padding), evaluates ``module`` on each row's ids (rows of one length as one
+    batch) in ``dtype`` throughout (:func:`fisher_ref.torch.precision.run_dtype`), and
+    returns its logits ``0..vocab_size-1``, ``(B, V)`` float64.
+
+    Args:
+        module: a ``torch.nn.Module`` read as in :func:`from_module` (copied, eval mode,
+            no gradients); its input ids must be the policy's.
+        vocab_size: ``V``.
+        dtype, strict: as in :func:`from_module`.
+    """
+    from fisher_ref.samplers import LogitsSampler
+    run = resolve_dtype(dtype)
+    copy_ = copy.deepcopy(module).to(dtype=run).eval()
+
+    def logits(windows):
+        W = torch.as_tensor(np.asarray(windows), dtype=torch.long)  # (B, positions)
+        out = torch.empty((W.shape[0], int(vocab_size)), dtype=torch.float64)
+        n = (W >= 0).sum(1)  # (B,)
+        with torch.no_grad(), run_dtype(copy_, run, strict, root="sampler"):
+            for length in torch.unique(n).tolist():
+                rows = torch.nonzero(n == length).flatten()
+                z = _last_logits(copy_(W[rows, :length]), int(vocab_size), length, run)
+                out[rows] = z.to(torch.float64)
+        return out.numpy()  # (B, V)
+
+    return LogitsSampler(logits)

@@ -47,13 +47,15 @@ def float64_logits(module, ids):
 
 
 def brute_force(module, params, prompts, weights, T, V, eos, bos, reward, temperature=None,
-                baseline="mean", logits=float64_logits):
+                baseline="mean", logits=float64_logits, sampler=None):
     """Every quantity of every stream by enumeration.
 
     Args:
         module: float64 module in eval mode.
         params: the tensors theta is made of (a list, in layout order).
         temperature: the sampler ``mu = softmax(z / temperature)``, or ``None``.
+        sampler: a second module, the sampler ``mu = softmax(its logits)`` (instead of a
+            temperature).
 
     Returns:
         ``{stream: {quantity: numpy}}`` plus ``"gradient_autodiff"`` and
@@ -78,7 +80,12 @@ def brute_force(module, params, prompts, weights, T, V, eos, bos, reward, temper
         p = lp.exp().detach()
         sc = scores(lp)  # (V, P) policy scores xi_a = j_a - jbar_p
         z = lp.detach()
-        mu = p if temperature is None else torch.softmax(z / temperature, -1)
+        if sampler is not None:
+            ids = torch.tensor([([bos] if bos is not None else []) + list(state)])
+            with torch.no_grad():
+                mu = torch.softmax(logits(sampler, ids)[0, :V], -1)
+        else:
+            mu = p if temperature is None else torch.softmax(z / temperature, -1)
         jbar_shift = (mu[:, None] * sc).sum(0)  # jbar_mu - jbar_p
         visits.append(dict(pi=pi, state=tuple(state), depth=depth, rp=rp, rq=rq, p=p, mu=mu,
                            sc=sc, shift=jbar_shift))
@@ -96,7 +103,7 @@ def brute_force(module, params, prompts, weights, T, V, eos, bos, reward, temper
         visit(pi, list(pr), 0, w, w, [], 0.0)
 
     streams = {"policy": ("P", 0, "p")}
-    if temperature is not None:
+    if temperature is not None or sampler is not None:
         streams.update(raw=("Q", 0, "mu"), centered=("Q", 1, "mu"))
     R = torch.tensor([r["R"] for r in resp], dtype=torch.float64)
     Pw = torch.stack([r["P"] for r in resp])

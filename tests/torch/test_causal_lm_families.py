@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch", reason="the torch engine needs torch (the t
 pytest.importorskip("transformers", reason="the hf extra (transformers) is needed")
 
 from fisher_ref.samplers import TemperatureSampler  # noqa: E402
-from fisher_ref.torch.exact import exact_causal_lm
+from fisher_ref.torch.exact import exact_causal_lm  # noqa: E402
+from fisher_ref.torch.module import sampler_from_module  # noqa: E402
 from tests.torch.hf_brute import brute_force, plain_logits  # noqa: E402
 from tests.torch.hf_families import FAMILIES, MORE, V, tiny  # noqa: E402
 
@@ -98,6 +99,19 @@ def test_further_families_are_float64_exact(family):
 def test_a_family_torch_func_cannot_differentiate_is_refused_by_name(vectorize):
     with pytest.raises(ValueError, match="torch.func"):
         run(tiny("bloom", "eager"), max_len=2, vectorize=vectorize)
+
+
+def test_a_second_model_as_the_sampler_is_exact():
+    """mu = a stale Llama (other weights, eager attention and its float32 casts, run in
+    float64 by sampler_from_module): every stream against the brute force."""
+    policy, stale = tiny("llama", "sdpa"), tiny("llama", "eager", seed=5)
+    want = brute_force(policy, list(policy.parameters()), PROMPTS, WEIGHTS, 2, V, True, V,
+                       reward, sampler=stale)
+    out = run(policy, sampler_from_module(stale, V), max_len=2)
+    bad = {k: v for k, v in errors(out, want, ("policy", "raw", "centered")).items()
+           if not v <= RTOL}
+    assert not bad, bad
+    assert abs(out["streams"]["raw"]["score_mean"]).max() > 1e-3  # mu is not p
 
 
 def test_without_the_audit_a_stock_llama_is_off():
