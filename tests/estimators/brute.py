@@ -11,7 +11,7 @@ import torch
 
 import cases
 from fisher_ref import task_from_json
-from fisher_ref.estimators import LossBatch
+from fisher_ref.estimators.batch import LossBatch
 from fisher_ref.torch.registry import torch_model
 
 TINY = {"vocab_size": 3, "context": 2, "embed_dim": 2, "hidden": 3, "eos": True,
@@ -25,11 +25,9 @@ def tiny_task(sampler=None, reference=None, eos=True, max_len=2, baseline=0.0, s
             "reward": {"name": "count", "token": 1}, "baseline": baseline}
     if sampler is not None:
         spec["sampler"] = sampler
-    task = task_from_json(spec)
-    if reference is not None:  # TEMP until tasks.py takes "reference"
-        from fisher_ref.samplers import make_sampler
-        task.reference = make_sampler(reference)
-    return task
+    if reference is not None:
+        spec["reference"] = reference
+    return task_from_json(spec)
 
 
 def _log_softmax_np(z):

@@ -7,7 +7,7 @@ import torch
 import cases
 from fisher_ref import exact
 from fisher_ref.engine.plan import EnumerationTooLarge
-from fisher_ref.estimators import expected_loss_gradient
+from fisher_ref.estimators.gradient import expected_loss_gradient
 
 from .brute import brute_force, tiny_task
 
@@ -140,3 +140,15 @@ def test_scale_cosine_bias_and_mse():
     assert lg.mse(4) == pytest.approx(bias @ bias + lg.variance.sum() / 4)
     with pytest.raises(ValueError, match="batches"):
         lg.mse(0)
+
+
+def test_reference_is_a_task_key():
+    task = tiny_task(reference=REF)
+    assert task.reference.to_json() == {"kind": "perturbed", "scale": 0.3, "seed": 5}
+    assert task.to_json()["reference"] == task.reference.to_json()
+    assert task.with_(baseline=0.5).reference is task.reference
+    assert "reference" not in tiny_task().to_json()
+    with pytest.raises(ValueError, match="reference: unknown sampler kind"):
+        tiny_task(reference={"kind": "nope"})
+    with pytest.raises(TypeError, match="reference must be"):
+        task.with_(reference="perturbed")

@@ -1,0 +1,92 @@
+"""``python -m fisher_ref estimators``: every preset loss on one task, one row each.
+
+Each row is the exact expected gradient of the preset's loss over groups of
+``--group-size`` responses (:func:`fisher_ref.estimators.expected_loss_gradient`), held
+to its target (the policy gradient; the sequence KL gradient for the KL terms): the
+fitted ``scale`` (-1 unbiased), the ``cosine``, the ``relative_bias`` after the scale,
+the variance of one group's gradient (trace) and the MSE of an average over ``--batch``
+groups.
+"""
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+from fisher_ref.cli._common import count_arg, task_from_args
+
+__all__ = ["add_arguments", "run", "report_rows"]
+
+
+def add_arguments(parser):
+    """``--batch B``, ``--group-size G``, ``--preset NAME`` and ``--max-groups N``."""
+    parser.add_argument("--batch", type=count_arg, default=16,
+                        help="groups averaged by the MSE column (default 16)")
+    parser.add_argument("--group-size", type=count_arg, default=2,
+                        help="responses per group G (default 2); presets that need more "
+                             "are left out")
+    parser.add_argument("--preset", action="append", default=None,
+                        help="a preset to report (repeatable; default: every preset)")
+    parser.add_argument("--max-groups", type=count_arg, default=None,
+                        help="refuse past this many groups (default 2e6)")
+
+
+def _check(args):
+    if args.batch < 1:
+        raise ValueError(f"--batch must be at least 1, got {args.batch}")
+    if args.group_size < 1:
+        raise ValueError(f"--group-size must be at least 1, got {args.group_size}")
+
+
+def _cosine(a, b):
+    d = np.linalg.norm(a) * np.linalg.norm(b)
+    return float(a @ b / d) if d > 0 else 0.0
+
+
+def report_rows(task, group_size=2, batch=16, names=None, max_groups=None):
+    """``(name, target, scale, cosine, relative_bias, variance_trace, mse)`` per preset."""
+    from fisher_ref import exact
+    from fisher_ref.estimators.gradient import expected_loss_gradient
+    from fisher_ref.estimators.gradient import fit_scale
+    from fisher_ref.estimators.presets import PRESETS, preset
+
+    names = list(PRESETS) if names is None else list(names)
+    for n in names:
+        preset(n)  # an unknown name is refused before any work
+    r = exact(task, progress=False, keep_states=False, keep_sequences=False)
+    baseline = r.baseline
+    has_ref = getattr(task, "reference", None) is not None
+    kw = {} if max_groups is None else {"max_groups": max_groups}
+    rows = []
+    for n in names:
+        factory, needs_ref, g_min = PRESETS[n]
+        if (needs_ref and not has_ref) or group_size < g_min:
+            continue
+        args = {"baseline": baseline} if "baseline" in inspect.signature(factory).parameters \
+            else {}
+        lg = expected_loss_gradient(task, preset(n, **args), group_size,
+                                    policy_gradient=r.gradient, **kw)
+        target = lg.kl_gradient if needs_ref else lg.policy_gradient
+        alpha, rel = fit_scale(lg.mean, target)
+        bias = lg.mean - alpha * target
+        mse = float(bias @ bias + lg.variance_trace / batch)
+        rows.append((n, "kl" if needs_ref else "grad", alpha, _cosine(lg.mean, target), rel,
+                     lg.variance_trace, mse))
+    return rows
+
+
+def run(args):
+    """Print one row per preset; exit 0."""
+    _check(args)
+    task = task_from_args(args)
+    rows = report_rows(task, args.group_size, args.batch, args.preset, args.max_groups)
+    ref = getattr(task, "reference", None)
+    print(f"task {task.name}: group size {args.group_size}, batch {args.batch}, sampler="
+          f"{'none' if task.sampler is None else task.sampler.to_json()}, reference="
+          f"{'none' if ref is None else ref.to_json()}")
+    print(f"{'preset':16s} {'target':>6s} {'scale':>11s} {'cosine':>9s} {'rel.bias':>9s} "
+          f"{'var(trace)':>11s} {'MSE@' + str(args.batch):>11s}")
+    for name, target, scale, cos, rel, var, mse in rows:
+        print(f"{name:16s} {target:>6s} {scale:+11.5f} {cos:+9.5f} {rel:9.2e} {var:11.4g} "
+              f"{mse:11.4g}")
+    return 0
