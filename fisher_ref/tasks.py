@@ -11,7 +11,9 @@ Tasks load from plain JSON (the "Task files" section of the README)::
 
 ``prompt_weights`` defaults to uniform, ``baseline`` to 0 (a number, or
 ``"mean"`` for the exact mean reward), ``reward`` to the count of token 1,
-``sampler`` to none; an optional ``theta`` list fixes the parameters.
+``sampler`` to none; an optional ``theta`` list fixes the parameters. An optional
+``reference`` (the kinds of ``sampler``) is the reference policy of KL penalties
+(:mod:`fisher_ref.estimators`).
 
 Every field is validated when the task is built; a bad one raises
 ``ValueError`` (``TypeError`` for an object of the wrong kind) naming it. The
@@ -38,7 +40,7 @@ __all__ = ["Task", "task_from_json", "load_task", "load_config", "list_configs",
            "require_task", "WEIGHT_SUM_TOL"]
 
 TASK_KEYS = {"model", "prompts", "prompt_weights", "max_len", "reward", "baseline",
-             "sampler", "theta", "name", "description"}
+             "sampler", "reference", "theta", "name", "description"}
 #: Prompt weights must sum to 1 within this; they are then divided by their sum, so
 #: that the total probability is 1 to rounding (what ``verify`` checks at 1e-10).
 WEIGHT_SUM_TOL = 1e-9
@@ -132,6 +134,9 @@ class Task:
         baseline: a constant (at most 1e100 in size), or ``"mean"`` for the exact
             mean reward.
         sampler: ``mu`` for off-policy sampling, or ``None`` (on-policy).
+        reference: a reference policy :math:`p_{ref}` (the kinds of ``sampler``; a
+            perturbed copy of ``theta`` is the usual one), or ``None``; only the KL
+            terms of :mod:`fisher_ref.estimators` read it.
 
     Raises:
         ValueError: a field with a bad value, naming it.
@@ -149,6 +154,7 @@ class Task:
     sampler: Sampler | None = None
     name: str = "task"
     spec: dict = field(default_factory=dict, repr=False)
+    reference: Sampler | None = None
 
     def __post_init__(self):
         _check_model(self.model)
@@ -171,6 +177,8 @@ class Task:
         self.baseline = _check_baseline(self.baseline)
         if self.sampler is not None and not isinstance(self.sampler, Sampler):
             raise TypeError("sampler must be a fisher_ref.samplers.Sampler or None")
+        if self.reference is not None and not isinstance(self.reference, Sampler):
+            raise TypeError("reference must be a fisher_ref.samplers.Sampler or None")
         if not isinstance(self.name, str):
             raise ValueError(f"name must be a string, got {self.name!r}")
 
@@ -188,13 +196,15 @@ class Task:
              "prompt_weights": self.prompt_weights.tolist(), "max_len": self.max_len,
              "reward": self.reward.to_json(), "baseline": self.baseline,
              "sampler": None if self.sampler is None else self.sampler.to_json()}
+        if self.reference is not None:
+            d["reference"] = self.reference.to_json()
         return d
 
     def with_(self, **changes):
         """A copy with some fields replaced (validated again)."""
         kw = {f: getattr(self, f) for f in ("model", "theta", "prompts", "prompt_weights",
                                              "max_len", "reward", "baseline", "sampler",
-                                             "name", "spec")}
+                                             "name", "spec", "reference")}
         kw.update(changes)
         return Task(**kw)
 
@@ -232,7 +242,16 @@ def task_from_json(data, name="task"):
     return Task(model=model, theta=theta, prompts=prompts, prompt_weights=weights,
                 max_len=data["max_len"], reward=reward, baseline=data.get("baseline", 0.0),
                 sampler=make_sampler(data.get("sampler")),
-                name=data.get("name", name), spec=dict(data))
+                name=data.get("name", name), spec=dict(data),
+                reference=_reference(data.get("reference")))
+
+
+def _reference(spec):
+    """The task key ``"reference"``: a sampler spec (the same kinds) or ``None``."""
+    try:
+        return make_sampler(spec)
+    except ValueError as exc:
+        raise ValueError(f"reference: {exc}") from None
 
 
 def load_task(path):

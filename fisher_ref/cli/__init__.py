@@ -31,6 +31,9 @@ SUBCOMMANDS = {
                 True, "add_arguments", "run"),
     "bench": ("fisher_ref.cli.bench", "time the exact engine against torch doing the same work",
               True, "add_arguments", "run"),
+    "estimators": ("fisher_ref.cli.estimators",
+                   "the exact expected gradient of every preset RL loss: scale, bias, variance",
+                   True, "add_arguments", "run"),
 }
 
 
