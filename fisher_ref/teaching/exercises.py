@@ -342,7 +342,8 @@ G2 = exact(task.with_(theta=theta1), progress=False).gradient  # (P,) at theta_1
 v = (1 - b2) * (b2 * G1 ** 2 + G2 ** 2)
 delta = lr * (m / (1 - b1 ** 2)) / (np.sqrt(v / (1 - b2 ** 2)) + eps)""",
         r"Two updates of the averages from zero give $m = (1-\beta_1)(\beta_1 G_1 + G_2)$ and "
-        r"the same for $v$ with $G^2$; the bias corrections divide by $1 - \beta^2$. Every "
+        r"the same for $v$ with $G^2$; the bias corrections divide by $1 - \beta_1^2$ and "
+        r"$1 - \beta_2^2$. Every "
         r"coordinate still moves by about $\eta$, whatever the size of its gradient.",
         (Mistake("m = (1 - b1) * (b1 * G1 + G2)\nv = (1 - b2) * (b2 * G1 ** 2 + G2 ** 2)\n"
                  "delta = lr * m / (np.sqrt(v) + eps)",
@@ -363,7 +364,7 @@ delta = lr * (m / (1 - b1 ** 2)) / (np.sqrt(v / (1 - b2 ** 2)) + eps)""",
 overlaps = np.array([len(top_F & set(np.argsort(-(cap * corr ** s))[:n])) / n
                      for s in svals])""",
         r"At $s = 0$ the ranking is the Fisher's own (the cap grows with $F$), so the overlap "
-        r"is 1; $s = 1$ is the measured 60%. The more $s\log|\mathrm{corr}|$ spreads against "
+        r"is 1; $s = 1$ is the overlap measured in the lesson. The more $s\log|\mathrm{corr}|$ spreads against "
         r"$\log \mathrm{cap}$, the more the order by $|G|$ departs from the order by $F$: the "
         r"overlap is high when the correlations are alike and low when they vary a lot.",
         (Mistake("top_F = set(np.argsort(-F)[:n])\n"

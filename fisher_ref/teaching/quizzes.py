@@ -304,7 +304,7 @@ _Q = [
          (r"Zero: $Q_t \cdot b_K/\sqrt{d_h}$ is the same for every key $u$, and softmax "
           r"ignores a shared shift.",
           r"Large: the key bias moves every attention score of every query, and so every "
-          r"logit that reads them.",
+          r"logit that reads those scores, at every state.",
           r"Zero at initialisation only; once the queries grow in training it becomes "
           r"positive.",
           r"The same as the query bias's Fisher, since a score is symmetric in $Q$ and $K$."),

@@ -18,11 +18,11 @@ CELLS = [
     ], r"""
 ## The claim
 
-**Claim.** At a state $s$, the token Fisher of parameter $i$ only sees how *differently* the
-parameter moves the logits of different tokens: moving every logit by the same amount costs
-nothing, and a gap between two tokens counts in proportion to how likely *both* are. Write
-$j_{i,a} = \partial z_a / \partial\theta_i$ for the **sensitivity** of token $a$'s logit.
-Three lines of algebra give two formulas for $f_i(s)$, and the rest of the lesson checks them.
+**Claim.** At a state $s$, the token Fisher of parameter $i$ measures how *differently* the
+parameter moves the logits of the tokens the model is likely to choose, not how much it moves
+them. Write $j_{i,a} = \partial z_a / \partial\theta_i$ for the **sensitivity** of token $a$'s
+logit. Three lines of algebra give two formulas for $f_i(s)$, and the rest of the lesson
+checks them.
 
 ## Derivation 1: the score of a softmax
 

@@ -125,7 +125,7 @@ acts like $c$.
 
 ## What centering buys, and what it does not
 
-Direction matters more than a bound for an update. Compare each gradient's direction with the
+An update also cares about direction, not only about a bound. Compare each gradient's direction with the
 policy gradient $\nabla_\theta E_p[R]$ (`r.gradient`) by their cosine, as the constant $c$
 varies, on both samplers:
 """),
