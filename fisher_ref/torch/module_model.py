@@ -85,8 +85,8 @@ class TorchModuleModel:
     def layout(self):
         return list(self.adapter.layout)
 
-    def init_params(self):
-        return self.adapter.theta0.copy()
+    # no init_params: theta is the module's weights (adapter.theta0), not a documented
+    # draw, so a golden file of a module task records theta_source "given"
 
     def describe(self):
         return {"arch": self.name, "vocab_size": self.vocab_size, "eos": self.eos,
