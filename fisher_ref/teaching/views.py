@@ -288,7 +288,8 @@ def shuffle_control(task, result, rng, shuffles=200, params=None, floor=RATIO_FL
 
 
 #: The verify table's words for symbols the lessons name otherwise (one meaning per symbol).
-_LESSON_WORDS = {"pi(s)": "rho(s)", "rho A h": "(p/mu) A h"}
+_LESSON_WORDS = {"pi(s)": "rho(s)", "rho A h": "(p/mu) A h", "f(j + c) = f(j), c per":
+                 "f(j + delta) = f(j), delta per"}
 
 
 def compact_table(rows, width=96):

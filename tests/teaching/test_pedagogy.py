@@ -231,3 +231,17 @@ def test_one_notation_table_in_lesson_0_and_the_theory_page():
     assert rows and rows == _table_rows(theory)
     symbols = [r.split("|")[1].strip() for r in rows]
     assert len(set(symbols)) == len(symbols), "a symbol listed twice"
+
+
+def test_compact_table_fits_a_cell_and_uses_the_lessons_symbols():
+    """lesson 7 prints verify's rows with compact_table: every line within a cell, every row
+    there, and the reach written rho(s) (the lessons keep pi for a permutation)."""
+    from fisher_ref import exact, load_config
+    from fisher_ref.checks.identities import exact_checks
+    from fisher_ref.teaching.views import compact_table
+
+    rows = exact_checks(exact(load_config("offpolicy_stale"), progress=False))
+    text = compact_table(rows)
+    assert not too_long(text) and len(text.splitlines()) >= 2 + len(rows)
+    assert "pi(s)" not in text and "rho(s)" in text and "f(j + c)" not in text
+    assert sum(line.endswith(("PASS", "FAIL", "info")) for line in text.splitlines()) == len(rows)
