@@ -107,7 +107,8 @@ the Fisher is the score's variance. Cauchy–Schwarz then caps each gradient coo
 $\mathrm{std}(A)\sqrt{F_i}$. Lesson 4 measures how well Fisher predicts where the gradient is,
 and what a "share of parameters changed" in bf16 does and does not say. Lesson 5 shows that
 samples from another distribution (a stale model, a higher temperature) break the argument
-unless the score is centered under that distribution.
+unless the score is centered under that distribution, and what centering buys (invariance to a
+constant added to the advantage, a valid bound) and does not (the policy gradient's direction).
 
 Lesson 6 checks that sampling converges to every exact value, with honest error bars. Lesson 7
 runs every check again on a small GPT-2 transformer: the identities do not depend on how the

@@ -170,10 +170,23 @@ for n_small in (200, 2000):
               f"the exact value (nominal 95%)")
 """),
     md(r"""
-With few samples the intervals for $h^2$ cover less often than 95%: the se is itself estimated
-from the samples, and $h^2$ has a long right tail (rare responses with large scores), so a small
-sample tends to miss the tail and underestimate both the mean and its se. The token sum has a
-shorter tail and does better, and the $h^2$ intervals come closer to nominal as $n$ grows.
+With few samples the intervals for $h^2$ cover less often than 95%. The se is itself estimated
+from the samples, and $h^2$ has a long right tail (rare responses with large scores): a small
+sample tends to miss the tail and underestimate both the mean and its se. The skewness of the
+4000 samples of each estimator (0 for a symmetric distribution) shows the tails:
+"""),
+    code("""
+from scipy.stats import skew
+
+live_F = r.sequence_fisher > 0
+skew_h2 = skew(mc.samples["policy"]["h2"][:, live_F], axis=0)            # (P_live,)
+skew_ts = skew(mc.samples["policy"]["token_sum"][:, live_F], axis=0)     # (P_live,)
+print(f"median skewness over parameters: h^2 {np.median(skew_h2):.1f}, "
+      f"token sum {np.median(skew_ts):.1f}; h^2 more skewed for "
+      f"{np.mean(skew_h2 > skew_ts):.0%} of the parameters")"""),
+    md(r"""
+The token sum has the shorter tail and covers better, and the $h^2$ intervals come closer to
+nominal as $n$ grows.
 
 The se falls like $1/\sqrt n$. Predict how much a hundredfold sample narrows it, then read
 the exact values:
@@ -189,7 +202,8 @@ assert abs(zeta.mean()) < 0.5 and 0.6 < zeta.std() < 1.5               # roughly
 assert np.all(exact_ratio[ok] > 1) and np.median(exact_ratio[ok]) > 1  # the token sum saves
 h2_small = rate[200, "sequence_fisher"]                   # coverage, as the text says
 assert h2_small < 0.95 and h2_small < rate[200, "token_fisher_sum"]
-assert h2_small < rate[2000, "sequence_fisher"]"""),
+assert h2_small < rate[2000, "sequence_fisher"]
+assert np.median(skew_h2) > 2 * np.median(skew_ts) > 0 and np.mean(skew_h2 > skew_ts) > 0.9"""),
     *exercise("se-by-hand"),
     *exercise("samples-needed"),
     footer(STEM, [
