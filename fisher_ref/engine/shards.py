@@ -8,15 +8,19 @@ conditional score mean by a maximum), and everything derived from the sums (the
 baseline, the gradient, the variances) is formed once, after the merge.
 
 - :func:`plan_shards` cuts the tree at a depth ``c`` (0: whole prompts) into *units*,
-  the subtrees under the open states of depth ``c``, numbered in the order of the
-  states (prompt, then tokens); every unit has the same closed-form state count
-  (:func:`fisher_ref.engine.plan.count_states` of the ``T - c`` levels under it), so
-  shard ``i`` of ``n`` takes the consecutive units ``bounds[i]..bounds[i + 1]``: at most
-  one unit more than any other shard. The cut is the shallowest with at least
-  :data:`UNITS_PER_SHARD` units per shard (or ``c = T - 1``).
-- The states above the cut (depth ``< c``) belong to the shard of the first unit
-  under them. A shard walks the ones above its own units without adding them
-  (*silent* blocks: their arrays are formed, their children carried, nothing summed).
+  the subtrees under the open states of depth ``c``; every unit has the same
+  closed-form state count (:func:`fisher_ref.engine.plan.count_states` of the
+  ``T - c`` levels under it), so shard ``i`` of ``n`` takes the units numbered
+  ``bounds[i]..bounds[i + 1]``: at most one unit more than any other shard. The cut is
+  the shallowest with at least :data:`UNITS_PER_SHARD` units per shard (or
+  ``c = T - 1``). Units are numbered last token first (:meth:`ShardPlan.child_keys`): a
+  shard holds units that share their last cut tokens, so the windows its deeper states
+  read (a model's last ``k`` tokens) are mostly its own, and the per-window work each
+  shard repeats stays small.
+- The states above the cut (depth ``< c``) belong to the shard of one unit under them
+  (:meth:`ShardPlan.select`). A shard walks the others above its own units without
+  adding them (*silent* blocks: their arrays are formed, their children carried,
+  nothing summed).
 - ``exact(task, shard=(i, n))`` returns a :class:`ShardResult`: the raw sums of each
   stream (:class:`fisher_ref.results.Moments`), the autodiff gradient, and, when kept,
   the shard's per-state and per-response rows with their places in the sorted arrays.
@@ -73,8 +77,9 @@ class ShardPlan:
     Attributes:
         n: shards; depth: the cut ``c``; beta: open children of an open state
             (``V - 1`` with EOS, whose open states never hold token 0; ``V`` without);
-        low: the smallest open token (1 with EOS, else 0);
-        bounds: ``n + 1`` unit boundaries, shard ``i`` holding ``bounds[i]..bounds[i+1]``;
+        low: the smallest open token (1 with EOS, else 0); n_prompts: prompts;
+        bounds: ``n + 1`` boundaries: shard ``i`` holds the units numbered
+            ``bounds[i]..bounds[i+1]`` (:meth:`child_keys`);
         unit_states, unit_responses: states and responses of one unit;
         eos: whether the model has EOS (a state above the cut then ends one response).
     """
@@ -83,17 +88,18 @@ class ShardPlan:
     depth: int
     beta: int
     low: int
+    n_prompts: int
     bounds: tuple
     unit_states: int
     unit_responses: int
     eos: bool
 
     def _owned_above(self, i):
-        """States above the cut that shard ``i`` owns (those whose first unit it has): at
-        depth ``d``, one per multiple of ``beta ** (c - d)`` among its units."""
+        """States above the cut that shard ``i`` owns: at depth ``d``, those whose key
+        (below ``n_prompts * beta ** d``) is one of its units' numbers."""
         lo, hi = self.bounds[i], self.bounds[i + 1]
-        return sum(_ceil_div(hi, self.beta ** (self.depth - d))
-                   - _ceil_div(lo, self.beta ** (self.depth - d)) for d in range(self.depth))
+        return sum(max(0, min(hi, M) - min(lo, M))
+                   for M in (self.n_prompts * self.beta ** d for d in range(self.depth)))
 
     def n_states(self, i):
         """States shard ``i`` adds (closed form)."""
@@ -106,13 +112,26 @@ class ShardPlan:
                 + (self._owned_above(i) if self.eos else 0))
 
     def select(self, i, depth, keys):
-        """Which states of ``depth <= c`` with ``keys (C,)`` (prompt, then open tokens, as
-        mixed-radix numbers) shard ``i`` walks, and which of those it adds: ``(keep, own)``
-        boolean ``(C,)`` each."""
-        lo, hi, m = self.bounds[i], self.bounds[i + 1], self.beta ** (self.depth - depth)
-        first = keys * m  # (C,): the first unit under each state
-        keep = (first < hi) & (first + m > lo)
-        return keep, keep & (first >= lo)
+        """Which states of ``depth <= c`` with keys ``keys (C,)`` (:meth:`child_keys`)
+        shard ``i`` walks, and which of those it adds: ``(keep, own)``, boolean ``(C,)``.
+
+        The units under a state of key ``k`` at depth ``d`` are the numbers
+        ``k + j * M`` (``M = n_prompts * beta ** d``): the state is walked when one of
+        them is the shard's, and added by the shard of ``k`` itself (the unit under it
+        whose later tokens are all the lowest)."""
+        lo, hi = self.bounds[i], self.bounds[i + 1]
+        M = self.n_prompts * self.beta ** depth
+        keep = lo + (keys - lo) % M < hi  # the shard's first number k + j M
+        return keep, keep & (keys >= lo) & (keys < hi)
+
+    def child_keys(self, keys, depth, tokens):
+        """Keys of the children (tokens ``tokens (C,)``) of states of ``depth`` with keys
+        ``keys (C,)``. A state's key is its prompt and open tokens as a number whose lowest
+        digit is the prompt (base ``n_prompts``), then the first token, the second ... (base
+        ``beta``): units whose *last* tokens differ are far apart, so consecutive units share
+        their last tokens, and a shard's states deeper down read windows (the last tokens)
+        that the other shards' mostly do not."""
+        return keys + (tokens - self.low) * (self.n_prompts * self.beta ** depth)
 
 
 def plan_shards(task, n):
@@ -125,7 +144,7 @@ def plan_shards(task, n):
         depth += 1
     units = n_p * beta ** depth
     unit_states, unit_responses = count_states(V, T - depth, eos)
-    return ShardPlan(n=n, depth=depth, beta=beta, low=int(eos),
+    return ShardPlan(n=n, depth=depth, beta=beta, low=int(eos), n_prompts=n_p,
                      bounds=tuple(i * units // n for i in range(n + 1)),
                      unit_states=unit_states, unit_responses=unit_responses, eos=eos)
 
@@ -322,7 +341,7 @@ class ShardWalk:
         d, V = block["depth"], self.task.model.vocab_size
         if d >= self.plan.depth:  # inside this shard's units
             return [(idx, {})]
-        keys = block["shard_key"][idx // V] * self.plan.beta + idx % V - self.plan.low
+        keys = self.plan.child_keys(block["shard_key"][idx // V], d, idx % V)
         return [(idx[rows], extra) for rows, extra in self._split(keys, d + 1)]
 
     def _split(self, keys, depth):
