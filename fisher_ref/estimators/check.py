@@ -59,7 +59,7 @@ class LossVerdict:
 
     @property
     def message(self):
-        """One line: the verdict and its numbers."""
+        """The verdict and its numbers, on one line."""
         head = "PASS" if self.passed else "FAIL"
         out = (f"{head} expect={self.expect!r}: scale={self.scale:+.6g}, relative bias="
                f"{self.relative_bias:.3g}, residual {self.residual:.3g} vs tolerance "
