@@ -208,7 +208,7 @@ class MCResult:
         constant baseline). ``covariance``, ``bound``, ``importance_gradient`` and
         ``gradient`` under baseline ``"mean"`` have no exact variance and use the
         sample se instead (:math:`z \approx t_{n-1}`). Zero variance: see
-        :func:`fisher_ref.monte_carlo.estimators.z_score`. A value that is rarely non-zero has
+        :func:`fisher_ref.monte_carlo.ztests.z_score`. A value that is rarely non-zero has
         heavy tails, and its z is far from normal at moderate ``n``:
         :func:`fisher_ref.monte_carlo.check_monte_carlo` allows for that.
         """

@@ -395,7 +395,7 @@ def check_monte_carlo(task, exact_result, n, seed, alpha=1e-6):
     variance of its (linearised) per-sample value, computed from every response
     when ``exact_result.sequences`` was kept (else :meth:`MCResult.z_scores`). Its
     threshold is ``bonferroni_z(alpha, m)`` over all ``m`` entries, raised to
-    :func:`fisher_ref.monte_carlo.estimators.bernstein_z` where that is larger (very skewed values
+    :func:`fisher_ref.monte_carlo.ztests.bernstein_z` where that is larger (very skewed values
     that are rarely non-zero), so the whole check fails falsely with probability at
     most about ``alpha`` whatever the tails.
 

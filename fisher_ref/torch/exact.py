@@ -323,7 +323,8 @@ def exact_causal_lm(module, prompts, max_len, reward, *, vocab_size, eos, bos=No
                     n_embeddings=None, **engine_kwargs):
     r"""Every exact quantity of a torch causal LM on a task: :func:`causal_lm_task`, then
     :func:`fisher_ref.torch.exact.torch_exact` (``engine_kwargs``: ``chunk``,
-    ``keep_states``, ``keep_sequences``, ``variances``), then the self-checks.
+    ``keep_states``, ``keep_sequences``, ``variances``), then the self-checks. The arguments
+    not listed below are those of :func:`causal_lm_task` and :func:`torch_exact`.
 
     Args:
         params: what ``theta`` is (``"all"``, ``"trainable"``, a list of names, a predicate
@@ -336,7 +337,6 @@ def exact_causal_lm(module, prompts, max_len, reward, *, vocab_size, eos, bos=No
             naming the worst row).
         n_embeddings: prompts may hold ids ``0..n_embeddings-1`` (default: the rows of the
             module's input embedding); ids ``vocab_size`` and up are input-only.
-        Others as in :func:`causal_lm_task` and :func:`torch_exact`.
 
     Returns:
         :class:`~fisher_ref.torch.self_check.CausalLMResult`: the dict of
