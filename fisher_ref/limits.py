@@ -10,7 +10,14 @@ that is too large is refused within a second, with its numbers in the message:
 - :data:`MAX_INIT_SCALE`: ``|init_scale|``; :data:`MAX_ABS_THETA`: ``|theta_i|``;
 - :data:`MAX_ABS_VALUE`: ``|reward|`` and ``|baseline|``;
 - :data:`MAX_COUNT`: states or responses of an enumeration (counted without
-  forming the number when it is astronomically large).
+  forming the number when it is astronomically large);
+- :data:`MAX_PROMPT_LEN`: tokens of one prompt;
+- :data:`MAX_TASK_FILE_BYTES`, :data:`MAX_GOLDEN_BYTES`: the size of a task file and
+  of a golden file (read, declared inside its zip, or about to be written);
+- :data:`MAX_SEED`: every seed (Monte Carlo, a perturbed sampler);
+- :data:`MIN_TEMPERATURE` .. :data:`MAX_TEMPERATURE`, :data:`MAX_DECIMALS`,
+  ``MAX_ABS_THETA`` for a perturbed sampler's ``scale``: samplers whose logits stay
+  finite.
 
 The time and memory limits of the exact engine and of Monte Carlo are arguments
 (``max_seconds``, ``max_bytes``) checked by :func:`check_limit`.
@@ -22,7 +29,9 @@ import numbers
 
 __all__ = ["MAX_PARAMS", "MAX_CONTEXT", "MAX_LAYERS", "MAX_INIT_SCALE", "MAX_ABS_THETA",
            "MAX_ABS_VALUE", "MAX_COUNT", "readable", "readable_log10", "check_limit",
-           "is_real", "check_size"]
+           "is_real", "check_size", "MAX_PROMPT_LEN", "MAX_TASK_FILE_BYTES",
+           "MAX_GOLDEN_BYTES", "MAX_SEED", "MIN_TEMPERATURE", "MAX_TEMPERATURE",
+           "MAX_DECIMALS", "check_seed", "LIMITS_TABLE"]
 
 #: Parameters of a spec-built model: ``theta`` alone is 80 MB at this size, and the
 #: exact engine's sensitivities are ``V`` times that per state.
@@ -42,6 +51,41 @@ MAX_ABS_THETA = 1e6
 MAX_ABS_VALUE = 1e100
 #: States or responses of an enumeration: no machine lists 1e60 of anything.
 MAX_COUNT = 10 ** 60
+#: Tokens of one prompt: no model reads more than ``MAX_CONTEXT`` tokens, and every
+#: state stores its prompt (``N x (L + 1)`` token ids, ``L`` the longest prompt plus
+#: ``max_len``).
+MAX_PROMPT_LEN = MAX_CONTEXT
+#: Bytes of a task file (a ``theta`` of about 3 million numbers fits).
+MAX_TASK_FILE_BYTES = 64 * 2 ** 20
+#: Bytes of a golden file: the export refuses to write more, the reader to read more
+#: (the file on disk, and the sizes its zip entries declare).
+MAX_GOLDEN_BYTES = 2 ** 30
+#: Seeds: numpy takes any non-negative integer, ``torch.Generator`` up to 2^64 - 1;
+#: one rule for every command.
+MAX_SEED = 2 ** 63 - 1
+#: A sampler temperature: logits of size up to ~1e13 divided by it stay finite.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-100, 1e100
+#: ``|decimals|`` of a rounded sampler: ``10^decimals`` times a logit stays finite.
+MAX_DECIMALS = 20
+
+#: ``(name, value, what it bounds)`` of every limit, for the docs' limits table.
+LIMITS_TABLE = (
+    ("MAX_PARAMS", MAX_PARAMS, "parameters of a model built from `model`"),
+    ("MAX_CONTEXT", MAX_CONTEXT, "`context`, GPT-2's `n_positions`"),
+    ("MAX_LAYERS", MAX_LAYERS, "GPT-2's `n_layer`"),
+    ("MAX_INIT_SCALE", MAX_INIT_SCALE, "`init_scale` (in size)"),
+    ("MAX_ABS_THETA", MAX_ABS_THETA, "entries of `theta`, a perturbed sampler's `scale`"),
+    ("MAX_ABS_VALUE", MAX_ABS_VALUE, "`baseline` and every reward (in size)"),
+    ("MAX_COUNT", MAX_COUNT, "states or responses to enumerate"),
+    ("MAX_PROMPT_LEN", MAX_PROMPT_LEN, "tokens of one prompt"),
+    ("MAX_TASK_FILE_BYTES", MAX_TASK_FILE_BYTES, "bytes of a task file"),
+    ("MAX_GOLDEN_BYTES", MAX_GOLDEN_BYTES, "bytes of a golden file (on disk, declared in "
+     "its zip, or about to be written)"),
+    ("MAX_SEED", MAX_SEED, "every seed (`--seed`, a sampler's `seed`)"),
+    ("MIN_TEMPERATURE", MIN_TEMPERATURE, "a sampler's `temperature`, at least"),
+    ("MAX_TEMPERATURE", MAX_TEMPERATURE, "a sampler's `temperature`, at most"),
+    ("MAX_DECIMALS", MAX_DECIMALS, "a rounded sampler's `decimals` (in size)"),
+)
 
 
 def readable_log10(log10):
@@ -114,3 +158,22 @@ def check_size(value, name, limit, why=""):
     if value > limit:
         raise ValueError(f"{name} is {readable(value)}, more than the limit {readable(limit)}"
                          + (f" ({why})" if why else ""))
+
+
+def check_seed(seed, name="seed"):
+    """``seed`` as an int if it is an integer in ``0 .. MAX_SEED``; else ``ValueError``
+    naming ``name`` (one rule for ``verify``, ``compare``, Monte Carlo and samplers).
+
+    Example:
+        >>> check_seed(7)
+        7
+        >>> check_seed(-1)
+        Traceback (most recent call last):
+        ...
+        ValueError: seed must be an integer from 0 to 2^63 - 1, got -1
+    """
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or \
+            not 0 <= int(seed) <= MAX_SEED:
+        shown = readable(seed) if isinstance(seed, numbers.Integral) else repr(seed)
+        raise ValueError(f"{name} must be an integer from 0 to 2^63 - 1, got {shown}")
+    return int(seed)

@@ -20,6 +20,7 @@ correlation and the exact variances the Monte Carlo z-tests use.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -62,6 +63,11 @@ def _not_computed(obj, name, fields):
     return AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
 
 
+def _power_of_two(x):
+    """The smallest power of two at least ``x`` (1 for ``x = 0``): dividing by it is exact."""
+    return float(2.0 ** math.frexp(x)[1]) if x > 0 and math.isfinite(x) else 1.0
+
+
 def importance_weighted(w, w_policy):
     r""":math:`w\,\rho` with the importance weight :math:`\rho = P(y)/w(y)` formed
     explicitly where :math:`w(y) > 0` (responses the sampler never draws get 0)."""
@@ -75,8 +81,11 @@ class Moments:
     def __init__(self, P, T):
         self.mass = 0.0
         self.r0 = None  # reference reward: every R sum is of R - r0
-        # weighted mean and sum of squared deviations of R, merged block by block
+        # weighted mean and sum of squared deviations of R, merged block by block; the
+        # squares in units of spread_unit^2 (a power of two), so that rewards below
+        # 1e-154 do not underflow when squared
         self.spread_mass = self.spread_mean = self.spread_m2 = 0.0
+        self.spread_unit = 0.0  # no rewards yet
         self.R = 0.0
         self.h, self.h2, self.h4 = np.zeros(P), np.zeros(P), np.zeros(P)
         self.Rh, self.Rh2, self.R2h2 = np.zeros(P), np.zeros(P), np.zeros(P)
@@ -110,18 +119,35 @@ class Moments:
         update): the block's own mean :math:`\bar R_b` and :math:`M_b = \sum w (R -
         \bar R_b)^2`, then :math:`M \mathrel{+}= M_b + \delta^2 W W_b / (W + W_b)` with
         :math:`\delta = \bar R_b - \bar R`. No difference of two large sums is taken,
-        so ``std(A)`` is right to rounding however far rewards sit from 0 or from ``r0``."""
+        so ``std(A)`` is right to rounding however far rewards sit from 0 or from ``r0``.
+        The rewards are divided by a power of two ``u`` of their size before any product
+        (exact), and ``M`` is kept in units of ``u^2``: the spread is homogeneous
+        in ``R``, so rewards of 1e-300 give the same digits as rewards of 1."""
         Wb = float(np.sum(w))
         if Wb <= 0:
             return
-        r1 = float(R[0])  # a block whose rewards are all equal gets exactly that mean
-        mean_b = r1 + float(w @ (R - r1)) / Wb
-        m2_b = float(w @ (R - mean_b) ** 2)
-        total = self.spread_mass + Wb
-        delta = mean_b - self.spread_mean
-        self.spread_mean += delta * Wb / total
-        self.spread_m2 += m2_b + delta * delta * self.spread_mass * Wb / total
-        self.spread_mass = total
+        unit = _power_of_two(float(np.max(np.abs(R))))
+        Rs = R / unit  # (M,) exact: a power of two
+        r1 = float(Rs[0])  # a block whose rewards are all equal gets exactly that mean
+        mean_b = r1 + float(w @ (Rs - r1)) / Wb
+        self.merge_spread(Wb, mean_b * unit, float(w @ (Rs - mean_b) ** 2), unit)
+
+    def merge_spread(self, mass, mean, m2, unit=1.0):  # unit: a power of two > 0
+        """Merge another weighted spread (``mass``, ``mean``, ``m2`` in units of ``unit^2``,
+        as this object's ``spread_*`` fields) into this one (Chan's update)."""
+        u = max(self.spread_unit, unit)  # both in the larger unit: squares cannot overflow
+        total = self.spread_mass + mass
+        delta = (mean - self.spread_mean) / u
+        self.spread_m2 = (self.spread_m2 * (self.spread_unit / u) ** 2 + m2 * (unit / u) ** 2
+                          + delta * delta * self.spread_mass * mass / total)
+        self.spread_mean += (mean - self.spread_mean) * mass / total
+        self.spread_mass, self.spread_unit = total, u
+
+    def reward_std(self):
+        """The weighted standard deviation of ``R``: ``unit * sqrt(M / W)``."""
+        if self.spread_mass <= 0:
+            return 0.0
+        return float(self.spread_unit * np.sqrt(self.spread_m2 / self.spread_mass))
 
     def add_responses(self, w, R, hist, g, w_policy):
         """Responses: weights ``w (M,)``, rewards ``R (M,)``, scores ``hist (M, T, P)``,
@@ -241,8 +267,8 @@ def finish_stream(m, baseline):
     ERc = m.R / m.mass  # E[R - r0]
     ER = r0 + ERc
     b = ER if baseline == "mean" else float(baseline)
-    var_R = m.spread_m2 / m.spread_mass if m.spread_mass > 0 else 0.0  # merged, no cancellation
-    std_A = np.sqrt(var_R)
+    std_A = m.reward_std()  # merged, no cancellation, no underflow
+    var_R = std_A * std_A
     d = r0 - b  # A = (R - r0) + d
     G = m.Rh + d * m.h
     cov = m.Rh - ERc * m.h

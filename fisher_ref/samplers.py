@@ -14,17 +14,29 @@ import math
 
 import numpy as np
 
-from fisher_ref.limits import is_real
+from fisher_ref.limits import (MAX_ABS_THETA, MAX_DECIMALS, MAX_TEMPERATURE, MIN_TEMPERATURE,
+                               check_seed, is_real, readable)
 
 __all__ = ["Sampler", "TemperatureSampler", "PerturbedSampler", "RoundedSampler",
            "LogitsSampler", "make_sampler"]
 
 
-def _number(value, name, positive):
-    """``value`` as a float if it is a finite number (> 0 with ``positive``, else >= 0)."""
-    if not is_real(value) or not math.isfinite(value) or value < 0 or (positive and value == 0):
+def _number(value, name, positive, low=0.0, high=math.inf, why=""):
+    """``value`` as a float if it is a finite number (> 0 with ``positive``, else >= 0)
+    within ``low .. high`` (``why`` says what the range keeps finite)."""
+    try:
+        ok = is_real(value) and math.isfinite(value) and value >= 0 and not (
+            positive and value == 0)
+    except OverflowError:  # an int too large for a float
+        ok = False
+    if not ok:
         kind = "positive" if positive else "non-negative"
-        raise ValueError(f"{name} must be a {kind} finite number, got {value!r}")
+        shown = readable(value) if isinstance(value, int) and not isinstance(value, bool) \
+            else repr(value)
+        raise ValueError(f"{name} must be a {kind} finite number, got {shown}")
+    if not low <= float(value) <= high:
+        raise ValueError(f"{name} is {readable(float(value))}, outside {low:g} .. {high:g}"
+                         + (f" ({why})" if why else ""))
     return float(value)
 
 
@@ -53,7 +65,9 @@ class TemperatureSampler(Sampler):
     kind = "temperature"
 
     def __init__(self, temperature):
-        self.temperature = _number(temperature, "sampler temperature", positive=True)
+        self.temperature = _number(temperature, "sampler temperature", positive=True,
+                                   low=MIN_TEMPERATURE, high=MAX_TEMPERATURE,
+                                   why="logits divided by it must stay finite")
 
     def logits(self, model, theta, windows):
         return np.asarray(model.logits(theta, windows)) / self.temperature
@@ -69,10 +83,11 @@ class PerturbedSampler(Sampler):
     kind = "perturbed"
 
     def __init__(self, scale, seed=0):
-        self.scale = _number(scale, "sampler scale", positive=False)
+        self.scale = _number(scale, "sampler scale", positive=False, high=MAX_ABS_THETA,
+                             why="the limit on parameters: larger ones overflow the logits")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"sampler seed must be a non-negative integer, got {seed!r}")
-        self.seed = int(seed)
+        self.seed = check_seed(seed, "sampler seed")
 
     def params(self, model, theta):
         rng = np.random.default_rng(self.seed)
@@ -93,6 +108,10 @@ class RoundedSampler(Sampler):
     def __init__(self, decimals):
         if isinstance(decimals, bool) or not isinstance(decimals, (int, np.integer)):
             raise ValueError(f"sampler decimals must be an integer, got {decimals!r}")
+        if abs(decimals) > MAX_DECIMALS:
+            raise ValueError(f"sampler decimals is {readable(decimals)}, outside "
+                             f"-{MAX_DECIMALS} .. {MAX_DECIMALS} (logits times 10^decimals "
+                             "must stay finite)")
         self.decimals = int(decimals)
 
     def logits(self, model, theta, windows):

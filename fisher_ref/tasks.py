@@ -21,8 +21,8 @@ limits on sizes and magnitudes are those of :mod:`fisher_ref.limits`.
 """
 from __future__ import annotations
 
-import json
 import math
+import unicodedata
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -30,8 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from fisher_ref.models import make_model
-from fisher_ref.fileio import read_text
-from fisher_ref.limits import MAX_ABS_VALUE, is_real, readable
+from fisher_ref.fileio import read_text, strict_json
+from fisher_ref.limits import (MAX_ABS_VALUE, MAX_INIT_SCALE, MAX_PROMPT_LEN,
+                               MAX_SEED, MAX_TASK_FILE_BYTES, is_real, readable)
 from fisher_ref.models.base import check_theta
 from fisher_ref.rewards import Reward, make_reward
 from fisher_ref.samplers import Sampler, make_sampler
@@ -65,6 +66,10 @@ def _check_prompts(prompts, V):
     for i, pr in enumerate(prompts):
         if not isinstance(pr, (list, tuple)):
             raise ValueError(f"prompt {i} must be a list of token ids, got {pr!r:.80}")
+        if len(pr) > MAX_PROMPT_LEN:
+            raise ValueError(f"prompt {i} has {len(pr):,} tokens, more than the limit "
+                             f"{MAX_PROMPT_LEN:,} (fisher_ref.limits.MAX_PROMPT_LEN: no model "
+                             "reads more, and every state stores its prompt)")
         for t in pr:
             if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
                 raise ValueError(f"prompt {i} holds a non-integer token {t!r}")
@@ -81,6 +86,7 @@ def _check_weights(weights, n):
     within ``WEIGHT_SUM_TOL``; divided by their sum when it is off by more than rounding."""
     if isinstance(weights, (str, bytes)) or weights is None:
         raise ValueError(f"prompt_weights must be a list of numbers, got {weights!r}")
+    _check_numbers(weights, "prompt_weights")
     try:
         w = np.asarray(weights)
     except ValueError as exc:
@@ -101,6 +107,32 @@ def _check_weights(weights, n):
     if abs(total - 1.0) > n * np.finfo(float).eps:  # off by more than rounding
         w = w / total
     return w
+
+
+def _check_numbers(values, name):
+    """Refuse ``true``/``false`` (and strings) in a flat list meant to hold numbers:
+    numpy would read them as 1.0 and 0.0."""
+    if isinstance(values, (list, tuple)):
+        for i, v in enumerate(values):
+            if isinstance(v, (bool, np.bool_)):
+                raise ValueError(f"{name} must be numbers, but entry {i} is "
+                                 f"{str(bool(v)).lower()} (a JSON boolean, not 1 or 0)")
+
+
+def _check_name(name, where="name"):
+    """A task name: a string that UTF-8 can encode and a terminal can print."""
+    if not isinstance(name, str):
+        raise ValueError(f"{where} must be a string, got {name!r}")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{where} {name!r} cannot be written as UTF-8 ({exc.reason} at "
+                         f"character {exc.start}); golden files and --json store it") from None
+    bad = [c for c in name if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")]
+    if bad:
+        raise ValueError(f"{where} {name!r} holds control characters {bad!r:.40}, which a "
+                         "terminal would act on instead of printing")
+    return name
 
 
 def _check_baseline(b):
@@ -179,8 +211,7 @@ class Task:
             raise TypeError("sampler must be a fisher_ref.samplers.Sampler or None")
         if self.reference is not None and not isinstance(self.reference, Sampler):
             raise TypeError("reference must be a fisher_ref.samplers.Sampler or None")
-        if not isinstance(self.name, str):
-            raise ValueError(f"name must be a string, got {self.name!r}")
+        _check_name(self.name)
 
     @property
     def eos(self):
@@ -219,6 +250,32 @@ def require_task(task, who="task"):
     return task
 
 
+def _model_spec(spec):
+    """A task file's ``model`` with what the model builder would take silently refused.
+
+    ``bos`` is checked and dropped: BOS is always id ``vocab_size`` (``describe()``
+    writes the key, so it may be present, but only with that value; any other would be
+    ignored). ``init_seed`` must be a seed like any other (at most 2^63 - 1), and an
+    integer ``init_scale`` too large for a float is refused by name."""
+    if not isinstance(spec, dict):
+        return spec
+    spec = dict(spec)
+    if "bos" in spec:
+        bos, V = spec.pop("bos"), spec.get("vocab_size")
+        if isinstance(bos, bool) or bos != V or not isinstance(V, int):
+            raise ValueError(f"model.bos is {bos!r:.40}, but BOS is always id vocab_size "
+                             f"({V!r:.40}); leave the key out")
+    seed = spec.get("init_seed")
+    if isinstance(seed, int) and not isinstance(seed, bool) and seed > MAX_SEED:
+        raise ValueError(f"model.init_seed must be a non-negative integer of at most 2^63 - 1 "
+                         f"(as every seed), got {readable(seed)}")
+    scale = spec.get("init_scale")
+    if isinstance(scale, int) and not isinstance(scale, bool) and abs(scale) > MAX_INIT_SCALE:
+        raise ValueError(f"model.init_scale is {readable(scale)}, more than the limit "
+                         f"{readable(MAX_INIT_SCALE)}")
+    return spec
+
+
 def task_from_json(data, name="task"):
     """Build a :class:`Task` from a task-file dict, validating every field."""
     if not isinstance(data, dict):
@@ -229,7 +286,7 @@ def task_from_json(data, name="task"):
     for key in ("model", "prompts", "max_len"):
         if key not in data:
             raise ValueError(f"task is missing the required key {key!r}")
-    model = make_model(data["model"])
+    model = make_model(_model_spec(data["model"]))
     prompts = data["prompts"]
     if not isinstance(prompts, list):
         raise ValueError(f"prompts must be a list of token lists, got {prompts!r:.80}")
@@ -237,6 +294,7 @@ def task_from_json(data, name="task"):
     if weights is None:
         weights = [1.0 / len(prompts)] * len(prompts) if prompts else []
     theta = data.get("theta")
+    _check_numbers(theta, "theta")
     theta = model.init_params() if theta is None else theta  # check_theta validates a list
     reward = make_reward(data.get("reward", {"name": "count", "token": 1}), eos=model.eos)
     return Task(model=model, theta=theta, prompts=prompts, prompt_weights=weights,
@@ -255,22 +313,20 @@ def _reference(spec):
 
 
 def load_task(path):
-    """Load a task file (JSON, UTF-8; see the README's "Task files").
+    """Load a task file (JSON, UTF-8; see docs/guide/tasks.md).
 
     Raises:
         FileNotFoundError: no such file.
-        fisher_ref.fileio.FileProblem: a directory, an empty path, unreadable or not
-            UTF-8 (a ``ValueError`` naming the path).
-        ValueError: not valid JSON, or a bad field.
+        fisher_ref.fileio.FileProblem: a directory, FIFO, device or socket, an empty
+            path, unreadable, larger than ``MAX_TASK_FILE_BYTES`` or not UTF-8 (a
+            ``ValueError`` naming the path).
+        ValueError: not valid JSON, a key twice in one object, ``NaN``, or a bad field.
     """
-    text = read_text(path, "task file")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"task file {str(path)!r} is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ValueError(f"task file {str(path)!r} is nested too deeply to be a task") from None
-    return task_from_json(data, name=Path(path).stem)
+    text = read_text(path, "task file", MAX_TASK_FILE_BYTES)
+    data = strict_json(text, f"task file {str(path)!r}")
+    stem = Path(path).stem  # the default name: made printable, never refused
+    stem = stem.encode("utf-8", "backslashreplace").decode("utf-8")
+    return task_from_json(data, name="".join(c if c.isprintable() else "?" for c in stem))
 
 
 def _config_dir():
@@ -287,5 +343,5 @@ def load_config(name):
     names = list_configs()
     if name not in names:
         raise ValueError(f"unknown config {name!r}; shipped configs: {', '.join(names)}")
-    data = json.loads((_config_dir() / f"{name}.json").read_text())
+    data = strict_json((_config_dir() / f"{name}.json").read_text(), f"config {name!r}")
     return task_from_json(data, name=name)

@@ -1,4 +1,5 @@
 """fisher_ref.limits: readable numbers, the limit checks, and the README's table of limits."""
+import json
 import math
 import re
 from pathlib import Path
@@ -38,16 +39,51 @@ def test_checks():
         check_size(6, "n", 5)
 
 
-def test_readme_table_of_limits_is_the_module():
-    """Each value in the README's table of limits is the constant in fisher_ref.limits."""
-    text = (ROOT / "README.md").read_text()
-    table = text[text.index("| limit | value | why |"):]
-    rows = {r.split("|")[1].strip(): r.split("|")[2].strip()
-            for r in table.splitlines()[2:] if r.startswith("|")}
-    want = {"parameters": limits.MAX_PARAMS, "`context`": limits.MAX_CONTEXT,
-            "`n_layer`": limits.MAX_LAYERS, "`init_scale`": limits.MAX_INIT_SCALE,
-            "`theta`": limits.MAX_ABS_THETA, "`baseline`": limits.MAX_ABS_VALUE,
-            "states": limits.MAX_COUNT}
-    for key, value in want.items():
-        (cell,) = [v for k, v in rows.items() if key in k]
-        assert float(re.sub(r"[,\s]", "", cell)) == float(value), (key, cell)
+def _table(text, head):
+    """``{first cell: [other cells]}`` of the Markdown table under the header row ``head``."""
+    lines = text[text.index(head):].splitlines()[2:]
+    rows = {}
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows.setdefault(cells[0], []).append(cells[1:])
+    return rows
+
+
+def test_docs_table_of_limits_is_the_module():
+    """Each row of the limits table in docs/guide/tasks.md is a constant of
+    fisher_ref.limits with its value, and every constant of LIMITS_TABLE has a row."""
+    rows = _table((ROOT / "docs/guide/tasks.md").read_text(), "| limit | value |")
+    names = {n.strip("`"): v[0][0] for n, v in rows.items()}
+    assert set(names) == {name for name, _, _ in limits.LIMITS_TABLE}
+    for name, value, _ in limits.LIMITS_TABLE:
+        assert float(re.sub(r"[,\s]", "", names[name])) == float(value), (name, names[name])
+        assert getattr(limits, name) == value
+
+
+def test_docs_table_of_model_defaults_is_the_code():
+    """The model-key defaults in docs/guide/tasks.md are those the model classes use."""
+    import dataclasses
+    import inspect
+    from fisher_ref.models.base import ModelSpec
+    from fisher_ref.models.tabular import TabularModel
+    from fisher_ref.models.gpt2 import GPT2Spec
+    rows = _table((ROOT / "docs/guide/tasks.md").read_text(), "| arch | key | default |")
+    doc = {(arch.strip("`"), cells[0].strip("`")): cells[1].strip("`")
+           for arch, many in rows.items() for cells in many}
+    fields = lambda cls: {f.name: f.default for f in dataclasses.fields(cls)  # noqa: E731
+                          if f.default is not dataclasses.MISSING}
+    code = {"mlp_window": fields(ModelSpec), "gpt2": fields(GPT2Spec),
+            "tabular": {k: p.default for k, p in
+                        inspect.signature(TabularModel).parameters.items()
+                        if p.default is not inspect.Parameter.empty}}
+    for (arch, key), text in doc.items():
+        if text == "required" or key == "arch":
+            continue
+        archs = list(code) if arch == "all" else [arch]
+        for a in archs:
+            assert json.loads(text) == code[a][key], (arch, key, text, code[a][key])
+    for a, defaults in code.items():  # every default of the code is in the table
+        for key in set(defaults) - {"arch"}:
+            assert (a, key) in doc or ("all", key) in doc, (a, key)

@@ -17,7 +17,7 @@ false-failure rate of :data:`MC_ALPHA` per row (Bonferroni over parameters),
 floored at the rounding level of the quantity (a parameter whose per-response
 value is constant, such as the BOS embedding's token sum, has a variance and
 range that are rounding noise: it is compared to rounding,
-:func:`fisher_ref.monte_carlo.stats.bernstein_ratio`). The ``statistic`` is the largest
+:func:`fisher_ref.monte_carlo.ztests.bernstein_ratio`). The ``statistic`` is the largest
 :math:`|\hat m - m| / t` (pass: <= 1); the JSON row also holds ``max_abs_z``
 (:math:`|\hat m - m|/\sqrt{\mathrm{Var}/n}`, 0 where the variance is rounding noise).
 """
@@ -31,13 +31,16 @@ import numpy as np
 
 from fisher_ref.checks.tolerances import (TOL_BFLOAT16, TOL_FLOAT32, TOL_FLOAT64, TOLERANCES,
                            gradient_judge_scale, rel_error, scale)
+from fisher_ref.limits import check_seed
 from fisher_ref.results import require_all_quantities
 
 __all__ = ["TOLERANCES", "TOL_FLOAT64", "TOL_FLOAT32", "TOL_BFLOAT16", "MC_ALPHA",
-           "DEFAULT_MC", "bernstein_threshold", "compare", "exact_state_sensitivities", "rel_error",
+           "DEFAULT_MC", "bernstein_threshold", "compare", "exact_state_sensitivities",
+           "sensitivity_errors", "check_compare_cost", "rel_error",
            "format_table", "check_dtypes", "DEFAULT_DTYPES"]
 
 MC_ALPHA = 1e-6  # false-failure rate of one Monte Carlo row (Bonferroni over parameters)
+_SENS_BYTES = 2 ** 28  # sensitivities held at once
 DEFAULT_MC = 4000
 DEFAULT_DTYPES = ("float64", "float32")
 
@@ -59,25 +62,72 @@ def highest_matmul_precision():
 
 
 def exact_state_sensitivities(task, ref):
-    """Every kept state's window ``W (N, k)``, its exact sensitivities ``J (N, P, V)``
-    and their largest size per parameter ``(P,)``: computed once, for every dtype."""
+    """The distinct windows ``W (U, k)`` of the kept states (``U <= N``: states that read
+    the same window have the same sensitivities), their exact sensitivities ``J (U, P, V)``
+    when they fit in ``_SENS_BYTES`` (else ``None``: :func:`sensitivity_errors` forms
+    them block by block) and their largest size per parameter ``(P,)``: computed once,
+    for every dtype."""
     from fisher_ref.models.sensitivities import sensitivities
-    st = ref.states
-    lengths = np.array([len(task.prompts[p]) for p in st["prompt"]]) + st["depth"]
-    W = task.model.windows(st["tokens"], lengths)  # (N, k)
-    J_exact = sensitivities(task.model, task.theta, W)  # (N, P, V)
-    return W, J_exact, np.abs(J_exact).max(axis=(0, 2))
+    st, m = ref.states, task.model
+    lengths = (st["tokens"] >= 0).sum(axis=1)  # (N,) prompt plus generated tokens
+    W = np.unique(m.windows(st["tokens"], lengths), axis=0)  # (U, k)
+    P, V = m.num_params, m.vocab_size
+    chunk = max(1, _SENS_BYTES // (8 * P * V))
+    blocks = [sensitivities(m, task.theta, W[a:a + chunk]) for a in range(0, len(W), chunk)]
+    jmax = np.max([np.abs(J).max(axis=(0, 2)) for J in blocks], axis=0) if blocks \
+        else np.zeros(P)  # (P,)
+    keep = len(W) <= chunk
+    return W, (blocks[0] if blocks else np.zeros((0, P, V))) if keep else None, jmax
+
+
+def sensitivity_errors(task, tm, exact_sens):
+    """``(max|J_torch - J|, that over max|J|)`` over the distinct windows, in blocks of at
+    most ``_SENS_BYTES``: the ``sensitivities`` row without an ``(N, P, V)`` array."""
+    import torch
+    from fisher_ref.models.sensitivities import sensitivities
+    W, J_kept, _ = exact_sens
+    m = task.model
+    chunk = max(1, _SENS_BYTES // (8 * m.num_params * m.vocab_size))
+    err = top = 0.0
+    for a in range(0, len(W), chunk):
+        w = W[a:a + chunk]
+        J = J_kept[a:a + chunk] if J_kept is not None else sensitivities(m, task.theta, w)
+        with torch.no_grad():
+            Jt = tm.sensitivities(tm.theta(task.theta), torch.as_tensor(w, device=tm.device))
+        d = np.abs(Jt.to("cpu", torch.float64).numpy() - J)  # (B, P, V)
+        err = max(err, float(np.max(d, initial=0.0)))
+        top = max(top, float(np.max(np.abs(J), initial=0.0)))
+    if not np.isfinite(err):
+        return err, float("inf")
+    return err, err / top if top > 0 else err
+
+
+def check_compare_cost(task, dtypes, max_bytes=None):
+    """Refuse (``EnumerationTooLarge``, before anything runs) a comparison whose per-state
+    and per-response arrays, kept by the exact engine and by the torch engine for each
+    dtype, would not fit in ``max_bytes``; the message names the prompts, states and
+    responses (each prompt adds its whole subtree)."""
+    from fisher_ref.engine.plan import DEFAULT_MAX_BYTES, EnumerationTooLarge, estimate_cost
+    from fisher_ref.limits import check_limit, readable
+    max_bytes = check_limit(DEFAULT_MAX_BYTES if max_bytes is None else max_bytes, "max_bytes")
+    kept = estimate_cost(task, keep_states=True, keep_sequences=True)
+    bare = estimate_cost(task)
+    need = bare.bytes + (kept.bytes - bare.bytes) * (1 + len(dtypes)) + _SENS_BYTES
+    if need > max_bytes:
+        raise EnumerationTooLarge(
+            f"compare refused: it keeps every state's and response's arrays once per engine "
+            f"and dtype, about {need / 2 ** 30:,.2f} GiB for {len(task.prompts):,} prompts, "
+            f"{readable(kept.n_states)} states and {readable(kept.n_responses)} responses "
+            f"(P={readable(kept.num_params)}), more than {max_bytes / 2 ** 30:,.2f} GiB; "
+            "compare fewer prompts (the identities do not depend on their number) or fewer dtypes")
+    return need
 
 
 def _pairs(task, ref, out, tm, exact_sens):
     """(name, torch array, exact array, scale) for every compared quantity;
     ``exact_sens`` is :func:`exact_state_sensitivities`."""
-    import torch
     from fisher_ref.torch.exact import STREAM_QUANTITIES
-    st, (W, J_exact, jmax) = ref.states, exact_sens
-    with torch.no_grad():
-        J = tm.sensitivities(tm.theta(task.theta), torch.as_tensor(W, device=tm.device))
-    yield "sensitivities", J.to("cpu", torch.float64).numpy(), J_exact, None
+    st, jmax = ref.states, exact_sens[2]
     for key in ("reach", "probs", "token_fisher", "uniform"):
         yield f"states.{key}", out["states"][key], st[key], None
     yield "sequences.prob", out["sequences"]["prob"], ref.sequences["prob"], None
@@ -102,7 +152,7 @@ def _row(quantity, dtype, device, abs_err, rel_err, test, stat, tol):
 def bernstein_threshold(var, b, n, alpha=MC_ALPHA, m=1):
     r"""Half-width ``t`` with :math:`P(|\bar X - \mu| \ge t) \le \alpha/m` for each of ``m`` means.
 
-    :func:`fisher_ref.monte_carlo.stats.bernstein_halfwidth` (Bernstein's inequality, variance
+    :func:`fisher_ref.monte_carlo.ztests.bernstein_halfwidth` (Bernstein's inequality, variance
     ``var``, :math:`|X - \mu| \le b`) at :math:`\delta = \alpha/m`:
     :math:`t = (2bL/3 + \sqrt{(2bL/3)^2 + 8 n \sigma^2 L}) / (2n)`, :math:`L = \ln(2m/\alpha)`.
 
@@ -115,14 +165,14 @@ def bernstein_threshold(var, b, n, alpha=MC_ALPHA, m=1):
         >>> round(float(bernstein_threshold(1.0, 0.0, 100, alpha=2 * np.exp(-2.0))), 6)
         0.2
     """
-    from fisher_ref.monte_carlo.stats import bernstein_halfwidth
+    from fisher_ref.monte_carlo.ztests import bernstein_halfwidth
     return bernstein_halfwidth(n, var, b, alpha / m)
 
 
 def _mc_rows(task, ref, device, n, seed, ranges):
     """Bernstein rows of the torch Monte Carlo; ``ranges`` from a float64 enumeration."""
     import torch
-    from fisher_ref.monte_carlo.stats import ZERO_VAR_RTOL, bernstein_ratio
+    from fisher_ref.monte_carlo.ztests import ZERO_VAR_RTOL, bernstein_ratio
     from fisher_ref.torch.monte_carlo import torch_monte_carlo
     gen = torch.Generator(device=device).manual_seed(int(seed))
     est = torch_monte_carlo(task, n, gen, device=device, dtype="float64")
@@ -181,6 +231,9 @@ def compare(task, device="cpu", dtypes=DEFAULT_DTYPES, mc=DEFAULT_MC, seed=0, re
     dtypes = check_dtypes(dtypes)
     if isinstance(mc, bool) or not isinstance(mc, (int, np.integer)) or mc < 0:
         raise ValueError(f"mc must be a non-negative integer number of draws, got {mc!r}")
+    seed = check_seed(seed)
+    if ref is None:
+        check_compare_cost(task, dtypes)
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda asked for, but torch sees no CUDA device")
     if ref is not None:
@@ -195,6 +248,9 @@ def compare(task, device="cpu", dtypes=DEFAULT_DTYPES, mc=DEFAULT_MC, seed=0, re
                                   keep_states=True, keep_sequences=True,
                                   variances=d == "float64")
             ranges = out["ranges"] if d == "float64" else ranges
+            abs_err, rel_err = sensitivity_errors(task, tm, exact_sens)
+            rows.append(_row("sensitivities", d, device, abs_err, rel_err, "rel", rel_err,
+                             TOLERANCES[d]))
             for name, a, b, s in _pairs(task, ref, out, tm, exact_sens):
                 abs_err, rel_err = rel_error(a, b, s)
                 rows.append(_row(name, d, device, abs_err, rel_err, "rel", rel_err,

@@ -178,6 +178,9 @@ def check_token_fisher(fn, *, convert=None, to_numpy=np.asarray, dtype="float64"
     """
     if dtype not in FLOOR:
         raise ValueError(f"dtype must be one of {sorted(FLOOR)}, got {dtype!r}")
+    if rtol is not None and (isinstance(rtol, bool) or not isinstance(rtol, (int, float))
+                             or not np.isfinite(rtol) or rtol < 0):
+        raise ValueError(f"rtol must be a finite number >= 0 or None, got {rtol!r}")
     if convert is None:
         if dtype == "bfloat16":
             raise ValueError("dtype 'bfloat16' needs a convert function (numpy has no bfloat16)")
@@ -195,8 +198,10 @@ def check_token_fisher(fn, *, convert=None, to_numpy=np.asarray, dtype="float64"
             FLOOR[dtype], SAFETY * EPS[dtype] * (np.log2(z.shape[-1]) + 4 * kappa))
         problem = ""
         try:
-            got = np.asarray(to_numpy(fn(convert(case["logits"]), convert(case["sens"]))),
-                             dtype=np.float64)
+            got = np.asarray(to_numpy(fn(convert(case["logits"]), convert(case["sens"]))))
+            if got.dtype.kind not in "fiu":  # complex, bool, strings: never converted
+                raise TypeError(f"fn returned dtype {got.dtype}; f is real: return float values")
+            got = got.astype(np.float64)
         except Exception as exc:  # noqa: BLE001 - any failure of the user's code is a result
             got, problem = None, f"raised {type(exc).__name__}: {exc}"
         if got is not None and got.shape != ref.shape:

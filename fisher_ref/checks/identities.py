@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fisher_ref.monte_carlo.stats import ROUNDING_RTOL  # entries below this fraction of their scale: rounding
+from fisher_ref.monte_carlo.ztests import ROUNDING_RTOL
 from fisher_ref.checks.tolerances import (EXACT_RTOL, GRADIENT_FLOOR, fisher_scale, gradient_scale,
                                          rel_err)
 from fisher_ref.results import require_all_quantities
 from fisher_ref.models.sensitivities import sensitivities, sensitivities_autograd
 from fisher_ref.tasks import require_task
-from fisher_ref.numerics import token_fisher, token_fisher_pairwise, uniform_token_fisher
+from fisher_ref.numerics import softmax, token_fisher, token_fisher_pairwise, uniform_token_fisher
 
 __all__ = ["Check", "exact_checks", "format_table", "verify_task",
            "state_score_scale", "sampler_gap",
@@ -40,6 +40,12 @@ MC_ALPHA = 1e-6  # false-failure rate of all Monte Carlo rows together
 WEAK_POWER = 3.0  # a row whose threshold exceeds this multiple of the Bonferroni-normal
 #                   one (skewed, rarely non-zero values) is flagged as having little power
 _SHIFT_STATES = 256  # states on which the pairwise form and the logit shift are re-derived
+_SCALE_BYTES = 2 ** 26  # sensitivities held at once when the score scale is recomputed
+#: f(j + c) is formed from sensitivities of size max|j + c|, centered on their mean: the
+#: centering rounds each by about V eps max|j + c|, which moves f by up to 2 sqrt(f)
+#: times that; below the floor (2 V eps max|j + c| / EXACT_RTOL)^2 that is more than
+#: EXACT_RTOL of f, so f is judged against the floor there (f = 0 when j = 0).
+SHIFT_ROUNDING = 2 * np.finfo(float).eps / EXACT_RTOL
 
 
 @dataclass
@@ -64,9 +70,11 @@ class Check:
 
 
 def state_score_scale(result):
-    r"""Largest token-level score scale over the kept states: :math:`\max_s` of ``f(s)``,
-    :math:`f_\mu(s)` and :math:`f_{unif}(s)` (the spread of ``j`` over tokens), or 0
-    when states were not kept.
+    r"""Largest token-level score scale over the states: :math:`\max_s` of ``f(s)``,
+    :math:`f_\mu(s)` and :math:`f_{unif}(s)` (the spread of ``j`` over tokens), from the
+    kept per-state arrays, or, when they were not kept, recomputed on every distinct
+    window of the task (:func:`distinct_windows`): the scale never depends on what
+    was kept.
 
     :math:`\max_s |E[\xi|s]|` runs over every reachable state, however unlikely, and
     its rounding is that of :math:`\bar j` at such a state; on a peaked policy
@@ -75,9 +83,50 @@ def state_score_scale(result):
     """
     st = result.states
     if st is None:
-        return 0.0
+        return window_score_scale(result.task, distinct_windows(result.task))
     keys = [k for k in ("token_fisher", "sampler_token_fisher", "uniform") if k in st]
     return float(max(np.max(st[k], initial=0.0) for k in keys))
+
+
+def distinct_windows(task):
+    """``(U, k)`` the distinct windows of every state of ``task`` (depth ``< T``), found
+    depth by depth keeping one token row per distinct window: a state's window decides
+    its children's (the last ``context`` tokens; GPT-2's window is the whole prefix)."""
+    model, T = task.model, task.max_len
+    lengths = np.array([len(p) for p in task.prompts], dtype=np.int64)  # (B,)
+    rows = np.full((len(task.prompts), int(lengths.max()) + T), -1, dtype=np.int64)
+    for i, p in enumerate(task.prompts):
+        rows[i, :len(p)] = p
+    go_on = np.arange(1 if model.eos else 0, model.vocab_size)  # tokens a state continues after
+    seen = []
+    for depth in range(T):
+        W, first = np.unique(model.windows(rows, lengths), axis=0, return_index=True)
+        rows, lengths = rows[first], lengths[first]
+        seen.append(W)
+        if depth + 1 < T:
+            n = len(rows)
+            rows, lengths = np.repeat(rows, len(go_on), axis=0), np.repeat(lengths, len(go_on))
+            rows[np.arange(len(rows)), lengths] = np.tile(go_on, n)
+            lengths = lengths + 1
+    return np.unique(np.concatenate(seen), axis=0)
+
+
+def window_score_scale(task, W):
+    r""":math:`\max` of ``f``, :math:`f_\mu` and :math:`f_{unif}` over windows ``W (U, k)``,
+    in blocks of at most ``_SCALE_BYTES`` of sensitivities."""
+    model, theta = task.model, task.theta
+    chunk = max(1, _SCALE_BYTES // (8 * model.num_params * model.vocab_size))
+    best = 0.0
+    for a in range(0, len(W), chunk):
+        w = W[a:a + chunk]
+        J = sensitivities(model, theta, w)  # (B, P, V)
+        fs = [token_fisher(softmax(np.asarray(model.logits(theta, w), float)), J),
+              uniform_token_fisher(J)]
+        if task.sampler is not None:
+            mu = softmax(np.asarray(task.sampler.logits(model, theta, w), float))  # (B, V)
+            fs.append(token_fisher(mu, J))
+        best = max(best, *(float(np.max(f, initial=0.0)) for f in fs))
+    return best
 
 
 def _stream_checks(name, s, T, centered, state_scale=0.0):
@@ -121,10 +170,14 @@ def _stream_checks(name, s, T, centered, state_scale=0.0):
 
 
 def _state_form_checks(result):
-    """Identities 4 and 5 re-derived on up to ``_SHIFT_STATES`` states."""
+    """Identities 4 and 5 re-derived on up to ``_SHIFT_STATES`` states; without the kept
+    per-state arrays, one info row says why they are not there."""
     task, st = result.task, result.states
     if st is None:
-        return []
+        return [Check("4-5 pairwise, alignment", "policy", "not checked: the per-state arrays "
+                      "were not kept (exact(..., keep_states=True) keeps them)", float("nan"),
+                      0.0, "info", f"{result.cost.n_states:,} states x P = "
+                      f"{task.model.num_params:,} would not fit the memory for kept arrays")]
     n = min(len(st["depth"]), _SHIFT_STATES)
     tokens = st["tokens"][:n]
     lengths = (tokens >= 0).sum(axis=1)
@@ -133,15 +186,20 @@ def _state_form_checks(result):
     p = st["probs"][:n]
     f = token_fisher(p, J)
     shift = np.random.default_rng(0).standard_normal(J.shape[:2])[:, :, None]  # (n, P, 1)
+    Jc = J + 10 * shift  # (n, P, V)
     f_unif = uniform_token_fisher(J)
     V = J.shape[-1]
-    ratio = f / np.where(f_unif > 0, f_unif, np.nan)
-    below = float(np.nanmean(ratio < 1)) if np.isfinite(ratio).any() else float("nan")
+    live = f_unif > 0
+    ratio = f[live] / f_unif[live]
+    below, note = ((float(np.mean(ratio < 1)), f"median ratio {np.median(ratio):.3g}")
+                   if ratio.size else (float("nan"), "f_unif = 0 at every (state, parameter)"))
+    shift_floor = (SHIFT_ROUNDING * V * float(np.max(np.abs(Jc), initial=0.0))) ** 2
     return [
         Check("4 pairwise identity", "policy", "centered f = pairwise f",
               rel_err(f, token_fisher_pairwise(p, J)), EXACT_RTOL),
         Check("4 pairwise identity", "policy", "f(j + c) = f(j), c per parameter",
-              rel_err(token_fisher(p, J + 10 * shift), f), EXACT_RTOL),
+              rel_err(token_fisher(p, Jc), f, shift_floor), EXACT_RTOL, "equal",
+              "scale at least (2 V eps max|j + c| / 1e-10)^2: the rounding of centering j + c"),
         Check("4 pairwise identity", "policy",
               "engine f(s) = pairwise f(s) from autograd sensitivities",
               rel_err(st["token_fisher"][:n],
@@ -150,7 +208,7 @@ def _state_form_checks(result):
         Check("5 alignment", "policy", "f_unif = pairwise form at p = 1/V",
               rel_err(f_unif, token_fisher_pairwise(np.full_like(p, 1.0 / V), J)), EXACT_RTOL),
         Check("5 alignment", "policy", "share of (state, param) with f/f_unif < 1",
-              below, 0.0, "info", f"median ratio {np.nanmedian(ratio):.3g}"),
+              below, 0.0, "info", note),
     ]
 
 
@@ -318,7 +376,7 @@ def verify_task(task, mc=0, seed=0, progress=True, workers="auto"):
     result = exact(task, progress=progress, workers=workers)
     rows = exact_checks(result)
     if mc:
-        from fisher_ref.monte_carlo.stats import bonferroni_z
+        from fisher_ref.monte_carlo.ztests import bonferroni_z
         from fisher_ref.monte_carlo.sampling import check_monte_carlo
         normal = bonferroni_z(MC_ALPHA, task.model.num_params)
         for r in check_monte_carlo(task, result, mc, seed, alpha=MC_ALPHA):

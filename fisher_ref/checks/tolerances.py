@@ -83,7 +83,7 @@ def gradient_scale(s, extra=0.0, score_scale=0.0):
     ``score_scale`` (:func:`state_score_scale`'s square root) is the size of a score at
     a single state: rounding in :math:`\bar j` is of that size even where the policy is
     so peaked that ``F`` is tiny."""
-    rms_R = np.sqrt(s.reward_std ** 2 + s.expected_reward ** 2)
+    rms_R = np.hypot(s.reward_std, s.expected_reward)  # no underflow for tiny rewards
     rF = np.sqrt(max(np.max(s.sequence_fisher), 0.0))
     return float((rms_R + abs(s.baseline) + extra) * max(rF, score_scale))
 

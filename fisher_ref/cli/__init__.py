@@ -8,11 +8,13 @@ only wires them together; the task arguments every subcommand shares
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 
 from fisher_ref.cli._common import add_task_arguments
-from fisher_ref.fileio import check_output_path
+from fisher_ref.fileio import FileProblem, check_output_path, same_file
 
 __all__ = ["main", "build_parser"]
 
@@ -61,7 +63,11 @@ def main(argv=None):
 
     Exit codes: 0 success, 1 a check failed, 2 bad input (the message names it: a
     field of the task, an option, or a path that cannot be read or written).
-    Output paths (``--out``, ``--json``) are checked before any work starts.
+    Output paths (``--out``, ``--json``) are checked before any work starts: each must
+    be a regular file or not exist yet, in an existing directory, and neither may be
+    the ``--task`` file or the other output. Text the terminal cannot encode is
+    written escaped; a reader that closes the pipe early (``verify | head -1``) ends
+    the run quietly with exit code 0.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
@@ -70,11 +76,17 @@ def main(argv=None):
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse has printed the usage and the problem
         return exc.code if isinstance(exc.code, int) else 2
+    for stream in (sys.stdout, sys.stderr):  # names a terminal cannot encode: escaped
+        with contextlib.suppress(AttributeError, ValueError):  # a stream without it
+            stream.reconfigure(errors="backslashreplace")
     try:
-        for option in OUTPUT_OPTIONS:
-            if getattr(args, option, None) is not None:
-                check_output_path(getattr(args, option), f"--{option}")
-        return int(args._run(args) or 0)
+        _check_outputs(args)
+        code = int(args._run(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
+    except BrokenPipeError:  # the reader left (verify | head -1): quiet, as Unix tools are
+        _silence_stdout()
+        return 0
     except ModuleNotFoundError as exc:
         if exc.name != "torch":
             raise
@@ -87,6 +99,28 @@ def main(argv=None):
         # (its message names the path); FileProblem and EnumerationTooLarge are ValueErrors
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _silence_stdout():
+    """Point stdout at /dev/null, so that the flush at exit does not fail again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def _check_outputs(args):
+    """Every output path writable, none of them the task file or another output."""
+    outputs = [(f"--{o}", getattr(args, o)) for o in OUTPUT_OPTIONS
+               if getattr(args, o, None) is not None]
+    for option, path in outputs:
+        check_output_path(path, option)
+        task = getattr(args, "task", None)
+        if task and (same_file(path, task) or os.path.abspath(path) == os.path.abspath(task)):
+            raise FileProblem(f"{option} {path!r} is the --task file; writing it would "
+                              "destroy the task it is computed from")
+    if len(outputs) == 2 and (same_file(outputs[0][1], outputs[1][1]) or os.path.abspath(
+            outputs[0][1]) == os.path.abspath(outputs[1][1])):
+        raise FileProblem(f"--out and --json name the same file {outputs[0][1]!r}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import math
 
+from fisher_ref.limits import check_seed
 from fisher_ref.tasks import load_config, load_task
 
-__all__ = ["add_task_arguments", "task_from_args", "count_arg"]
+__all__ = ["add_task_arguments", "task_from_args", "count_arg", "seed_arg"]
 
 
 def add_task_arguments(parser, default_config="default"):
@@ -49,3 +50,18 @@ def _count(text):
     if not math.isfinite(x) or x < 0 or x != math.floor(x):
         raise ValueError(text)
     return int(x)
+
+
+def seed_arg(text):
+    """An argparse type: a seed, an integer from 0 to 2^63 - 1 (one rule for every command,
+    checked before any work).
+
+    Example:
+        >>> seed_arg("7")
+        7
+    """
+    try:
+        return check_seed(_count(text), "seed")
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer from 0 to 2^63 - 1, got {text!r}") from None

@@ -2,7 +2,6 @@
 (each side in its own process), or with ``--scaling DIR`` the scaling sweep."""
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
@@ -57,22 +56,27 @@ def run(args):
     except NotImplementedError as exc:
         raise ValueError(str(exc)) from None
     names = measurements(args.device, task, peer=not args.no_peer)
-    with contextlib.ExitStack() as stack:
-        tmp = stack.enter_context(atomic_output(args.json, "--json file")) if args.json else None
-        res = bench(task, repeats=args.repeats, names=names, threads=args.threads,
-                    isolate=False if args.in_process else None)
-        print(format_table(res))
-        if tmp is not None:
-            with open(tmp, "w") as fh:
-                json.dump(res, fh, indent=1)
+    res = bench(task, repeats=args.repeats, names=names, threads=args.threads,
+                isolate=False if args.in_process else None)
+    if args.json:  # the temporary file exists only while the timings are written
+        with atomic_output(args.json, "--json file") as tmp, open(tmp, "w") as fh:
+            json.dump(res, fh, indent=1)
+    print(format_table(res))
     return 0
 
 
 def scaling_main(out="docs", quick=False, with_budget_run=False):
-    """``bench --scaling DIR``: write ``scaling.csv/.md/.png`` under ``DIR``."""
+    """``bench --scaling DIR``: write ``scaling.csv/.md/.png`` under ``DIR``, a directory
+    that must exist (as for ``--out`` and ``--json``: a typo is refused, not created)."""
+    from fisher_ref.fileio import FileProblem, check_output_path
     from fisher_ref.perf.scaling import GRID, budget_run, plot, sweep, write_table
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if not out.is_dir():
+        raise FileProblem(f"--scaling {str(out)!r}: " + (
+            "not a directory" if out.exists() else "the directory does not exist") +
+            "; give an existing directory")
+    for name in ("scaling.csv", "scaling.md", "scaling.png", "budget_run.json"):
+        check_output_path(out / name, "--scaling output")
     rows = sweep(GRID[:3] if quick else GRID)
     write_table(rows, out / "scaling.csv", out / "scaling.md")
     print((out / "scaling.md").read_text())

@@ -2,13 +2,12 @@
 (and ``--json``)."""
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 
 from fisher_ref.checks.compare import DEFAULT_DTYPES, DEFAULT_MC, check_dtypes, compare, format_table
 from fisher_ref.checks.tolerances import TOLERANCES
-from fisher_ref.cli._common import count_arg, task_from_args
+from fisher_ref.cli._common import count_arg, seed_arg, task_from_args
 from fisher_ref.fileio import atomic_output
 
 __all__ = ["add_arguments", "run"]
@@ -44,7 +43,8 @@ def add_arguments(parser):
                         help="also write the rows as JSON (atomically: a failed run leaves no file)")
     parser.add_argument("--mc", type=count_arg, default=DEFAULT_MC,
                         help=f"Monte Carlo draws for the Bernstein rows (default {DEFAULT_MC}; 0: none)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the torch.Generator")
+    parser.add_argument("--seed", type=seed_arg, default=0,
+                        help="seed of the torch.Generator (an integer from 0 to 2^63 - 1)")
 
 
 RELATIVE_ERROR = "max_i |torch - exact|_i / scale_i (fisher_ref.checks.tolerances)"
@@ -55,22 +55,20 @@ def run(args):
     task = task_from_args(args)
     device = args.device or _default_device()
     dtypes = _dtype_list(args.dtype)
-    with contextlib.ExitStack() as stack:
-        tmp = stack.enter_context(atomic_output(args.json, "--json file")) if args.json else None
-        try:
-            rows = compare(task, device=device, dtypes=dtypes, mc=args.mc, seed=args.seed)
-        except NotImplementedError as exc:  # a model without a torch twin: bad input
-            raise ValueError(str(exc)) from None
-        failed = [r for r in rows if not r["passed"]]
-        print(format_table(rows, title=f"fisher_ref compare: task {task.name!r}, device "
-                                       f"{device}; rel = {RELATIVE_ERROR}"))
-        print(f"{len(rows) - len(failed)}/{len(rows)} rows pass"
-              + (f"; FAILED: {', '.join(r['quantity'] + ' ' + r['dtype'] for r in failed)}"
-                 if failed else ""))
-        if tmp is not None:
-            with open(tmp, "w") as fh:
-                json.dump({"task": task.name, "device": device, "dtypes": dtypes,
-                           "relative_error": RELATIVE_ERROR, "tolerances": TOLERANCES,
-                           "rows": rows}, fh, indent=1)
+    try:
+        rows = compare(task, device=device, dtypes=dtypes, mc=args.mc, seed=args.seed)
+    except NotImplementedError as exc:  # a model without a torch twin: bad input
+        raise ValueError(str(exc)) from None
+    failed = [r for r in rows if not r["passed"]]
+    if args.json:  # the temporary file exists only while the rows are written
+        with atomic_output(args.json, "--json file") as tmp, open(tmp, "w") as fh:
+            json.dump({"task": task.name, "device": device, "dtypes": dtypes,
+                       "relative_error": RELATIVE_ERROR, "tolerances": TOLERANCES,
+                       "rows": rows}, fh, indent=1)
+    print(format_table(rows, title=f"fisher_ref compare: task {task.name!r}, device "
+                                   f"{device}; rel = {RELATIVE_ERROR}"))
+    print(f"{len(rows) - len(failed)}/{len(rows)} rows pass"
+          + (f"; FAILED: {', '.join(r['quantity'] + ' ' + r['dtype'] for r in failed)}"
+             if failed else ""))
     sys.stdout.flush()
     return 1 if failed else 0

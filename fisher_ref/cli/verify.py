@@ -5,7 +5,7 @@ import argparse
 
 from fisher_ref.checks.identities import format_table, verify_task
 from fisher_ref.engine.workers import check_workers
-from fisher_ref.cli._common import count_arg, task_from_args
+from fisher_ref.cli._common import count_arg, seed_arg, task_from_args
 
 __all__ = ["add_arguments", "run"]
 
@@ -15,8 +15,8 @@ def add_arguments(parser):
     parser.add_argument("--mc", type=count_arg, default=20000,
                         help="Monte Carlo samples for the z-tests (default 20000; 0: exact checks "
                              "only; 2e4 is read as 20000)")
-    parser.add_argument("--seed", type=count_arg, default=0,
-                        help="seed of the Monte Carlo generator (a non-negative integer)")
+    parser.add_argument("--seed", type=seed_arg, default=0,
+                        help="seed of the Monte Carlo generator (an integer from 0 to 2^63 - 1)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--workers", type=workers_arg, default="auto",
                         help="processes for the exact enumeration: a number or 'auto' (the "

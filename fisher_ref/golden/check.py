@@ -25,6 +25,9 @@ size of what cancelled in it, not against its own rounding noise.
 """
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -32,7 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from fisher_ref.checks.tolerances import EXACT_RTOL
-from fisher_ref.golden.format import (SCALE_KINDS, Golden, GoldenFileError, load_golden, scale_kind)
+from fisher_ref.golden.format import SCALE_KINDS, Golden, load_golden, scale_kind
+from fisher_ref.golden.archive import GoldenFileError
 
 __all__ = ["RTOL", "GOLDEN_DIR", "golden_names", "golden_path", "golden_cases", "load_golden",
            "compare_to_golden", "compare_golden", "KeyResult", "Comparison", "file_scales",
@@ -96,8 +100,8 @@ def file_scales(arrays):
     fishers = [np.max(arrays[k], initial=0.0) for k in ("sequence_fisher",
                "offpolicy_sequence_fisher") if k in arrays]
     S = float(np.sqrt(max(fishers, default=0.0)))
-    rewards = [float(np.sqrt(float(arrays[p + "reward_std"]) ** 2
-                             + float(arrays[p + "expected_reward"]) ** 2))
+    rewards = [float(np.hypot(float(arrays[p + "reward_std"]),
+                              float(arrays[p + "expected_reward"])))
                + abs(float(arrays[p + "baseline"]))
                for p in ("", "offpolicy_") if p + "reward_std" in arrays]
     return S, max(rewards, default=0.0)
@@ -190,14 +194,48 @@ def _compare_exact(key, y, gold, rtol):
                      f"yours {y[where]}, golden {gold[where]}")
 
 
+class _Refused(TypeError):
+    """An array of a kind no golden value can be compared with."""
+
+
+def _check_real(key, y):
+    """Refuse complex, boolean, string and bytes arrays (numpy would drop an imaginary
+    part with a warning, read ``True`` as 1 and parse ``"1.5"``): ``TypeError`` naming
+    the key."""
+    kinds = {"c": "complex", "b": "boolean", "U": "string", "S": "bytes", "V": "structured"}
+    if y.dtype.kind in kinds:
+        raise _Refused(f"{key}: your array holds {kinds[y.dtype.kind]} values (dtype "
+                       f"{y.dtype}); golden values are real numbers: pass a float or integer "
+                       "array" + (" (take .real only if the imaginary part is truly 0)"
+                                  if y.dtype.kind == "c" else ""))
+
+
+def check_rtol(rtol):
+    """``rtol`` as a float if it is a finite number ``>= 0``; else ``ValueError`` (a NaN
+    or infinite tolerance would pass anything, NaN included).
+
+    Example:
+        >>> check_rtol(1e-10)
+        1e-10
+    """
+    if isinstance(rtol, bool) or not isinstance(rtol, numbers.Real) or \
+            not math.isfinite(float(rtol)) or rtol < 0:
+        raise ValueError(f"rtol must be a finite number >= 0 (such as 1e-10), got {rtol!r}")
+    return float(rtol)
+
+
 def _compare_key(key, yours, g, S, Rs, rtol):
     """One key of your arrays against golden ``g`` on its documented scale."""
     kind, gold = scale_kind(key), g[key]
     fail = dict(key=key, kind=kind, max_abs=float("inf"), scale=float("nan"),
                 rel=float("inf"), rtol=rtol, passed=False)
     try:
-        y = np.asarray(yours) if kind == "exact" else np.asarray(yours, dtype=np.float64)
+        y = np.asarray(yours)
+        _check_real(key, y)
+        y = y if kind == "exact" else np.asarray(y, dtype=np.float64)
     except (TypeError, ValueError) as exc:
+        if isinstance(exc, _Refused):
+            raise
         return KeyResult(**fail, problem=f"not a numeric array ({exc})")
     if y.shape != gold.shape:
         return KeyResult(**fail, problem=f"shape {y.shape}, golden has {gold.shape}")
@@ -254,6 +292,10 @@ def compare_to_golden(arrays, golden, keys=None, rtol=RTOL):
     Raises:
         KeyError: a key that no golden file has (a typo), or one this file lacks
             (an off-policy key in an on-policy file).
+        TypeError: ``arrays`` is not a dict, or an array holds complex, boolean or
+            string values (never silently converted).
+        ValueError: nothing to compare (no arrays and no keys), or ``rtol`` is not a
+            finite number ``>= 0``.
 
     Example:
         >>> g = load_golden(golden_path("tabular"))
@@ -265,8 +307,15 @@ def compare_to_golden(arrays, golden, keys=None, rtol=RTOL):
         >>> bad.passed, bad.failed
         (False, ['sequence_fisher'])
     """
+    rtol = check_rtol(rtol)
+    if not isinstance(arrays, Mapping):
+        raise TypeError(f"arrays must be a dict of golden key -> array, got "
+                        f"{type(arrays).__name__}")
     g = _as_golden(golden)
     keys = list(arrays) if keys is None else list(keys)
+    if not keys:
+        raise ValueError("nothing to compare: no arrays (and no keys) were given; an empty "
+                         "comparison is not a pass")
     for key in keys:
         try:
             scale_kind(key)

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fisher_ref.golden.format import (MATRIX_MAX_PARAMS, OLDEST_READABLE_VERSION, SCHEMA, SCHEMA_VERSION,
-                            Golden, GoldenFileError, array_sha256, expected_keys, load_golden,
-                            meta_sha256, write_npz)
+from fisher_ref.golden.format import MATRIX_MAX_PARAMS, OLDEST_READABLE_VERSION, SCHEMA, SCHEMA_VERSION, Golden, array_sha256, expected_keys, load_golden, meta_sha256, write_npz
+from fisher_ref.golden.archive import GoldenFileError
+from fisher_ref.limits import MAX_GOLDEN_BYTES
 from fisher_ref.results import require_all_quantities
 from fisher_ref.golden.check import GOLDEN_DIR, compare_golden
 from fisher_ref.version import __version__
@@ -35,7 +35,8 @@ from fisher_ref.version import __version__
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "OLDEST_READABLE_VERSION", "MATRIX_MAX_PARAMS",
            "GoldenFileError", "Golden", "golden_arrays", "score_pass", "export_golden",
            "load_golden", "compare_golden", "array_sha256", "meta_sha256", "golden_task",
-           "regenerate_golden_files", "GOLDEN_CASES", "NO_MATRICES", "MAX_EXPORT_BYTES", "size_table_row"]
+           "regenerate_golden_files", "GOLDEN_CASES", "NO_MATRICES", "MAX_EXPORT_BYTES", "size_table_row",
+           "export_size", "write_manifest"]
 
 # The shipped golden files: configs shipped with the package, then task files of
 # golden_data/tasks/ (harder cases that need no config of their own).
@@ -48,7 +49,7 @@ GOLDEN_CASES = GOLDEN_CONFIGS + GOLDEN_TASKS
 # shipped set under 20 MB: name -> why.
 NO_MATRICES = {"gpt2_small": "P = 1,000: the two P x P matrices would add 16 MB",
                "gpt2_offpolicy": "P = 1,848: the two P x P matrices would add 55 MB"}
-MAX_EXPORT_BYTES = 2 ** 30  # refuse to write a golden file larger than this
+MAX_EXPORT_BYTES = MAX_GOLDEN_BYTES  # refuse to write a golden file larger than this
 _SENS_BYTES = 2 ** 26  # sensitivities held at once by the score pass
 
 
@@ -116,17 +117,37 @@ def score_pass(task, states, seqs, matrices):
     return logits, h, seq_matrix, token_matrix
 
 
-def _check_export_size(task, matrices):
+def export_size(task, matrices):
+    """Bytes of the golden file of ``task``, estimated in closed form from the sizes of
+    its arrays (docs/golden_format.md): per state its tokens (``L`` = longest prompt plus
+    ``max_len``), logits, probabilities and token Fishers; per response its tokens and
+    score; the cross terms, the ``P x P`` matrices and the meta (which lists the prompts)."""
     from fisher_ref.engine.plan import estimate_cost
     cost = estimate_cost(task)
-    N, M, P = cost.n_states, cost.n_responses, task.model.num_params
-    per_state = 2 + (2 if task.sampler is not None else 0)  # (N, P) arrays
-    size = 8 * (N * P * per_state + M * P + (2 * P * P if matrices else 0))
+    N, M, P, V, T = (cost.n_states, cost.n_responses, task.model.num_params,
+                     task.model.vocab_size, task.max_len)
+    L = max(len(p) for p in task.prompts) + T
+    off = task.sampler is not None
+    per_state = L + 3 + 2 * V + 2 * P + ((1 + V + 2 * P) if off else 0)
+    per_response = T + 4 + P + (2 if off else 0)
+    fixed = (2 + 2 * off) * T * T * P + 30 * P + (2 * P * P if matrices else 0)
+    meta = 8 * sum(len(p) + 1 for p in task.prompts) + 100 * len(task.model.layout())
+    entries = 300 * 60  # a zip entry and a .npy header per array, the meta's own fields
+    return 8 * (N * per_state + M * per_response + fixed) + meta + entries
+
+
+def _check_export_size(task, matrices):
+    from fisher_ref.engine.plan import count_states
+    size = export_size(task, matrices)
     if size > MAX_EXPORT_BYTES:
+        m = task.model
+        N, M = count_states(m.vocab_size, task.max_len, m.eos, len(task.prompts))
         raise ValueError(
             f"the golden file would hold about {size / 2**30:,.1f} GiB ({N:,} states, "
-            f"{M:,} responses, P={P:,}), more than {MAX_EXPORT_BYTES / 2**30:.0f} GiB; "
-            "export a smaller task (fewer prompts, smaller max_len or vocab_size)")
+            f"{M:,} responses, P={m.num_params:,}, {len(task.prompts):,} prompts of up to "
+            f"{max(len(p) for p in task.prompts):,} tokens), more than "
+            f"{MAX_EXPORT_BYTES / 2**30:.0f} GiB; export a smaller task (fewer or shorter "
+            "prompts, smaller max_len or vocab_size)")
 
 
 def _resolve_matrices(task, matrices):
@@ -252,12 +273,32 @@ def export_golden(task, path, exact_result=None, matrices="auto"):
 
 def regenerate_golden_files(directory=None, names=GOLDEN_CASES):
     """Write ``<name>.npz`` for each golden case into ``directory`` (default: the shipped
-    ``fisher_ref/golden_data``); returns the paths."""
+    ``fisher_ref/golden_data``, whose manifest :func:`write_manifest` then records the
+    new files' SHA-256); returns the paths."""
+    shipped = directory is None or Path(directory).resolve() == GOLDEN_DIR.resolve()
     directory = GOLDEN_DIR if directory is None else Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    return [export_golden(golden_task(name), directory / f"{name}.npz",
-                          matrices="auto" if name not in NO_MATRICES else False)
-            for name in names]
+    paths = [export_golden(golden_task(name), directory / f"{name}.npz",
+                           matrices="auto" if name not in NO_MATRICES else False)
+             for name in names]
+    if shipped:
+        write_manifest()
+    return paths
+
+
+def write_manifest(directory=None):
+    """Rewrite ``fisher_ref/golden/manifest.py``: the SHA-256 of every ``.npz`` in the
+    shipped ``golden_data`` (or ``directory``), by name."""
+    import fisher_ref.golden.manifest as manifest
+    directory = GOLDEN_DIR if directory is None else Path(directory)
+    rows = "".join(f"    {p.stem!r}: {hashlib.sha256(p.read_bytes()).hexdigest()!r},\n"
+                   for p in sorted(directory.glob("*.npz")))
+    text = Path(manifest.__file__).read_text()
+    head = text[:text.index("SHA256 = {")]
+    Path(manifest.__file__).write_text(head + "SHA256 = {\n" + rows + "}\n")
+    manifest.SHA256.clear()
+    manifest.SHA256.update({p.stem: hashlib.sha256(p.read_bytes()).hexdigest()
+                            for p in sorted(directory.glob("*.npz"))})
 
 
 def size_table_row(path):

@@ -20,13 +20,15 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import zipfile
-import zlib
 from pathlib import Path
 
 import numpy as np
 
-from fisher_ref.fileio import atomic_output
+from fisher_ref.fileio import atomic_output, strict_json
+from fisher_ref.golden.archive import GoldenFileError, check_shipped, members_of, read_raw
+from fisher_ref.limits import MAX_GOLDEN_BYTES
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "OLDEST_READABLE_VERSION", "MATRIX_MAX_PARAMS",
            "ON_POLICY_KEYS", "OFF_POLICY_KEYS", "MATRIX_KEYS", "SCALE_KINDS", "expected_keys",
@@ -105,10 +107,6 @@ SCALE_KINDS = {
 }
 
 
-class GoldenFileError(ValueError):
-    """A golden file is unreadable or inconsistent; the message names what is wrong."""
-
-
 def expected_keys(offpolicy, matrices):
     """key -> (dtype, size symbols, scale kind) of a file with or without a sampler and
     the ``P x P`` matrices."""
@@ -171,6 +169,9 @@ def write_npz(path, meta, arrays):
             np.lib.format.write_array(data, np.asarray(entries[key]), version=(1, 0),
                                       allow_pickle=False)
             zf.writestr(info, data.getvalue())
+    if buf.tell() > MAX_GOLDEN_BYTES:
+        raise ValueError(f"the golden file would be {buf.tell():,} bytes, more than the limit "
+                         f"of {MAX_GOLDEN_BYTES:,} bytes (fisher_ref.limits.MAX_GOLDEN_BYTES)")
     with atomic_output(path, "golden file") as tmp:
         Path(tmp).write_bytes(buf.getvalue())
     return Path(path)
@@ -205,35 +206,9 @@ class Golden:
 
 def read_members(path):
     """Every ``.npy`` entry of the ``.npz`` at ``path`` as ``{key: array}`` (no checks
-    beyond readability); :class:`GoldenFileError` for anything unreadable."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise GoldenFileError(f"cannot read golden file {path}: {exc.strerror or exc}") from None
-    if not zipfile.is_zipfile(io.BytesIO(raw)):
-        raise GoldenFileError(
-            f"{path} is not a golden file: not a valid .npz (zip) archive ({len(raw)} bytes; "
-            "truncated or not an .npz)")
-    out = {}
-    try:
-        with zipfile.ZipFile(io.BytesIO(raw)) as zf:
-            for name in zf.namelist():
-                key = name[:-4] if name.endswith(".npy") else name
-                try:
-                    data = zf.read(name)
-                except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
-                    raise GoldenFileError(f"{path}: array {key!r} is corrupted: {exc}") from None
-                try:
-                    out[key] = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
-                except (ValueError, OSError, EOFError) as exc:
-                    raise GoldenFileError(
-                        f"{path}: array {key!r} is not a readable .npy array: {exc}") from None
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError,
-            ValueError, NotImplementedError) as exc:
-        if isinstance(exc, GoldenFileError):
-            raise
-        raise GoldenFileError(f"{path}: broken .npz (zip) archive, truncated?: {exc}") from None
-    return out
+    beyond readability and the bounds of :mod:`fisher_ref.golden.archive`);
+    :class:`GoldenFileError` for anything unreadable."""
+    return members_of(path, read_raw(path))
 
 
 def _check_version(path, meta):
@@ -257,10 +232,7 @@ def _check_meta(path, members):
     if m.shape != () or m.dtype.kind != "U":
         raise GoldenFileError(f"{path}: 'meta' must be a 0-d unicode string array, "
                               f"got dtype {m.dtype} shape {m.shape}")
-    try:
-        meta = json.loads(str(m))
-    except json.JSONDecodeError as exc:
-        raise GoldenFileError(f"{path}: 'meta' is not valid JSON: {exc}") from None
+    meta = strict_json(str(m), f"{path}: 'meta'", GoldenFileError)
     if not isinstance(meta, dict):
         raise GoldenFileError(f"{path}: 'meta' must be a JSON object")
     if meta.get("schema") != SCHEMA:
@@ -275,7 +247,8 @@ def _check_meta(path, members):
         raise GoldenFileError(
             f"{path}: meta was modified: its SHA-256 is {got[:16]}..., but meta_sha256 says "
             f"{claimed[:16]}... (a field of meta, e.g. the model, task, reward, baseline, "
-            "layout, sizes or array hashes, was edited or corrupted after export)")
+            "layout, sizes or array hashes, was changed or damaged after export; the hash "
+            "is unkeyed: it catches accidents, not an edit that also rewrites it)")
     for key, kind in (("sha256", dict), ("sizes", dict), ("model", dict), ("task", dict),
                       ("layout", list), ("offpolicy", bool), ("matrices", bool),
                       ("theta_source", str)):
@@ -283,7 +256,44 @@ def _check_meta(path, members):
             want = {dict: "a JSON object", list: "a JSON array", bool: "true or false",
                     str: "a string"}[kind]
             raise GoldenFileError(f"{path}: meta has no valid {key!r} entry (expected {want})")
+    _check_meta_fields(path, meta)
     return meta
+
+
+def _is_int(x, low=0):
+    return isinstance(x, int) and not isinstance(x, bool) and x >= low
+
+
+def _check_meta_fields(path, meta):
+    """The meta fields the reader and the checkers use, each of the documented kind."""
+    def bad(what, value):
+        raise GoldenFileError(f"{path}: meta {what}, got {value!r:.80}")
+    for sym, value in meta["sizes"].items():
+        if not _is_int(value):
+            bad(f"sizes[{sym!r}] must be a non-negative integer", value)
+    for i, e in enumerate(meta["layout"]):
+        if not (isinstance(e, dict) and isinstance(e.get("shape"), list)
+                and all(_is_int(n) for n in e["shape"])):
+            bad(f"layout[{i}] must be an object with a 'shape' list of non-negative integers", e)
+    model, task = meta["model"], meta["task"]
+    if not _is_int(model.get("vocab_size"), 1):
+        bad("model.vocab_size must be a positive integer", model.get("vocab_size"))
+    if not isinstance(model.get("eos", True), bool):
+        bad("model.eos must be true or false", model.get("eos"))
+    if not _is_int(task.get("max_len"), 1):
+        bad("task.max_len must be a positive integer", task.get("max_len"))
+    prompts = task.get("prompts", [])
+    if not (isinstance(prompts, list) and all(
+            isinstance(p, list) and all(_is_int(t) for t in p) for p in prompts)):
+        bad("task.prompts must be a list of token lists", prompts)
+    if meta["theta_source"] not in ("init", "given"):
+        bad("theta_source must be 'init' or 'given'", meta["theta_source"])
+    if meta["theta_source"] == "init":
+        for key in ("init_seed", "init_scale"):
+            value = model.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                    key == "init_seed" and not _is_int(value)) or not math.isfinite(value):
+                bad(f"model.{key} must be a number (an integer >= 0 for the seed)", value)
 
 
 def _check_hashes(path, meta, arrays):
@@ -333,7 +343,9 @@ def _check_sizes(path, meta, arrays):
         P = int(sum(int(np.prod(e["shape"])) for e in meta["layout"]))
     except (TypeError, KeyError, ValueError):
         raise GoldenFileError(f"{path}: meta layout entries need a 'shape' list") from None
-    checks = [("P", P, "the parameter layout"), ("P", arrays["theta"].shape[0], "theta"),
+    theta = arrays["theta"]
+    checks = [("P", P, "the parameter layout"),
+              ("P", theta.shape[0] if theta.ndim == 1 else theta.shape, "theta"),
               ("V", meta["model"].get("vocab_size"), "model.vocab_size"),
               ("T", meta["task"].get("max_len"), "task.max_len"),
               ("X", len(meta["task"].get("prompts", [])), "task.prompts")]
@@ -363,9 +375,61 @@ def _check_arrays(path, meta, arrays):
                 f"({', '.join(f'{c}={sizes[c]}' for c in dims) or 'a 0-d array'})")
 
 
+VALUE_RTOL = 1e-10  # the identities _check_values holds the arrays to
+
+
+def _inconsistent(path, what):
+    return GoldenFileError(f"{path}: inconsistent golden file: {what}; every export satisfies "
+                           "this, so the file was changed after export")
+
+
+def _check_values(path, meta, a):
+    r"""Cheap identities every exported file satisfies: the enumeration's counts per depth
+    and per response length (``b = V - 1`` open children under EOS, else ``V``), rows of
+    ``p`` (and ``mu``) summing to 1, the response probabilities summing to 1, ``theta``
+    the documented initial draw when ``theta_source`` is ``"init"``, and
+    :math:`F = \sum_s \pi(s) f(s)` per stream."""
+    sizes, model = meta["sizes"], meta["model"]
+    V, T, X, eos = sizes["V"], sizes["T"], sizes["X"], model.get("eos", True)
+    b = V - 1 if eos else V
+    depth = a["state_depth"]
+    if depth.size and (depth.min() < 0 or depth.max() >= T):
+        raise _inconsistent(path, f"state_depth outside 0..{T - 1}")
+    want = [X * b ** t for t in range(T)]
+    if np.bincount(depth, minlength=T).tolist() != want:
+        raise _inconsistent(path, f"states per depth {np.bincount(depth, minlength=T).tolist()}"
+                                  f", the enumeration has {want}")
+    lengths = (a["seq_tokens"] >= 0).sum(axis=1)  # (M,)
+    want = ([X * b ** (n - 1) for n in range(1, T)] + [X * b ** (T - 1) * V] if eos
+            else [0] * (T - 1) + [X * V ** T])
+    got = np.bincount(lengths, minlength=T + 1)[1:].tolist()
+    if got != want:
+        raise _inconsistent(path, f"responses per length {got}, the enumeration has {want}")
+    for key in ("state_probs", "sampler_probs"):
+        if key in a and a[key].size and np.max(np.abs(a[key].sum(axis=1) - 1)) > VALUE_RTOL:
+            raise _inconsistent(path, f"rows of {key!r} do not sum to 1")
+    if abs(float(a["seq_prob"].sum()) - 1) > VALUE_RTOL:
+        raise _inconsistent(path, f"seq_prob sums to {float(a['seq_prob'].sum())!r}, not 1")
+    if meta["theta_source"] == "init":
+        rng = np.random.default_rng(model.get("init_seed", 0))
+        init = model.get("init_scale", 1.0) * rng.standard_normal(sizes["P"])
+        if not np.array_equal(a["theta"], init):
+            raise _inconsistent(path, "theta_source is 'init' but theta is not init_scale * "
+                                      "default_rng(init_seed).standard_normal(P)")
+    for p in ("", "offpolicy_"):
+        if p + "sequence_fisher" in a:
+            F, Ft = a[p + "sequence_fisher"], a[p + "token_fisher_sum"]
+            scale = max(float(np.max(np.abs(F), initial=0)), float(np.max(np.abs(Ft), initial=0)))
+            if float(np.max(np.abs(F - Ft), initial=0)) > VALUE_RTOL * scale:
+                raise _inconsistent(path, f"{p}sequence_fisher differs from {p}token_fisher_sum "
+                                          f"(identity 3: F = sum_s pi(s) f(s))")
+
+
 def load_golden(path):
-    """Load and check a golden file: zip, meta, schema, version, hashes (meta's own, then
-    the arrays'), keys, dtypes, shapes.
+    """Load and check a golden file: a regular file within the size limit, the shipped
+    manifest (for the shipped files), zip, meta, schema, version, hashes (meta's own,
+    then the arrays'), keys, dtypes, shapes, and cheap identities of the values
+    (:func:`_check_values`).
 
     Raises:
         GoldenFileError: naming the first thing that is wrong, in that order.
@@ -373,7 +437,17 @@ def load_golden(path):
     Returns:
         :class:`Golden` with ``meta`` and ``arrays``.
     """
-    members = read_members(path)
-    meta = _check_meta(path, members)
-    _check_arrays(path, meta, members)
+    raw = read_raw(path)
+    check_shipped(path, raw)
+    members = members_of(path, raw)
+    try:
+        meta = _check_meta(path, members)
+        _check_arrays(path, meta, members)
+        _check_values(path, meta, members)
+    except GoldenFileError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError,
+            RecursionError, MemoryError) as exc:  # a malformed file no check above foresaw
+        raise GoldenFileError(f"{path}: malformed golden file ({type(exc).__name__}: "
+                              f"{exc})") from None
     return Golden(meta, members, path)

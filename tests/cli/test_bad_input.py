@@ -24,7 +24,7 @@ from fisher_ref.cli import main
 from fisher_ref.engine.plan import EnumerationTooLarge, count_states
 from fisher_ref.fileio import FileProblem, atomic_output
 from fisher_ref.limits import MAX_PARAMS
-from fisher_ref.models.base import FunctionModel
+from fisher_ref.models.function import FunctionModel
 from fisher_ref.monte_carlo.sampling import estimate, sample
 from fisher_ref.rewards import CountReward, FunctionReward
 from fisher_ref.checks.identities import verify_task

@@ -166,10 +166,13 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r}))
 
 
 def test_comparison_result_api():
-    r = compare_to_golden({}, "tabular")
-    assert isinstance(r, Comparison) and r.passed and r.results == []
+    g = load_golden(golden_path("tabular"))
+    r = compare_to_golden({"score_mean": g["score_mean"]}, g)
+    assert isinstance(r, Comparison) and r.passed and [x.key for x in r.results] == ["score_mean"]
     with pytest.raises(KeyError):
         r["sequence_fisher"]
+    with pytest.raises(ValueError, match="an empty comparison is not a pass"):
+        compare_to_golden({}, "tabular")
 
 
 def test_doctests():

@@ -1,0 +1,143 @@
+"""The ``.npz`` container of a golden file, read without trusting it.
+
+A golden file is a zip of ``.npy`` entries. Before anything is allocated the reader
+checks that the file is a regular file of at most
+:data:`fisher_ref.limits.MAX_GOLDEN_BYTES`, that the sizes its zip entries declare add
+up to no more than that, that no entry name repeats, and that each ``.npy`` header's
+shape and dtype account for exactly the bytes its entry holds; so a 200-byte file
+claiming 10^12 floats, or a zip bomb, is a :class:`GoldenFileError`, not a
+``MemoryError``. Shipped files (``fisher_ref/golden_data``) must also match the
+SHA-256 recorded for them in :mod:`fisher_ref.golden.manifest`.
+
+Standard library and numpy only, like the rest of the reader.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import zipfile
+import zlib
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from fisher_ref.fileio import FileProblem, read_bytes
+from fisher_ref.limits import MAX_GOLDEN_BYTES
+
+__all__ = ["GoldenFileError", "read_raw", "members_of", "check_shipped", "SHIPPED_DIR",
+           "MAX_MEMBERS"]
+
+#: Entries a golden file may hold (a file with a sampler and the matrices has 53).
+MAX_MEMBERS = 256
+_MAX_HEADER = 10_000  # bytes of one .npy header (numpy's own default limit)
+SHIPPED_DIR = Path(str(resources.files("fisher_ref") / "golden_data"))
+
+
+class GoldenFileError(ValueError):
+    """A golden file is unreadable or inconsistent; the message names what is wrong."""
+
+
+def read_raw(path):
+    """The bytes of the golden file ``path``: a regular file of at most
+    ``MAX_GOLDEN_BYTES``, else :class:`GoldenFileError` naming it."""
+    try:
+        return read_bytes(path, "golden file", MAX_GOLDEN_BYTES)
+    except (OSError, FileProblem) as exc:
+        raise GoldenFileError(f"cannot read golden file {path}: "
+                              f"{getattr(exc, 'strerror', None) or exc}") from None
+
+
+def check_shipped(path, raw):
+    """A file in the shipped ``golden_data`` directory must have the SHA-256 the manifest
+    records for its name (a keyed check the file's own unkeyed hashes cannot give)."""
+    from fisher_ref.golden.manifest import SHA256
+    try:
+        shipped = Path(path).resolve().parent == SHIPPED_DIR.resolve()
+    except (OSError, RuntimeError):
+        return
+    if not shipped:
+        return
+    name = Path(path).stem
+    got = hashlib.sha256(raw).hexdigest()
+    want = SHA256.get(name)
+    if want is None:
+        raise GoldenFileError(f"{path}: not a shipped golden file (no {name!r} in "
+                              "fisher_ref.golden.manifest); keep your own files elsewhere")
+    if got != want:
+        raise GoldenFileError(
+            f"{path}: this shipped golden file's SHA-256 is {got[:16]}..., but the manifest "
+            f"shipped with fisher_ref says {want[:16]}...: the file was changed after release; "
+            "reinstall fisher_ref, or regenerate with `python -m fisher_ref.golden --regenerate`")
+
+
+def _check_entry(path, zf, info):
+    """The ``.npy`` header of one entry must account for exactly its declared size."""
+    key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+    try:
+        with zf.open(info) as fh:
+            head = io.BytesIO(fh.read(_MAX_HEADER + 16))
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
+        raise GoldenFileError(f"{path}: array {key!r} is corrupted: {exc}") from None
+    try:
+        version = np.lib.format.read_magic(head)
+        reader = {(1, 0): np.lib.format.read_array_header_1_0,
+                  (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if reader is None:
+            raise ValueError(f"unsupported .npy version {version}")
+        shape, _, dtype = reader(head)
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
+        raise GoldenFileError(f"{path}: array {key!r} has no readable .npy header: {exc}") \
+            from None
+    if dtype.hasobject:
+        raise GoldenFileError(f"{path}: array {key!r} holds Python objects; golden arrays "
+                              "are float64, int64 or a string")
+    need = head.tell() + math.prod(shape) * dtype.itemsize
+    if need != info.file_size:
+        raise GoldenFileError(
+            f"{path}: array {key!r} claims shape {tuple(shape)} of {dtype.str} "
+            f"({need:,} bytes with its header), but its entry holds {info.file_size:,} bytes")
+    return key
+
+
+def members_of(path, raw):
+    """Every ``.npy`` entry of the zip ``raw`` as ``{key: array}``, checked as the module
+    docstring says before it is read; :class:`GoldenFileError` for anything else."""
+    if not zipfile.is_zipfile(io.BytesIO(raw)):
+        raise GoldenFileError(
+            f"{path} is not a golden file: not a valid .npz (zip) archive ({len(raw)} bytes; "
+            "truncated or not an .npz)")
+    out = {}
+    try:
+        with zipfile.ZipFile(io.BytesIO(raw)) as zf:
+            infos = zf.infolist()
+            names = [n[:-4] if n.endswith(".npy") else n for n in (i.filename for i in infos)]
+            if len(infos) > MAX_MEMBERS:
+                raise GoldenFileError(f"{path}: {len(infos):,} zip entries, more than the "
+                                      f"{MAX_MEMBERS} a golden file can hold")
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise GoldenFileError(f"{path}: zip entries {twice} appear more than once")
+            declared = sum(i.file_size for i in infos)
+            if declared > MAX_GOLDEN_BYTES:
+                raise GoldenFileError(
+                    f"{path}: its zip entries declare {declared:,} bytes uncompressed, more "
+                    f"than the limit of {MAX_GOLDEN_BYTES:,} bytes (a zip bomb?)")
+            for info in infos:
+                key = _check_entry(path, zf, info)
+                try:
+                    data = zf.read(info)
+                except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
+                    raise GoldenFileError(f"{path}: array {key!r} is corrupted: {exc}") from None
+                try:
+                    out[key] = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+                except (ValueError, OSError, EOFError) as exc:
+                    raise GoldenFileError(
+                        f"{path}: array {key!r} is not a readable .npy array: {exc}") from None
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError,
+            ValueError, NotImplementedError) as exc:
+        if isinstance(exc, GoldenFileError):
+            raise
+        raise GoldenFileError(f"{path}: broken .npz (zip) archive, truncated?: {exc}") from None
+    return out
