@@ -1,11 +1,11 @@
 """The shards of one exact run as Ray tasks, on one machine or a cluster.
 
-:func:`exact_ray` runs ``exact(task, shard=(i, n))`` (:mod:`fisher_ref.engine.shards`)
+:func:`exact_ray` runs ``exact(task, shard=(i, n))`` (``fisher_ref.engine.shards``)
 as one Ray task per shard and merges their sums once, in the calling process: the
-same :class:`fisher_ref.results.ExactResult` as ``exact(task)``, to rounding. What
+same :class:`fisher_ref.ExactResult` as ``exact(task)``, to rounding. What
 crosses the network: the task (put once in Ray's object store, a task file's worth of
 data: the model's description, its parameters, prompts, reward) and each shard's sums
-(:class:`fisher_ref.engine.shards.ShardResult`: a few ``(P,)`` and ``(T, T, P)`` arrays
+(a ``ShardResult``: a few ``(P,)`` and ``(T, T, P)`` arrays
 per stream, plus the shard's rows of the per-state and per-response arrays when those
 are kept).
 
@@ -56,12 +56,12 @@ def exact_ray(task, address=None, shards=None, *, max_retries=2, runner=None, to
     """``exact(task, ...)`` with its shards run as Ray tasks, merged here.
 
     Args:
-        task: a :class:`fisher_ref.tasks.Task`.
+        task: a :class:`fisher_ref.Task`.
         address: the Ray cluster to join (``"ray://host:10001"``, ``"host:6379"``,
             ``"auto"``); ``None`` joins the Ray this process already runs, else starts a
             local one (or joins the one ``RAY_ADDRESS`` names, as ``ray.init`` does).
         shards: how many shards (one Ray task each); default: the cluster's CPUs. Never
-            more than the task has subtrees at the cut (:func:`plan_shards`).
+            more than the task has subtrees at the cut (``plan_shards``).
         max_retries: extra attempts of a shard that raised or whose worker died.
         runner: ``(task, shard, options) -> ShardResult`` run in each Ray task (default
             :func:`run_shard`, the numpy engine); it must be picklable.
@@ -73,7 +73,7 @@ def exact_ray(task, address=None, shards=None, *, max_retries=2, runner=None, to
     Raises:
         ShardFailed: a shard failed on every attempt (the message names it and the
             last error).
-        EnumerationTooLarge, ValueError: as :func:`fisher_ref.exact`.
+        fisher_ref.EnumerationTooLarge, ValueError: as :func:`fisher_ref.exact`.
     """
     ray = _ray()
     if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:

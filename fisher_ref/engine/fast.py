@@ -366,12 +366,11 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
             with the per-state arrays when kept and no per-response arrays; no
             reward is evaluated. Reading a skipped quantity raises an ``AttributeError``.
         shard: ``(i, n)``: only shard ``i`` of ``n`` (subtrees cut by prompt and first
-            tokens, :mod:`fisher_ref.engine.shards`); returns its
-            :class:`fisher_ref.engine.shards.ShardResult`, which
-            :func:`fisher_ref.engine.shards.merge` adds to the others.
-        workers: processes to run the shards in (:mod:`fisher_ref.engine.workers`);
+            tokens, ``fisher_ref.engine.shards``); returns its ``ShardResult``, which
+            ``fisher_ref.engine.shards.merge`` adds to the others.
+        workers: processes to run the shards in (``fisher_ref.engine.workers``);
             ``"auto"``: the available cores, 1 (this process) for a run estimated under
-            a few seconds. The result is the same to rounding.
+            10 s. The result is the same to rounding.
 
     Returns:
         :class:`fisher_ref.results.ExactResult` (with ``shard``: a ``ShardResult``).
