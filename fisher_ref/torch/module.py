@@ -43,7 +43,7 @@ from torch.func import functional_call, jacrev
 
 from fisher_ref.models.base import layout_offsets
 from fisher_ref.torch.adapters import JACOBIAN_CHUNK, TorchAdapter, resolve_dtype
-from fisher_ref.torch.precision import LowPrecisionError, run_dtype
+from fisher_ref.torch.precision import RANK, LowPrecisionError, run_dtype
 
 __all__ = ["from_module", "ModuleAdapter", "flat_parameters", "select_parameters",
            "input_embeddings", "sampler_from_module", "LowPrecisionError"]
@@ -154,9 +154,10 @@ def _last_logits(out, V, n, dtype):
     if out.shape[-1] < V:
         raise ValueError(f"the module returned {out.shape[-1]} logits per state, fewer than "
                          f"vocab_size={V}")
-    if out.dtype != dtype:
+    if RANK.get(out.dtype, 2) < RANK.get(dtype, 2):
         raise LowPrecisionError(f"the module returned {out.dtype} logits in a {dtype} run")
-    return out[:, :V]  # (b, V)
+    return out[:, :V].to(dtype)  # (b, V): higher-precision logits (a bfloat16 run's
+    # float32 head, say) come down to the run's dtype
 
 
 def _vmap_hint(exc):

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch engine needs torch (the torch extra)")
 pytest.importorskip("transformers", reason="the hf extra (transformers) is needed")
 
-from fisher_ref.torch import exact_causal_lm  # noqa: E402
+from fisher_ref.torch.exact import exact_causal_lm
 from fisher_ref.torch import self_check  # noqa: E402
 from fisher_ref.torch.precision import LowPrecisionError, run_dtype  # noqa: E402
 from fisher_ref.torch.self_check import SelfCheckError, SelfCheckWarning  # noqa: E402
@@ -119,10 +119,13 @@ def test_run_dtype_restores_torch_state():
     assert not lin._forward_pre_hooks and not lin._forward_hooks
 
 
-def test_a_float32_run_says_its_dtype_and_is_judged_by_it():
-    out = run(modules(cast=False)[0], dtype="float32")
-    assert out["dtype"] == "float32"
-    assert all(r["tolerance"] == self_check.SELF_CHECK_TOL["float32"] for r in out["checks"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_low_precision_run_says_its_dtype_and_is_judged_by_it(dtype):
+    """A float32 head in a bfloat16 run (the cast module computes its norm in float32) is
+    fine: only precision below the run's is refused."""
+    out = run(modules(cast=True)[1], dtype=dtype)
+    assert out["dtype"] == dtype
+    assert all(r["tolerance"] == self_check.SELF_CHECK_TOL[dtype] for r in out["checks"])
     assert all(r["passed"] for r in out["checks"]), out["checks"]
 
 
