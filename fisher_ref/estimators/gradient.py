@@ -30,7 +30,7 @@ from .groups import (DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, check_groups, groups
                      response_table)
 
 __all__ = ["LossGradient", "expected_loss_gradient", "fit_scale", "kl_gradient",
-           "loss_coefficients"]
+           "policy_gradient_of", "loss_coefficients"]
 
 # Elements of one chunk's per-group gradients (n, P) (8 MiB).
 _GATHER_ELEMENTS = 2 ** 20
@@ -56,7 +56,7 @@ class LossGradient:
 
     Attributes:
         mean: :math:`E[\nabla_\theta L]`.
-        policy_gradient: :math:`\nabla_\theta E_p[R]` (:func:`fisher_ref.exact`).
+        policy_gradient: :math:`\nabla_\theta E_p[R]`, the sum :func:`fisher_ref.exact` takes.
         variance: :math:`\mathrm{Var}[\nabla_\theta L]` per parameter, over one group.
         kl_gradient: :math:`\nabla_\theta KL(p_{seq} \| ref_{seq})` or ``None`` (no reference).
         group_size, symmetric, n_groups: what was enumerated.
@@ -203,14 +203,40 @@ class _Merged:
         Wc = w.sum()
         if Wc == 0:
             return
-        mc = w @ g / Wc
+        mc = np.einsum("n,np->p", w, g) / Wc  # einsum: no BLAS threads to contend
         g -= mc  # in place: g is this chunk's own array
         np.square(g, out=g)
-        M2c = w @ g
+        M2c = np.einsum("n,np->p", w, g)
         d, W = mc - self.mean, self.W + Wc
         self.mean = self.mean + d * (Wc / W)
         self.M2 = self.M2 + M2c + d * d * (self.W * Wc / W)
         self.W = W
+
+
+def _score_sum(table, coef):
+    r""":math:`\sum_x w_x \sum_y p(y)\,c_x(y)\,h(y)`, :math:`h = \sum_t \xi_t`, with
+    ``coef(pr) -> (M,)`` the per-response factors :math:`c_x`: per-window coefficients
+    (a ``bincount``), then one product with the scores."""
+    U, V, P = table.xi.shape
+    D = np.zeros(U * V)
+    for pr in table.prompts:
+        c = pr.weight * np.exp(pr.logp) * coef(pr)  # (M,)
+        live = pr.mask
+        cols = (pr.rows * V + np.where(live, pr.tokens, 0))[live]  # (L,)
+        D += np.bincount(cols, np.broadcast_to(c[:, None], live.shape)[live], minlength=U * V)
+    return D @ table.xi.reshape(U * V, P)
+
+
+def policy_gradient_of(table, baseline=0.0):
+    r""":math:`\nabla E_p[R] = \sum_x w_x \sum_y p(y)\,(R(y) - b)\,h(y)` over the
+    enumerated responses (the sum of the engine's ``policy`` stream; ``b`` any constant,
+    as :math:`E_p[h] = 0`)."""
+    return _score_sum(table, lambda pr: pr.rewards - baseline)
+
+
+def _mean_reward(table):
+    """:math:`E_p[R]` over the enumerated responses (a baseline that keeps the sum small)."""
+    return sum(pr.weight * np.exp(pr.logp) @ pr.rewards for pr in table.prompts)
 
 
 def kl_gradient(table):
@@ -219,16 +245,12 @@ def kl_gradient(table):
     (exact because :math:`E_p[h] = 0`); ``None`` without a reference."""
     if table.ref_logp is None:
         return None
-    out = np.zeros(table.xi.shape[2])
-    for pr in table.prompts:
+
+    def delta(pr):
         tok = np.where(pr.mask, pr.tokens, 0)
-        delta = np.where(pr.mask, table.logp[pr.rows, tok] - table.ref_logp[pr.rows, tok],
-                         0.0).sum(axis=1)  # (M,)
-        c = pr.weight * np.exp(pr.logp) * delta  # (M,)
-        live = pr.mask
-        xi = table.xi[pr.rows[live], tok[live]]  # (L, P)
-        out += np.broadcast_to(c[:, None], live.shape)[live] @ xi
-    return out
+        return np.where(pr.mask, table.logp[pr.rows, tok] - table.ref_logp[pr.rows, tok],
+                        0.0).sum(axis=1)  # (M,)
+    return _score_sum(table, delta)
 
 
 def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *,
@@ -252,7 +274,9 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *,
             past this many groups, or when the per-state scores need more memory.
         vectorize: evaluate the groups of a chunk at once with ``torch.func.vmap``
             (a loss that does not vectorise falls back to one group at a time).
-        policy_gradient: :math:`\nabla E_p[R]` if already known (else ``exact(task)``).
+        policy_gradient: :math:`\nabla E_p[R]` if already known (else the same finite sum
+            :func:`fisher_ref.exact` takes, :math:`E_p[(R - b) h]`, over the responses
+            enumerated here; the tests hold the two at 1e-10).
 
     Returns:
         :class:`LossGradient`.
@@ -289,9 +313,7 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *,
             C = coeffs(a, pr.prompt)  # (n, G, T, V)
             acc.add(w, _group_gradients(table, a, C))
     if policy_gradient is None:
-        from ..engine.fast import exact
-        policy_gradient = exact(task, progress=False, keep_states=False,
-                                keep_sequences=False).gradient
+        policy_gradient = policy_gradient_of(table, _mean_reward(table))
     return LossGradient(mean=acc.mean * acc.W, policy_gradient=np.asarray(policy_gradient),
                         variance=acc.M2 / acc.W if acc.W > 0 else acc.M2,
                         kl_gradient=kl_gradient(table), group_size=G, symmetric=bool(symmetric),

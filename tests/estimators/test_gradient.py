@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import cases
-from fisher_ref import exact
+from fisher_ref import exact, load_config
 from fisher_ref.engine.plan import EnumerationTooLarge
 from fisher_ref.estimators.gradient import expected_loss_gradient
 
@@ -85,8 +85,10 @@ def test_symmetric_multisets_equal_ordered_tuples():
         assert b.n_groups < a.n_groups
 
 
-def test_policy_gradient_is_the_engines():
-    task = tiny_task(STALE)
+@pytest.mark.parametrize("name", ["default", "weighted_prompts", "offpolicy_stale",
+                                  "gpt2_offpolicy", "no_eos"])
+def test_policy_gradient_is_the_engines(name):
+    task = load_config(name)
     lg = expected_loss_gradient(task, reinforce)
     _close(lg.policy_gradient, exact(task, progress=False).gradient)
     assert lg.kl_gradient is None
