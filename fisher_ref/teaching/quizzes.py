@@ -359,12 +359,49 @@ def render_html(quiz_id):
             f"*Answer with* `check(\"{q.id}\", \"A\")` *(your letter).*")
 
 
+#: LaTeX commands of the quizzes and the characters that stand for them in HTML.
+_TEX_SYMBOLS = {"\\,": "\u2009", "\\approx": "\u2248", "\\cdot": "\u00b7", "\\delta": "\u03b4",
+                "\\epsilon": "\u03b5", "\\eta": "\u03b7", "\\kappa": "\u03ba", "\\le": "\u2264",
+                "\\max": "max", "\\mid": "|", "\\mu": "\u03bc", "\\ne": "\u2260",
+                "\\sigma": "\u03c3", "\\sum": "\u03a3", "\\theta": "\u03b8", "\\to": "\u2192",
+                "\\xi": "\u03be"}
+_SUB = re.compile(r"_\{([^{}]*)\}|_(\w\u0304?)")
+_SUP = re.compile(r"\^\{([^{}]*)\}|\^(\w)")
+
+
+def _math_html(tex):
+    r"""One ``$...$`` formula of the quizzes as plain HTML (Greek letters, sub- and superscripts).
+
+    jupyterquiz leaves maths to a global MathJax, which JupyterLab 4 does not provide, so its
+    buttons would show raw LaTeX there; this keeps them readable everywhere.
+
+    Example:
+        >>> _math_html(r"|G_i| \le \mathrm{std}(A)\sqrt{F_i}")
+        '|G<sub>i</sub>| ≤ std(A)√(F<sub>i</sub>)'
+    """
+    out = re.sub(r"\\(?:mathrm|text)\{([^{}]*)\}", r"\1", tex)
+    out = re.sub(r"\\bar\s*\{?(\w)\}?", "\\1\u0304", out)
+    out = re.sub(r"\\tilde\{?\\xi\}?", "\u03be\u0303", out)
+    out = re.sub(r"\\tilde\{?h\}?", "h\u0303", out)
+    for command in sorted(_TEX_SYMBOLS, key=len, reverse=True):
+        end = r"(?![A-Za-z])" if command[-1].isalpha() else ""
+        out = re.sub(re.escape(command) + end, _TEX_SYMBOLS[command], out)
+    out = re.sub(r"\\sqrt\{([A-Za-z]|\d+)\}|\\sqrt\s*([A-Za-z])\b",
+                 lambda m: "\u221a" + (m[1] or m[2]), out)
+    out = re.sub(r"\\sqrt\{([^{}]*)\}", "\u221a(\\1)", out)
+    for _ in range(2):  # j_{y_t}: the inner subscript, then the outer one
+        out = _SUB.sub(lambda m: f"<sub>{m[1] or m[2]}</sub>", out)
+    out = _SUP.sub(lambda m: f"<sup>{m[1] or m[2]}</sup>", out)
+    return out.replace("{", "").replace("}", "")
+
+
 def _inline_html(markdown):
-    """The little markdown the quizzes use (code, bold, italics) as HTML; ``$`` maths kept."""
+    """The little markdown the quizzes use (code, bold, italics, ``$`` maths) as HTML."""
     text = html.escape(markdown, quote=False)
     text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
     text = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", text)
-    return re.sub(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])", r"<i>\1</i>", text)
+    text = re.sub(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])", r"<i>\1</i>", text)
+    return re.sub(r"\$([^$]+)\$", lambda m: _math_html(m[1]), text)
 
 
 def as_jupyterquiz(quiz_id):

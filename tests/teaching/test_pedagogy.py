@@ -156,8 +156,18 @@ def test_as_jupyterquiz_keeps_letters_feedback_and_maths():
     assert item["type"] == "multiple_choice" and len(item["answers"]) == len(q.options)
     assert [a["correct"] for a in item["answers"]] == [k == q.correct for k in range(4)]
     assert all(a["answer"].startswith(f"{LETTERS[k]}. ") for k, a in enumerate(item["answers"]))
-    assert "$u&lt;t$" in item["answers"][q.correct]["feedback"]  # '<' escaped, maths kept
+    assert "u&lt;t" in item["answers"][q.correct]["feedback"]  # '<' escaped
     assert "<code>" in quizzes.as_jupyterquiz("window")[0]["question"]
+
+
+@pytest.mark.parametrize("quiz_id", list(QUIZZES))
+def test_clickable_quiz_holds_no_raw_latex(quiz_id):
+    """JupyterLab 4 gives jupyterquiz no global MathJax: the buttons get HTML, not LaTeX."""
+    (item,) = quizzes.as_jupyterquiz(quiz_id)
+    texts = [item["question"]] + [a[k] for a in item["answers"] for k in ("answer", "feedback")]
+    for text in texts:
+        assert "$" not in text and "\\" not in text and "^" not in text, (quiz_id, text)
+        assert "_" not in re.sub(r"<[^>]+>", "", text) or "`" in text, (quiz_id, text)
 
 
 def test_show_uses_jupyterquiz_in_a_notebook(monkeypatch):
