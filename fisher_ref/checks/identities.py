@@ -20,6 +20,7 @@ with its natural scale (docs/theory.md §9.3):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +28,9 @@ import numpy as np
 from fisher_ref.monte_carlo.ztests import ROUNDING_RTOL
 from fisher_ref.checks.tolerances import (EXACT_RTOL, GRADIENT_FLOOR, fisher_scale, gradient_scale,
                                          rel_err)
+from fisher_ref.limits import check_seed
 from fisher_ref.results import require_all_quantities
+from fisher_ref.rewards import Reward
 from fisher_ref.models.sensitivities import sensitivities, sensitivities_autograd
 from fisher_ref.tasks import require_task
 from fisher_ref.numerics import softmax, token_fisher, token_fisher_pairwise, uniform_token_fisher
@@ -352,6 +355,44 @@ def _mc_label(quantity, stream):
     return "mc " + _MC_IDENTITY.get(quantity, quantity)
 
 
+class _ScaledReward(Reward):
+    """``s * R`` for a reward ``R`` (vectorised when ``R`` is)."""
+
+    def __init__(self, reward, s):
+        self.reward, self.s, self.name = reward, s, f"{reward.name} x {s:g}"
+
+    def __call__(self, prompt, response):
+        return self.s * self.reward(prompt, response)
+
+    def batch(self, tokens, lengths, prompts, prompt_ids):
+        return self.s * self.reward.batch(tokens, lengths, prompts, prompt_ids)
+
+    def to_json(self):
+        return {"name": "scaled", "scale": self.s, "reward": self.reward.to_json()}
+
+
+#: Reward sizes below this are scaled up for the Monte Carlo rows (their squares, in the
+#: exact variances the z-tests divide by, would leave float64's normal range).
+TINY_REWARD = 1e-100
+
+
+def _rewards_near_one(task, result, progress, workers):
+    r"""``(task, result)``, or, when the rewards are below ``TINY_REWARD`` in size, a copy
+    whose rewards and baseline are multiplied by a power of two ``s`` bringing them near 1,
+    with its exact result: every z-value is homogeneous in ``R`` and multiplying by a power
+    of two is exact, so the Monte Carlo rows are those of ``task`` without the underflow
+    of :math:`R^2` (the draws do not depend on the rewards)."""
+    from fisher_ref.engine.fast import exact
+    on = result.streams["policy"]
+    size = float(np.hypot(on.reward_std, on.expected_reward)) + abs(on.baseline)
+    if size == 0 or size >= TINY_REWARD:
+        return task, result
+    s = 2.0 ** -math.frexp(size)[1]
+    scaled = task.with_(reward=_ScaledReward(task.reward, s),
+                        baseline=task.baseline if task.baseline == "mean" else task.baseline * s)
+    return scaled, exact(scaled, progress=progress, workers=workers)
+
+
 def verify_task(task, mc=0, seed=0, progress=True, workers="auto"):
     """Exact rows, plus Monte Carlo rows with ``mc`` samples (0: none).
 
@@ -367,9 +408,11 @@ def verify_task(task, mc=0, seed=0, progress=True, workers="auto"):
     from fisher_ref.engine.fast import exact
     from fisher_ref.monte_carlo.sampling import check_mc_size
     require_task(task)
-    for name, v in (("mc (Monte Carlo samples)", mc), ("seed", seed)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+    if isinstance(mc, bool) or not isinstance(mc, (int, np.integer)) or mc < 0:
+        raise ValueError(f"mc (Monte Carlo samples) must be a non-negative integer, got {mc!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = check_seed(seed)  # at most 2^63 - 1, as for every command
     if mc:
         for from_mu in [False] + ([True] if task.sampler is not None else []):
             check_mc_size(task, mc, from_mu)
@@ -379,7 +422,8 @@ def verify_task(task, mc=0, seed=0, progress=True, workers="auto"):
         from fisher_ref.monte_carlo.ztests import bonferroni_z
         from fisher_ref.monte_carlo.sampling import check_monte_carlo
         normal = bonferroni_z(MC_ALPHA, task.model.num_params)
-        for r in check_monte_carlo(task, result, mc, seed, alpha=MC_ALPHA):
+        mc_task, mc_result = _rewards_near_one(task, result, progress, workers)
+        for r in check_monte_carlo(mc_task, mc_result, mc, seed, alpha=MC_ALPHA):
             weak = r.threshold > WEAK_POWER * normal
             rows.append(Check(_mc_label(r.quantity, r.stream), r.stream,
                               f"{r.quantity}: |z| of the entry nearest its threshold "

@@ -329,3 +329,17 @@ def test_rows_that_need_the_kept_states_say_why_they_are_missing():
     bare = exact(load_config("default"), keep_states=False, progress=False)
     (row,) = [r for r in exact_checks(bare) if r.identity == "4-5 pairwise, alignment"]
     assert row.kind == "info" and "not kept" in row.check and row.passed
+
+
+def test_tiny_rewards_give_the_monte_carlo_rows_of_rewards_near_one():
+    """The z-tests divide by exact variances that hold R^2: rewards of 2^-540 (1e-163)
+    underflowed them to 0 (|z| = inf, a false failure). Scaled by a power of two the
+    z-values are those of the same task with rewards near 1, bit for bit."""
+    t = load_config("default")
+    rows = {}
+    for s in (1.0, 2.0 ** -540):
+        _, got = verify_task(t.with_(reward=lambda p, r, s=s: s * (1.0 + r.count(2))), mc=2000,
+                             seed=3, progress=False)
+        rows[s] = [(r.check, r.value) for r in got if r.kind == "z"]
+        assert all(r.passed for r in got), [(r.check, r.value) for r in got if not r.passed]
+    assert rows[1.0] == rows[2.0 ** -540]
