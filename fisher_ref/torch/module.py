@@ -43,7 +43,7 @@ from torch.func import functional_call, jacrev
 
 from fisher_ref.models.base import layout_offsets
 from fisher_ref.torch.adapters import JACOBIAN_CHUNK, TorchAdapter, resolve_dtype
-from fisher_ref.torch.precision import RANK, LowPrecisionError, run_dtype
+from fisher_ref.torch.precision import RANK, LowPrecisionError, prepare, run_dtype
 
 __all__ = ["from_module", "ModuleAdapter", "flat_parameters", "select_parameters",
            "input_embeddings", "sampler_from_module", "LowPrecisionError"]
@@ -203,7 +203,8 @@ class ModuleAdapter(TorchAdapter):
         self.n_embeddings = input_embeddings(module) if n_embeddings is None else \
             int(n_embeddings)
         self._check_inputs(position_table(module))
-        self.module = copy.deepcopy(module).to(device=self.device, dtype=self.dtype).eval()
+        self.module = prepare(copy.deepcopy(module).to(device=self.device, dtype=self.dtype),
+                              self.dtype).eval()
         for p in self.module.parameters():
             p.requires_grad_(False)  # only the theta blocks are differentiated
         self.upcasts, self._unchecked = {}, {"deterministic", "batch"}
@@ -432,7 +433,7 @@ def sampler_from_module(module, vocab_size, *, dtype="float64", strict=False):
     """
     from fisher_ref.samplers import LogitsSampler
     run = resolve_dtype(dtype)
-    copy_ = copy.deepcopy(module).to(dtype=run).eval()
+    copy_ = prepare(copy.deepcopy(module).to(dtype=run), run).eval()
 
     def logits(windows):
         W = torch.as_tensor(np.asarray(windows), dtype=torch.long)  # (B, positions)

@@ -37,7 +37,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-__all__ = ["LowPrecisionError", "DtypeAudit", "run_dtype", "RANK"]
+__all__ = ["LowPrecisionError", "DtypeAudit", "run_dtype", "prepare", "RANK"]
 
 #: Precision order of the floating dtypes (lower: fewer mantissa bits).
 RANK = {torch.float16: 0, torch.bfloat16: 0, torch.float32: 1, torch.float64: 2}
@@ -178,3 +178,18 @@ def run_dtype(module, dtype, strict=False, events=None, root="module"):
             if events is not None:
                 for k, v in audit.events.items():
                     events[k] = events.get(k, 0) + v
+
+
+def prepare(module, dtype):
+    """Settings of a private copy of ``module`` that a ``dtype`` run needs: the ``eager``
+    experts of a ``transformers`` mixture-of-experts model in float64 (its default
+    ``grouped_mm`` kernel has no float64 version; the eager loop computes the same
+    function). Returns ``module``."""
+    setter = getattr(module, "set_experts_implementation", None)
+    if dtype == torch.float64 and callable(setter) and any(
+            "expert" in name for name, _ in module.named_modules()):
+        try:
+            setter("eager")
+        except (ValueError, AttributeError, NotImplementedError):
+            pass  # a model without a choice of experts kernel
+    return module

@@ -39,6 +39,11 @@ MORE = {
                                                          new_decoder_architecture=False)),
     "cohere": ("CohereConfig", "CohereForCausalLM", dict(intermediate_size=16, **_ATTN)),
 }
+#: a mixture of experts: its default grouped_mm experts have no float64 kernel, and its
+#: routing is data-dependent control flow (vectorize=False)
+MOE = {"mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(intermediate_size=16,
+                                                               num_local_experts=2,
+                                                               num_experts_per_tok=1, **_ATTN))}
 #: a family torch.func cannot differentiate (its GELU is an autograd.Function without
 #: setup_context): refused with a message, not run
 UNDIFFERENTIABLE = {"bloom": ("BloomConfig", "BloomForCausalLM", dict(n_head=2, n_layer=1))}
@@ -48,7 +53,7 @@ def tiny(family, attn="sdpa", seed=0, vocab_rows=V + 1):
     """A float64 one-layer model of ``family`` in eval mode, its weights the library's
     init moved off it by 0.3 N(0, 1) per entry (norms start at 1 and biases at 0);
     ``vocab_rows`` rows of embedding (``V`` generated ids, BOS ``V``, the rest input-only)."""
-    cfg_name, cls_name, kw = {**FAMILIES, **MORE, **UNDIFFERENTIABLE}[family]
+    cfg_name, cls_name, kw = {**FAMILIES, **MORE, **MOE, **UNDIFFERENTIABLE}[family]
     base = dict(vocab_size=vocab_rows, hidden_size=8, num_hidden_layers=1,
                 max_position_embeddings=8, bos_token_id=V, eos_token_id=0)
     cfg = getattr(transformers, cfg_name)(**{**base, **kw})

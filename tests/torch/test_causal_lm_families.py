@@ -7,6 +7,7 @@ The stock models cast to float32 inside (RMSNorm, eager softmax, rotary angles);
 fisher_ref's dtype audit the results are off by about 1e-7
 (``test_without_the_audit_a_stock_llama_is_off``), far outside :data:`RTOL`.
 """
+import copy
 import warnings
 
 import numpy as np
@@ -112,6 +113,20 @@ def test_a_second_model_as_the_sampler_is_exact():
            if not v <= RTOL}
     assert not bad, bad
     assert abs(out["streams"]["raw"]["score_mean"]).max() > 1e-3  # mu is not p
+
+
+def test_a_mixture_of_experts_is_exact_with_vectorize_false():
+    """Stock Mixtral cannot run in float64 (grouped_mm has no float64 kernel): fisher_ref's
+    private copy takes the eager experts; the brute force sets them itself."""
+    model = tiny("mixtral", "eager")
+    reference = copy.deepcopy(model)
+    reference.set_experts_implementation("eager")
+    want = brute(reference, max_len=2)
+    with pytest.raises(ValueError, match="vectorize=False"):
+        run(model, max_len=2)
+    out = run(model, max_len=2, vectorize=False)
+    bad = {k: v for k, v in errors(out, want, ("policy",)).items() if not v <= RTOL}
+    assert not bad, bad
 
 
 def test_without_the_audit_a_stock_llama_is_off():
