@@ -2,8 +2,9 @@ r"""Any torch causal language model as a fisher_ref model: :func:`from_module`.
 
 A user's ``torch.nn.Module`` maps a batch of token-id sequences ``(b, n)`` to
 next-token logits: ``(b, V')`` (the next token after each sequence), ``(b, n, V')``
-(one row per position; the last is taken) or an object with such a ``.logits``
-(``transformers`` models). Columns ``0..V-1`` are the vocabulary; extra columns (a BOS
+(one row per position; the last is taken) or ``(b, 1, V')`` (the last position only), or
+an object with such a ``.logits`` (``transformers`` models), a dict with ``"logits"``,
+or a tuple whose first entry is the logits (``return_dict=False``). Columns ``0..V-1`` are the vocabulary; extra columns (a BOS
 id ``V``, say) are dropped.
 
 **theta.** :func:`from_module` flattens the selected parameters (``params=``: all of
@@ -139,6 +140,10 @@ def position_table(module):
 def _last_logits(out, V, n, dtype):
     """``(b, V)`` next-token logits from a module's output for inputs of length ``n``."""
     out = getattr(out, "logits", out)
+    if isinstance(out, dict) and "logits" in out:
+        out = out["logits"]
+    elif isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        out = out[0]  # a transformers model with return_dict=False: logits first
     if not isinstance(out, torch.Tensor) or out.ndim not in (2, 3):
         raise ValueError("the module must return next-token logits (b, V) or (b, n, V) "
                          f"(or an object with .logits); got {type(out).__name__} "
@@ -146,10 +151,10 @@ def _last_logits(out, V, n, dtype):
     if not out.is_floating_point():
         raise ValueError(f"the module returned {out.dtype} logits; fisher_ref needs floating "
                          "logits that depend differentiably on the parameters")
-    if out.ndim == 3 and out.shape[1] != n:
+    if out.ndim == 3 and out.shape[1] not in (n, 1):
         raise ValueError(f"the module returned logits of shape {tuple(out.shape)} for inputs "
                          f"of length {n}: a 3-D output must be (b, n, V) with one row per "
-                         f"position (is it (b, V, n)? transpose it)")
+                         f"position, or (b, 1, V) for the last (is it (b, V, n)? transpose it)")
     out = out[:, -1] if out.ndim == 3 else out
     if out.shape[-1] < V:
         raise ValueError(f"the module returned {out.shape[-1]} logits per state, fewer than "

@@ -107,6 +107,27 @@ def test_hostile_module_is_refused_by_name(module, kw, match):
         run(module.double(), **kw)
 
 
+def test_tuple_dict_and_last_position_outputs_are_read_as_logits():
+    """(logits, extra) tuples (return_dict=False), {"logits": ...} dicts and (b, 1, V)
+    last-position outputs give the same result as the plain (b, V) module."""
+    class Tuple(Base):
+        def forward(self, ids):
+            return (super().forward(ids), None)
+
+    class Dict(Base):
+        def forward(self, ids):
+            return {"logits": super().forward(ids)}
+
+    class Last(Base):
+        def forward(self, ids):
+            return super().forward(ids)[:, None, :]
+
+    want = run(Base().double())["streams"]["policy"]["sequence_fisher"]
+    for cls in (Tuple, Dict, Last):
+        got = run(cls().double())["streams"]["policy"]["sequence_fisher"]
+        np.testing.assert_array_equal(got, want, err_msg=cls.__name__)
+
+
 def test_a_gru_without_vectorize_false_names_it():
     class GRULM(Base):
         def __init__(self):
