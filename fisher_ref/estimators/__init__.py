@@ -6,10 +6,10 @@ ship are presets over it (:mod:`.presets`); ``check_loss`` turns the numbers int
 verdict (:mod:`.check`); :mod:`.reduction` sums group estimators over reward classes.
 Needs torch.
 """
-from . import presets
+from . import presets, reduction
 from .batch import LossBatch
 from .check import LossVerdict, check_loss
 from .gradient import LossGradient, expected_loss_gradient
 
 __all__ = ["LossBatch", "LossGradient", "LossVerdict", "check_loss", "expected_loss_gradient",
-           "presets"]
+           "presets", "reduction"]

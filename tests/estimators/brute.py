@@ -18,10 +18,12 @@ TINY = {"vocab_size": 3, "context": 2, "embed_dim": 2, "hidden": 3, "eos": True,
         "init_seed": 0, "init_scale": 1.0}
 
 
-def tiny_task(sampler=None, reference=None, eos=True, max_len=2, baseline=0.0, seed=0):
-    """A tiny MLP task (V = 3, two prompts of unequal weight)."""
-    spec = {"model": dict(TINY, eos=eos, init_seed=seed), "prompts": [[1], [2, 1]],
-            "prompt_weights": [0.6, 0.4], "max_len": max_len,
+def tiny_task(sampler=None, reference=None, eos=True, max_len=2, baseline=0.0, seed=0,
+              one_prompt=False):
+    """A tiny MLP task (V = 3, two prompts of unequal weight, or one)."""
+    prompts, weights = ([[2, 1]], [1.0]) if one_prompt else ([[1], [2, 1]], [0.6, 0.4])
+    spec = {"model": dict(TINY, eos=eos, init_seed=seed), "prompts": prompts,
+            "prompt_weights": weights, "max_len": max_len,
             "reward": {"name": "count", "token": 1}, "baseline": baseline}
     if sampler is not None:
         spec["sampler"] = sampler

@@ -53,15 +53,18 @@ LOSSES = {"reinforce": reinforce, "grpo": grpo_token_mean, "asymmetric": asymmet
           "seq_is": seq_is}
 TASKS = {"on": lambda: tiny_task(reference=REF), "off": lambda: tiny_task(STALE, REF),
          "no_eos": lambda: tiny_task({"kind": "temperature", "temperature": 1.7}, REF,
-                                     eos=False)}
+                                     eos=False),
+         "off1": lambda: tiny_task(STALE, REF, one_prompt=True),
+         "on1": lambda: tiny_task(reference=REF, one_prompt=True)}
 
 
 def _close(a, b):
     assert cases.rel(a, b) <= RTOL, cases.rel(a, b)
 
 
-CASES = [(n, t, G) for n in list(LOSSES) + ["full_vocab_kl"] for t in TASKS for G in (1, 2)]
-CASES += [("grpo", "off", 3), ("asymmetric", "on", 3)]
+CASES = [(n, t, G) for n in list(LOSSES) + ["full_vocab_kl"] for t in ("on", "off", "no_eos")
+         for G in (1, 2)]
+CASES += [("grpo", "off1", 3), ("asymmetric", "on1", 3)]  # one prompt: 343 groups
 
 
 @pytest.mark.parametrize("name,task_id,G", CASES)
