@@ -360,11 +360,17 @@ def render_html(quiz_id):
 
 
 #: LaTeX commands of the quizzes and the characters that stand for them in HTML.
-_TEX_SYMBOLS = {"\\,": "\u2009", "\\approx": "\u2248", "\\cdot": "\u00b7", "\\delta": "\u03b4",
-                "\\epsilon": "\u03b5", "\\eta": "\u03b7", "\\kappa": "\u03ba", "\\le": "\u2264",
-                "\\max": "max", "\\mid": "|", "\\mu": "\u03bc", "\\ne": "\u2260",
-                "\\sigma": "\u03c3", "\\sum": "\u03a3", "\\theta": "\u03b8", "\\to": "\u2192",
-                "\\xi": "\u03be"}
+_TEX_SYMBOLS = {
+    "\\,": "\u2009", "\\;": " ", "\\!": "", "\\|": "\u2016", "\\approx": "\u2248",
+    "\\cdot": "\u00b7", "\\le": "\u2264", "\\ge": "\u2265", "\\ne": "\u2260", "\\pm": "\u00b1",
+    "\\sim": "~", "\\to": "\u2192", "\\mid": "|", "\\nabla": "\u2207", "\\sum": "\u03a3",
+    "\\prod": "\u03a0", "\\infty": "\u221e", "\\times": "\u00d7", "\\in": "\u2208",
+    "\\alpha": "\u03b1", "\\beta": "\u03b2", "\\gamma": "\u03b3", "\\delta": "\u03b4",
+    "\\Delta": "\u0394", "\\epsilon": "\u03b5", "\\eta": "\u03b7", "\\theta": "\u03b8",
+    "\\kappa": "\u03ba", "\\lambda": "\u03bb", "\\mu": "\u03bc", "\\xi": "\u03be",
+    "\\pi": "\u03c0", "\\rho": "\u03c1", "\\sigma": "\u03c3", "\\tau": "\u03c4",
+    "\\phi": "\u03c6", "\\zeta": "\u03b6", "\\lvert": "|", "\\rvert": "|",
+    "\\left": "", "\\right": ""}
 _SUB = re.compile(r"_\{([^{}]*)\}|_(\w\u0304?)")
 _SUP = re.compile(r"\^\{([^{}]*)\}|\^(\w)")
 
@@ -373,25 +379,31 @@ def _math_html(tex):
     r"""One ``$...$`` formula of the quizzes as plain HTML (Greek letters, sub- and superscripts).
 
     jupyterquiz leaves maths to a global MathJax, which JupyterLab 4 does not provide, so its
-    buttons would show raw LaTeX there; this keeps them readable everywhere.
+    buttons would show raw LaTeX there; this keeps them readable everywhere. Commands it does
+    not know lose their backslash (``\log`` reads ``log``).
 
     Example:
         >>> _math_html(r"|G_i| \le \mathrm{std}(A)\sqrt{F_i}")
         '|G<sub>i</sub>| ≤ std(A)√(F<sub>i</sub>)'
     """
-    out = re.sub(r"\\(?:mathrm|text)\{([^{}]*)\}", r"\1", tex)
+    out = re.sub(r"\\(?:mathrm|text|mathcal|mathbf|mathbb|operatorname)\{([^{}]*)\}", r"\1", tex)
+    out = re.sub(r"\\frac\{([^{}]*)\}\{([^{}]*)\}", r"(\1)/(\2)", out)
+    out = re.sub(r"\\(?:mathcal|mathbf|mathbb|mathrm)\s*", "\u2009", out)  # \mathcal L: L
+    out = re.sub(r"\\(log|exp|min|max)(?=\s*[A-Za-z\\])", "\u2009\\1\u2009", out)  # A\log p
     out = re.sub(r"\\bar\s*\{?(\w)\}?", "\\1\u0304", out)
+    out = re.sub(r"\\hat\s*\{?(\w)\}?", "\\1\u0302", out)
     out = re.sub(r"\\tilde\{?\\xi\}?", "\u03be\u0303", out)
-    out = re.sub(r"\\tilde\{?h\}?", "h\u0303", out)
+    out = re.sub(r"\\tilde\s*\{?(\w)\}?", "\\1\u0303", out)
     for command in sorted(_TEX_SYMBOLS, key=len, reverse=True):
         end = r"(?![A-Za-z])" if command[-1].isalpha() else ""
         out = re.sub(re.escape(command) + end, _TEX_SYMBOLS[command], out)
     out = re.sub(r"\\sqrt\{([A-Za-z]|\d+)\}|\\sqrt\s*([A-Za-z])\b",
                  lambda m: "\u221a" + (m[1] or m[2]), out)
     out = re.sub(r"\\sqrt\{([^{}]*)\}", "\u221a(\\1)", out)
+    out = re.sub(r"\\([A-Za-z]+)", r"\1", out)  # \log, \min, \max ...: the plain word
     for _ in range(2):  # j_{y_t}: the inner subscript, then the outer one
         out = _SUB.sub(lambda m: f"<sub>{m[1] or m[2]}</sub>", out)
-    out = _SUP.sub(lambda m: f"<sup>{m[1] or m[2]}</sup>", out)
+        out = _SUP.sub(lambda m: f"<sup>{m[1] or m[2]}</sup>", out)
     return out.replace("{", "").replace("}", "")
 
 

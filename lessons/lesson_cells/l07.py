@@ -93,7 +93,7 @@ $10^{-16}$. The rows are numbered as in docs/theory.md §2.9:
 | 4 | centered form = pairwise form; a uniform logit shift changes nothing | 2 |
 | 5 | the uniform reference $f^{unif}$ (the pairwise form at $p = 1/V$) | 3 |
 | 6 | $E[A h_i]$ = autograd of the exact $E[R]$ | 4 |
-| 7 | $G_i = \mathrm{Cov}(A, h_i)$ and $|G_i| \le \mathrm{std}(A)\sqrt{F_i}$ | 4 |
+| 7 | $G_i = \mathrm{Cov}(A, h_i)$ and $\lvert G_i \rvert \le \mathrm{std}(A)\sqrt{F_i}$ | 4 |
 | 8 | where Fisher meets gradient: the top-$q$ overlap (information, not graded) | 4 |
 
 The table's `C[u,t]` is `cross_terms`, `rho(s)` the reach, `mu` the sampler; rows marked

@@ -255,3 +255,22 @@ def test_compact_table_fits_a_cell_and_uses_the_lessons_symbols():
     assert not too_long(text) and len(text.splitlines()) >= 2 + len(rows)
     assert "pi(s)" not in text and "rho(s)" in text and "f(j + c)" not in text
     assert sum(line.endswith(("PASS", "FAIL", "info")) for line in text.splitlines()) == len(rows)
+
+
+def broken_table_rows(markdown):
+    """Markdown table rows with a ``|`` inside ``$...$`` (it splits the cell, breaking the
+    table): some cell then holds an odd number of dollar signs."""
+    rows = [line for line in markdown.splitlines() if line.startswith("|")]
+    return [row for row in rows
+            if any(cell.count("$") % 2 for cell in re.split(r"(?<!\\)\|", row.strip("| ")))]
+
+
+def test_broken_table_rows_finds_a_bar_inside_maths():
+    assert broken_table_rows("| a | $|G|$ |") and not broken_table_rows(r"| a | $\lvert G \rvert$ |")
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_markdown_tables_keep_their_columns(stem):
+    for cell in _cells(stem):
+        if cell.cell_type == "markdown":
+            assert not broken_table_rows(cell.source), (stem, cell.id)
