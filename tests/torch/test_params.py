@@ -110,6 +110,19 @@ def test_lora_adapter_fisher_equals_a_brute_force_over_the_adapter_weights():
     assert float(np.max(want["policy"]["sequence_fisher"])) > 0
 
 
+def test_the_numpy_engine_runs_the_same_selection():
+    """causal_lm_task(params="trainable") on the numpy engine (one backward pass per logit)
+    agrees with the torch engine's vmap(jacrev) on the frozen Llama."""
+    model = frozen_llama()
+    task = causal_lm_task(model, [[2]], T, reward, vocab_size=V, eos=True, bos=V,
+                          params="trainable")
+    ref = exact(task, progress=False)
+    out = run(model, params="trainable")
+    assert task.model.layout() == out["layout"]
+    for q in ("sequence_fisher", "gradient", "cross_terms"):
+        assert rel(getattr(ref.streams["policy"], q), out["streams"]["policy"][q]) <= 1e-10, q
+
+
 def test_input_only_ids_in_prompts_match_the_brute_force_and_the_numpy_engine():
     """An embedding of V + 3 rows: ids 0..3 generated, BOS 4, 5 and 6 input-only (system
     and separator tokens), allowed in prompts and never generated."""
