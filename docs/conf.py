@@ -42,9 +42,9 @@ extensions = [
 
 # -- the lessons: copied from lessons/, executed at build time ---------------------
 
-QUIZ_NOTE = ("```{note}\nThis quiz is answered in JupyterLab: open the notebook "
-             "(`jupyter lab lessons/`), set `answer` to a letter in the cell above and run "
-             "it. On this page it is left unanswered.\n```")
+QUIZ_NOTE = ("```{note}\nThe quizzes are answered in JupyterLab: open the notebook "
+             "(`jupyter lab lessons/`), set `answer` to a letter in the cell above and run it "
+             "for the explanation of your choice. On this page the cell ran unanswered.\n```")
 
 
 def _is_quiz_check(cell):
@@ -127,6 +127,7 @@ html_theme = "furo"
 html_title = f"fisher_ref {release}"
 html_static_path = ["_static"]
 html_css_files = ["custom.css"]
+html_js_files = ["quiz_math.js"]
 copybutton_prompt_text = r">>> |\.\.\. |\$ "
 copybutton_prompt_is_regexp = True
 

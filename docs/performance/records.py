@@ -54,7 +54,8 @@ def provenance(path, record=None):
     machine = record.get("machine")
     parts = []
     if commit:
-        parts.append(f"measured at commit `{commit[:9]}`")
+        short = commit[:9] + (" + uncommitted changes" if commit.endswith("+dirty") else "")
+        parts.append(f"measured at commit `{short}`")
     else:
         c = committed_in(path)
         parts.append(f"recorded in commit `{c[0]}` ({c[1]}); the record does not name the "
@@ -115,24 +116,28 @@ def bench_records(folder="bench"):
     return sorted(recs, key=lambda pr: pr[1]["n_states"] * pr[1]["num_params"])
 
 
+SIDE_NAMES = {"fisher_ref": "exact", "torch_cpu_float64": "torch CPU",
+              "torch_cuda_float64": "torch CUDA", "torch_peer": "peer",
+              "fisher_ref_fisher": "fisher only"}
+
+
 def bench_table(records):
-    """Markdown table of bench records: medians (minima) per side and the ratios."""
-    sides = ["fisher_ref", "torch_cpu_float64", "torch_cuda_float64", "torch_peer",
-             "fisher_ref_fisher"]
-    present = [s for s in sides if any(s in r["median"] for _, r in records)]
-    head = ["task", "states", "responses", "P"] + [f"`{s}` median (min) s" for s in present]
-    head += ["fisher_ref / torch", "fisher_ref / peer", "`quantities='fisher'` / peer",
-             "load avg"]
+    """Markdown table of bench records: the median seconds of each side, and the ratios
+    (fisher_ref over the other side; below 1, fisher_ref is faster)."""
+    sides = [s for s in SIDE_NAMES if any(s in r["median"] for _, r in records)]
+    ratios = [("torch_cpu_float64", "ratio", "exact / torch CPU"),
+              ("torch_cuda_float64", "ratio", "exact / torch CUDA"),
+              ("torch_peer", "ratio", "exact / peer"),
+              ("torch_peer", "ratio_like", "fisher only / peer")]
+    ratios = [x for x in ratios if any(x[0] in r.get(x[1], {}) for _, r in records)]
+    head = (["task", "P"] + [f"{SIDE_NAMES[s]} (s)" for s in sides]
+            + [name for _, _, name in ratios] + ["load"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, r in records:
-        cells = [r["task"], f"{r['n_states']:,}", f"{r['n_responses']:,}", f"{r['num_params']:,}"]
-        cells += [f"{r['median'][s]:.4f} ({r['min'][s]:.4f})" if s in r["median"] else "-"
-                  for s in present]
-        ratio = r.get("ratio", {})
-        cells.append(f"{ratio['torch_cpu_float64']:.2f}" if "torch_cpu_float64" in ratio else "-")
-        cells.append(f"{ratio['torch_peer']:.2f}" if "torch_peer" in ratio else "-")
-        like = r.get("ratio_like", {})
-        cells.append(f"{like['torch_peer']:.2f}" if "torch_peer" in like else "-")
+        cells = [r["task"], f"{r['num_params']:,}"]
+        cells += [f"{r['median'][s]:.4f}" if s in r["median"] else "-" for s in sides]
+        cells += [f"{r[key][side]:.2f}" if side in r.get(key, {}) else "-"
+                  for side, key, _ in ratios]
         loads = [row[0] for row in r.get("loadavg", [])]
         cells.append(f"{min(loads):.1f}–{max(loads):.1f}" if loads else "-")
         lines.append("| " + " | ".join(cells) + " |")

@@ -19,8 +19,9 @@ FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", flags=re.S | re.M)
 
 
 def _pages():
-    """README.md and the Markdown pages of docs/ (not the build output)."""
-    return [ROOT / "README.md"] + sorted(
+    """README.md, CONTRIBUTING.md (a page of the site) and the Markdown pages of docs/ (not
+    the build output)."""
+    return [ROOT / "README.md", ROOT / "CONTRIBUTING.md"] + sorted(
         p for p in DOCS.rglob("*.md") if "_build" not in p.relative_to(DOCS).parts)
 
 
@@ -156,7 +157,9 @@ def _named_files(page):
 
 
 def test_files_named_on_the_pages_exist():
-    """Every file a page names or links to is in the checkout."""
-    missing = [f"{_name(page)}: {name}" for page in _pages()
+    """Every file a page names or links to is in the checkout (CONTRIBUTING.md names the
+    homes of files yet to be written, `tests/engine/test_tree.py` for a new module, and is
+    not held to this)."""
+    missing = [f"{_name(page)}: {name}" for page in _pages() if page.name != "CONTRIBUTING.md"
                for name, path in _named_files(page) if not path.exists()]
     assert not missing, "pages name files that do not exist:\n" + "\n".join(missing)
