@@ -286,19 +286,22 @@ def regenerate_golden_files(directory=None, names=GOLDEN_CASES):
     return paths
 
 
-def write_manifest(directory=None):
-    """Rewrite ``fisher_ref/golden/manifest.py``: the SHA-256 of every ``.npz`` in the
-    shipped ``golden_data`` (or ``directory``), by name."""
+def write_manifest(directory=None, out=None):
+    """Rewrite the manifest ``fisher_ref/golden/manifest.py`` (or ``out``): the SHA-256 of
+    every ``.npz`` in the shipped ``golden_data`` (or ``directory``), by name; the loaded
+    manifest follows when the package's own file is rewritten. Returns the table."""
     import fisher_ref.golden.manifest as manifest
     directory = GOLDEN_DIR if directory is None else Path(directory)
-    rows = "".join(f"    {p.stem!r}: {hashlib.sha256(p.read_bytes()).hexdigest()!r},\n"
-                   for p in sorted(directory.glob("*.npz")))
+    table = {p.stem: hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(directory.glob("*.npz"))}
     text = Path(manifest.__file__).read_text()
-    head = text[:text.index("SHA256 = {")]
-    Path(manifest.__file__).write_text(head + "SHA256 = {\n" + rows + "}\n")
-    manifest.SHA256.clear()
-    manifest.SHA256.update({p.stem: hashlib.sha256(p.read_bytes()).hexdigest()
-                            for p in sorted(directory.glob("*.npz"))})
+    rows = "".join(f"    {k!r}: {v!r},\n" for k, v in table.items())
+    dest = Path(manifest.__file__) if out is None else Path(out)
+    dest.write_text(text[:text.index("SHA256 = {")] + "SHA256 = {\n" + rows + "}\n")
+    if out is None:
+        manifest.SHA256.clear()
+        manifest.SHA256.update(table)
+    return table
 
 
 def size_table_row(path):

@@ -264,3 +264,15 @@ def test_the_export_estimate_counts_the_prompt_length():
     long = t.with_(prompts=((1,) * 1000, (3,)))
     N = 2 * (1 + 4 + 16)
     assert export_size(long, False) - export_size(t, False) >= 8 * N * 998
+
+
+def test_write_manifest_writes_the_module_the_reader_uses(tmp_path):
+    from fisher_ref.golden.export import write_manifest
+    (tmp_path / "a.npz").write_bytes(b"one")
+    out = tmp_path / "manifest.py"
+    table = write_manifest(tmp_path, out)
+    namespace = {}
+    exec(out.read_text(), namespace)
+    assert namespace["SHA256"] == table == {"a": hashlib.sha256(b"one").hexdigest()}
+    assert namespace["__doc__"] == manifest.__doc__
+    assert write_manifest(GOLDEN_DIR, tmp_path / "shipped.py") == manifest.SHA256
