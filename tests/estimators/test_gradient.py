@@ -7,7 +7,8 @@ import torch
 import cases
 from fisher_ref import exact, load_config
 from fisher_ref.engine.plan import EnumerationTooLarge
-from fisher_ref.estimators.gradient import expected_loss_gradient
+from fisher_ref.estimators import expected_loss_gradient
+from fisher_ref.samplers import make_sampler
 
 from .brute import brute_force, tiny_task
 
@@ -157,3 +158,20 @@ def test_reference_is_a_task_key():
         tiny_task(reference={"kind": "nope"})
     with pytest.raises(TypeError, match="reference must be"):
         task.with_(reference="perturbed")
+
+
+def test_tabular_model_is_brute_force():
+    task = load_config("tabular").with_(
+        max_len=2, sampler=make_sampler({"kind": "temperature", "temperature": 0.7}),
+        reference=make_sampler(REF))
+    for loss in (grpo_token_mean, full_vocab_kl):
+        lg = expected_loss_gradient(task, loss, group_size=2)
+        mean, var, klg = brute_force(task, loss, 2)
+        _close(lg.mean, mean)
+        _close(lg.variance, var)
+        _close(lg.kl_gradient, klg)
+
+
+def test_score_memory_guard_says_how_much():
+    with pytest.raises(EnumerationTooLarge, match="max_bytes"):
+        expected_loss_gradient(tiny_task(), reinforce, max_bytes=1000)
