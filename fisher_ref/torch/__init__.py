@@ -13,6 +13,10 @@ held against the float64 numpy engines by ``compare``.
   :func:`exact_causal_lm`), depth-first in bounded blocks
   (:mod:`~fisher_ref.torch.tree`, :mod:`~fisher_ref.torch.window_cache`,
   :mod:`~fisher_ref.torch.moments`);
+- :mod:`fisher_ref.torch.precision` — every module evaluation in the run's dtype
+  throughout (float32 casts of stock ``transformers`` models rewritten, or refused with
+  ``strict=True``); :mod:`fisher_ref.torch.self_check` — the exact identities every result
+  carries, and the result's layout by parameter name;
 - :mod:`fisher_ref.torch.monte_carlo` — ancestral sampling and estimators in torch.
 
 Importing this subpackage imports torch (an optional dependency: the ``torch`` extra).
