@@ -18,7 +18,7 @@ drawn i.i.d. from the sampler :math:`\mu` (the policy when there is none):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -69,7 +69,6 @@ class LossGradient:
     group_size: int = 1
     symmetric: bool = False
     n_groups: int = 0
-    second_moment: float = field(default=0.0, repr=False)
 
     @property
     def scale(self):
@@ -299,7 +298,8 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *,
     P = table.xi.shape[2]
     coeffs, acc = _Coefficients(loss, vectorize), _Merged(P)
     T, V = task.max_len, task.model.vocab_size
-    step = max(1, min(_VMAP_GROUPS, _GATHER_ELEMENTS // P))
+    # bounded: the (n, P) gradients and the (n, G, T, V) distributions of one chunk
+    step = max(1, min(_VMAP_GROUPS, _GATHER_ELEMENTS // P, 4 * _GATHER_ELEMENTS // (G * T * V)))
     for pr in table.prompts:
         q = np.exp(pr.sampler_logp)  # (M,)
         for idx, mult in groups(len(pr), G, symmetric, chunk=step):
