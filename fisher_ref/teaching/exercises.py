@@ -23,6 +23,7 @@ from fisher_ref.models.sensitivities import sensitivities
 from fisher_ref.numerics import softmax, token_fisher, uniform_token_fisher
 from fisher_ref.teaching.exercise import Exercise, Mistake, close_to, matches
 from fisher_ref.teaching.exercises_transformer import TRANSFORMER_EXERCISES
+from fisher_ref.teaching.lesson08 import EXERCISES as LESSON08_EXERCISES
 from fisher_ref.teaching.quizzes import emit, in_notebook
 from fisher_ref.teaching.training import policy_gradient
 from fisher_ref.teaching.views import concentration, shuffled_token_fisher
@@ -457,6 +458,7 @@ var_h2 = r.streams["policy"].variances["h2"][i]""",
 ]
 
 _E += TRANSFORMER_EXERCISES  # lesson 7
+_E += LESSON08_EXERCISES  # lesson 8
 
 EXERCISES = {e.id: e for e in _E}
 if len(EXERCISES) != len(_E):  # pragma: no cover - guards the data above

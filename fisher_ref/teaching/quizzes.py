@@ -18,6 +18,8 @@ import html
 import re
 from dataclasses import dataclass
 
+from fisher_ref.teaching.lesson08 import QUIZ_ROWS as LESSON08_QUIZ_ROWS
+
 __all__ = ["Quiz", "QUIZZES", "get", "quizzes_for", "render_text", "render_html", "show",
            "check", "emit", "in_notebook", "as_jupyterquiz", "LETTERS"]
 
@@ -320,6 +322,7 @@ _Q = [
           r"the keys and has a positive Fisher; $Q_t \cdot b_K$ does not change with $u$.")),
 ]
 
+_Q += [Quiz(*row) for row in LESSON08_QUIZ_ROWS]  # lesson 8
 QUIZZES = {q.id: q for q in _Q}
 if len(QUIZZES) != len(_Q):  # pragma: no cover - guards the data above
     raise RuntimeError("duplicate quiz ids")

@@ -1,7 +1,7 @@
 """Cells of every lesson notebook, keyed by notebook stem (reading order)."""
 import importlib
 
-MODULES = ("l00", "l01", "l02", "l03", "l04", "l05", "l06", "l07")
+MODULES = ("l00", "l01", "l02", "l03", "l04", "l05", "l06", "l07", "l08")
 
 
 def _load():

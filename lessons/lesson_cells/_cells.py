@@ -18,6 +18,7 @@ PATH = [
     ("05_offpolicy_centering", "Off-policy: center the score under the sampler"),
     ("06_monte_carlo", "Monte Carlo against the exact values"),
     ("07_transformer", "A transformer: the identities hold for attention too"),
+    ("08_rl_estimators", "Which RL estimator is unbiased?"),
 ]
 NEXT_AFTER_LAST = ("hold your own Fisher or policy-gradient code against these exact values: the "
                    "README's sections on golden files, the conformance check and the torch side")

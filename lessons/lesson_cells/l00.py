@@ -19,6 +19,8 @@ _SHOWS = {
                       "converge to",
     "07_transformer": "the same identities on a small GPT-2 (attention, LayerNorm, a tied head); "
                       "where its Fisher sits; a key bias with zero Fisher",
+    "08_rl_estimators": "the exact bias and variance of the losses RL trainers ship: "
+                        "importance ratios, TIS/MIS, GRPO, length normalisation, KL terms",
 }
 _LESSON_LIST = "\n".join(f"| [{k}. {title}]({stem}.ipynb) | {_SHOWS[stem]} |"
                          for k, (stem, title) in enumerate(PATH[1:], start=1))

@@ -42,7 +42,7 @@ BUILD = _load_build()
 STEMS = list(BUILD.LESSONS)
 EXPECTED = ["00_start_here", "01_sequence_to_tokens", "02_pairwise_differences", "03_where_mass_lands",
             "04_gradient_is_covariance", "05_offpolicy_centering", "06_monte_carlo",
-            "07_transformer"]
+            "07_transformer", "08_rl_estimators"]
 
 
 def test_all_lessons_are_built_in_reading_order():

@@ -16,7 +16,7 @@ from fisher_ref.teaching.exercises import EXERCISES, check_exercise
 LESSONS = Path(__file__).resolve().parents[2] / "lessons"
 STEMS = ["00_start_here", "01_sequence_to_tokens", "02_pairwise_differences",
          "03_where_mass_lands", "04_gradient_is_covariance", "05_offpolicy_centering",
-         "06_monte_carlo", "07_transformer"]
+         "06_monte_carlo", "07_transformer", "08_rl_estimators"]
 
 
 def run(code_parts):

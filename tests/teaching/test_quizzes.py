@@ -22,6 +22,7 @@ from fisher_ref.monte_carlo import mean_estimate
 from fisher_ref.numerics import softmax
 from fisher_ref.teaching.quizzes import LETTERS, QUIZZES, Quiz, check
 from fisher_ref.checks.tolerances import rel_err
+from tests.teaching.test_lesson08 import PROOFS_08
 
 LESSONS = Path(__file__).resolve().parents[2] / "lessons"
 RTOL = 1e-10        # exact float64 identities
@@ -328,6 +329,7 @@ PROOFS = {
     "rao-blackwell": prove_rao_blackwell,
     "se-scaling": prove_se_scaling,
 }
+PROOFS.update(PROOFS_08)  # lesson 8: proved in test_lesson08.py
 
 
 def test_every_quiz_has_a_proof():
@@ -369,7 +371,7 @@ def _notebook_sources():
 
 def test_every_quiz_used_in_exactly_one_notebook():
     sources = _notebook_sources()
-    assert len(sources) == 8
+    assert len(sources) == 9
     for qid, q in QUIZZES.items():
         shown = [stem for stem, src in sources.items() if f'show("{qid}")' in src]
         checked = [stem for stem, src in sources.items() if f'check("{qid}", answer)' in src]

@@ -1,0 +1,447 @@
+"""Lesson 8: which RL estimator is unbiased? The exact expected gradient of the losses
+trainers ship: importance ratios, truncation and masking, GRPO's difficulty weight, the
+length normalisation, KL penalties, and centering against reweighting."""
+from ._cells import IMPORTS, checks, code, exercise, footer, header, md, quiz
+
+STEM = "08_rl_estimators"
+
+CELLS = [
+    header(STEM, [
+        "write the expected gradient of a trainer's loss as an exact sum over groups of "
+        "responses, and say what *unbiased* means for a loss that is minimised;",
+        "derive which importance weight (token, sequence, cumulative prefix) is unbiased off "
+        "policy, and measure the others' bias and MSE as the sampler drifts and as $T$ grows;",
+        "derive the bias of truncated (TIS) and masked (MIS) weights and read it against the "
+        "cap;",
+        "compute GRPO's difficulty weight $w_B(\\gamma)$ exactly and compare it with the "
+        "large-$B$ formula $1/\\sqrt{\\gamma(1-\\gamma)}$;",
+        "show that dividing by the length changes the objective, that k3 in the loss follows "
+        "the forward KL, and when centering beats reweighting.",
+    ], [
+        "[Lesson 4](04_gradient_is_covariance.ipynb): the policy gradient "
+        "$G = E_p[A h]$ and why a constant baseline leaves it unchanged.",
+        "[Lesson 5](05_offpolicy_centering.ipynb): the sampler $\\mu$, the raw and the "
+        "centered score.",
+        "How an RL trainer writes its loss: per-token log-probabilities, advantages, "
+        "importance ratios (PPO, GRPO).",
+    ], r"""
+## The claim
+
+Trainers do not write $E_p[A h]$; they write a **loss** $\mathcal L$ to be minimised, from
+the policy's log-probabilities $\log p(y_{i,t}|s_{i,t})$ of a group of $B$ responses
+$y_1, \dots, y_B$ to one prompt. Everything else in it (rewards, the sampler's and the
+reference policy's log-probabilities) is detached. So by the chain rule
+
+$$\nabla_\theta \mathcal L = \sum_{i,t} c_{i,t}\,\xi_{i,t}, \qquad
+c_{i,t} = \frac{\partial \mathcal L}{\partial \log p(y_{i,t}|s_{i,t})},$$
+
+and on a model small enough to list every group its expectation is a finite sum,
+$E[\nabla\mathcal L] = \sum_x w_x \sum_{y_1..y_B} \prod_i \mu(y_i|x)\,\nabla\mathcal L$.
+`fisher_ref.estimators.expected_loss_gradient` computes it (the $c_{i,t}$ by torch
+autograd of your loss), with its variance over one group.
+
+A loss is **unbiased** when $E[\nabla\mathcal L] = -G$, $G = \nabla_\theta E_p[R]$ the policy
+gradient (the minus sign: it is minimised). A learning rate absorbs a positive scale, so we
+fit $E[\nabla\mathcal L] \approx \omega\,G$ by least squares and judge what is left:
+
+* the **relative bias** $\|E[\nabla\mathcal L] - \omega G\| / \|\omega G\|$, the part that
+  no learning rate can fix (`lg.relative_bias`, `lg.scale` $= \omega$);
+* the **relative MSE** of an average of $n$ groups, $\mathrm{mse}(n)/\|\omega G\|^2$, with
+  $\mathrm{mse}(n) = \|E[\nabla\mathcal L] - \omega G\|^2 + \mathrm{tr\,Var}[\nabla\mathcal
+  L]/n$ (`lg.mse(n)`).
+
+**Claim.** Of the corrections trainers ship, only some are unbiased, and which ones can be
+derived in a line; the others' bias is measured here exactly, with no sampling noise.
+
+Symbols new in this lesson: $\mathcal L$ a loss; $B$ the group size; $r_t = p(y_t|s_t) /
+\mu(y_t|s_t)$ a token's ratio, $r(y) = \prod_t r_t$ the sequence ratio; $C$ a cap;
+$\omega$ the fitted scale; $\gamma$ a prompt's pass rate $P(R = 1)$; $w_B(\gamma)$ GRPO's
+difficulty weight; $p_{ref}$ a reference policy and $\Delta_t = \log p(y_t|s_t) -
+\log p_{ref}(y_t|s_t)$.
+"""),
+    code(IMPORTS + """
+from fisher_ref.estimators import expected_loss_gradient, presets
+from fisher_ref.estimators.reduction import (difficulty_weight, difficulty_weight_large_g,
+                                             reduced_gradient)
+from fisher_ref.samplers import make_sampler
+
+
+def rel_mse(lg, n):
+    \"\"\"Relative MSE of the average of n groups: mse(n) / ||omega G||^2.\"\"\"
+    return lg.mse(n) / (lg.scale * np.linalg.norm(lg.policy_gradient)) ** 2
+
+
+base = load_config("default")                  # V = 5, T = 3, two prompts, R = count of 2
+G0 = exact(base, progress=False).gradient      # (P,) the policy gradient G
+print(f"P = {G0.size} parameters, |G| = {np.linalg.norm(G0):.4f}")"""),
+    md(r"""
+## Token, sequence or prefix ratios
+
+Responses come from $\mu$; the advantage $A(y) = R(y) - R_0$ depends on the whole response.
+Weight the whole score by the sequence ratio and the sampler cancels:
+
+$$E_\mu[r(y)\,A\,h] = \sum_y \mu(y)\,\frac{p(y)}{\mu(y)}\,A(y)\,h(y) = E_p[A h] = G .$$
+
+A weight per token does less. The token ratio $r_t$ corrects the draw of $y_t$ only: the
+tokens before it (which fix $s_t$) and after it (which fix $A$) are still drawn from $\mu$.
+The prefix product $\prod_{u \le t} r_u$ corrects everything up to $y_t$, but not the suffix
+that $A$ also depends on. Predict first:
+"""),
+    *quiz("which-ratio"),
+    md(r"""
+Three ways for $\mu$ to drift from $p$: a temperature (flatter than $p$), a stale copy of the
+parameters (perturbed by a normal draw of growing scale), and longer responses ($T$, at
+temperature 1.5). For each estimator, the relative bias and the relative MSE at $n = 64$
+groups:
+"""),
+    code("""
+ratios = {"sequence": presets.sequence_is, "token": presets.token_is,
+          "prefix": presets.prefix_is}
+temp = lambda t: make_sampler({"kind": "temperature", "temperature": t})
+stale = lambda s: make_sampler({"kind": "perturbed", "scale": s, "seed": 7})
+drifts = {
+    "sampler temperature": [(t, base.with_(sampler=temp(t)))
+                            for t in (1.0, 1.25, 1.5, 2.0, 2.5, 3.0)],
+    "stale copy: perturbation scale": [(s, base.with_(sampler=stale(s)))
+                                       for s in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)],
+    "longest response T (temperature 1.5)": [(T, base.with_(max_len=T, sampler=temp(1.5)))
+                                             for T in (1, 2, 3, 4, 5)],
+}
+bias, mse = {}, {}
+for axis, points in drifts.items():
+    for x, task in points:
+        known = G0 if task.max_len == base.max_len else None   # p, and so G, unchanged
+        for name, make in ratios.items():
+            lg = expected_loss_gradient(task, make(), policy_gradient=known)
+            bias[axis, name, x], mse[axis, name, x] = lg.relative_bias, rel_mse(lg, 64)"""),
+    code("""
+fig, axes = plt.subplots(2, 3, figsize=(13, 6.5), constrained_layout=True)
+colors = {"sequence": "tab:blue", "token": "tab:red", "prefix": "tab:orange"}
+for k, (axis, points) in enumerate(drifts.items()):
+    xs = [x for x, _ in points]
+    for name, color in colors.items():
+        axes[0, k].plot(xs, [bias[axis, name, x] for x in xs], "o-", color=color, label=name)
+        axes[1, k].semilogy(xs, [mse[axis, name, x] for x in xs], "o-", color=color)
+    axes[1, k].set_xlabel(axis)
+axes[0, 0].set_ylabel("relative bias")
+axes[1, 0].set_ylabel("relative MSE, n = 64 groups")
+axes[0, 0].legend(title="importance weight")
+plt.show()
+for axis, points in drifts.items():
+    x = points[-1][0]
+    print(f"{axis} = {x}: " + ", ".join(
+        f"{name} bias {bias[axis, name, x]:.3f}" for name in ratios))"""),
+    md(r"""
+The sequence ratio is exact at every drift (the blue line sits at zero); the token and prefix
+ratios are exact only when there is nothing to correct ($\mu = p$, or $T = 1$, where all
+three weights coincide), and their bias grows with the drift and with $T$, as the number of
+uncorrected draws grows. The MSE tells the other half of the story: under the temperature
+the sequence ratio is also the *least* noisy, but under the stale copy its variance grows by
+orders of magnitude (a product of ratios is heavy-tailed), and a biased token ratio has the
+smaller MSE at $n = 64$.
+
+## Truncate or mask the weight
+
+Capping the sequence weight at $C$ (TIS) or dropping the responses whose weight leaves
+$[1/C, C]$ (MIS, IcePop) trades the variance for a bias. From the identity above,
+
+$$E_\mu[\min(r, C)\,A\,h] - G = -E_p\big[(1 - C/r)_+\,A\,h\big], \qquad
+E_\mu[r\,1[r \in [1/C, C]]\,A\,h] - G = -E_p\big[1[r \notin [1/C, C]]\,A\,h\big]:$$
+
+both biases vanish once $[1/C, C]$ holds every ratio. At token level the same caps act on
+$r_t$ instead. Predict first:
+"""),
+    *quiz("tis-large-cap"),
+    code("""
+stale_task = load_config("offpolicy_stale")
+b0, G_st = stale_task.baseline, exact(stale_task, progress=False).gradient
+seqs = exact(stale_task, progress=False, keep_sequences=True).sequences
+r_max = (seqs["prob"] / seqs["sampler_prob"]).max()              # the largest r(y)
+caps = np.logspace(0.1, 4, 14)
+capped = {"sequence TIS": lambda C: presets.sequence_tis(C, baseline=b0),
+          "token TIS": lambda C: presets.token_tis(C, baseline=b0),
+          "sequence MIS": lambda C: presets.sequence_mis((1 / C, C), baseline=b0),
+          "token MIS": lambda C: presets.token_mis((1 / C, C), baseline=b0)}
+trunc = {name: np.array([expected_loss_gradient(stale_task, make(C), policy_gradient=G_st)
+                         .relative_bias for C in caps]) for name, make in capped.items()}
+token_is_bias = expected_loss_gradient(stale_task, presets.token_is(baseline=b0)).relative_bias
+fig, ax = plt.subplots(figsize=(7.5, 4), constrained_layout=True)
+for name, style in zip(capped, ["o-", "s-", "o--", "s--"]):
+    ax.semilogx(caps, trunc[name], style, label=name)
+ax.axvline(r_max, color="k", ls=":", label=f"largest ratio r(y) = {r_max:.0f}")
+ax.axhline(token_is_bias, color="tab:red", lw=0.8, label="token IS, uncapped")
+ax.set_yscale("symlog", linthresh=0.01)                    # linear near 0: zero bias shows
+ax.set_xlabel("cap C (band [1/C, C] for MIS)")
+ax.set_ylabel("relative bias")
+ax.set_title("offpolicy_stale")
+ax.legend(fontsize=8)
+plt.show()
+print(f"C = {caps[-1]:.0f}: sequence TIS bias {trunc['sequence TIS'][-1]:.1e}, "
+      f"token TIS {trunc['token TIS'][-1]:.3f} (token IS {token_is_bias:.3f})")"""),
+    md(r"""
+A sequence-level cap is a knob between variance and bias that reaches the unbiased estimator
+at $C = \max r$; below it the bias is not zero, however often a cap is called "a correction"
+(and on this stale sampler the ratios reach the thousands, so any practical cap is well
+below it). A token-level cap converges to token IS, whose bias no cap removes.
+
+## GRPO's difficulty weight
+
+GRPO's advantage $A_1 = (R_1 - \bar R)/(\mathrm{std}(R) + \epsilon)$ depends on the other
+responses only through their rewards. With a binary reward and on policy, split the
+responses by reward class $c \in \{0, 1\}$: $H(c) = \sum_{y: R(y) = c} p(y)\,h(y)$ gives
+$H(1) = \nabla\gamma$ and $H(0) = -\nabla\gamma$ (the scores average to zero), so
+
+$$E[A_1 h_1] = \sum_c a_B(c)\,H(c) = \big(a_B(1) - a_B(0)\big)\,\nabla\gamma
+= w_B(\gamma)\,\nabla\gamma, \qquad a_B(c) = E[A_1 \mid R_1 = c],$$
+
+the average over the others' successes $K \sim \mathrm{Bin}(B - 1, \gamma)$. Each prompt's
+$\nabla\gamma_x$ is weighted by $w_B(\gamma_x)$. For large $B$, $\bar R \to \gamma$ and
+$\mathrm{std}(R) \to \sqrt{\gamma(1-\gamma)}$, so $w_B \to 1/\sqrt{\gamma(1-\gamma)}$: rare
+successes get a large weight. Predict what happens at $B = 2$:
+"""),
+    *quiz("grpo-two"),
+    code(r"""
+gammas = np.linspace(0.01, 0.99, 99)
+w = {B: np.array([difficulty_weight(g, B) for g in gammas]) for B in (2, 4, 8, 16)}
+fig, ax = plt.subplots(figsize=(7.5, 4), constrained_layout=True)
+for B, line in w.items():
+    ax.plot(gammas, line, label=f"exact $w_{{{B}}}$")
+ax.plot(gammas, 1 / np.sqrt(gammas * (1 - gammas)), "k--",
+        label=r"large-$B$ limit $1/\sqrt{\gamma(1-\gamma)}$")
+ax.plot(gammas, [difficulty_weight_large_g(g, 8) for g in gammas], "k:",
+        label=r"large-$B$ formula at $B = 8$")
+ax.set_ylim(0, 8)
+ax.set_xlabel(r"pass rate $\gamma$")
+ax.set_ylabel("difficulty weight")
+ax.legend(fontsize=8)
+plt.show()
+w8, f8 = difficulty_weight(0.02, 8), difficulty_weight_large_g(0.02, 8)
+print(f"w_2 from {w[2].min():.4f} to {w[2].max():.4f}; at gamma = 0.02, B = 8: exact "
+      f"{w8:.2f}, large-B formula {f8:.2f}")"""),
+    md(r"""
+The same weight on a model: give the default model a binary reward (the response is the
+single token 2) and hold GRPO's exact expected gradient, groups of 2 enumerated, against
+$-\sum_x w_x\,w_2(\gamma_x)\,\nabla\gamma_x$, one policy gradient per prompt; at $B = 8$,
+where the groups are too many to list, the sum over reward classes gives it:
+"""),
+    code("""
+binary = base.with_(reward={"name": "match", "target": [2]})
+grpo_sum = presets.policy_gradient_loss("grpo", aggregation="seq-mean-token-sum")
+lg_grpo = expected_loss_gradient(binary, grpo_sum, group_size=2, symmetric=True)
+per_prompt, pass_rate = [], []
+for x, wx in zip(binary.prompts, binary.prompt_weights):
+    r_x = exact(binary.with_(prompts=[x], prompt_weights=[1.0]), progress=False)
+    pass_rate.append(r_x.sequences["prob"] @ r_x.sequences["reward"])    # gamma_x
+    per_prompt.append((wx, r_x.gradient))                                # grad gamma_x
+by_weight = {B: sum(wx * difficulty_weight(gx, B) * gr
+                    for (wx, gr), gx in zip(per_prompt, pass_rate)) for B in (2, 8)}
+red8 = reduced_gradient(binary, 8, "grpo")
+for B, got in ((2, -lg_grpo.mean), (8, red8)):
+    err = np.abs(got - by_weight[B]).max() / np.abs(by_weight[B]).max()
+    print(f"B = {B}: |E[A h] - sum_x w_x w_B(gamma_x) grad gamma_x| / max = {err:.1e}")
+print("pass rates:", np.round(pass_rate, 4))"""),
+    md(r"""
+## The length bias of `seq-mean-token-mean`
+
+GRPO's original loss divides each response's token sum by its length $L$. With a fixed
+advantage, write $f(y) = A(y)/L(y)$: the loss is REINFORCE on $f$, and for any $f$ that does
+not depend on $\theta$
+
+$$E_p[f(y)\,h(y)] = \sum_y p(y)\,f(y)\,\nabla_\theta\log p(y) = \nabla_\theta \sum_y p(y)\,f(y)
+= \nabla_\theta E_p[f] .$$
+
+Predict what the loss's expected gradient is the gradient of:
+"""),
+    *quiz("length-objective"),
+    md(r"""
+How the length moves: the first-order change of $E_p[L]$ along a step down the loss is
+$\langle \nabla E_p[L], -E[\nabla\mathcal L]\rangle$, and $\nabla E_p[L]$ is itself the
+expected gradient of REINFORCE with the length as the reward. Against the baseline $R_0$:
+"""),
+    code("""
+length_loss = lambda b: -(b.lengths * b.logp.sum(1)).mean()      # REINFORCE, R = L
+grad_len = -expected_loss_gradient(base, length_loss, policy_gradient=G0).mean   # grad E[L]
+R0s = np.linspace(-1.0, 3.0, 9)
+aggs = ["seq-mean-token-sum", "seq-mean-token-mean"]
+drift = {agg: [] for agg in aggs}
+for R0 in R0s:
+    for agg in aggs:
+        loss = presets.policy_gradient_loss("constant", aggregation=agg, baseline=R0)
+        drift[agg].append(grad_len @ -expected_loss_gradient(base, loss, policy_gradient=G0)
+                          .mean)
+fig, ax = plt.subplots(figsize=(7.5, 4), constrained_layout=True)
+for agg, style in zip(aggs, ["o-", "s-"]):
+    ax.plot(R0s, drift[agg], style, label=agg)
+ax.axhline(0, color="0.6", lw=0.8)
+ax.set_xlabel("baseline $R_0$ (the rewards are 0 to 3)")
+ax.set_ylabel("change of E[L] per unit step")
+ax.legend()
+plt.show()"""),
+    md(r"""
+Summing the tokens, the baseline changes nothing (lesson 4: a constant multiplies
+$E[h] = 0$). Dividing by $L$, it does: the objective is $E_p[(R - R_0)/L]$, so as $R_0$ rises
+above the rewards the advantages turn negative, and the loss is lowered by making responses
+*longer*. GRPO's group advantage is not fixed per response, but the $1/L$ acts the same way.
+The length gained per unit of reward gained along each aggregation's step, groups of $B = 2$:
+"""),
+    code("""
+rate = {}
+for agg in ("seq-mean-token-sum", "seq-mean-token-mean", "token-mean",
+            "seq-mean-token-sum-norm"):
+    loss = presets.policy_gradient_loss("grpo", aggregation=agg)
+    step = -expected_loss_gradient(base, loss, 2, symmetric=True, policy_gradient=G0).mean
+    rate[agg] = (grad_len @ step) / (G0 @ step)
+    print(f"{agg:>24}: dE[L] / dE[R] = {rate[agg]:.3f}")
+print(f"{'along G itself':>24}: dE[L] / dE[R] = {grad_len @ G0 / (G0 @ G0):.3f}")"""),
+    md(r"""
+## KL penalties: k1, k2, k3
+
+A KL term against a reference policy $p_{ref}$ (here a perturbed copy of $\theta$) is
+written per sampled token from $\Delta_t$. The derivative of each term times
+$\nabla\log p$, averaged on policy over the next token $a \sim p$ at a fixed state
+($\xi_a$ the score of candidate $a$, $\sum_a p_a\xi_a = 0$):
+
+* k1 $= \Delta$: $E_{a\sim p}[\xi_a] = 0$; no gradient on average;
+* k2 $= \Delta^2/2$: $E_{a\sim p}[\Delta_a\xi_a] = \nabla_\theta KL(p\|p_{ref})$ at the state;
+* k3 $= e^{-\Delta} - 1 + \Delta$: derivative $1 - e^{-\Delta} = 1 - p_{ref}/p$.
+
+The sequence-level KL the objective penalises differentiates the states' distribution too:
+$\nabla KL(p_{seq}\|p_{ref,seq}) = E_p[(\sum_t \Delta_t)\,h]$, k1 summed into the reward
+(`lg.kl_gradient`). Predict k3's per-state direction:
+"""),
+    *quiz("k3-direction"),
+    code("""
+kl_terms = {"k1 in the loss": presets.kl_loss("k1"), "k2 in the loss": presets.kl_loss("k2"),
+            "k3 in the loss": presets.kl_loss("k3"), "rho * k3": presets.rho_k3(),
+            "k1 in the reward": presets.kl_in_reward()}
+forward = lambda b: ((b.ref_logp_all.exp() * (b.ref_logp_all - b.logp_all)).sum(-1)
+                     * b.mask).sum(-1).mean()                    # sum_t KL(p_ref || p) at s_t
+reverse = lambda b: ((b.logp_all.exp() * (b.logp_all - b.ref_logp_all)).sum(-1)
+                     * b.mask).sum(-1).mean()                    # sum_t KL(p || p_ref) at s_t
+ref_scales = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
+kl_bias, kl_far, kl_size = {}, {}, {}
+for lam in ref_scales:
+    task = base.with_(reference=make_sampler({"kind": "perturbed", "scale": lam, "seed": 5}))
+    fwd, rev = (expected_loss_gradient(task, f, policy_gradient=G0).mean
+                for f in (forward, reverse))
+    for name, loss in kl_terms.items():
+        lg = expected_loss_gradient(task, loss, policy_gradient=G0)
+        kg = lg.kl_gradient                                  # grad KL(p_seq || p_ref,seq)
+        kl_bias[name, lam] = np.linalg.norm(lg.mean - kg) / np.linalg.norm(kg)
+        kl_size[name, lam] = np.linalg.norm(lg.mean) / np.linalg.norm(kg)
+        kl_far[name, lam] = [np.linalg.norm(lg.mean - t) / np.linalg.norm(t)
+                             for t in (fwd, rev)]"""),
+    code("""
+fig, ax = plt.subplots(figsize=(7.5, 4), constrained_layout=True)
+for name, style in zip(kl_terms, ["o-", "s-", "^-", "x--", "d-"]):      # k2 and rho*k3 coincide
+    ax.plot(ref_scales, [kl_bias[name, lam] for lam in ref_scales], style, label=name)
+ax.set_xlabel("reference: perturbation scale of theta")
+ax.set_ylabel(r"$\\|E[\\nabla L] - \\nabla KL_{seq}\\| / \\|\\nabla KL_{seq}\\|$")
+ax.legend(fontsize=8)
+plt.show()
+print(f"{'at scale 0.4':>18}  vs sequence KL   vs forward sum   vs reverse sum")
+for name in kl_terms:
+    f_err, r_err = kl_far[name, 0.4]
+    print(f"{name:>18}  {kl_bias[name, 0.4]:14.1e}  {f_err:14.1e}  {r_err:14.1e}")"""),
+    md(r"""
+Read the table by its zeros. k3 in the loss is exactly the sum over the visited states of
+$\nabla KL(p_{ref}\|p)$, the **forward** KL, with the states' distribution held fixed; k2,
+and k3 multiplied by a differentiable ratio $\rho = p/p_{old}$ (1 in value, not in
+gradient), are exactly the per-state **reverse** KL. None of them is the sequence-level KL
+gradient, and their distance from it grows as the reference moves away; only k1 summed into
+the reward is it, at every scale. k1 in the loss has no gradient on average (the line at 1
+is a zero vector).
+
+## Centering against reweighting
+
+Lesson 5 centered the score under $\mu$ instead of reweighting it. Centering is biased, since
+its gradient is a covariance under $\mu$, not $G$, but it multiplies by no ratio. With the
+relative bias $b$ and $v$ the variance trace over $\|\omega G\|^2$, the relative MSE of $n$
+groups is $b^2 + v/n$: the smaller variance wins at small $n$, the smaller bias at large
+$n$. Predict the temperature sampler:
+"""),
+    *quiz("centering-or-is"),
+    code("""
+ns = np.unique(np.logspace(0, 4, 41).astype(int))
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True, sharey=True)
+lgs, top_ratio = {}, {}
+for ax, name in zip(axes, ["offpolicy_temperature", "offpolicy_stale"]):
+    task = load_config(name)
+    for est, loss in [("centered", presets.centered(task.baseline)),
+                      ("sequence IS", presets.sequence_is(baseline=task.baseline))]:
+        lgs[name, est] = lg = expected_loss_gradient(task, loss)
+        ax.loglog(ns, [rel_mse(lg, n) for n in ns], label=f"{est}: bias "
+                  f"{lg.relative_bias:.2f}, scale {lg.scale:+.2f}")
+    s = exact(task, progress=False, keep_sequences=True).sequences
+    top_ratio[name] = (s["prob"] / s["sampler_prob"]).max()     # the largest r(y)
+    ax.set_xlabel("n, groups averaged")
+    ax.set_title(f"{name}: largest r(y) = {top_ratio[name]:.4g}")
+    ax.legend(fontsize=8)
+axes[0].set_ylabel("relative MSE")
+plt.show()"""),
+    md(r"""
+On the temperature sampler the ratios stay below 1.6, so reweighting costs little variance:
+sequence IS is better at every $n$. On the stale sampler the ratios reach the thousands,
+centering's variance is several times smaller, and it wins up to a crossover $n^*$ (the
+exercise below computes it). Centering also leaves a scale $\omega \ne -1$, which a learning
+rate absorbs, and a direction error, which nothing does.
+"""),
+    checks("""
+tol = 1e-10
+for axis, points in drifts.items():                              # (a)
+    for x, _ in points:
+        assert bias[axis, "sequence", x] <= tol
+        drifted = x > 0 if axis.startswith("stale") else x > 1
+        assert (min(bias[axis, "token", x], bias[axis, "prefix", x]) > 0.05) == drifted
+tem, st = "sampler temperature", "stale copy: perturbation scale"
+for t in (1.25, 1.5, 2.0, 2.5, 3.0):
+    assert mse[tem, "sequence", t] < min(mse[tem, "token", t], mse[tem, "prefix", t])
+assert mse[st, "sequence", 0.5] > 10 * mse[st, "token", 0.5]
+T_axis = "longest response T (temperature 1.5)"
+assert all(np.diff([bias[T_axis, "token", T] for T in range(2, 6)]) > 0)
+assert trunc["sequence TIS"][-1] <= tol and trunc["sequence MIS"][-1] <= tol   # (b)
+assert np.array_equal(trunc["sequence TIS"] <= tol, caps >= r_max) and caps[0] < r_max < caps[-1]
+assert abs(trunc["token TIS"][-1] - token_is_bias) <= tol * token_is_bias
+assert np.ptp(w[2]) <= 1e-6 and abs(w[2][0] - 2 ** -0.5) <= 1e-6                # (c)
+assert round(w8, 2) == 2.41 and round(f8, 2) == 6.25
+assert all(np.all(w[B] < w[2 * B]) for B in (2, 4, 8))
+assert np.abs(-lg_grpo.mean - by_weight[2]).max() <= tol * np.abs(by_weight[2]).max()
+assert np.abs(red8 - by_weight[8]).max() <= tol * np.abs(by_weight[8]).max()
+assert np.ptp(drift["seq-mean-token-sum"]) <= tol * np.abs(drift["seq-mean-token-sum"]).max()
+assert all(np.diff(drift["seq-mean-token-mean"]) > 0) and drift["seq-mean-token-mean"][-1] > 0
+assert rate["seq-mean-token-mean"] > 1.5 * rate["seq-mean-token-sum"]          # (d)
+for lam in ref_scales:                                                          # (e)
+    assert kl_far["k3 in the loss", lam][0] <= tol and kl_far["k2 in the loss", lam][1] <= tol
+    assert kl_far["rho * k3", lam][1] <= tol and kl_bias["k1 in the reward", lam] <= tol
+    assert min(kl_bias["k3 in the loss", lam], kl_bias["k2 in the loss", lam]) > 0.05
+    assert kl_size["k1 in the loss", lam] <= tol
+for name in ("k2 in the loss", "k3 in the loss", "rho * k3"):
+    assert all(np.diff([kl_bias[name, lam] for lam in ref_scales]) > 0)
+tm, so = "offpolicy_temperature", "offpolicy_stale"                              # (f)
+assert all(rel_mse(lgs[tm, "sequence IS"], n) < rel_mse(lgs[tm, "centered"], n) for n in ns)
+assert rel_mse(lgs[so, "centered"], 1) < rel_mse(lgs[so, "sequence IS"], 1)
+assert rel_mse(lgs[so, "centered"], 10 ** 4) > rel_mse(lgs[so, "sequence IS"], 10 ** 4)
+assert max(lgs[n, "sequence IS"].relative_bias for n in (tm, so)) <= tol
+assert top_ratio[tm] < 1.6 and top_ratio[so] == r_max > 1000
+v = {k: g.variance_trace / (g.scale * np.linalg.norm(g.policy_gradient)) ** 2
+     for k, g in lgs.items()}
+assert v[so, "sequence IS"] > 3 * v[so, "centered"] and abs(lgs[so, "centered"].scale + 1) > 0.1"""),
+    *exercise("difficulty-weight-by-hand"),
+    *exercise("k3-state-gradient"),
+    *exercise("crossover-batch"),
+    footer(STEM, [
+        "A loss's gradient is $\\sum_{i,t} c_{i,t}\\xi_{i,t}$, so its expectation over every "
+        "group is a finite sum on a small model: bias and variance are exact numbers, not "
+        "estimates.",
+        "Off policy only the sequence ratio $r(y)$ is unbiased; token and prefix ratios leave "
+        "a bias that grows with the drift and with $T$. Truncating or masking $r(y)$ is "
+        "biased until the band holds every ratio; a token-level cap tends to token IS.",
+        "GRPO weights each prompt's $\\nabla\\gamma$ by $w_B(\\gamma)$, far below "
+        "$1/\\sqrt{\\gamma(1-\\gamma)}$ at small $B$ and constant at $B = 2$.",
+        "Dividing by the length optimises $E_p[A/L]$: with negative advantages it makes "
+        "responses longer. k3 in the loss follows the per-state forward KL, k2 and "
+        "$\\rho\\cdot$k3 the per-state reverse KL; only k1 in the reward is the sequence KL.",
+        "Centering beats reweighting only while its smaller variance outweighs its bias: "
+        "never on a flatter sampler, up to a crossover $n^*$ on a stale one.",
+    ]),
+]
