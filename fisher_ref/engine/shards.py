@@ -254,13 +254,8 @@ def _add_moments(m, d):
         for name in d:
             if name.startswith("spread_"):
                 setattr(m, name, d[name])
-    elif hasattr(m, "merge_spread"):
+    else:
         m.merge_spread(d["spread_mass"], d["spread_mean"], d["spread_m2"], d["spread_unit"])
-    else:  # Moments without merge_spread: Chan's update as add_reward_spread forms it
-        total, delta = m.spread_mass + d["spread_mass"], d["spread_mean"] - m.spread_mean
-        m.spread_mean += delta * d["spread_mass"] / total
-        m.spread_m2 += d["spread_m2"] + delta * delta * m.spread_mass * d["spread_mass"] / total
-        m.spread_mass = total
 
 
 def merge(task, parts):
