@@ -157,19 +157,30 @@ sd_cap, sd_corr = log_cap.std(), log_corr.std()
 print(f"medium, {live_m.sum()} parameters: sd of log10 cap = {sd_cap:.2f}, "
       f"sd of log10 |corr| = {sd_corr:.2f}, their correlation "
       f"{np.corrcoef(log_cap, log_corr)[0, 1]:.2f}")
-fig, ax = plt.subplots(figsize=(6.5, 3.8), constrained_layout=True)
-ax.hist(log_cap - log_cap.mean(), bins=40, alpha=0.6, label=r"$\\log_{10}\\mathrm{cap}$ (centered)")
-ax.hist(log_corr - log_corr.mean(), bins=40, alpha=0.6,
-        label=r"$\\log_{10}|\\mathrm{corr}|$ (centered)")
-ax.set_xlabel("deviation from the mean (decades)")
-ax.set_ylabel("parameters")
-ax.set_title(r"The two terms of $\\log_{10}|G_i|$ on the medium model")
-ax.legend(fontsize=8)
+fig, axes = plt.subplots(1, 2, figsize=(12, 3.9), constrained_layout=True)
+axes[0].hist(log_cap - log_cap.mean(), bins=40, alpha=0.6, label=r"$\\log_{10}\\mathrm{cap}$")
+axes[0].hist(log_corr - log_corr.mean(), bins=40, alpha=0.6, label=r"$\\log_{10}|\\mathrm{corr}|$")
+axes[0].set_xlabel("deviation from its mean (decades)")
+axes[0].set_ylabel("parameters")
+axes[0].set_title(r"The two terms of $\\log_{10}|G_i|$")
+axes[0].legend(fontsize=8)
+n_top = rows[0][1]                                        # the top 1%: 10 parameters
+top_F = np.argsort(-rm.sequence_fisher[live_m])[:n_top]
+top_G = np.argsort(-(log_cap + log_corr))[:n_top]
+axes[1].plot(log_cap, log_corr, ".", color="0.7", ms=3, label="parameters")
+axes[1].plot(log_cap[top_F], log_corr[top_F], "s", mfc="none", ms=8, label="top 1% by F")
+axes[1].plot(log_cap[top_G], log_corr[top_G], "x", ms=7, label="top 1% by |G|")
+axes[1].set_xlabel(r"$\\log_{10}\\mathrm{cap}_i$ (ranks like $F_i$)")
+axes[1].set_ylabel(r"$\\log_{10}|\\mathrm{corr}_i|$")
+axes[1].set_title("|G| is constant along lines of slope -1")
+axes[1].legend(fontsize=8, loc="lower left")
 plt.show()"""),
     md(r"""
 The correlation term spreads at least as widely as the cap term, so a large cap is needed but
-the correlation reshuffles the order among the large caps: the top sets overlap well beyond
-chance, not completely. The overlap would be 100% if every parameter used the same share of
+the correlation reshuffles the order among the large caps: on the right, the top 1% by $F$
+(squares) sit at the largest caps, and those with a low $|\mathrm{corr}|$ drop out of the
+top 1% by $|G|$ (crosses) in favour of slightly smaller caps with a higher correlation. The
+top sets overlap well beyond chance, not completely. The overlap would be 100% if every parameter used the same share of
 its cap, and falls as the correlations vary more (an exercise below turns that knob).
 
 The extreme case sits in the default model. Its largest gradient coordinate:
@@ -281,6 +292,9 @@ assert all(np.abs(pol.gradient_with_constant(c) - r.gradient).max()
 assert np.all(G <= cap * (1 + 1e-10) + 1e-12 * G.max()) and np.all(G[~live] == 0)
 assert max(p_values) < 1e-6 and rows[0][2] > 10 * rows[0][3]     # far more than chance
 assert rows[0][2] < 1 and sd_corr >= sd_cap                        # ... not complete
+only_F, only_G = list(set(top_F) - set(top_G)), list(set(top_G) - set(top_F))
+assert log_corr[only_G].min() > log_corr[only_F].max()             # swapped for a higher corr
+assert log_cap[only_G].max() < log_cap[only_F].min()               # ... at a smaller cap
 assert top_g - off_b2 == 2 and rank_f > P // 2 and r.correlation[top_g] > 0.95   # b2[2]
 assert max(step_err.values()) <= 1e-9
 assert min(share["sgd"].min(), share["adam"].min()) == 0 and share["adam"].max() > 0.9
