@@ -42,9 +42,9 @@ extensions = [
 
 # -- the lessons: copied from lessons/, executed at build time ---------------------
 
-QUIZ_NOTE = ("```{note}\nThe quizzes are answered in JupyterLab: open the notebook "
-             "(`jupyter lab lessons/`), set `answer` to a letter in the cell above and run it "
-             "for the explanation of your choice. On this page the cell ran unanswered.\n```")
+QUIZ_NOTE = ("```{note}\nThe quizzes are answered in JupyterLab (`jupyter lab lessons/`): "
+             "set `answer` to a letter in the cell above and run it, and `check` explains "
+             "the option you chose. On this page that cell ran unanswered.\n```")
 
 
 def _is_quiz_check(cell):

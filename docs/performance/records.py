@@ -64,23 +64,27 @@ def provenance(path, record=None):
     return f"`docs/{path}`: " + ", ".join(parts) + "."
 
 
+def _summarize_compare():
+    """``scripts/summarize_compare.py`` as a module (its table is the one the pages show)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("summarize_compare",
+                                                  ROOT / "scripts" / "summarize_compare.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def compare_summary(paths):
-    """Markdown table of ``compare --json`` records: rows passing, worst relative error, and
-    the Monte Carlo statistics; the same summary as ``scripts/summarize_compare.py``."""
-    lines = ["| config | dtype | rows pass | worst rel. error (quantity) | tolerance |",
-             "|---|---|---|---|---|"]
+    """Markdown tables of ``compare --json`` records: per config and dtype the rows passing,
+    the worst relative error and the tolerance (``scripts/summarize_compare.py``'s table),
+    and the Monte Carlo statistics, one column per row."""
+    table = _summarize_compare().summarize([str(DOCS / p) for p in paths])
+    table = table.split("\n\nMonte Carlo rows")[0]
     mc_rows, mc_names = {}, []
     for path in paths:
         d = load(path)
         if "rows" not in d:  # a bench or big-task record
             continue
-        for dtype in d["dtypes"]:
-            rows = [r for r in d["rows"] if r["dtype"] == dtype and r["test"] == "rel"]
-            worst = max(rows, key=lambda r: r["max_rel_error"])
-            npass = sum(r["passed"] for r in rows)
-            lines.append(f"| {d['task']} | {dtype} | {npass}/{len(rows)} | "
-                         f"{worst['max_rel_error']:.1e} (`{worst['quantity']}`) | "
-                         f"{d['tolerances'][dtype]:g} |")
         for r in d["rows"]:
             if r["test"] != "rel":  # "mc.sequence_fisher (n=4000, seed=0)"
                 mc_names += [] if r["quantity"] in mc_names else [r["quantity"]]
@@ -91,7 +95,7 @@ def compare_summary(paths):
            + " |" for task, row in mc_rows.items()]
     note = ("Monte Carlo rows: the Bernstein statistic of the torch sampler against the exact "
             "values, which passes at ≤ 1.\n\n")
-    return "\n".join(lines), (note + "\n".join(mc)) if mc_names else ""
+    return table, (note + "\n".join(mc)) if mc_names else ""
 
 
 def gpu_provenance(folder="gpu"):

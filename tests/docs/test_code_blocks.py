@@ -118,6 +118,15 @@ def test_readme_docs_command_is_what_ci_runs():
     assert cmd.strip() in (ROOT / ".ci" / "run").read_text(), cmd
 
 
+def test_readme_lists_every_lesson():
+    """The README's one line per lesson names every notebook of lessons/."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    stems = [p.stem for p in sorted((ROOT / "lessons").glob("[0-9]*.ipynb"))]
+    assert stems, "no lessons found"
+    missing = [s for s in stems if f"`{s}`" not in readme]
+    assert not missing, f"README does not list the lessons {missing}"
+
+
 def test_task_examples_are_valid_tasks():
     """Every task-file example (a ```json block with a max_len) loads as a task."""
     from fisher_ref import task_from_json
