@@ -63,6 +63,7 @@ difficulty weight; $p_{ref}$ a reference policy and $\Delta_t = \log p(y_t|s_t) 
 from fisher_ref.estimators import expected_loss_gradient, presets
 from fisher_ref.estimators.reduction import (difficulty_weight, difficulty_weight_large_g,
                                              reduced_gradient)
+from fisher_ref.rewards import FunctionReward
 from fisher_ref.samplers import make_sampler
 
 
@@ -78,6 +79,12 @@ print(f"P = {G0.size} parameters, |G| = {np.linalg.norm(G0):.4f}")"""),
 ## Token, sequence or prefix ratios
 
 Responses come from $\mu$; the advantage $A(y) = R(y) - R_0$ depends on the whole response.
+Trainers weight each token's term $-A\log p(y_t|s_t)$ by a detached ratio: the token's own
+$r_t$ (the PPO ratio, verl's token-level rollout correction), the sequence ratio $r(y)$ on
+every token, or the prefix product $\prod_{u \le t} r_u$. Predict first:
+"""),
+    *quiz("which-ratio"),
+    md(r"""
 Weight the whole score by the sequence ratio and the sampler cancels:
 
 $$E_\mu[r(y)\,A\,h] = \sum_y \mu(y)\,\frac{p(y)}{\mu(y)}\,A(y)\,h(y) = E_p[A h] = G .$$
@@ -85,10 +92,8 @@ $$E_\mu[r(y)\,A\,h] = \sum_y \mu(y)\,\frac{p(y)}{\mu(y)}\,A(y)\,h(y) = E_p[A h] 
 A weight per token does less. The token ratio $r_t$ corrects the draw of $y_t$ only: the
 tokens before it (which fix $s_t$) and after it (which fix $A$) are still drawn from $\mu$.
 The prefix product $\prod_{u \le t} r_u$ corrects everything up to $y_t$, but not the suffix
-that $A$ also depends on. Predict first:
-"""),
-    *quiz("which-ratio"),
-    md(r"""
+that $A$ also depends on.
+
 Three ways for $\mu$ to drift from $p$: a temperature (flatter than $p$), a stale copy of the
 parameters (perturbed by a normal draw of growing scale), and longer responses ($T$, at
 temperature 1.5). For each estimator, the relative bias and the relative MSE at $n = 64$
@@ -243,14 +248,13 @@ print("pass rates:", np.round(pass_rate, 4))"""),
     md(r"""
 ## The length bias of `seq-mean-token-mean`
 
-GRPO's original loss divides each response's token sum by its length $L$. With a fixed
-advantage, write $f(y) = A(y)/L(y)$: the loss is REINFORCE on $f$, and for any $f$ that does
-not depend on $\theta$
+GRPO's original loss divides each response's token sum by its length $L$. One identity
+does the work: for any function $f(y)$ of the response that does not depend on $\theta$,
 
 $$E_p[f(y)\,h(y)] = \sum_y p(y)\,f(y)\,\nabla_\theta\log p(y) = \nabla_\theta \sum_y p(y)\,f(y)
 = \nabla_\theta E_p[f] .$$
 
-Predict what the loss's expected gradient is the gradient of:
+With a fixed advantage, predict what the loss's expected gradient is the gradient of:
 """),
     *quiz("length-objective"),
     md(r"""
@@ -276,10 +280,17 @@ ax.axhline(0, color="0.6", lw=0.8)
 ax.set_xlabel("baseline $R_0$ (the rewards are 0 to 3)")
 ax.set_ylabel("change of E[L] per unit step")
 ax.legend()
-plt.show()"""),
+plt.show()
+f_reward = FunctionReward(lambda x, y: (np.sum(np.asarray(y) == 2) - 2.0) / len(y))  # R0 = 2
+mean_len = presets.policy_gradient_loss("constant", aggregation=aggs[1], baseline=2.0)
+lhs = expected_loss_gradient(base, mean_len, policy_gradient=G0).mean
+rhs = exact(base.with_(reward=f_reward), progress=False).gradient     # grad E[(R - R0)/L]
+len_err = np.abs(lhs + rhs).max() / np.abs(rhs).max()
+print(f"R0 = 2: |E[grad L] + grad E[(R - R0)/L]| / max = {len_err:.1e}")"""),
     md(r"""
 Summing the tokens, the baseline changes nothing (lesson 4: a constant multiplies
-$E[h] = 0$). Dividing by $L$, it does: the objective is $E_p[(R - R_0)/L]$, so as $R_0$ rises
+$E[h] = 0$). Dividing by $L$, it does: the loss is REINFORCE on $f = (R - R_0)/L$, so its
+objective is $E_p[(R - R_0)/L]$, and as $R_0$ rises
 above the rewards the advantages turn negative, and the loss is lowered by making responses
 *longer*. GRPO's group advantage is not fixed per response, but the $1/L$ acts the same way.
 The length gained per unit of reward gained along each aggregation's step, groups of $B = 2$:
@@ -409,7 +420,7 @@ assert np.abs(-lg_grpo.mean - by_weight[2]).max() <= tol * np.abs(by_weight[2]).
 assert np.abs(red8 - by_weight[8]).max() <= tol * np.abs(by_weight[8]).max()
 assert np.ptp(drift["seq-mean-token-sum"]) <= tol * np.abs(drift["seq-mean-token-sum"]).max()
 assert all(np.diff(drift["seq-mean-token-mean"]) > 0) and drift["seq-mean-token-mean"][-1] > 0
-assert rate["seq-mean-token-mean"] > 1.5 * rate["seq-mean-token-sum"]          # (d)
+assert rate["seq-mean-token-mean"] > 1.5 * rate["seq-mean-token-sum"] and len_err <= tol  # (d)
 for lam in ref_scales:                                                          # (e)
     assert kl_far["k3 in the loss", lam][0] <= tol and kl_far["k2 in the loss", lam][1] <= tol
     assert kl_far["rho * k3", lam][1] <= tol and kl_bias["k1 in the reward", lam] <= tol
