@@ -10,7 +10,7 @@ from collections import defaultdict
 import numpy as np
 
 from fisher_ref import exact, list_configs, load_config
-from fisher_ref.monte_carlo.stats import exact_variance_reduction
+from fisher_ref.monte_carlo.estimators import exact_variance_reduction
 from fisher_ref.monte_carlo.sampling import check_monte_carlo
 
 

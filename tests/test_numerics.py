@@ -3,7 +3,9 @@ import numpy as np
 import pytest
 
 from fisher_ref import exact, load_config
-from fisher_ref.models.base import MLPModel, ModelSpec, TabularModel, windows_for
+from fisher_ref.models.mlp import MLPModel
+from fisher_ref.models.base import ModelSpec, windows_for
+from fisher_ref.models.tabular import TabularModel
 from fisher_ref.models.sensitivities import sensitivities
 from fisher_ref.numerics import (mean_sensitivity, token_fisher, token_fisher_pairwise,
                                      token_scores, token_second_moment, uniform_token_fisher)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from fisher_ref.checks.compare import DEFAULT_DTYPES, DEFAULT_MC, check_dtypes, compare, format_table
+from fisher_ref.checks.compare import (DEFAULT_DTYPES, DEFAULT_MC, check_dtypes, compare,
+                                       format_table)
 from fisher_ref.checks.tolerances import TOLERANCES
 from fisher_ref.cli._common import count_arg, seed_arg, task_from_args
 from fisher_ref.fileio import atomic_output

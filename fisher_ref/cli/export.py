@@ -6,7 +6,8 @@ import hashlib
 
 from fisher_ref.cli._common import task_from_args
 from fisher_ref.golden.check import GOLDEN_DIR
-from fisher_ref.golden.export import GOLDEN_CASES, export_golden, regenerate_golden_files, size_table_row
+from fisher_ref.golden.export import (GOLDEN_CASES, export_golden, regenerate_golden_files,
+                                      size_table_row)
 from fisher_ref.golden.format import MATRIX_MAX_PARAMS
 from fisher_ref.golden.format import load_golden
 

@@ -37,7 +37,8 @@ from fisher_ref.engine.reference import exact_reference
 from fisher_ref.engine.parent_sums import (fisher_sums, level_sums, parent_powers, prefix_starts, segment_sum,
                       window_products)
 from fisher_ref.results import GatheredStates, importance_weighted
-from fisher_ref.engine.run import REACH, BlockArrays, Run, check_support, last_scores, reward_gradient, state_places
+from fisher_ref.engine.run import (REACH, BlockArrays, Run, check_support, last_scores,
+                                   reward_gradient, state_places)
 from fisher_ref.engine.run import plan
 from fisher_ref.engine.shards import merge
 from fisher_ref.engine.workers import local_workers, run_shards

@@ -29,8 +29,10 @@ import numpy as np
 
 from fisher_ref.engine.plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS
 from fisher_ref.engine.tree import carry, responses
-from fisher_ref.numerics import mean_sensitivity, token_fisher, token_second_moment, uniform_token_fisher
-from fisher_ref.engine.run import REACH, BlockArrays, Run, autodiff_gradient, check_support, checked_sensitivities, children, model_probs
+from fisher_ref.numerics import (mean_sensitivity, token_fisher, token_second_moment,
+                                 uniform_token_fisher)
+from fisher_ref.engine.run import (REACH, BlockArrays, Run, autodiff_gradient, check_support,
+                                   checked_sensitivities, children, model_probs)
 from fisher_ref.numerics import topk_center
 
 __all__ = ["exact_reference", "topk_center"]

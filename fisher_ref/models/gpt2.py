@@ -42,7 +42,8 @@ import numpy as np
 from autograd import jacobian
 
 from fisher_ref.limits import MAX_CONTEXT, MAX_LAYERS, check_size, readable
-from fisher_ref.models.base import LayoutSpec, SpecModel, check_common_fields, check_param_count, check_positive_int, layout_offsets
+from fisher_ref.models.base import (LayoutSpec, SpecModel, check_common_fields, check_param_count,
+                                    check_positive_int, layout_offsets)
 from fisher_ref.numerics import softmax
 
 __all__ = ["GPT2Spec", "GPT2Model", "gelu_new", "layer_norm"]

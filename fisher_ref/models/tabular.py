@@ -7,7 +7,8 @@ import autograd.numpy as anp
 import numpy as np
 
 from fisher_ref.limits import MAX_CONTEXT, check_size, readable
-from fisher_ref.models.base import WindowModel, check_common_fields, check_param_count, check_positive_int
+from fisher_ref.models.base import (WindowModel, check_common_fields, check_param_count,
+                                    check_positive_int)
 
 __all__ = ["TabularModel"]
 

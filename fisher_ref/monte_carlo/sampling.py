@@ -31,8 +31,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fisher_ref.monte_carlo.ztests import EXACT_VARIANCE, bernstein_z, bonferroni_z, linearised_values, spread, z_score, cross_spread
-from fisher_ref.monte_carlo.estimators import Estimate, MCResult, advantage_estimates, cross_estimate, exact_variance_reduction, mean_estimate, running_estimates, variance_reduction
+from fisher_ref.monte_carlo.ztests import (EXACT_VARIANCE, bernstein_z, bonferroni_z,
+                                           linearised_values, spread, z_score, cross_spread)
+from fisher_ref.monte_carlo.estimators import (Estimate, MCResult, advantage_estimates,
+                                               cross_estimate, exact_variance_reduction,
+                                               mean_estimate, running_estimates,
+                                               variance_reduction)
 from fisher_ref.engine.plan import DEFAULT_MAX_BYTES
 from fisher_ref.limits import check_limit, readable
 from fisher_ref.numerics import log_softmax

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from fisher_ref.models.base import MLPModel, TabularModel
+from fisher_ref.models.mlp import MLPModel
+from fisher_ref.models.tabular import TabularModel
 from fisher_ref.models.gpt2 import GPT2Model
 from fisher_ref.torch.adapters import TorchAdapter, TorchMLP, TorchTabular
 from fisher_ref.torch.gpt2 import gpt2_adapter

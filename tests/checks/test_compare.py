@@ -10,9 +10,11 @@ torch = pytest.importorskip("torch", reason="compare runs the torch engine (the 
 import fisher_ref.torch.exact as tex  # noqa: E402
 from fisher_ref import load_config  # noqa: E402
 from fisher_ref.cli import main  # noqa: E402
-from fisher_ref.checks.tolerances import TOL_BFLOAT16, TOL_FLOAT32, TOL_FLOAT64, TOLERANCES, rel_error
+from fisher_ref.checks.tolerances import (TOL_BFLOAT16, TOL_FLOAT32, TOL_FLOAT64, TOLERANCES,
+                                          rel_error)
 from fisher_ref.cli.compare import _dtype_list
-from fisher_ref.checks.compare import bernstein_threshold, compare, format_table, highest_matmul_precision
+from fisher_ref.checks.compare import (bernstein_threshold, compare, format_table,
+                                       highest_matmul_precision)
 from fisher_ref.engine.fast import exact  # noqa: E402
 from fisher_ref.tasks import task_from_json  # noqa: E402
 
@@ -72,7 +74,7 @@ def test_bfloat16_rows_within_their_tolerance():
 
 
 def test_model_without_torch_twin_is_refused():
-    from fisher_ref.models.base import FunctionModel
+    from fisher_ref.models.function import FunctionModel
     t = load_config("default")
     fn = FunctionModel(t.model.logits, t.model.num_params, 5, 2, name="my_fn")
     with pytest.raises(NotImplementedError, match="arch 'my_fn'"):
@@ -193,7 +195,7 @@ def test_gradient_under_a_large_baseline_is_judged_on_its_summands_scale(tmp_pat
 
 
 def test_bernstein_threshold_is_the_shared_mc_stats_halfwidth():
-    from fisher_ref.monte_carlo.stats import bernstein_halfwidth
+    from fisher_ref.monte_carlo.ztests import bernstein_halfwidth
     var, b = np.array([0.0, 1e-3, 4.0]), np.array([1e-16, 0.5, 3.0])
     np.testing.assert_array_equal(bernstein_threshold(var, b, 300, alpha=1e-6, m=7),
                                   bernstein_halfwidth(300, var, b, 1e-6 / 7))

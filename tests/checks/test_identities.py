@@ -207,7 +207,8 @@ def test_constant_breaking_bound_is_zero_when_already_broken():
     """offpolicy_stale: parameters over the bound at c = 0 give c = 0 and a count that a
     direct comparison reproduces; the verify table says so."""
     from fisher_ref import exact, load_config
-    from fisher_ref.checks.identities import bound_broken_at_zero, constant_breaking_bound, exact_checks
+    from fisher_ref.checks.identities import (bound_broken_at_zero, constant_breaking_bound,
+                                              exact_checks)
     r = exact(load_config("offpolicy_stale"), progress=False)
     raw, cen = r.streams["raw"], r.streams["centered"]
     n0 = sum(abs(g) > b for g, b in zip(raw.gradient.tolist(), cen.bound.tolist()))

@@ -17,7 +17,10 @@ from scipy.stats import norm
 
 from fisher_ref import exact, load_config
 from fisher_ref.engine.plan import count_states
-from fisher_ref.models.base import FunctionModel, MLPModel, ModelSpec, TabularModel
+from fisher_ref.models.function import FunctionModel
+from fisher_ref.models.mlp import MLPModel
+from fisher_ref.models.base import ModelSpec
+from fisher_ref.models.tabular import TabularModel
 from fisher_ref.rewards import evaluate_reward, make_reward
 from fisher_ref.tasks import Task
 from fisher_ref.checks.identities import verify_task

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from fisher_ref.estimators import check_loss, presets as P
+from fisher_ref.estimators.check import check_loss
+from fisher_ref.estimators import presets as P
 from fisher_ref.estimators.check import judge
 
 from .brute import tiny_task

@@ -8,7 +8,8 @@ import torch
 
 import cases
 from fisher_ref import exact
-from fisher_ref.estimators import LossBatch, expected_loss_gradient
+from fisher_ref.estimators.batch import LossBatch
+from fisher_ref.estimators.gradient import expected_loss_gradient
 from fisher_ref.estimators import presets as P
 
 from .brute import state_kl_gradient, tiny_task

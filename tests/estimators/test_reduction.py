@@ -8,7 +8,7 @@ import pytest
 
 import cases
 from fisher_ref import exact, task_from_json
-from fisher_ref.estimators import expected_loss_gradient
+from fisher_ref.estimators.gradient import expected_loss_gradient
 from fisher_ref.estimators import presets as P
 from fisher_ref.estimators.reduction import (class_advantages, difficulty_weight,
                                              difficulty_weight_large_g, reduced_gradient)

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fisher_ref.golden.check import RTOL, Comparison, compare_to_golden, file_scales, golden_cases, golden_names, golden_path
+from fisher_ref.golden.check import (RTOL, Comparison, compare_to_golden, file_scales,
+                                     golden_cases, golden_names, golden_path)
 from fisher_ref.golden.format import load_golden
 
 ROOT = Path(__file__).resolve().parents[2]

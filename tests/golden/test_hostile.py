@@ -15,7 +15,8 @@ from fisher_ref.checks.conformance import check_token_fisher
 from fisher_ref.golden import manifest
 from fisher_ref.golden.check import GOLDEN_DIR, compare_to_golden, golden_names, golden_path
 from fisher_ref.golden.archive import GoldenFileError
-from fisher_ref.golden.format import array_sha256, canonical_json, load_golden, meta_sha256, read_members
+from fisher_ref.golden.format import (array_sha256, canonical_json, load_golden, meta_sha256,
+                                      read_members)
 from fisher_ref.numerics import softmax, token_fisher
 from tests.golden.test_format import rewrite
 

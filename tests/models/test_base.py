@@ -3,7 +3,10 @@ windows, and bad specs/parameters."""
 import numpy as np
 import pytest
 
-from fisher_ref.models.base import FunctionModel, MLPModel, ModelSpec, TabularModel, check_theta, windows_for
+from fisher_ref.models.function import FunctionModel
+from fisher_ref.models.mlp import MLPModel
+from fisher_ref.models.base import ModelSpec, check_theta, windows_for
+from fisher_ref.models.tabular import TabularModel
 from fisher_ref.numerics import log_softmax, softmax
 from fisher_ref.models import make_model
 

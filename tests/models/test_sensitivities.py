@@ -2,7 +2,9 @@
 import numpy as np
 import pytest
 
-from fisher_ref.models.base import MLPModel, ModelSpec, TabularModel
+from fisher_ref.models.mlp import MLPModel
+from fisher_ref.models.base import ModelSpec
+from fisher_ref.models.tabular import TabularModel
 from fisher_ref.models.sensitivities import (finite_difference_sensitivities, mlp_sensitivities,
                                       sensitivities, sensitivities_autograd)
 

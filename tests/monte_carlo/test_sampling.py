@@ -30,7 +30,8 @@ import pytest
 from scipy.stats import binom, chi2, norm
 
 from fisher_ref import exact, list_configs, load_config
-from fisher_ref.monte_carlo.ztests import EXACT_VARIANCE, bernstein_z, bonferroni_z, cross_spread, linearised_values, spread, z_score
+from fisher_ref.monte_carlo.ztests import (EXACT_VARIANCE, bernstein_z, bonferroni_z, cross_spread,
+                                           linearised_values, spread, z_score)
 from fisher_ref.monte_carlo.estimators import exact_variance_reduction, variance_reduction
 from fisher_ref.monte_carlo.sampling import check_monte_carlo, estimate, sample, sample_values
 

@@ -10,8 +10,11 @@ from scipy.stats import norm
 from fisher_ref import exact, load_config
 import fisher_ref.monte_carlo.sampling as monte_carlo
 import fisher_ref.monte_carlo.estimators as mc_stats
-from fisher_ref.monte_carlo.ztests import ROUNDING_RTOL, ZERO_VAR_RTOL, bernstein_halfwidth, bernstein_ratio, bernstein_z, bonferroni_z, z_score
-from fisher_ref.monte_carlo.estimators import Estimate, advantage_estimates, cross_estimate, mean_estimate, running_estimates, variance_reduction
+from fisher_ref.monte_carlo.ztests import (ROUNDING_RTOL, ZERO_VAR_RTOL, bernstein_halfwidth,
+                                           bernstein_ratio, bernstein_z, bonferroni_z, z_score)
+from fisher_ref.monte_carlo.estimators import (Estimate, advantage_estimates, cross_estimate,
+                                               mean_estimate, running_estimates,
+                                               variance_reduction)
 from fisher_ref.monte_carlo.sampling import estimate
 
 from cases import brute_values, rows_of_draws

@@ -18,7 +18,7 @@ from fisher_ref.teaching.views import pairwise_terms, response_token_scores, sta
 from fisher_ref.models.base import state_windows
 from fisher_ref.models.base import windows_for
 from fisher_ref.teaching.training import bf16_changed, policy_gradient
-from fisher_ref.monte_carlo import mean_estimate
+from fisher_ref.monte_carlo.estimators import mean_estimate
 from fisher_ref.numerics import softmax
 from fisher_ref.teaching.quizzes import LETTERS, QUIZZES, Quiz, check
 from fisher_ref.checks.tolerances import rel_err

@@ -13,7 +13,7 @@ from fisher_ref.teaching.views import (alignment_factor, concentration, entropy,
                                   pairwise_terms, response_token_scores,
                                   shuffle_control, shuffled_sequence_fisher,
                                   shuffled_token_fisher, state_sensitivities)
-from fisher_ref.monte_carlo.stats import bonferroni_z
+from fisher_ref.monte_carlo.ztests import bonferroni_z
 from fisher_ref.checks.tolerances import rel_err
 
 RTOL = 1e-10

@@ -13,7 +13,10 @@ torch = pytest.importorskip("torch", reason="the torch engine needs torch (the t
 
 from fisher_ref import load_config  # noqa: E402
 from fisher_ref.checks.tolerances import rel_error  # noqa: E402
-from fisher_ref.models.base import FunctionModel, MLPModel, ModelSpec, TabularModel  # noqa: E402
+from fisher_ref.models.function import FunctionModel
+from fisher_ref.models.mlp import MLPModel
+from fisher_ref.models.base import ModelSpec
+from fisher_ref.models.tabular import TabularModel
 from fisher_ref.models.sensitivities import sensitivities  # noqa: E402
 from fisher_ref.numerics import token_fisher as np_token_fisher  # noqa: E402
 from fisher_ref.torch.adapters import TorchMLP, TorchTabular, resolve_dtype, token_fisher

@@ -16,7 +16,9 @@ torch = pytest.importorskip("torch", reason="the torch engine needs torch (the t
 import cases  # noqa: E402
 from fisher_ref import list_configs, load_config  # noqa: E402
 from fisher_ref.engine.fast import exact  # noqa: E402
-from fisher_ref.models.base import FunctionModel, MLPModel, ModelSpec  # noqa: E402
+from fisher_ref.models.function import FunctionModel
+from fisher_ref.models.mlp import MLPModel
+from fisher_ref.models.base import ModelSpec
 from fisher_ref.rewards import CountReward, FunctionReward  # noqa: E402
 from fisher_ref.samplers import LogitsSampler  # noqa: E402
 from fisher_ref.tasks import Task  # noqa: E402

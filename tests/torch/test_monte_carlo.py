@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch", reason="the torch engine needs torch (the t
 
 from fisher_ref import load_config  # noqa: E402
 from fisher_ref.engine.fast import exact  # noqa: E402
-from fisher_ref.monte_carlo.stats import bernstein_ratio  # noqa: E402
+from fisher_ref.monte_carlo.ztests import bernstein_ratio
 from fisher_ref.torch.exact import torch_exact  # noqa: E402
 from fisher_ref.torch.monte_carlo import torch_monte_carlo  # noqa: E402
 
