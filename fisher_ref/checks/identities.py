@@ -381,13 +381,14 @@ def _rewards_near_one(task, result, progress, workers):
     whose rewards and baseline are multiplied by a power of two ``s`` bringing them near 1,
     with its exact result: every z-value is homogeneous in ``R`` and multiplying by a power
     of two is exact, so the Monte Carlo rows are those of ``task`` without the underflow
-    of :math:`R^2` (the draws do not depend on the rewards)."""
+    of :math:`R^2` (the draws do not depend on the rewards), and so are the exact rows
+    (relative errors), for rewards so small that even their products lose digits."""
     from fisher_ref.engine.fast import exact
     on = result.streams["policy"]
     size = float(np.hypot(on.reward_std, on.expected_reward)) + abs(on.baseline)
     if size == 0 or size >= TINY_REWARD:
         return task, result
-    s = 2.0 ** -math.frexp(size)[1]
+    s = math.ldexp(1.0, min(-math.frexp(size)[1], 1000))  # 2^1063 would overflow
     scaled = task.with_(reward=_ScaledReward(task.reward, s),
                         baseline=task.baseline if task.baseline == "mean" else task.baseline * s)
     return scaled, exact(scaled, progress=progress, workers=workers)
@@ -417,13 +418,19 @@ def verify_task(task, mc=0, seed=0, progress=True, workers="auto"):
         for from_mu in [False] + ([True] if task.sampler is not None else []):
             check_mc_size(task, mc, from_mu)
     result = exact(task, progress=progress, workers=workers)
-    rows = exact_checks(result)
+    checked_task, checked = _rewards_near_one(task, result, progress, workers)
+    rows = exact_checks(checked)
+    if checked is not result:
+        rows.append(Check("-", "policy", "rewards and baseline scaled by "
+                          f"{checked_task.reward.s:.6g} for these checks", float("nan"), 0.0,
+                          "info", f"rewards below {TINY_REWARD:g} in size: their squares leave "
+                          "float64's normal range; every check is homogeneous in R and the "
+                          "scaling (a power of two) is exact"))
     if mc:
         from fisher_ref.monte_carlo.ztests import bonferroni_z
         from fisher_ref.monte_carlo.sampling import check_monte_carlo
         normal = bonferroni_z(MC_ALPHA, task.model.num_params)
-        mc_task, mc_result = _rewards_near_one(task, result, progress, workers)
-        for r in check_monte_carlo(mc_task, mc_result, mc, seed, alpha=MC_ALPHA):
+        for r in check_monte_carlo(checked_task, checked, mc, seed, alpha=MC_ALPHA):
             weak = r.threshold > WEAK_POWER * normal
             rows.append(Check(_mc_label(r.quantity, r.stream), r.stream,
                               f"{r.quantity}: |z| of the entry nearest its threshold "

@@ -80,13 +80,20 @@ def main(argv=None):
         with contextlib.suppress(AttributeError, ValueError):  # a stream without it
             stream.reconfigure(errors="backslashreplace")
     try:
-        _check_outputs(args)
-        code = int(args._run(args) or 0)
-        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        with _terminate_cleanly():
+            _check_outputs(args)
+            code = int(args._run(args) or 0)
+            sys.stdout.flush()  # a closed pipe shows here, not at exit
         return code
     except BrokenPipeError:  # the reader left (verify | head -1): quiet, as Unix tools are
         _silence_stdout()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: temporary files are gone (their finally ran)
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except _Terminated:
+        print("error: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except ModuleNotFoundError as exc:
         if exc.name != "torch":
             raise
@@ -99,6 +106,29 @@ def main(argv=None):
         # (its message names the path); FileProblem and EnumerationTooLarge are ValueErrors
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised so that every ``finally`` (temporary files) runs before the exit."""
+
+
+@contextlib.contextmanager
+def _terminate_cleanly():
+    """Turn SIGTERM into :class:`_Terminated` inside the block (main thread only; the
+    previous handler is restored)."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum, frame):
+        raise _Terminated()
+    old = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _silence_stdout():

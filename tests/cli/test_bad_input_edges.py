@@ -343,3 +343,29 @@ def test_tiny_rewards_give_the_monte_carlo_rows_of_rewards_near_one():
         rows[s] = [(r.check, r.value) for r in got if r.kind == "z"]
         assert all(r.passed for r in got), [(r.check, r.value) for r in got if not r.passed]
     assert rows[1.0] == rows[2.0 ** -540]
+
+
+def test_subnormal_rewards_get_an_honest_verdict_and_a_row_saying_so():
+    t = load_config("default").with_(reward=lambda p, r: 1e-320 * (1.0 + r.count(2)))
+    _, rows = _no_warnings_verify(t, mc=0)
+    assert all(r.passed for r in rows), [(r.check, r.value) for r in rows if not r.passed]
+    assert any(r.kind == "info" and r.check.startswith("rewards and baseline scaled by")
+               for r in rows)
+
+
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_during_a_write_leaves_nothing_behind(tmp_path, capsys, monkeypatch, sig, code):
+    """The signal arrives while the golden file's temporary file exists: it is removed,
+    no output appears, and the exit is clean (no traceback)."""
+    import signal
+    import fisher_ref.golden.format as fmt
+    real = fmt.Path.write_bytes
+
+    def write_then_signal(self, data):
+        real(self, data[:100])
+        os.kill(os.getpid(), getattr(signal, sig))
+    monkeypatch.setattr(fmt.Path, "write_bytes", write_then_signal)
+    out = tmp_path / "t.npz"
+    rc, err = run_cli(["export", "--config", "tabular", "--out", str(out)], capsys)
+    assert rc == code and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
