@@ -230,7 +230,8 @@ class ModuleAdapter(TorchAdapter):
 
     def check_prompt_ids(self, prompts):
         """Refuse prompt ids outside ``0..n_embeddings-1`` (``0..V-1`` when unknown) and
-        the BOS id, naming the prompt and the id."""
+        a BOS id of its own (``bos >= V``; a BOS that is also a vocabulary id, as GPT-2's
+        end-of-text, may appear), naming the prompt and the id."""
         top = self.vocab_size if self.n_embeddings is None else self.n_embeddings
         for i, pr in enumerate(prompts):
             for t in pr:
@@ -241,7 +242,7 @@ class ModuleAdapter(TorchAdapter):
                         f"; ids {self.vocab_size}..{top - 1} are input-only"
                     raise ValueError(f"prompt {i} holds token id {t}, out of range 0..{top - 1} "
                                      f"(vocab_size={self.vocab_size}{extra})")
-                if t == self.bos:
+                if t == self.bos and t >= self.vocab_size:
                     raise ValueError(f"prompt {i} holds token id {t}, the bos id: bos={t} is put "
                                      "before every input; leave it out of the prompts")
 
