@@ -45,7 +45,17 @@ def add_regenerate_arguments(parser):
 
 
 def run_regenerate(args):
-    """``python -m fisher_ref regenerate [DIR]``: rewrite the shipped golden files."""
+    """``python -m fisher_ref regenerate [DIR]``: rewrite the shipped golden files. ``DIR``
+    must exist (as for ``--out``: a typo is refused, not created), and each file written
+    must be a regular file or new."""
+    from pathlib import Path
+    from fisher_ref.fileio import FileProblem, check_output_path
+    directory = Path(args.directory)
+    if not directory.is_dir():
+        raise FileProblem(f"regenerate {str(directory)!r}: " + (
+            "not a directory" if directory.exists() else "the directory does not exist"))
+    for name in args.names:
+        check_output_path(directory / f"{name}.npz", "regenerate output")
     total = 0
     for path in regenerate_golden_files(args.directory, args.names):
         total += path.stat().st_size

@@ -369,3 +369,12 @@ def test_a_signal_during_a_write_leaves_nothing_behind(tmp_path, capsys, monkeyp
     rc, err = run_cli(["export", "--config", "tabular", "--out", str(out)], capsys)
     assert rc == code and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_regenerate_refuses_a_missing_directory(tmp_path, capsys):
+    rc, err = run_cli(["regenerate", str(tmp_path / "no" / "such"), "--names", "tabular"],
+                      capsys)
+    assert rc == 2 and "does not exist" in err and not (tmp_path / "no").exists()
+    os.mkfifo(tmp_path / "tabular.npz")
+    rc, err = run_cli(["regenerate", str(tmp_path), "--names", "tabular"], capsys)
+    assert rc == 2 and "FIFO" in err
