@@ -311,6 +311,9 @@ def compare_to_golden(arrays, golden, keys=None, rtol=RTOL):
     if not isinstance(arrays, Mapping):
         raise TypeError(f"arrays must be a dict of golden key -> array, got "
                         f"{type(arrays).__name__}")
+    if isinstance(keys, (str, bytes)):
+        raise TypeError(f"keys must be a list of golden keys, got the string {keys!r:.60} "
+                        f"(write keys=[{keys!r:.60}])")
     g = _as_golden(golden)
     keys = list(arrays) if keys is None else list(keys)
     if not keys:

@@ -277,3 +277,9 @@ def test_write_manifest_writes_the_module_the_reader_uses(tmp_path):
     assert namespace["SHA256"] == table == {"a": hashlib.sha256(b"one").hexdigest()}
     assert namespace["__doc__"] == manifest.__doc__
     assert write_manifest(GOLDEN_DIR, tmp_path / "shipped.py") == manifest.SHA256
+
+
+def test_keys_given_as_one_string_are_refused(golden):
+    with pytest.raises(TypeError, match="keys must be a list of golden keys"):
+        compare_to_golden({"sequence_fisher": golden["sequence_fisher"]}, golden,
+                          keys="sequence_fisher")
