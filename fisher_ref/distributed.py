@@ -19,7 +19,9 @@ Needs the optional extra ``distributed`` (``pip install "fisher-ref[distributed]
 """
 from __future__ import annotations
 
-from fisher_ref.engine.plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS
+from dataclasses import replace
+
+from fisher_ref.engine.plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, check_cost
 from fisher_ref.engine.run import plan
 from fisher_ref.engine.shards import merge, plan_shards
 
@@ -84,12 +86,16 @@ def exact_ray(task, address=None, shards=None, *, max_retries=2, runner=None, to
     options = dict(topk=topk, chunk=chunk, keep_states=keep_states,
                    keep_sequences=keep_sequences, quantities=quantities, progress=False)
     inf = float("inf")
-    plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes, quantities)
+    one = plan(task, topk, chunk, keep_states, keep_sequences, inf, inf, quantities)[1]
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False)
     n = shards or max(1, int(ray.cluster_resources().get("CPU", 1)))
     n = max(1, min(n, plan_shards(task, n).bounds[-1]))
-    options.update(max_seconds=inf, max_bytes=inf)  # checked above, for the whole run
+    # the limits: the time of n shards side by side, the memory of one worker
+    seconds = plan(task, topk, chunk, keep_states, keep_sequences, inf, inf, quantities,
+                   workers=n)[1].seconds
+    check_cost(replace(one, seconds=seconds, workers=n), max_seconds, max_bytes)
+    options.update(max_seconds=inf, max_bytes=inf)  # checked here, for the whole run
     remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=True)(
         runner or run_shard)
     task_ref = ray.put(task)

@@ -89,3 +89,20 @@ def test_a_shard_failing_for_good_is_an_error_naming_it(local_ray, tmp_path):
 def test_bad_arguments_are_refused(kw, field):
     with pytest.raises(ValueError, match=field):
         exact_ray(load_config("default"), **kw)
+
+
+def test_the_cost_guard_counts_the_shards_side_by_side(local_ray, monkeypatch):
+    """A run too slow for one core but not for its shards side by side goes through; one
+    whose single worker needs more memory than allowed is refused before any task runs."""
+    from fisher_ref import EnumerationTooLarge, estimate_cost
+    from fisher_ref.engine import plan as plan_mod
+    monkeypatch.setattr(plan_mod, "_SECONDS_PER_WORKER", 0.0)  # a tiny task: no start cost
+    task = load_config("default")
+    one, two = estimate_cost(task), estimate_cost(task, workers=2)
+    limit = (one.seconds + two.seconds) / 2
+    assert two.seconds < limit < one.seconds
+    with pytest.raises(EnumerationTooLarge):
+        exact(task, progress=False, workers=1, max_seconds=limit)
+    assert_same(exact_ray(task, shards=2, max_seconds=limit), single(task))
+    with pytest.raises(EnumerationTooLarge, match="memory"):
+        exact_ray(task, shards=2, max_bytes=one.bytes / 2)
