@@ -87,10 +87,10 @@ QUIZ_ROWS = [
           (r"No: $1/L$ varies between responses, so it reweights them, not only rescales.",
            r"No: that ratio of expectations is not what the sum weights; $1/L$ sits inside "
            r"the expectation, response by response.",
-           r"No: for any fixed $f(y)$, $E_p[f h] = \nabla E_p[f]$, so it is a gradient.",
-           r"Right: $E_p[f(y)\,h] = \nabla_\theta E_p[f(y)]$ for any $f$ that does not depend "
-           r"on $\theta$, here $f = (R - R_0)/L$; with $R_0$ above the rewards it rewards "
-           r"length.")),
+           r"No: for any fixed $\phi(y)$, $E_p[\phi h] = \nabla E_p[\phi]$: it is a gradient.",
+           r"Right: $E_p[\phi(y)\,h] = \nabla_\theta E_p[\phi(y)]$ for any $\phi$ that does not "
+           r"depend on $\theta$, here $\phi = (R - R_0)/L$; with $R_0$ above the rewards it "
+           r"rewards length.")),
     _quiz("k3-direction",
           r"The k3 term $e^{-\Delta_t} - 1 + \Delta_t$, $\Delta_t = \log p(y_t|s_t) - "
           r"\log p_{ref}(y_t|s_t)$, is summed over the sampled tokens in the loss, on policy. At a "
@@ -100,7 +100,7 @@ QUIZ_ROWS = [
            r"nothing: an unbiased KL estimate has zero mean gradient.",
            r"$KL(p_{seq}\|p_{ref,seq})$, the sequence-level KL."),
           0,
-          (r"Right: $\nabla k_3 = (1 - p_{ref}/p)\nabla\log p$, and "
+          (r"Right: $\nabla \mathrm{k3} = (1 - p_{ref}/p)\nabla\log p$, and "
            r"$E_{a\sim p}[(1 - p_{ref,a}/p_a)\xi_a] = -\sum_a p_{ref,a}\xi_a = "
            r"\nabla KL(p_{ref}\|p)$: the forward KL.",
            r"No: that is k2's, $\Delta\nabla\log p$, whose mean is $\nabla KL(p\|p_{ref})$ "
@@ -190,42 +190,44 @@ G = seq.policy_gradient                                      # (P,) the policy g
 EXERCISES = [
     Exercise(
         "difficulty-weight-by-hand", STEM, "GRPO's difficulty weight by hand",
-        r"Compute $w_B(\gamma) = E_K[a(1, K) - a(0, K)]$ for $B = 4$, $\gamma = 0.25$: $K$ is "
-        r"the number of successes among the *other* $B - 1$ responses, and $a(c, K)$ the GRPO "
-        r"advantage $(R_1 - \bar R)/(\mathrm{std}(R) + \epsilon)$ of a response with reward "
-        r"$c$ in that group (`torch.std` is the unbiased std). Set `w`.",
+        r"Compute $w_B(\gamma) = E_\nu[\mathcal A(1, \nu) - \mathcal A(0, \nu)]$ for $B = 4$, "
+        r"$\gamma = 0.25$: $\nu$ is the number of successes among the *other* $B - 1$ "
+        r"responses, and $\mathcal A(1, \nu)$ (or $\mathcal A(0, \nu)$) the GRPO advantage "
+        r"$(R_1 - \bar R)/(\mathrm{std}(R) + \epsilon)$ of a response with reward 1 (or 0) "
+        r"in that group (`torch.std` is the unbiased std). Set `w`.",
         _GROUPS, "w", """w = 0.0
-for K in range(B):                        # successes among the other B - 1
-    prob = comb(B - 1, K) * gamma ** K * (1 - gamma) ** (B - 1 - K)
+for nu in range(B):                        # successes among the other B - 1
+    prob = comb(B - 1, nu) * gamma ** nu * (1 - gamma) ** (B - 1 - nu)
     for c, sign in ((1.0, 1), (0.0, -1)):
-        R = np.array([c] + [1.0] * K + [0.0] * (B - 1 - K))
+        R = np.array([c] + [1.0] * nu + [0.0] * (B - 1 - nu))
         w += sign * prob * (R[0] - R.mean()) / (R.std(ddof=1) + eps)""",
         r"With binary rewards the group's expected gradient for a prompt is "
-        r"$(a_B(1) - a_B(0))\nabla\gamma$, each $a_B(c)$ averaged over the others' successes "
-        r"$K \sim \mathrm{Bin}(B-1, \gamma)$. A group whose rewards are all equal has "
-        r"$A = 0$ and adds nothing, which is why $w_B$ stays far below the large-$B$ formula "
-        r"when $\gamma$ is small.",
-        (Mistake("w = 0.0\nfor K in range(B):\n"
-                 "    prob = comb(B - 1, K) * gamma ** K * (1 - gamma) ** (B - 1 - K)\n"
+        r"$(\mathcal A_B(1) - \mathcal A_B(0))\nabla\gamma$, each averaged over the others' "
+        r"successes $\nu \sim \mathrm{Bin}(B-1, \gamma)$. A group whose rewards are all "
+        r"equal has $A = 0$ and adds nothing, which is why $w_B$ stays far below the "
+        r"large-$B$ formula when $\gamma$ is small.",
+        (Mistake("w = 0.0\nfor nu in range(B):\n"
+                 "    prob = comb(B - 1, nu) * gamma ** nu * (1 - gamma) ** (B - 1 - nu)\n"
                  "    for c, sign in ((1.0, 1), (0.0, -1)):\n"
-                 "        R = np.array([c] + [1.0] * K + [0.0] * (B - 1 - K))\n"
+                 "        R = np.array([c] + [1.0] * nu + [0.0] * (B - 1 - nu))\n"
                  "        w += sign * prob * (R[0] - R.mean()) / (R.std() + eps)",
                  "GRPO normalises by `torch.std`, the *unbiased* std: use `R.std(ddof=1)`, "
                  "not numpy's default `ddof=0`."),
          Mistake("w = 1 / np.sqrt(gamma * (1 - gamma))",
                  "that is the large-$B$ limit $1/\\sqrt{\\gamma(1-\\gamma)}$; at $B = 4$ many "
-                 "groups have equal rewards and $A = 0$, so sum over $K$ instead.")),
+                 "groups have equal rewards and $A = 0$, so sum over $\\nu$ instead.")),
         close_to(_expected_difficulty_weight, rtol=1e-9)),
     Exercise(
         "k3-state-gradient", STEM, "the k3 gradient at one state",
         r"At one state the policy is `p`, the reference `ref`, and the sensitivities `J` "
         r"($j_{i,a} = \partial z_a/\partial\theta_i$). Compute the expected gradient of the k3 "
-        r"term, $E_{a\sim p}[\nabla_\theta k_3]$ with $k_3 = e^{-\Delta_a} - 1 + \Delta_a$, "
+        r"term, $E_{a\sim p}[\nabla_\theta \mathrm{k3}]$ with "
+        r"$\mathrm{k3} = e^{-\Delta_a} - 1 + \Delta_a$, "
         r"$\Delta_a = \log p_a - \log p_{ref,a}$ and $\nabla\log p_a = j_a - \bar j$. Set `g3` "
         r"$(P,)$.",
-        _STATE, "g3", """xi = J - (J @ p)[:, None]                        # (P, V) scores j_a - j_bar
-g3 = xi @ (p * (1 - ref / p))                     # E_p[(1 - ref/p) xi]""",
-        r"$\nabla k_3 = (1 - e^{-\Delta_a})\nabla\log p_a = (1 - p_{ref,a}/p_a)\,\xi_a$; "
+        _STATE, "g3", """xi = J - (J @ p)[:, None]                   # (P, V) scores j_a - j_bar
+g3 = xi @ (p * (1 - ref / p))                # E_p[(1 - ref/p) xi]""",
+        r"$\nabla \mathrm{k3} = (1 - e^{-\Delta_a})\nabla\log p_a = (1 - p_{ref,a}/p_a)\,\xi_a$; "
         r"averaging under $p$ gives $\sum_a (p_a - p_{ref,a})\xi_a = -\sum_a p_{ref,a}\xi_a$ "
         r"(the scores average to zero under $p$), the gradient of $KL(p_{ref}\|p)$ at the "
         r"state: the forward KL.",
@@ -240,16 +242,19 @@ g3 = xi @ (p * (1 - ref / p))                     # E_p[(1 - ref/p) xi]""",
         "crossover-batch", STEM, "when reweighting starts to win",
         r"On `offpolicy_stale`, the relative MSE of an average of $n$ groups is "
         r"$\mathrm{mse}(n)/(\omega\|G\|)^2$ (`lg.mse(n)`, `lg.scale` $=\omega$). It is "
-        r"$b^2 + v/n$, with $b$ the relative bias (`lg.relative_bias`) and $v$ the "
+        r"$\mathrm{bias}^2 + \mathrm{var}/n$, with bias the relative bias (`lg.relative_bias`) "
+        r"and var the "
         r"variance trace divided by $(\omega\|G\|)^2$. At which $n$ (not rounded) "
         r"do centering (`cen`) and sequence IS (`seq`) have the same relative MSE? Set "
         r"`n_star`.",
-        _STALE, "n_star", """scale_c = (cen.scale * np.linalg.norm(G)) ** 2      # (omega ||G||)^2 of each
+        _STALE, "n_star", """scale_c = (cen.scale * np.linalg.norm(G)) ** 2  # (omega ||G||)^2
 scale_s = (seq.scale * np.linalg.norm(G)) ** 2
 v_c, v_s = cen.variance_trace / scale_c, seq.variance_trace / scale_s
 n_star = (v_s - v_c) / (cen.relative_bias ** 2 - seq.relative_bias ** 2)""",
-        r"Setting $b_c^2 + v_c/n = b_s^2 + v_s/n$ gives $n^* = (v_s - v_c)/(b_c^2 - b_s^2)$. "
-        r"Sequence IS has $b_s = 0$ and the larger $v$: below $n^*$ centering's smaller "
+        r"Setting $\mathrm{bias}_c^2 + \mathrm{var}_c/n = \mathrm{bias}_s^2 + \mathrm{var}_s/n$ "
+        r"gives $n^* = (\mathrm{var}_s - \mathrm{var}_c)/(\mathrm{bias}_c^2 - "
+        r"\mathrm{bias}_s^2)$. Sequence IS has $\mathrm{bias}_s = 0$ and the larger var: "
+        r"below $n^*$ centering's smaller "
         r"variance wins, above it only the bias counts, and IS wins.",
         (Mistake("v_c = cen.variance_trace / np.linalg.norm(G) ** 2\n"
                  "v_s = seq.variance_trace / np.linalg.norm(G) ** 2\n"
@@ -260,6 +265,7 @@ n_star = (v_s - v_c) / (cen.relative_bias ** 2 - seq.relative_bias ** 2)""",
                  "scale_s = (seq.scale * np.linalg.norm(G)) ** 2\n"
                  "v_c, v_s = cen.variance_trace / scale_c, seq.variance_trace / scale_s\n"
                  "n_star = (v_s - v_c) / (cen.relative_bias - seq.relative_bias)",
-                 "the MSE holds the *squared* bias: divide by $b_c^2 - b_s^2$.")),
+                 "the MSE holds the *squared* bias: divide by "
+                 "$\\mathrm{bias}_c^2 - \\mathrm{bias}_s^2$.")),
         close_to(_expected_crossover, rtol=1e-8)),
 ]

@@ -32,12 +32,13 @@ the policy's log-probabilities $\log p(y_{i,t}|s_{i,t})$ of a group of $B$ respo
 $y_1, \dots, y_B$ to one prompt. Everything else in it (rewards, the sampler's and the
 reference policy's log-probabilities) is detached. So by the chain rule
 
-$$\nabla_\theta \mathcal L = \sum_{i,t} c_{i,t}\,\xi_{i,t}, \qquad
-c_{i,t} = \frac{\partial \mathcal L}{\partial \log p(y_{i,t}|s_{i,t})},$$
+$$\nabla_\theta \mathcal L = \sum_{i,t} \lambda_{i,t}\,\xi_{i,t}, \qquad
+\lambda_{i,t} = \frac{\partial \mathcal L}{\partial \log p(y_{i,t}|s_{i,t})},$$
 
 and on a model small enough to list every group its expectation is a finite sum,
-$E[\nabla\mathcal L] = \sum_x w_x \sum_{y_1..y_B} \prod_i \mu(y_i|x)\,\nabla\mathcal L$.
-`fisher_ref.estimators.expected_loss_gradient` computes it (the $c_{i,t}$ by torch
+$E[\nabla\mathcal L] = E_x\big[\sum_{y_1..y_B} \prod_i \mu(y_i|x)\,\nabla\mathcal L\big]$ (the
+prompts $x$ in their weights).
+`fisher_ref.estimators.expected_loss_gradient` computes it (the $\lambda_{i,t}$ by torch
 autograd of your loss), with its variance over one group.
 
 A loss is **unbiased** when $E[\nabla\mathcal L] = -G$, $G = \nabla_\theta E_p[R]$ the policy
@@ -193,13 +194,15 @@ below it). A token-level cap converges to token IS, whose bias no cap removes.
 
 GRPO's advantage $A_1 = (R_1 - \bar R)/(\mathrm{std}(R) + \epsilon)$ depends on the other
 responses only through their rewards. With a binary reward and on policy, split the
-responses by reward class $c \in \{0, 1\}$: $H(c) = \sum_{y: R(y) = c} p(y)\,h(y)$ gives
-$H(1) = \nabla\gamma$ and $H(0) = -\nabla\gamma$ (the scores average to zero), so
+responses by reward: $H_1 = \sum_{y: R(y) = 1} p(y)\,h(y) = \nabla\gamma$ and
+$H_0 = \sum_{y: R(y) = 0} p(y)\,h(y) = -\nabla\gamma$ (the scores average to zero), so
 
-$$E[A_1 h_1] = \sum_c a_B(c)\,H(c) = \big(a_B(1) - a_B(0)\big)\,\nabla\gamma
-= w_B(\gamma)\,\nabla\gamma, \qquad a_B(c) = E[A_1 \mid R_1 = c],$$
+$$E[A_1 h_1] = \mathcal A_B(1)\,H_1 + \mathcal A_B(0)\,H_0
+= \big(\mathcal A_B(1) - \mathcal A_B(0)\big)\,\nabla\gamma = w_B(\gamma)\,\nabla\gamma,
+\qquad \mathcal A_B(1) = E[A_1 \mid R_1 = 1],$$
 
-the average over the others' successes $K \sim \mathrm{Bin}(B - 1, \gamma)$. Each prompt's
+and likewise $\mathcal A_B(0)$: averages over the others' successes
+$\nu \sim \mathrm{Bin}(B - 1, \gamma)$. Each prompt's
 $\nabla\gamma_x$ is weighted by $w_B(\gamma_x)$. For large $B$, $\bar R \to \gamma$ and
 $\mathrm{std}(R) \to \sqrt{\gamma(1-\gamma)}$, so $w_B \to 1/\sqrt{\gamma(1-\gamma)}$: rare
 successes get a large weight. Predict what happens at $B = 2$:
@@ -226,7 +229,7 @@ print(f"w_2 from {w[2].min():.4f} to {w[2].max():.4f}; at gamma = 0.02, B = 8: e
     md(r"""
 The same weight on a model: give the default model a binary reward (the response is the
 single token 2) and hold GRPO's exact expected gradient, groups of 2 enumerated, against
-$-\sum_x w_x\,w_2(\gamma_x)\,\nabla\gamma_x$, one policy gradient per prompt; at $B = 8$,
+$-E_x[w_2(\gamma_x)\,\nabla\gamma_x]$, one policy gradient per prompt; at $B = 8$,
 where the groups are too many to list, the sum over reward classes gives it:
 """),
     code("""
@@ -243,16 +246,16 @@ by_weight = {B: sum(wx * difficulty_weight(gx, B) * gr
 red8 = reduced_gradient(binary, 8, "grpo")
 for B, got in ((2, -lg_grpo.mean), (8, red8)):
     err = np.abs(got - by_weight[B]).max() / np.abs(by_weight[B]).max()
-    print(f"B = {B}: |E[A h] - sum_x w_x w_B(gamma_x) grad gamma_x| / max = {err:.1e}")
+    print(f"B = {B}: |E[A h] - E_x[w_B(gamma_x) grad gamma_x]| / max = {err:.1e}")
 print("pass rates:", np.round(pass_rate, 4))"""),
     md(r"""
 ## The length bias of `seq-mean-token-mean`
 
 GRPO's original loss divides each response's token sum by its length $L$. One identity
-does the work: for any function $f(y)$ of the response that does not depend on $\theta$,
+does the work: for any function $\phi(y)$ of the response that does not depend on $\theta$,
 
-$$E_p[f(y)\,h(y)] = \sum_y p(y)\,f(y)\,\nabla_\theta\log p(y) = \nabla_\theta \sum_y p(y)\,f(y)
-= \nabla_\theta E_p[f] .$$
+$$E_p[\phi(y)\,h(y)] = \sum_y p(y)\,\phi(y)\,\nabla_\theta\log p(y)
+= \nabla_\theta \sum_y p(y)\,\phi(y) = \nabla_\theta E_p[\phi] .$$
 
 With a fixed advantage, predict what the loss's expected gradient is the gradient of:
 """),
@@ -289,11 +292,11 @@ len_err = np.abs(lhs + rhs).max() / np.abs(rhs).max()
 print(f"R0 = 2: |E[grad L] + grad E[(R - R0)/L]| / max = {len_err:.1e}")"""),
     md(r"""
 Summing the tokens, the baseline changes nothing (lesson 4: a constant multiplies
-$E[h] = 0$). Dividing by $L$, it does: the loss is REINFORCE on $f = (R - R_0)/L$, so its
-objective is $E_p[(R - R_0)/L]$, and as $R_0$ rises
-above the rewards the advantages turn negative, and the loss is lowered by making responses
-*longer*. GRPO's group advantage is not fixed per response, but the $1/L$ acts the same way.
-The length gained per unit of reward gained along each aggregation's step, groups of $B = 2$:
+$E[h] = 0$). Dividing by $L$, it does: the loss is REINFORCE on $\phi = (R - R_0)/L$, so its
+objective is $E_p[(R - R_0)/L]$, and as $R_0$ rises above the rewards the advantages turn
+negative, and the loss is lowered by making responses *longer*. GRPO's group advantage is
+not fixed per response, but the $1/L$ acts the same way. The length gained per unit of
+reward gained along each aggregation's step, groups of $B = 2$:
 """),
     code("""
 rate = {}
@@ -323,7 +326,7 @@ $\nabla KL(p_{seq}\|p_{ref,seq}) = E_p[(\sum_t \Delta_t)\,h]$, k1 summed into th
     *quiz("k3-direction"),
     code("""
 kl_terms = {"k1 in the loss": presets.kl_loss("k1"), "k2 in the loss": presets.kl_loss("k2"),
-            "k3 in the loss": presets.kl_loss("k3"), "rho * k3": presets.rho_k3(),
+            "k3 in the loss": presets.kl_loss("k3"), "ratio * k3": presets.rho_k3(),
             "k1 in the reward": presets.kl_in_reward()}
 forward = lambda b: ((b.ref_logp_all.exp() * (b.ref_logp_all - b.logp_all)).sum(-1)
                      * b.mask).sum(-1).mean()                    # sum_t KL(p_ref || p) at s_t
@@ -357,7 +360,7 @@ for name in kl_terms:
     md(r"""
 Read the table by its zeros. k3 in the loss is exactly the sum over the visited states of
 $\nabla KL(p_{ref}\|p)$, the **forward** KL, with the states' distribution held fixed; k2,
-and k3 multiplied by a differentiable ratio $\rho = p/p_{old}$ (1 in value, not in
+and k3 multiplied by the differentiable ratio $p/p_{old}$ (1 in value, not in
 gradient), are exactly the per-state **reverse** KL. None of them is the sequence-level KL
 gradient, and their distance from it grows as the reference moves away; only k1 summed into
 the reward is it, at every scale. k1 in the loss has no gradient on average (the line at 1
@@ -367,9 +370,9 @@ is a zero vector).
 
 Lesson 5 centered the score under $\mu$ instead of reweighting it. Centering is biased, since
 its gradient is a covariance under $\mu$, not $G$, but it multiplies by no ratio. With the
-relative bias $b$ and $v$ the variance trace over $\|\omega G\|^2$, the relative MSE of $n$
-groups is $b^2 + v/n$: the smaller variance wins at small $n$, the smaller bias at large
-$n$. Predict the temperature sampler:
+relative bias, bias, and var the variance trace over $\|\omega G\|^2$, the relative MSE of
+$n$ groups is $\mathrm{bias}^2 + \mathrm{var}/n$: the smaller variance wins at small $n$,
+the smaller bias at large $n$. Predict the temperature sampler:
 """),
     *quiz("centering-or-is"),
     code("""
@@ -423,10 +426,10 @@ assert all(np.diff(drift["seq-mean-token-mean"]) > 0) and drift["seq-mean-token-
 assert rate["seq-mean-token-mean"] > 1.5 * rate["seq-mean-token-sum"] and len_err <= tol  # (d)
 for lam in ref_scales:                                                          # (e)
     assert kl_far["k3 in the loss", lam][0] <= tol and kl_far["k2 in the loss", lam][1] <= tol
-    assert kl_far["rho * k3", lam][1] <= tol and kl_bias["k1 in the reward", lam] <= tol
+    assert kl_far["ratio * k3", lam][1] <= tol and kl_bias["k1 in the reward", lam] <= tol
     assert min(kl_bias["k3 in the loss", lam], kl_bias["k2 in the loss", lam]) > 0.05
     assert kl_size["k1 in the loss", lam] <= tol
-for name in ("k2 in the loss", "k3 in the loss", "rho * k3"):
+for name in ("k2 in the loss", "k3 in the loss", "ratio * k3"):
     assert all(np.diff([kl_bias[name, lam] for lam in ref_scales]) > 0)
 tm, so = "offpolicy_temperature", "offpolicy_stale"                              # (f)
 assert all(rel_mse(lgs[tm, "sequence IS"], n) < rel_mse(lgs[tm, "centered"], n) for n in ns)
@@ -436,13 +439,14 @@ assert max(lgs[n, "sequence IS"].relative_bias for n in (tm, so)) <= tol
 assert top_ratio[tm] < 1.6 and top_ratio[so] == r_max > 1000
 v = {k: g.variance_trace / (g.scale * np.linalg.norm(g.policy_gradient)) ** 2
      for k, g in lgs.items()}
-assert v[so, "sequence IS"] > 3 * v[so, "centered"] and abs(lgs[so, "centered"].scale + 1) > 0.1"""),
+assert v[so, "sequence IS"] > 3 * v[so, "centered"]
+assert abs(lgs[so, "centered"].scale + 1) > 0.1"""),
     *exercise("difficulty-weight-by-hand"),
     *exercise("k3-state-gradient"),
     *exercise("crossover-batch"),
     footer(STEM, [
-        "A loss's gradient is $\\sum_{i,t} c_{i,t}\\xi_{i,t}$, so its expectation over every "
-        "group is a finite sum on a small model: bias and variance are exact numbers, not "
+        "A loss's gradient is $\\sum_{i,t} \\lambda_{i,t}\\xi_{i,t}$, so its expectation over "
+        "every group is a finite sum on a small model: bias and variance are exact numbers, not "
         "estimates.",
         "Off policy only the sequence ratio $r(y)$ is unbiased; token and prefix ratios leave "
         "a bias that grows with the drift and with $T$. Truncating or masking $r(y)$ is "
@@ -451,7 +455,7 @@ assert v[so, "sequence IS"] > 3 * v[so, "centered"] and abs(lgs[so, "centered"].
         "$1/\\sqrt{\\gamma(1-\\gamma)}$ at small $B$ and constant at $B = 2$.",
         "Dividing by the length optimises $E_p[A/L]$: with negative advantages it makes "
         "responses longer. k3 in the loss follows the per-state forward KL, k2 and "
-        "$\\rho\\cdot$k3 the per-state reverse KL; only k1 in the reward is the sequence KL.",
+        "$(p/p_{old})\\cdot$k3 the per-state reverse KL; only k1 in the reward is the sequence KL.",
         "Centering beats reweighting only while its smaller variance outweighs its bias: "
         "never on a flatter sampler, up to a crossover $n^*$ on a stale one.",
     ]),
