@@ -439,7 +439,7 @@ class ExactResult:
 
     @property
     def computed(self):
-        """The on-policy attributes this result holds (``quantities="fisher"``: fewer)."""
+        """The on-policy attributes this result holds (fewer with ``quantities="fisher"``)."""
         return tuple(n for n in self._ON_POLICY + ("gradient_autodiff",) if n in self.__dict__)
 
     def __getattr__(self, name):  # only for names not found: the skipped quantities

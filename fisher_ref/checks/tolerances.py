@@ -80,7 +80,8 @@ def gradient_scale(s, extra=0.0, score_scale=0.0):
     r"""Natural scale of a gradient :math:`E[A h]`: :math:`(\sqrt{E[R^2]} + |b| + extra)
     \max(\sqrt{\max_i F_i}, score\_scale)`, a Cauchy–Schwarz bound on its size.
 
-    ``score_scale`` (:func:`state_score_scale`'s square root) is the size of a score at
+    ``score_scale`` (the square root of
+    :func:`fisher_ref.checks.identities.state_score_scale`) is the size of a score at
     a single state: rounding in :math:`\bar j` is of that size even where the policy is
     so peaked that ``F`` is tiny."""
     rms_R = np.hypot(s.reward_std, s.expected_reward)  # no underflow for tiny rewards

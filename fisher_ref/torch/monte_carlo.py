@@ -30,7 +30,7 @@ def torch_monte_carlo(task, n, generator, device="cpu", dtype="float64"):
 
     Args:
         task: a :class:`fisher_ref.tasks.Task` whose model has a torch adapter
-            (:func:`fisher_ref.torch.adapters.torch_model`).
+            (:func:`fisher_ref.torch.registry.torch_model`).
         n: number of responses.
         generator: a ``torch.Generator`` on ``device`` (the only randomness used).
         device, dtype: as in :func:`fisher_ref.torch.exact.torch_exact`.
