@@ -368,7 +368,8 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
             reward is evaluated. Reading a skipped quantity raises an ``AttributeError``.
         shard: ``(i, n)``: only shard ``i`` of ``n`` (subtrees cut by prompt and first
             tokens, ``fisher_ref.engine.shards``); returns its ``ShardResult``, which
-            ``fisher_ref.engine.shards.merge`` adds to the others.
+            ``fisher_ref.engine.shards.merge`` adds to the others. It keeps its rows of
+            the per-state and per-response arrays only when asked (``"auto"``: not).
         workers: processes to run the shards in (``fisher_ref.engine.workers``);
             ``"auto"``: the available cores, 1 (this process) for a run estimated under
             10 s. The result is the same to rounding.
@@ -391,13 +392,17 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
                              "(reference=True) takes no shard")
         return exact_reference(task, **kw)
     n = 1 if shard is not None else local_workers(task, workers, kw)
-    if n > 1:  # every shard in its own process, merged here
-        cost = plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes,
-                    quantities, workers=n)[1]
-        kw.update(progress=False, max_seconds=float("inf"), max_bytes=float("inf"))
+    if n > 1:  # every shard in its own process, merged here (the arrays kept as one run)
+        _, cost, keep_states, keep_sequences = plan(task, topk, chunk, keep_states,
+                                                    keep_sequences, max_seconds, max_bytes,
+                                                    quantities, workers=n)
+        kw.update(progress=False, max_seconds=float("inf"), max_bytes=float("inf"),
+                  keep_states=keep_states, keep_sequences=keep_sequences)
         result = merge(task, run_shards(exact, task, n, kw))
         result.cost = cost
         return result
+    if shard is not None:  # a shard's result holds sums, its rows only when asked
+        kw.update({k: False for k in ("keep_states", "keep_sequences") if kw[k] == "auto"})
     run = Run(task, **kw, shard=shard)
     V, k, fisher = task.model.vocab_size, task.model.context, run.quantities == "fisher"
     cache = WindowCache(task, run.streams, run.keep_states, WINDOW_CACHE_BYTES,

@@ -56,7 +56,8 @@ def merged_errors(merged, single):
 
 
 def assert_merged_equal(task, n, label, **kw):
-    kw = {**options(task), **kw}
+    kw = {**options(task), "keep_states": True, "keep_sequences": kw.get(
+        "quantities") != "fisher", **kw}
     single = exact(task, **kw, workers=1)
     merged, parts = sharded(task, n, **kw)
     errs = merged_errors(merged, single)
@@ -120,9 +121,8 @@ def test_plan_counts_add_up_to_the_whole_tree():
 def test_shard_results_are_small_and_picklable():
     task = load_scale_config("medium").with_(max_len=3)
     single = exact(task, progress=False, keep_states=False, keep_sequences=False)
-    parts = [pickle.loads(pickle.dumps(exact(task, progress=False, shard=(i, 3),
-                                             keep_states=False, keep_sequences=False)))
-             for i in range(3)]
+    parts = [pickle.loads(pickle.dumps(exact(task, progress=False, shard=(i, 3))))
+             for i in range(3)]  # "auto" keeps no rows in a shard
     P, T = task.model.num_params, task.max_len
     for p in parts:
         assert isinstance(p, ShardResult) and p.states is None and p.sequences is None
