@@ -1,7 +1,7 @@
 r"""What the torch engine says about its own result: the cheap exact identities, checked on
 every run, and the layout of ``theta`` by parameter name.
 
-Three identities hold exactly on every task (docs/theory.md §2.9) and cost nothing once
+These identities hold exactly on every task (docs/theory.md §2.9) and cost nothing once
 the sums exist, so :func:`self_checks` runs them on every result:
 
 - ``F = sum pi f``: the sequence Fisher :math:`E[h^2]` equals the reach-weighted token
@@ -10,7 +10,9 @@ the sums exist, so :func:`self_checks` runs them on every result:
   :math:`E[R]`, judged on :math:`(\sqrt{E[R^2]} + |b|)\sqrt{\max F}` (a cancellation of
   terms that large);
 - ``E[h] = 0``: the on-policy score mean, judged on
-  :math:`\max(\sqrt{\max F},\ T \max|j|)` (the size of the scores it sums).
+  :math:`\max(\sqrt{\max F},\ T \max|j|)` (the size of the scores it sums);
+- with a sampler, the first and the last again on the ``centered`` stream
+  (:math:`F^\mu = \sum_s \pi_\mu f^\mu` and :math:`E_\mu[\tilde h] = 0`, docs/theory.md §3).
 
 Each row's value is the error over its scale; the tolerance is the run's dtype's
 (:data:`SELF_CHECK_TOL`: the float64, float32 and bfloat16 tolerances of
@@ -47,7 +49,7 @@ def _ratio(err, scale):
 
 
 def self_checks(out, baseline, max_len, jmax, dtype):
-    """The rows of the three identities of the module docstring for a result ``out`` of
+    """The rows of the identities of the module docstring for a result ``out`` of
     :func:`fisher_ref.torch.exact.torch_exact`.
 
     Returns:
@@ -66,6 +68,14 @@ def self_checks(out, baseline, max_len, jmax, dtype):
         ("E[h] = 0", np.max(np.abs(pol["score_mean"]), initial=0.0),
          max(np.sqrt(fmax), max_len * jmax)),
     ]
+    cen = out["streams"].get("centered")
+    if cen is not None:  # the same two identities under the sampler (docs/theory.md §3)
+        Fc = np.asarray(cen["sequence_fisher"])
+        fc = float(np.max(np.abs(Fc))) if Fc.size else 0.0
+        rows += [("F = sum pi f (centered)",
+                  np.max(np.abs(Fc - cen["token_fisher_sum"]), initial=0.0), fc),
+                 ("E[h] = 0 (centered)", np.max(np.abs(cen["score_mean"]), initial=0.0),
+                  max(np.sqrt(fc), max_len * jmax))]
     tol = SELF_CHECK_TOL[dtype]
     return [{"identity": name, "value": _ratio(err, scale), "tolerance": tol,
              "passed": bool(_ratio(err, scale) <= tol)} for name, err, scale in rows]
