@@ -276,3 +276,21 @@ def test_cli_verify_takes_workers(capsys):
     for bad in ("0", "two", "-1"):
         assert main(["verify", "--mc", "0", "--workers", bad]) == 2  # bad input
         assert "--workers" in capsys.readouterr().err
+
+
+def test_the_large_case_table_is_the_recorded_run():
+    """docs/guide/distributed.md's table of large cases states what scripts/large_case.py
+    wrote to docs/guide/large_case.json (machine, commit and every number)."""
+    import json
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs/guide/distributed.md").read_text()
+    rec = json.loads((root / "docs/guide/large_case.json").read_text())
+    assert rec["machine"] in page and rec["commit"] in page
+    for r in rec["records"]:
+        (row,) = [line for line in page.splitlines() if f"`scale/{r['case']}`" in line]
+        for value in (f"{r['P']:,}", f"{r['states']:,}", f"{r['responses']:,}",
+                      str(r["seconds"]), str(r["peak_MiB_per_worker"]),
+                      f"{r['top1pct_overlap']:.2f}"):
+            assert f" {value} " in row or f" {value} (" in row, (r["case"], value, row)
+        assert (root / "fisher_ref/configs/scale" / f"{r['case']}.json").is_file()
