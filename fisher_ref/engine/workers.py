@@ -68,8 +68,9 @@ def resolve_workers(workers, cost):
 
 def local_workers(task, workers, kw):
     """The processes ``exact(task, workers=workers, **kw)`` runs in: ``workers``
-    (:func:`resolve_workers` of the single-core estimate for ``"auto"``), at most one
-    per unit of the shard plan (:func:`fisher_ref.engine.shards.plan_shards`)."""
+    (:func:`resolve_workers` of the single-core estimate for ``"auto"``, and no more than
+    fit in ``kw["max_bytes"]`` together), at most one per unit of the shard plan
+    (:func:`fisher_ref.engine.shards.plan_shards`)."""
     workers = check_workers(workers)
     if workers == 1:
         return 1
@@ -79,7 +80,12 @@ def local_workers(task, workers, kw):
     n = resolve_workers(workers, cost)
     if n > 1 and workers == "auto" and unsendable(task):
         return 1  # explicit workers say why they cannot (run_shards)
-    return max(1, min(n, plan_shards(task, n).bounds[-1]))
+    n = max(1, min(n, plan_shards(task, n).bounds[-1]))
+    while workers == "auto" and n > 1 and plan(  # "auto": as many as fit in max_bytes
+            task, kw["topk"], kw["chunk"], kw["keep_states"], kw["keep_sequences"], inf, inf,
+            kw["quantities"], workers=n)[1].bytes > kw["max_bytes"]:
+        n -= 1
+    return n
 
 
 @contextmanager

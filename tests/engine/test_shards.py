@@ -294,3 +294,19 @@ def test_the_large_case_table_is_the_recorded_run():
                       f"{r['top1pct_overlap']:.2f}"):
             assert f" {value} " in row or f" {value} (" in row, (r["case"], value, row)
         assert (root / "fisher_ref/configs/scale" / f"{r['case']}.json").is_file()
+
+
+def test_auto_workers_fit_in_the_memory_limit(monkeypatch):
+    """'auto' takes fewer workers where all of them would pass max_bytes; an explicit
+    count is refused instead."""
+    task = load_scale_config("v16")
+    monkeypatch.setattr(workers_mod, "AUTO_MIN_SECONDS", 0.0)
+    monkeypatch.setattr(workers_mod, "available_cores", lambda: 4)
+    kw = dict(topk=(), chunk=None, keep_states=False, keep_sequences=False, quantities="all",
+              max_bytes=float("inf"))
+    assert workers_mod.local_workers(task, "auto", kw) == 4
+    two = estimate_cost(task, workers=2).bytes
+    kw["max_bytes"] = two
+    assert workers_mod.local_workers(task, "auto", kw) == 2
+    kw["max_bytes"] = estimate_cost(task).bytes
+    assert workers_mod.local_workers(task, "auto", kw) == 1
