@@ -399,7 +399,24 @@ sequence IS is better at every $n$. On the stale sampler the ratios reach the th
 centering's variance is several times smaller, and it wins up to a crossover $n^*$ (the
 exercise below computes it). Centering also leaves a scale $\omega \ne -1$, which a learning
 rate absorbs, and a direction error, which nothing does.
+
+## Check your own loss
+
+Every number above came from `expected_loss_gradient`; `check_loss` turns one into a verdict
+for a test suite (`assert check_loss(...)`), judged at the exact-identity tolerance. Any
+function of a `LossBatch` written as your trainer writes it will do; the how-to is
+`docs/check/rl_losses.md`:
 """),
+    code("""
+import textwrap
+from fisher_ref.estimators import check_loss
+
+verdicts = {}
+for name, loss in [("sequence IS", presets.sequence_is(baseline=b0)),
+                   ("token IS", presets.token_is(baseline=b0))]:
+    verdict = check_loss(stale_task, loss, expect="unbiased")
+    verdicts[name] = verdict.passed
+    print(textwrap.fill(f"{name}: {verdict}", 96, subsequent_indent="    "))"""),
     checks("""
 tol = 1e-10
 for axis, points in drifts.items():                              # (a)
@@ -440,7 +457,8 @@ assert top_ratio[tm] < 1.6 and top_ratio[so] == r_max > 1000
 v = {k: g.variance_trace / (g.scale * np.linalg.norm(g.policy_gradient)) ** 2
      for k, g in lgs.items()}
 assert v[so, "sequence IS"] > 3 * v[so, "centered"]
-assert abs(lgs[so, "centered"].scale + 1) > 0.1"""),
+assert abs(lgs[so, "centered"].scale + 1) > 0.1
+assert verdicts == {"sequence IS": True, "token IS": False}"""),
     *exercise("difficulty-weight-by-hand"),
     *exercise("k3-state-gradient"),
     *exercise("crossover-batch"),
