@@ -398,7 +398,7 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
                                                     quantities, workers=n)
         kw.update(progress=False, max_seconds=float("inf"), max_bytes=float("inf"),
                   keep_states=keep_states, keep_sequences=keep_sequences)
-        result = merge(task, run_shards(exact, task, n, kw))
+        result = merge(task, run_shards(exact, task, n, kw, progress=progress))
         result.cost = cost
         return result
     if shard is not None:  # a shard's result holds sums, its rows only when asked

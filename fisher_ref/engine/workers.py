@@ -20,10 +20,11 @@ import os
 import pickle
 import sys
 import types
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 
+from fisher_ref._progress import Progress
 from fisher_ref.engine.run import plan
 from fisher_ref.engine.shards import plan_shards
 
@@ -158,9 +159,10 @@ def _without_main():
         sys.modules["__main__"] = main
 
 
-def run_shards(engine, task, n, kw):
+def run_shards(engine, task, n, kw, progress=False):
     """``[engine(task, shard=(i, n), **kw) for i in range(n)]``, one process each
-    (``engine``: a module-level function, such as :func:`fisher_ref.exact`).
+    (``engine``: a module-level function, such as :func:`fisher_ref.exact`); with
+    ``progress``, a bar of the shards done on stderr once the run exceeds 2 s.
 
     Raises:
         ValueError: the task cannot be sent to a worker (:func:`unsendable` says why).
@@ -172,13 +174,19 @@ def run_shards(engine, task, n, kw):
                          "use workers=1")
     with _one_blas_thread(), _without_main():  # processes start on submit, so set up
         ex = _executor(n)
-        futures = [ex.submit(engine, task, shard=(i, n), **kw) for i in range(n)]
-    out = []
-    for i, f in enumerate(futures):
-        try:
-            out.append(f.result())
-        except BrokenProcessPool as e:
-            shutdown()
-            raise RuntimeError(f"the worker process of shard {i} of {n} died ({e}); no "
-                               "result is returned for a partial run") from e
+        futures = {ex.submit(engine, task, shard=(i, n), **kw): i for i in range(n)}
+    out, bar = [None] * n, Progress(n, f"exact enumeration, shards of {n} workers",
+                                    enabled=progress)
+    try:
+        for f in as_completed(futures):
+            i = futures[f]
+            try:
+                out[i] = f.result()
+            except BrokenProcessPool as e:
+                shutdown()
+                raise RuntimeError(f"the worker process of shard {i} of {n} died ({e}); no "
+                                   "result is returned for a partial run") from e
+            bar.update(1)
+    finally:
+        bar.close()
     return out
