@@ -159,3 +159,31 @@ def test_without_the_audit_the_self_check_catches_a_stock_llama(monkeypatch):
         out = run(tiny("llama", "eager"))
     assert not all(r["passed"] for r in out["checks"])
     assert any(issubclass(w.category, SelfCheckWarning) for w in caught)
+
+
+def test_a_float32_constant_is_read_in_float64_and_listed():
+    """A float32 tensor kept as a plain attribute (not a buffer, so .to() misses it)."""
+    class Scaled(CastingLM):
+        def __init__(self):
+            super().__init__(cast=False)
+            self.factor = torch.tensor([0.5, 2.0, 1.0, 1.5])  # float32
+
+        def forward(self, ids):
+            return super().forward(ids) * self.factor
+
+    torch.manual_seed(4)
+    out = run(Scaled().double())
+    assert any("reads a float32 tensor (4,)" in k for k in out["upcasts"]), out["upcasts"]
+    assert all(r["passed"] for r in out["checks"])
+
+
+def test_an_op_that_stays_below_the_run_dtype_is_refused_naming_it():
+    """Reinterpreting float64 bits as float32 cannot be made exact: always refused."""
+    class Bits(CastingLM):
+        def forward(self, ids):
+            z = super().forward(ids)  # (b, V) float64
+            return z + z.view(torch.float32)[:, ::2].to(z.dtype) * 0
+
+    torch.manual_seed(4)
+    with pytest.raises(LowPrecisionError, match=r"aten\.view\.dtype returns float32"):
+        run(Bits(cast=False).double())
