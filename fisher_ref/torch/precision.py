@@ -22,7 +22,8 @@ Each rewrite is recorded as ``"module.path: aten.op to float32"``
 (:attr:`DtypeAudit.events`, returned by the engines as ``upcasts``). With ``strict=True``
 the first one raises :class:`LowPrecisionError` with that text instead. The precision
 order is float16 = bfloat16 < float32 < float64; a float32 run rewrites only float16 and
-bfloat16, a bfloat16 run nothing.
+bfloat16, a bfloat16 run nothing. Complex dtypes follow their parts: complex64 becomes
+complex128 in a float64 run.
 
 Attention through ``torch.nn.functional.scaled_dot_product_attention`` is evaluated with
 the math backend (:func:`torch.nn.attention.sdpa_kernel`): it is composed of ops with
@@ -66,7 +67,14 @@ class DtypeAudit(TorchDispatchMode):
         super().__init__()
         self.dtype, self.strict, self.root = dtype, bool(strict), root
         self.path, self.events = [], {}
-        self.lower = {d for d, r in RANK.items() if r < RANK.get(dtype, 2)}
+        # each dtype below the run's -> what it becomes: the run's dtype, or for complex
+        # dtypes the complex dtype of the run's precision (rotary embeddings by torch.polar)
+        self.lower = {d: dtype for d, r in RANK.items() if r < RANK.get(dtype, 2)}
+        if dtype == torch.float64:
+            self.lower.update({torch.complex64: torch.complex128,
+                               torch.complex32: torch.complex128})
+        elif dtype == torch.float32:
+            self.lower[torch.complex32] = torch.complex64
 
     def _low(self, dtype):
         return dtype in self.lower
@@ -87,12 +95,12 @@ class DtypeAudit(TorchDispatchMode):
         kwargs = kwargs or {}
         if "dtype" in kwargs and self._low(kwargs["dtype"]):
             self._event(func, f"to {_name(kwargs['dtype'])}")
-            kwargs = {**kwargs, "dtype": self.dtype}
+            kwargs = {**kwargs, "dtype": self.lower[kwargs["dtype"]]}
         if any(self._low(x.dtype) for x in _tensors(args)):
             def up(x):
                 if isinstance(x, torch.Tensor) and self._low(x.dtype):
                     self._event(func, f"reads a {_name(x.dtype)} tensor {tuple(x.shape)}")
-                    return x.to(self.dtype)
+                    return x.to(self.lower[x.dtype])
                 return x
             args = tree_map(up, args)
         out = func(*args, **kwargs)

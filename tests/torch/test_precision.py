@@ -187,3 +187,31 @@ def test_an_op_that_stays_below_the_run_dtype_is_refused_naming_it():
     torch.manual_seed(4)
     with pytest.raises(LowPrecisionError, match=r"aten\.view\.dtype returns float32"):
         run(Bits(cast=False).double())
+
+
+def test_complex64_rotary_angles_run_in_complex128():
+    """Rotary embeddings by torch.polar on float32 angles (older Llama code): the angles and
+    their complex exponentials come out in float64 / complex128."""
+    class Rotary(CastingLM):
+        def forward(self, ids):
+            x = self.emb(ids)  # (b, n, 3)
+            pos = torch.arange(ids.shape[1], dtype=torch.float32)[:, None] * 0.7  # (n, 1)
+            rot = torch.polar(torch.ones_like(pos), pos)  # (n, 1) complex64
+            y = (x.to(torch.complex64) * rot).real.to(x.dtype)  # (b, n, 3)
+            return self.head(y.mean(1))
+
+    class Rotary64(CastingLM):
+        def forward(self, ids):
+            x = self.emb(ids)
+            pos = torch.arange(ids.shape[1], dtype=torch.float64)[:, None] * 0.7
+            rot = torch.polar(torch.ones_like(pos), pos)
+            return self.head((x.to(torch.complex128) * rot).real.mean(1))
+
+    torch.manual_seed(4)
+    a = Rotary(cast=False).double()
+    b = Rotary64(cast=False).double()
+    b.load_state_dict(a.state_dict())
+    got, want = run(a), run(b)
+    assert rel(got["streams"]["policy"]["sequence_fisher"],
+               want["streams"]["policy"]["sequence_fisher"]) <= RTOL
+    assert any("to complex64" in k for k in got["upcasts"]), got["upcasts"]
