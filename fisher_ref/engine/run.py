@@ -267,9 +267,10 @@ class Run:
             task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes, quantities)
         P, T = task.model.num_params, task.max_len
         self.moments = {name: Moments(P, T) for name, _, _ in self.streams}
-        # shard (i, n): walk only its subtrees; every run and shard takes the same r0
+        # shard (i, n): walk only its subtrees; every shard takes the same r0 (one more
+        # call of the reward per shard)
         self.shard = None if shard is None else ShardWalk(task, shard)
-        if quantities == "all":
+        if self.shard is not None and quantities == "all":
             for m in self.moments.values():
                 m.r0 = first_reward(task)
         self.grad_ad = np.zeros(P)  # (P,)
