@@ -120,6 +120,8 @@ class _Run:
         self.table = WindowTable(self)
         self.grad = GradientBatch(self)
         self.jmax = 0.0  # largest |j| seen (the scale of the E[h] = 0 self-check)
+        if isinstance(getattr(adapter, "upcasts", None), dict):
+            adapter.upcasts.clear()  # this run's rewrites only
         self.states, self.seqs = [], []
         self.width = max(len(p) for p in task.prompts) + T - 1  # longest state
 
