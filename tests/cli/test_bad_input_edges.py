@@ -258,12 +258,11 @@ def test_compare_refuses_a_bad_seed_in_the_api_before_any_work(monkeypatch):
 
 
 def test_verify_into_a_pipe_closed_early_is_quiet():
-    """``verify | head -1``: the reader leaves after one line; no traceback, exit 0."""
+    """``verify | head -1``: the reader leaves early; no traceback, exit 0."""
     proc = subprocess.Popen([sys.executable, "-m", "fisher_ref", "verify", "--config",
                              "tabular", "--mc", "0", "--quiet"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc.stdout.readline()
-    proc.stdout.close()
+    proc.stdout.close()  # the reader is gone before verify writes its first line
     err = proc.stderr.read().decode()
     rc = proc.wait(timeout=120)
     assert rc in (0, -13) and "Broken pipe" not in err and "Traceback" not in err, (rc, err)
