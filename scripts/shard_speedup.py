@@ -65,6 +65,7 @@ def main(argv=None):
     print(f"machine: {platform.machine()} {platform.processor() or ''}, "
           f"{available_cores()} cores available; python {platform.python_version()}, "
           f"numpy {np.__version__}; commit {_commit()}")
+    print(f"load average before: {os.getloadavg()[0]:.2f} (other processes on the machine)")
     print(f"task: {args.config}: {exact.__module__}, P={task.model.num_params:,}, "
           f"V={task.model.vocab_size}, T={task.max_len}")
     cold, par = _timed(task, args.workers)
@@ -94,6 +95,7 @@ def main(argv=None):
     print(f"CPU seconds: whole run {cpu_one:.3f}; shards {', '.join(f'{x:.3f}' for x in shards)};"
           f" merge {cpu_merge:.3f}; whole / (slowest shard + merge) = "
           f"{cpu_one / (max(shards) + cpu_merge):.2f}x")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
     shutdown()
     return 0
 
