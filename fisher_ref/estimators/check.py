@@ -97,11 +97,18 @@ def judge(lg, expect="unbiased", rtol=EXACT_RTOL):
         passed = residual <= tol
     else:
         residual = float(np.linalg.norm(lg.mean - alpha * target))
+        fitted = float(np.linalg.norm(alpha * target))
         right_sign = sign * alpha > 0
-        passed = right_sign and residual <= tol
+        # a vanishing expected gradient (k1 in the loss, a ratio against itself) fits any
+        # scale within rounding, of either sign: it must not pass by the sign of a rounding
+        passed = right_sign and residual <= tol and fitted > tol
         reason = ""
         if float(np.linalg.norm(target)) == 0:
             passed, reason = False, "the target gradient vanishes: nothing to fit a scale to"
+        elif fitted <= tol:
+            reason = (f"the expected gradient vanishes (|E[grad L]| = "
+                      f"{float(np.linalg.norm(lg.mean)):.3g}, at most the tolerance): the loss "
+                      f"gives no gradient along the target")
         elif not right_sign:
             reason = (f"the fitted scale {alpha:+.6g} has the wrong sign (a loss to be "
                       f"minimised has {'+' if sign > 0 else '-'}scale)")
