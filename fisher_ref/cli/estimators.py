@@ -36,6 +36,8 @@ def _check(args):
         raise ValueError(f"--batch must be at least 1, got {args.batch}")
     if args.group_size < 1:
         raise ValueError(f"--group-size must be at least 1, got {args.group_size}")
+    if args.max_groups is not None and args.max_groups < 1:
+        raise ValueError(f"--max-groups must be at least 1, got {args.max_groups}")
 
 
 def _cosine(a, b):

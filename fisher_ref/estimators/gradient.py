@@ -175,6 +175,42 @@ def loss_coefficients(loss, arrays, prompt, vectorize=True):
     return _Coefficients(loss, vectorize)(arrays, prompt)
 
 
+def _check_finite(a, C, prompt):
+    """Refuse a loss whose ``dL/dlogp_all`` is NaN or infinite at a real token of a group
+    that can be drawn (the expectation would be NaN, silently)."""
+    bad = ~np.isfinite(np.where(a["mask"][..., None], C, 0.0)).all(axis=(1, 2, 3))  # (n,)
+    if bad.any():
+        k = int(np.argmax(bad))
+        resp = [[int(v) for v in row if v >= 0] for row in a["tokens"][k]]
+        raise ValueError(f"loss(batch) has a NaN or infinite gradient dL/dlogp on "
+                         f"{int(bad.sum())} groups of prompt {prompt}, first the responses "
+                         f"{resp} (rewards {a['rewards'][k].tolist()}): the expected gradient "
+                         f"would be NaN; guard the loss (a std or a length of 0, a log of 0)")
+
+
+# Groups of a chunk re-evaluated with their responses permuted when symmetric=True.
+_SYMMETRY_PROBE = 256
+
+
+def _check_symmetric(coeffs, a, C, prompt):
+    """``symmetric=True`` weighs each multiset once for all its orders; refuse a loss
+    whose coefficients do not permute with its responses (the sum would be silently
+    wrong). Probes the first groups of a chunk under a cyclic shift and a swap."""
+    n, G = min(C.shape[0], _SYMMETRY_PROBE), C.shape[1]
+    perms = [np.roll(np.arange(G), 1)] + ([np.r_[1, 0, 2:G]] if G > 2 else [])
+    for perm in perms:
+        sub = {key: None if v is None else v[:n][:, perm] for key, v in a.items()}
+        back = coeffs(sub, prompt)[:, np.argsort(perm)]  # (n, G, T, V), original order
+        ref = np.where(a["mask"][:n, ..., None], C[:n], 0.0)
+        diff = np.abs(np.where(a["mask"][:n, ..., None], back, 0.0) - ref).max()
+        scale = np.abs(ref).max()
+        if not diff <= 1e-9 * scale + 1e-300:
+            raise ValueError(f"symmetric=True, but the loss is not symmetric in its "
+                             f"responses: reordering a group of prompt {prompt} changes "
+                             f"dL/dlogp by {diff:.3g} (largest {scale:.3g}); use "
+                             f"symmetric=False (ordered tuples)")
+
+
 def _group_gradients(table, a, C):
     r"""Per-group gradients :math:`\sum_{i,t,b} C_{i,t,b}\xi_b(s_{i,t})`: ``(n, P)``.
 
@@ -289,6 +325,12 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *,
         (-1.0, True)
     """
     require_task(task)
+    if not isinstance(symmetric, (bool, np.bool_)):
+        raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
+    for name, value in (("max_groups", max_groups), ("max_bytes", max_bytes)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
+                                                             np.floating)) or not value >= 1:
+            raise ValueError(f"{name} must be a number >= 1 (inf: no limit), got {value!r}")
     if not callable(loss):
         raise TypeError(f"loss must be a callable loss(batch) -> torch scalar, got "
                         f"{type(loss).__name__}")
@@ -301,7 +343,7 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *,
     # bounded: the (n, P) gradients and the (n, G, T, V) distributions of one chunk
     step = max(1, min(_VMAP_GROUPS, _GATHER_ELEMENTS // P, 4 * _GATHER_ELEMENTS // (G * T * V)))
     for pr in table.prompts:
-        q = np.exp(pr.sampler_logp)  # (M,)
+        q, first = np.exp(pr.sampler_logp), True  # (M,)
         for idx, mult in groups(len(pr), G, symmetric, chunk=step):
             w = pr.weight * mult * np.prod(q[idx], axis=1)  # (n,)
             keep = w > 0  # a group mu never draws adds nothing (and may be NaN)
@@ -311,6 +353,10 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *,
                 continue
             a = group_arrays(table, pr, idx)
             C = coeffs(a, pr.prompt)  # (n, G, T, V)
+            _check_finite(a, C, pr.prompt)
+            if symmetric and G > 1 and first:
+                _check_symmetric(coeffs, a, C, pr.prompt)
+            first = False
             acc.add(w, _group_gradients(table, a, C))
     if policy_gradient is None:
         policy_gradient = policy_gradient_of(table, _mean_reward(table))

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..engine.plan import EnumerationTooLarge, count_states
 from ..engine.run import check_logits, checked_sensitivities
-from ..limits import readable
+from ..limits import readable, readable_log10
 from ..numerics import log_softmax
 
 __all__ = ["PromptResponses", "ResponseTable", "all_responses", "response_table",
@@ -200,11 +200,18 @@ def check_groups(task, group_size, symmetric=False, max_groups=DEFAULT_MAX_GROUP
         raise ValueError(f"group_size must be an integer >= 1, got {group_size!r}")
     _, n_resp = count_states(task.model.vocab_size, task.max_len, task.model.eos)
     n_prompts = int(np.count_nonzero(task.prompt_weights))
-    n = n_prompts * count_groups(n_resp, int(group_size), symmetric)
+    G = int(group_size)
+    # the exact count of a huge G is an integer of G log10(M) digits: too slow to form
+    log10 = math.log10(n_prompts) + ((math.lgamma(n_resp + G) - math.lgamma(G + 1)
+                                      - math.lgamma(n_resp)) / math.log(10) if symmetric
+                                     else G * math.log10(n_resp))
+    huge = log10 > math.log10(max_groups) + 1
+    n = math.inf if huge else n_prompts * count_groups(n_resp, G, symmetric)
     if n > max_groups:
         kind = "multisets" if symmetric else "ordered tuples (sum_x M_x^G)"
+        shown = readable_log10(log10) if huge else readable(n)
         raise EnumerationTooLarge(
-            f"expected_loss_gradient refused: {readable(n)} groups of {group_size} responses "
+            f"expected_loss_gradient refused: {shown} groups of {group_size} responses "
             f"as {kind}, {n_prompts} prompts x M={readable(n_resp)} responses each, more than "
             f"max_groups={readable(max_groups)}. Use a smaller group_size or task, "
             f"symmetric=True for a loss symmetric in its responses, or raise max_groups")
