@@ -54,8 +54,9 @@ def aggregate(loss_mat, mask, mode="seq-mean-token-sum"):
     - ``"seq-mean-token-mean"``: :math:`\frac1B\sum_i\frac{1}{|y_i|}\sum_t \ell_{i,t}`
       (GRPO's 1/|y| length normalisation);
     - ``"token-mean"``: :math:`\sum_{i,t}\ell_{i,t}/\sum_i|y_i|` (DAPO, TRL's default);
-    - ``"seq-mean-token-sum-norm"``: :math:`\sum_{i,t}\ell_{i,t}/(B\,T)` with ``T`` the
-      longest response allowed (Dr. GRPO; TRL's ``dr_grpo``).
+    - ``"seq-mean-token-sum-norm"``: :math:`\sum_{i,t}\ell_{i,t}/T` with ``T`` the
+      longest response allowed (Dr. GRPO as verl writes it, ``loss_mask.shape[-1]``; TRL's
+      ``dr_grpo`` divides by :math:`B\,T` instead, :func:`dr_grpo`).
     """
     m = mask.to(loss_mat.dtype)
     lm = loss_mat * m
@@ -67,7 +68,7 @@ def aggregate(loss_mat, mask, mode="seq-mean-token-sum"):
     if mode == "token-mean":
         return lm.sum() / m.sum()
     if mode == "seq-mean-token-sum-norm":
-        return lm.sum() / (B * T)
+        return lm.sum() / T
     raise ValueError(f"unknown aggregation {mode!r}; known: {', '.join(AGGREGATIONS)}")
 
 
@@ -80,7 +81,8 @@ def advantages(rewards, kind="constant", baseline=0.0):
     - ``"rloo"``: :math:`R_i - \frac{1}{G-1}\sum_{j\ne i}R_j` (leave-one-out, unbiased;
       TRL's ``RLOOTrainer``, OpenRLHF's ``rloo``); needs ``G >= 2``;
     - ``"grpo"``: :math:`(R_i - \bar R)/(\mathrm{std}(R) + 10^{-6})`, ``torch.std``
-      unbiased (verl, TRL); a group of one keeps :math:`R_i` (verl).
+      unbiased (verl, TRL); a group of one is :math:`R_i/(1 + 10^{-6})` (verl: mean 0,
+      std 1).
     """
     G = rewards.shape[0]
     if kind == "constant":
@@ -93,7 +95,7 @@ def advantages(rewards, kind="constant", baseline=0.0):
         return (rewards - rewards.mean()) * (G / (G - 1))
     if kind == "grpo":
         if G < 2:
-            return rewards
+            return rewards / (1 + GRPO_EPS)
         return (rewards - rewards.mean()) / (rewards.std() + GRPO_EPS)
     raise ValueError(f"unknown advantage {kind!r}; known: {', '.join(ADVANTAGES)}")
 
@@ -180,8 +182,14 @@ def grpo(aggregation="seq-mean-token-mean"):
 def dr_grpo():
     r"""Dr. GRPO: the group-mean advantage without the std and the constant
     :math:`1/(B\,T)` normalisation (TRL ``loss_type="dr_grpo"``); unbiased up to the scale
-    :math:`(1 - 1/G)/T`."""
-    return policy_gradient_loss("group_mean", aggregation="seq-mean-token-sum-norm")
+    :math:`(1 - 1/G)/T`. verl's ``seq-mean-token-sum-norm`` divides by ``T`` only
+    (:func:`aggregate`), ``B`` times this."""
+    inner = policy_gradient_loss("group_mean", aggregation="seq-mean-token-sum-norm")
+
+    def loss(batch):
+        return inner(batch) / batch.logp.shape[0]
+    loss.__name__ = "dr_grpo"
+    return loss
 
 
 def dapo():

@@ -169,7 +169,7 @@ def _plain_grpo(b, agg):
         return sum(sum(p) / len(p) for p in per) / B
     if agg == "token-mean":
         return sum(sum(p) for p in per) / sum(len(p) for p in per)
-    return sum(sum(p) for p in per) / (B * b.logp.shape[1])
+    return sum(sum(p) for p in per) / b.logp.shape[1]  # verl: loss_mask.shape[-1]
 
 
 def _plain_is(b, level, cap=None, band=None):
