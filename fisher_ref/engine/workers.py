@@ -10,7 +10,9 @@ a second), and ended at exit.
 
 ``workers="auto"`` takes the cores this process may use, and 1 (no process at all)
 when the single-core estimate (:func:`fisher_ref.engine.plan.estimate_cost`) is under
-:data:`AUTO_MIN_SECONDS`, where starting the workers costs more than they save.
+:data:`AUTO_MIN_SECONDS`, where starting the workers costs more than they save, when
+``tracemalloc`` is tracing (it would see only this process: memory measurements stay
+whole), or when the task cannot be sent to a worker.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import multiprocessing
 import os
 import pickle
 import sys
+import tracemalloc
 import types
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -79,8 +82,8 @@ def local_workers(task, workers, kw):
     cost = plan(task, kw["topk"], kw["chunk"], kw["keep_states"], kw["keep_sequences"], inf,
                 inf, kw["quantities"])[1]
     n = resolve_workers(workers, cost)
-    if n > 1 and workers == "auto" and unsendable(task):
-        return 1  # explicit workers say why they cannot (run_shards)
+    if n > 1 and workers == "auto" and (unsendable(task) or tracemalloc.is_tracing()):
+        return 1  # explicit workers say why they cannot (run_shards); a trace sees one process
     n = max(1, min(n, plan_shards(task, n).bounds[-1]))
     while workers == "auto" and n > 1 and plan(  # "auto": as many as fit in max_bytes
             task, kw["topk"], kw["chunk"], kw["keep_states"], kw["keep_sequences"], inf, inf,

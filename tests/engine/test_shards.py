@@ -310,3 +310,19 @@ def test_auto_workers_fit_in_the_memory_limit(monkeypatch):
     assert workers_mod.local_workers(task, "auto", kw) == 2
     kw["max_bytes"] = estimate_cost(task).bytes
     assert workers_mod.local_workers(task, "auto", kw) == 1
+
+
+def test_auto_workers_stay_in_process_under_tracemalloc(monkeypatch):
+    """A traced run (perf.scaling.measure) sees only its own process: 'auto' stays there."""
+    import tracemalloc
+    monkeypatch.setattr(workers_mod, "AUTO_MIN_SECONDS", 0.0)
+    monkeypatch.setattr(workers_mod, "available_cores", lambda: 4)
+    kw = dict(topk=(), chunk=None, keep_states=False, keep_sequences=False, quantities="all",
+              max_bytes=float("inf"))
+    task = load_config("default")
+    assert workers_mod.local_workers(task, "auto", kw) > 1
+    tracemalloc.start()
+    try:
+        assert workers_mod.local_workers(task, "auto", kw) == 1
+    finally:
+        tracemalloc.stop()
