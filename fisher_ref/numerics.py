@@ -22,8 +22,11 @@ import autograd.numpy as anp
 import numpy as np
 from autograd.tracer import getval
 
-__all__ = ["softmax", "log_softmax", "topk_center", "topk_weights", "mean_sensitivity", "token_scores", "token_fisher", "token_fisher_pairwise",
+__all__ = ["TANH_CLIP", "softmax", "log_softmax", "topk_center", "topk_weights", "mean_sensitivity", "token_scores", "token_fisher", "token_fisher_pairwise",
            "uniform_token_fisher", "token_second_moment"]
+
+
+TANH_CLIP = 20.0  # |y| beyond which float64 tanh(y) is exactly +-1 (the models clip there)
 
 
 def mean_sensitivity(probs, sens):

@@ -400,6 +400,11 @@ def verify_task(task, mc=0, seed=0, progress=True, workers="auto"):
     Every argument is checked before the enumeration starts, the memory of the
     Monte Carlo draws included (:func:`fisher_ref.monte_carlo.check_mc_size`).
 
+    Returns:
+        ``(result, rows)``: the :class:`fisher_ref.results.ExactResult` the rows were
+        computed from, and the list of :class:`Check` rows (print them with
+        :func:`format_table`).
+
     Raises:
         TypeError: ``task`` is not a Task.
         ValueError: ``mc`` or ``seed`` is not a non-negative integer, or ``mc`` draws
@@ -441,7 +446,18 @@ def verify_task(task, mc=0, seed=0, progress=True, workers="auto"):
 
 
 def format_table(rows):
-    """Render rows as a fixed-width text table."""
+    """Render :class:`Check` rows as a fixed-width text table.
+
+    Raises:
+        TypeError: ``rows`` is not a sequence of :class:`Check` (for example the
+            ``(result, rows)`` pair :func:`verify_task` returns: pass its second item).
+    """
+    if isinstance(rows, tuple) and len(rows) == 2 and isinstance(rows[1], list):
+        raise TypeError("format_table takes the rows, not verify_task's (result, rows) pair: "
+                        "result, rows = verify_task(task); format_table(rows)")
+    bad = [r for r in rows if not isinstance(r, Check)]
+    if bad:
+        raise TypeError(f"format_table takes Check rows; got a {type(bad[0]).__name__}")
     head = ("identity", "stream", "check", "value", "tolerance", "result")
     body = []
     for r in rows:

@@ -44,12 +44,11 @@ from autograd import jacobian
 from fisher_ref.limits import MAX_CONTEXT, MAX_LAYERS, check_size, readable
 from fisher_ref.models.base import (LayoutSpec, SpecModel, check_common_fields, check_param_count,
                                     check_positive_int, layout_offsets)
-from fisher_ref.numerics import softmax
+from fisher_ref.numerics import TANH_CLIP, softmax
 
 __all__ = ["GPT2Spec", "GPT2Model", "gelu_new", "layer_norm"]
 
 LN_EPS = 1e-5  # LayerNorm epsilon of GPT-2
-TANH_CLIP = 20.0  # |y| beyond which float64 tanh(y) is exactly ±1
 
 
 def gelu_new(u):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import autograd.numpy as anp
 
 from fisher_ref.models.base import ModelSpec, SpecModel, WindowModel
+from fisher_ref.numerics import TANH_CLIP
 
 __all__ = ["MLPModel"]
 
@@ -32,7 +33,9 @@ class MLPModel(SpecModel, WindowModel):
         p = self.unpack(theta)
         B = windows.shape[0]
         e = anp.reshape(p["E"][windows], (B, -1))  # (B, k*d)
-        hid = anp.tanh(anp.dot(e, p["W1"]) + p["b1"])  # (B, H)
+        # tanh is exactly +-1 in float64 past |y| = 20; clipping there keeps autograd's
+        # derivative 1/cosh(y)^2 from overflowing (it is 0 to rounding either way)
+        hid = anp.tanh(anp.clip(anp.dot(e, p["W1"]) + p["b1"], -TANH_CLIP, TANH_CLIP))  # (B, H)
         return e, hid
 
     def logits(self, theta, windows):

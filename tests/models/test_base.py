@@ -113,3 +113,20 @@ def test_bad_model_specs_name_the_problem(spec, words):
 def test_make_model_rejects_non_dict():
     with pytest.raises(TypeError, match="model spec must be a dict"):
         make_model([5])
+
+
+def test_mlp_with_huge_weights_runs_without_overflow_warnings():
+    """At init_scale 1e3 every hidden unit saturates: tanh is +-1 exactly and its derivative
+    0 to rounding. The autodiff gradient took autograd's 1/cosh(y)^2, which overflowed
+    ("overflow encountered in cosh"); the clipped tanh gives the same values silently."""
+    import warnings
+    from fisher_ref import exact, load_config
+    from fisher_ref.tasks import task_from_json
+    spec = load_config("default").to_json()
+    spec["model"]["init_scale"] = 1e3
+    task = task_from_json(spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = exact(task, progress=False)
+    assert np.all(np.isfinite(r.gradient)) and np.all(np.isfinite(r.gradient_autodiff))
+    assert np.allclose(r.gradient, r.gradient_autodiff, rtol=0, atol=1e-10 * max(1.0, np.abs(r.gradient).max()))
