@@ -314,3 +314,12 @@ def test_raw_bias_row_is_info_only_where_mu_equals_p():
     r = exact(task_from_json(d), progress=False)
     row = next(x for x in exact_checks(r) if "must be > 0" in x.check)
     assert row.kind == "info" and sampler_gap(r) <= 1e-8 and "no bias to show" in row.note
+
+
+def test_format_table_refuses_the_pair_verify_task_returns():
+    from fisher_ref import load_config
+    from fisher_ref.checks.identities import format_table, verify_task
+    out = verify_task(load_config("tabular"), mc=0, progress=False)
+    with pytest.raises(TypeError, match=r"not verify_task's \(result, rows\) pair"):
+        format_table(out)
+    assert format_table(out[1]).splitlines()[0].startswith("identity")
