@@ -279,6 +279,12 @@ def unvectorisable(b):
     return (b.logp * b.mask).sum() * 0.3
 
 
+def boolean_indexed(b):
+    """Token-mean through ``logp[mask]`` (a dynamic shape: vmap cannot take it)."""
+    A = (b.rewards - b.rewards.mean())[:, None].expand_as(b.logp)
+    return -(A[b.mask] * b.logp[b.mask]).sum() / b.mask.sum() + 0.2 * b.logp[b.mask].mean()
+
+
 # ---------------------------------------------------------------- tasks
 
 def spec(name):
@@ -330,7 +336,7 @@ CASES = [
     (reads_tokens_lengths_prompt, "hot", 2), (reads_tokens_lengths_prompt, "on", 1),
     (k3_in_loss_with_rho, "stale", 1), (k3_in_loss_with_rho, "hot", 2),
     (prefix_is_rloo, "no_eos", 2), (prefix_is_rloo, "stale", 3),
-    (unvectorisable, "stale", 2),
+    (unvectorisable, "stale", 2), (boolean_indexed, "hot", 2), (boolean_indexed, "on_ref", 1),
 ]
 
 

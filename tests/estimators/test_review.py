@@ -135,3 +135,8 @@ def test_bad_arguments_are_named(kw, error, match):
 def test_cli_max_groups_zero_exits_2(capsys):
     assert main(["estimators", "--config", "tabular", "--max-groups", "0"]) == 2
     assert "--max-groups" in capsys.readouterr().err
+
+
+def test_cli_huge_group_size_exits_2_saying_how_many(capsys):
+    assert main(["estimators", "--config", "tabular", "--group-size", "2e9"]) == 2
+    assert "groups of 2000000000 responses" in capsys.readouterr().err
