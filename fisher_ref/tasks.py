@@ -57,7 +57,9 @@ def _check_model(m):
                         f"(missing {', '.join(missing)})")
 
 
-def _check_prompts(prompts, V):
+def _check_prompts(prompts, V, model=None):
+    """Prompts as tuples of ints, each id in ``0..V-1``, or as the model's own
+    ``check_prompt_ids(prompts)`` allows (a torch module's input-only ids ``>= V``)."""
     if not isinstance(prompts, (list, tuple)):
         raise ValueError(f"prompts must be a list of token lists, got {prompts!r:.80}")
     if len(prompts) == 0:
@@ -73,11 +75,18 @@ def _check_prompts(prompts, V):
         for t in pr:
             if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
                 raise ValueError(f"prompt {i} holds a non-integer token {t!r}")
+        out.append(tuple(int(t) for t in pr))
+    own = getattr(model, "check_prompt_ids", None)
+    if callable(own):
+        own(out)
+        return tuple(out)
+    bos = getattr(model, "bos", V)
+    for i, pr in enumerate(out):
+        for t in pr:
             if not 0 <= t < V:
                 raise ValueError(
-                    f"prompt {i} holds token id {t}, out of range 0..{V - 1} "
-                    f"(V={V}; id {V} is BOS and is never a prompt token)")
-        out.append(tuple(int(t) for t in pr))
+                    f"prompt {i} holds token id {t}, out of range 0..{V - 1} (V={V}; prompts "
+                    f"hold vocabulary ids only{f', and id {bos} is BOS' if bos >= V else ''})")
     return tuple(out)
 
 
@@ -198,7 +207,7 @@ class Task:
         if self.max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {self.max_len}")
         self.max_len = int(self.max_len)
-        self.prompts = _check_prompts(self.prompts, V)
+        self.prompts = _check_prompts(self.prompts, V, m)
         check_lengths = getattr(m, "check_lengths", None)  # models with a position limit
         if callable(check_lengths):
             check_lengths(max(len(p) for p in self.prompts), self.max_len)

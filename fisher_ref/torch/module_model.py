@@ -52,6 +52,11 @@ class TorchModuleModel:
         self.num_params, self.context, self.name = adapter.num_params, adapter.context, \
             adapter.name
 
+    def check_prompt_ids(self, prompts):
+        """The adapter's prompt-id rule: ``0..n_embeddings-1`` (input-only ids ``>= V``
+        allowed), no BOS of its own (:meth:`fisher_ref.torch.module.ModuleAdapter.check_prompt_ids`)."""
+        self.adapter.check_prompt_ids(prompts)
+
     def check_lengths(self, longest_prompt, max_len):
         """Refuse a task whose longest input (BOS, prompt, ``max_len - 1`` tokens) would not
         fit in ``positions``, or that holds an empty state without a BOS."""
@@ -123,11 +128,8 @@ def causal_lm_task(module, prompts, max_len, reward, *, vocab_size, eos, bos=Non
     adapter.check_prompt_ids(prompts)
     n = len(prompts)
     weights = np.full(n, 1.0 / n) if prompt_weights is None and n else prompt_weights
-    # Task checks prompt ids against 0..V-1; input-only ids (checked above) are put back
-    # after it has checked everything else on same-length prompts.
-    generated = [[t if t < adapter.vocab_size else 0 for t in p] for p in prompts]
-    task = Task(model=TorchModuleModel(adapter), theta=adapter.theta0, prompts=generated,
+    # Task checks the prompt ids through TorchModuleModel.check_prompt_ids (the adapter's
+    # range, input-only ids included)
+    return Task(model=TorchModuleModel(adapter), theta=adapter.theta0, prompts=prompts,
                 prompt_weights=weights, max_len=max_len, reward=reward, baseline=baseline,
                 sampler=sampler, name=name)
-    task.prompts = tuple(tuple(int(t) for t in p) for p in prompts)
-    return task
