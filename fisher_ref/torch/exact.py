@@ -39,6 +39,7 @@ from fisher_ref.engine.run import stream_specs
 from fisher_ref.torch.module_model import causal_lm_task
 from fisher_ref.torch.registry import torch_model
 from fisher_ref.torch.moments import Ranges, StreamSums
+from fisher_ref.torch.shards import ShardTree, merge_torch, shard_result
 from fisher_ref.torch.tree import depth_first, ending_tokens, open_children, root_block
 from fisher_ref.torch.self_check import (CausalLMResult, SelfCheckError, SelfCheckWarning,
                                          check_finite, self_checks)
@@ -152,8 +153,9 @@ def _pick(arr, inv, c, cols):
     return arr[f"xi{c}"][inv[:, None], cols[None, :]]
 
 
-def visit_block(run, block):
-    """Token-level terms of a block, its ending responses, and its open children (returned)."""
+def visit_block(run, block, silent=False):
+    """Token-level terms of a block, its ending responses, and its open children (returned);
+    ``silent``: only the children (states above a shard's units, added by another)."""
     task, S = run.task, len(run.streams)
     W = run.adapter.windows(block.tokens, block.length)  # (B, k)
     arr, inv = run.table.rows(W)
@@ -161,16 +163,16 @@ def visit_block(run, block):
     if task.sampler is not None:
         _check_support(run, block, p, q)
     ms = torch.stack([arr[f"m{s}"][inv] for s in range(S)])  # (S, B, P)
-    for s, (_, wname, _) in enumerate(run.streams):
+    for s, (_, wname, _) in enumerate(run.streams if not silent else ()):
         run.sums[s].add_states(block.rp if wname == "p" else block.rq, ms[s], block.depth)
-    if run.keep_states:
+    if run.keep_states and not silent:
         run.states.append({"tokens": block.tokens[:, :run.width], "prompt": block.prompt,
                            "depth": torch.full_like(block.prompt, block.depth),
                            "reach": block.rp, "probs": p, "token_fisher": ms[0],
                            "uniform": arr["uniform"][inv]})
     G = block.G + ms  # (S, B, P) path sums including the states' own moments
     ending, opening = ending_tokens(task, block.depth, p.device)
-    if len(ending):  # in groups of parents whose responses' (k, P) rows fit in a cache
+    if len(ending) and not silent:  # in groups of parents whose (k, P) rows fit in a cache
         step = max(1, CACHE_ROWS // (len(ending) * run.adapter.num_params))
         parts = [add_complete(run, block.rows(slice(lo, lo + step)), p[lo:lo + step],
                               q[lo:lo + step], arr, inv[lo:lo + step], G[:, lo:lo + step],
@@ -226,7 +228,8 @@ def add_complete(run, block, p, q, arr, inv, G, cols):
 
 
 def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None,
-                keep_states="auto", keep_sequences="auto", variances=True):
+                keep_states="auto", keep_sequences="auto", variances=True, shard=None,
+                merge=None):
     r"""Every exact quantity of ``task`` by enumeration in torch (docs/theory.md §2, §3).
 
     Args:
@@ -245,6 +248,10 @@ def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None
         variances: also the fourth moments, the exact variances of the per-response
             values and the ``ranges`` (about a third of the work on a large task);
             ``False`` returns ``variances`` and ``ranges`` as ``None``.
+        shard: ``(i, n)``: only shard ``i`` of ``n`` (the numpy engine's cut); returns its
+            sums (a picklable dict, :mod:`fisher_ref.torch.shards`) instead.
+        merge: the sums of every shard of one run (same other arguments): their result,
+            the dict of the whole run, with no walk.
 
     Returns:
         dict: ``streams`` {name: {quantity: float64 numpy}} (:data:`STREAM_QUANTITIES`,
@@ -272,13 +279,19 @@ def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None
     """
     adapter = torch_model(task.model, device=device, dtype=dtype) if adapter is None else adapter
     run = _Run(task, adapter, chunk, keep_states, keep_sequences, variances)
+    if merge is not None:  # the shards' sums instead of a walk (fisher_ref.torch.shards)
+        return _result(merge_torch(run, merge))
+    tree = None if shard is None else ShardTree(run, shard)
     stack = [root_block(task, len(run.streams), adapter.device, adapter.acc_dtype)]
     for block in depth_first(stack, run.chunk):
-        child = visit_block(run, block)
-        if child is not None:
-            stack.append(child)
+        for part, silent in [(block, False)] if tree is None else tree.parts(block):
+            child = visit_block(run, part, silent)
+            if child is not None and tree is not None:
+                child = tree.children(child)
+            if child is not None:
+                stack.append(child)
     run.grad.flush()
-    return _result(run)
+    return _result(run) if shard is None else shard_result(run, shard)
 
 
 def _result(run):

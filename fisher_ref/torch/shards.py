@@ -1,0 +1,116 @@
+"""Shards of the torch engine and their merge: ``torch_exact(task, shard=(i, n))`` and
+:func:`merge_torch`, the same cut as the numpy engine's (``fisher_ref.engine.shards``), so
+that the shards of one task can run on several GPUs.
+
+A shard walks the subtrees of its units and, silently, the states above them (their
+arrays formed and their children carried, nothing summed); its result holds the raw
+sums of every stream (:class:`fisher_ref.torch.moments.StreamSums`), the running maxima
+and minima of the ranges, the autodiff gradient, the largest ``|j|`` seen and the kept
+records, on the CPU (picklable). :func:`merge_torch` adds them (Chan's update for the
+reward spread, maxima and minima for the ranges) and finishes once: the dict of
+``torch_exact(task)``.
+"""
+from __future__ import annotations
+
+import torch
+
+from fisher_ref.engine.shards import ShardError, check_shard, first_reward, plan_shards
+
+__all__ = ["ShardTree", "shard_result", "merge_torch"]
+
+
+class ShardTree:
+    """Which rows of the torch walk shard ``i`` of ``n`` visits, and which it adds."""
+
+    def __init__(self, run, shard):
+        self.i, n = check_shard(shard)
+        self.plan, self.run = plan_shards(run.task, n), run
+        run.r0 = first_reward(run.task)  # every shard's R sums are of R - the same r0
+
+    def _keys(self, block):
+        """Each row's key (the plan's numbering: prompt, then open tokens) ``(B,)``."""
+        p, d = self.plan, block.depth
+        keys = block.prompt.to(torch.long)
+        plen = self.run.prompt_len[block.prompt]
+        for j in range(d):
+            tok = block.tokens.gather(1, (plen + j)[:, None])[:, 0]
+            keys = keys + (tok - p.low) * (p.n_prompts * p.beta ** j)
+        return keys.cpu().numpy()
+
+    def parts(self, block):
+        """``[(rows, silent)]``: the block's rows this shard visits, those it adds and the
+        silent ones above its units."""
+        if block.depth >= self.plan.depth:
+            return [(block, False)]
+        keep, own = self.plan.select(self.i, block.depth, self._keys(block))
+        out = []
+        for mask, silent in ((own, False), (keep & ~own, True)):
+            idx = torch.as_tensor(mask.nonzero()[0], device=block.prompt.device)
+            if len(idx):
+                out.append((block.rows(idx), silent))
+        return out
+
+    def children(self, child):
+        """The rows of a child block this shard walks (``None``: none)."""
+        if child.depth > self.plan.depth:
+            return child
+        keep, _ = self.plan.select(self.i, child.depth, self._keys(child))
+        idx = torch.as_tensor(keep.nonzero()[0], device=child.prompt.device)
+        return child.rows(idx) if len(idx) else None
+
+
+def _cpu(x):
+    return x.detach().cpu() if torch.is_tensor(x) else x
+
+
+def shard_result(run, shard):
+    """A finished shard's sums (on the CPU, picklable): a dict."""
+    return {"shard": shard, "r0": run.r0, "jmax": run.jmax, "grad": _cpu(run.grad.grad),
+            "sums": [{k: _cpu(v) for k, v in vars(s).items()} for s in run.sums],
+            "ranges": None if run.ranges is None else
+            {"hi": {k: _cpu(v) for k, v in run.ranges.hi.items()},
+             "lo": {k: _cpu(v) for k, v in run.ranges.lo.items()}},
+            "states": [{k: _cpu(v) for k, v in r.items()} for r in run.states],
+            "seqs": [{k: _cpu(v) for k, v in r.items()} for r in run.seqs]}
+
+
+def _add(s, d, dev):
+    """Add a shard's StreamSums fields ``d`` to ``s`` (the first spread taken as it is)."""
+    to = {k: v.to(dev) for k, v in d.items() if torch.is_tensor(v)}
+    for k, v in to.items():
+        if k not in ("mass", "mean", "M2"):
+            setattr(s, k, getattr(s, k) + v)
+    if float(to["mass"]) <= 0:
+        return
+    if float(s.mass) <= 0:
+        s.mass, s.mean, s.M2 = to["mass"], to["mean"], to["M2"]
+        return
+    W = s.mass + to["mass"]
+    delta = to["mean"] - s.mean
+    s.mean = s.mean + delta * (to["mass"] / W)
+    s.M2 = s.M2 + to["M2"] + delta * delta * s.mass * (to["mass"] / W)
+    s.mass = W
+
+
+def merge_torch(run, parts):
+    """Fill the fresh :class:`fisher_ref.torch.exact._Run` ``run`` with the sums of every
+    shard of one run (each once; :class:`fisher_ref.engine.shards.ShardError` otherwise)."""
+    n = parts[0]["shard"][1] if parts else 0
+    ids = sorted(p["shard"][0] for p in parts)
+    if not parts or ids != list(range(n)) or any(p["shard"][1] != n for p in parts):
+        raise ShardError(f"merge_torch needs each of the {n} shards once, got {ids}")
+    parts = sorted(parts, key=lambda p: p["shard"][0])
+    dev = run.adapter.device
+    run.r0 = parts[0]["r0"]
+    for p in parts:
+        for s, d in zip(run.sums, p["sums"]):
+            _add(s, d, dev)
+        run.grad.grad += p["grad"].to(dev)
+        run.jmax = max(run.jmax, p["jmax"])
+        if run.ranges is not None:
+            for k in run.ranges.hi:
+                run.ranges.hi[k] = torch.maximum(run.ranges.hi[k], p["ranges"]["hi"][k].to(dev))
+                run.ranges.lo[k] = torch.minimum(run.ranges.lo[k], p["ranges"]["lo"][k].to(dev))
+        run.states += p["states"]
+        run.seqs += p["seqs"]
+    return run
