@@ -249,7 +249,7 @@ def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None
             values and the ``ranges`` (about a third of the work on a large task);
             ``False`` returns ``variances`` and ``ranges`` as ``None``.
         shard: ``(i, n)``: only shard ``i`` of ``n`` (the numpy engine's cut); returns its
-            sums (a picklable dict, :mod:`fisher_ref.torch.shards`) instead.
+            sums (a picklable dict, ``fisher_ref.torch.shards``) instead.
         merge: the sums of every shard of one run (same other arguments): their result,
             the dict of the whole run, with no walk.
 
