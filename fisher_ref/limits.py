@@ -1,4 +1,6 @@
-"""The input limits of fisher_ref, and numbers written so that a person can read them.
+"""The input limits of fisher_ref, the dtype tolerances (:data:`TOLERANCES`: how far a
+result in another order or precision may be from the exact one; applied by
+:mod:`fisher_ref.checks.tolerances`), and numbers written so that a person can read them.
 
 Every size is checked in closed form before anything is allocated, so a task
 that is too large is refused within a second, with its numbers in the message:
@@ -31,7 +33,8 @@ __all__ = ["MAX_PARAMS", "MAX_CONTEXT", "MAX_LAYERS", "MAX_INIT_SCALE", "MAX_ABS
            "MAX_ABS_VALUE", "MAX_COUNT", "readable", "readable_log10", "check_limit",
            "is_real", "check_size", "MAX_PROMPT_LEN", "MAX_TASK_FILE_BYTES",
            "MAX_GOLDEN_BYTES", "MAX_SEED", "MIN_TEMPERATURE", "MAX_TEMPERATURE",
-           "MAX_DECIMALS", "check_seed", "LIMITS_TABLE"]
+           "MAX_DECIMALS", "check_seed", "LIMITS_TABLE", "TOL_FLOAT64", "TOL_FLOAT32",
+           "TOL_BFLOAT16", "TOLERANCES"]
 
 #: Parameters of a spec-built model: ``theta`` alone is 80 MB at this size, and the
 #: exact engine's sensitivities are ``V`` times that per state.
@@ -86,6 +89,14 @@ LIMITS_TABLE = (
     ("MAX_TEMPERATURE", MAX_TEMPERATURE, "a sampler's `temperature`, at most"),
     ("MAX_DECIMALS", MAX_DECIMALS, "a rounded sampler's `decimals` (in size)"),
 )
+
+
+# How far a value computed in another order or precision may be from the exact float64
+# one, relative to its scale (fisher_ref.checks.tolerances explains the scales):
+TOL_FLOAT64 = 1e-10  # same arithmetic, other order: measured ~1e-14
+TOL_FLOAT32 = 2e-5  # eps32 1.2e-7 x conditioning ~170
+TOL_BFLOAT16 = 0.1  # ~13 eps_bf16; bf16 compute, fp32 sums
+TOLERANCES = {"float64": TOL_FLOAT64, "float32": TOL_FLOAT32, "bfloat16": TOL_BFLOAT16}
 
 
 def readable_log10(log10):

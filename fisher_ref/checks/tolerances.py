@@ -44,10 +44,10 @@ __all__ = ["TOL_FLOAT64", "TOL_FLOAT32", "TOL_BFLOAT16", "TOLERANCES", "GRADIENT
            "gradient_judge_scale", "EXACT_RTOL", "GRADIENT_FLOOR", "rel_err", "fisher_scale",
            "gradient_scale"]
 
-TOL_FLOAT64 = 1e-10  # same arithmetic, other order: measured ~1e-14
-TOL_FLOAT32 = 2e-5  # eps32 1.2e-7 x conditioning ~170
-TOL_BFLOAT16 = 0.1  # ~13 eps_bf16; bf16 compute, fp32 sums
-TOLERANCES = {"float64": TOL_FLOAT64, "float32": TOL_FLOAT32, "bfloat16": TOL_BFLOAT16}
+# the numbers live in fisher_ref.limits, the bottom layer (numpy only), so that the torch
+# engine's self-checks and the golden-file checker use the same ones; this module says
+# what they mean and how they are applied
+from fisher_ref.limits import TOL_BFLOAT16, TOL_FLOAT32, TOL_FLOAT64, TOLERANCES  # noqa: E402
 GRADIENT_QUANTITIES = ("gradient", "importance_gradient")
 
 EXACT_RTOL = TOL_FLOAT64  # exact identities in float64 (docs/theory.md §9.3)

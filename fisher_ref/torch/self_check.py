@@ -28,12 +28,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from fisher_ref.limits import TOLERANCES
+
 __all__ = ["SELF_CHECK_TOL", "SelfCheckWarning", "SelfCheckError", "self_checks",
            "CausalLMResult", "check_finite"]
 
-#: Tolerance of the self-checks per run dtype (as fisher_ref.checks.tolerances.TOLERANCES,
-#: which lies in a layer above the torch engine).
-SELF_CHECK_TOL = {"float64": 1e-10, "float32": 2e-5, "bfloat16": 0.1}
+#: Tolerance of the self-checks per run dtype: the package's one table of dtype
+#: tolerances (:data:`fisher_ref.limits.TOLERANCES`, explained in
+#: :mod:`fisher_ref.checks.tolerances`).
+SELF_CHECK_TOL = TOLERANCES
 
 
 class SelfCheckWarning(UserWarning):
