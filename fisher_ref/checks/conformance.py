@@ -42,13 +42,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fisher_ref.numerics import log_softmax
-from fisher_ref.numerics import token_fisher
+from fisher_ref.limits import TOL_FLOAT64
+from fisher_ref.numerics import log_softmax, token_fisher
 
 __all__ = ["check_token_fisher", "conformance_cases", "ConformanceReport", "CaseResult",
            "FLOOR", "EPS"]
 
-FLOOR = {"float64": 1e-10, "float32": 1e-5, "bfloat16": 5e-2}
+FLOOR = {"float64": TOL_FLOAT64, "float32": 1e-5, "bfloat16": 5e-2}
 EPS = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "bfloat16": 2.0 ** -8}
 SAFETY = 2.0
 

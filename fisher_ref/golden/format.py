@@ -28,7 +28,7 @@ import numpy as np
 
 from fisher_ref.fileio import atomic_output, strict_json
 from fisher_ref.golden.archive import GoldenFileError, check_shipped, members_of, read_raw
-from fisher_ref.limits import MAX_GOLDEN_BYTES
+from fisher_ref.limits import MAX_GOLDEN_BYTES, TOL_FLOAT64
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "OLDEST_READABLE_VERSION", "MATRIX_MAX_PARAMS",
            "ON_POLICY_KEYS", "OFF_POLICY_KEYS", "MATRIX_KEYS", "SCALE_KINDS", "expected_keys",
@@ -375,7 +375,7 @@ def _check_arrays(path, meta, arrays):
                 f"({', '.join(f'{c}={sizes[c]}' for c in dims) or 'a 0-d array'})")
 
 
-VALUE_RTOL = 1e-10  # the identities _check_values holds the arrays to
+VALUE_RTOL = TOL_FLOAT64  # the identities _check_values holds the arrays to
 
 
 def _inconsistent(path, what):
