@@ -303,9 +303,10 @@ def main(argv=None):
         spec = json.loads((root / "fisher_ref/configs/scale" / f"{name}.json").read_text())
         # the same outputs formed: the peer returns its token Fisher per state, exact
         # keeps its per-state arrays per window until read (ExactResult.gathered)
-        runs = {"exact": lambda: exact(task_from_json(spec), progress=False).states["token_fisher"],
+        runs = {"exact": lambda: exact(task_from_json(spec), progress=False,
+                                       workers=1).states["token_fisher"],
                 # the peer's work: F, E[h], token Fisher sums and per-state arrays only
-                "exact fisher": lambda: exact(task_from_json(spec), progress=False,
+                "exact fisher": lambda: exact(task_from_json(spec), progress=False, workers=1,
                                               quantities="fisher").states["token_fisher"],
                 "peer": lambda: peer_exact(spec),  # expanded per parent: the faster
                 "peer per h": lambda: peer_exact(spec, expand=False)}  # issue 9's method

@@ -75,7 +75,7 @@ def measure_fisher_ref(task):
     """``exact(task)`` — the numpy engine, CPU float64, with every per-state array formed
     (as the torch engine stores them)."""
     from fisher_ref.engine.fast import exact
-    return lambda: exact(task, progress=False).gathered()
+    return lambda: exact(task, progress=False, workers=1).gathered()
 
 
 def measure_fisher_only(task):
@@ -84,7 +84,7 @@ def measure_fisher_only(task):
     this side: an off-policy task is timed without its sampler."""
     from fisher_ref.engine.fast import exact
     task = task.with_(sampler=None) if task.sampler is not None else task
-    return lambda: exact(task, progress=False, quantities="fisher").states["token_fisher"]
+    return lambda: exact(task, progress=False, quantities="fisher", workers=1).states["token_fisher"]
 
 
 def _measure_torch(device):

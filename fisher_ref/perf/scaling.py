@@ -79,6 +79,7 @@ def measure(task, separate_timing=False, **exact_kwargs):
     """
     from fisher_ref.engine.fast import exact
     exact_kwargs.setdefault("progress", False)
+    exact_kwargs.setdefault("workers", 1)  # one process: the sweep measures the engine itself
     tracemalloc.start()
     try:
         t0 = time.perf_counter()
@@ -119,7 +120,8 @@ def engine_speedup(task, repeats=3):
     for _ in range(repeats):
         for key, ref in (("reference_s", True), ("fast_s", False)):
             t0 = time.perf_counter()
-            exact(task, progress=False, reference=ref).gathered()
+            exact(task, progress=False, reference=ref,
+                  **({} if ref else {"workers": 1})).gathered()
             runs[key].append(time.perf_counter() - t0)
     out = {k: statistics.median(v) for k, v in runs.items()}
     out["speedup"] = out["reference_s"] / out["fast_s"]
