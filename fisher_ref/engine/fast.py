@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fisher_ref.engine.plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS
+from fisher_ref.engine.plan import DEFAULT_BUDGETS, DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, Budgets
 from fisher_ref.engine.tree import expand
 from fisher_ref.engine.reference import exact_reference
 from fisher_ref.engine.parent_sums import (fisher_sums, level_sums, parent_powers, prefix_starts, segment_sum,
@@ -45,36 +45,24 @@ from fisher_ref.engine.workers import local_workers, run_shards
 from fisher_ref.numerics import topk_center
 from fisher_ref.engine.window_cache import WindowCache
 
-__all__ = ["exact", "topk_center", "WINDOW_CACHE_BYTES", "DEFER_BYTES"]
-
-# Response-state rows gathered before one autodiff call (fewer calls, bounded memory).
-_AUTODIFF_ROWS = 2 ** 16
-# Elements of a (parents, P) array in one sub-block of complete-response sums (8 MiB:
-# bounds the temporaries; smaller sub-blocks fit the CPU cache but cost more calls).
-_SUB_ELEMENTS = 2 ** 20
-# Bytes of per-window arrays kept between blocks (speed only; results do not depend on it).
-WINDOW_CACHE_BYTES = 256 * 2 ** 20
-# Bytes of parents' score sums held for the per-window products (speed only; at most
-# what one block's children would hold with their score histories, so that memory
-# stays set by the block size).
-DEFER_BYTES = 64 * 2 ** 20
-
+__all__ = ["exact", "topk_center", "Budgets"]
 
 class _AutodiffBatch:
     """Complete responses gathered for one :func:`fisher_ref.engine.run.reward_gradient` call,
     each given by the run-wide ids of its states' windows (the walk's own)."""
 
-    def __init__(self, task, cache):
+    def __init__(self, task, cache, max_rows):
         self.task, self.cache, self.parts, self.rows = task, cache, [], 0
+        self.max_rows = max_rows  # Budgets.autodiff_rows
 
     def add(self, paths, tokens, n, prompt, R):
         """Queue responses: window ids ``paths (M, T)`` and tokens ``(M, T)`` of which the
         first ``n`` are generated, prompts ``(M,)``, rewards ``(M,)``. True once about
-        ``_AUTODIFF_ROWS`` state rows wait."""
+        ``max_rows`` state rows wait."""
         live = np.broadcast_to(np.arange(tokens.shape[1]) < n, tokens.shape)  # (M, T)
         self.parts.append((paths, tokens, live, self.task.prompt_weights[prompt], R))
         self.rows += live.sum()
-        return self.rows >= _AUTODIFF_ROWS
+        return self.rows >= self.max_rows
 
     def flush(self):
         """Gradient ``(P,)`` of the queued responses' expected reward; empties the queue."""
@@ -219,9 +207,10 @@ def _terminal_children(task, block, arrs, idx):
     return B, k, idx[:k] % task.model.vocab_size, tok, done, gen
 
 
-def _sub_blocks(B, P):
-    """Slices of ``B`` parents whose ``(b, P)`` arrays hold at most ``_SUB_ELEMENTS``."""
-    step = max(1, _SUB_ELEMENTS // P)
+def _sub_blocks(B, P, elements):
+    """Slices of ``B`` parents whose ``(b, P)`` arrays hold at most ``elements``
+    (``Budgets.sub_elements``)."""
+    step = max(1, elements // P)
     return [slice(lo, lo + step) for lo in range(0, B, step)]
 
 
@@ -267,7 +256,7 @@ def _parent_sums(run, cache, block, arrs, gen, K, weights):
     temporaries); with every token terminal, the reward-weighted products per window
     later."""
     B, full = block["prompt"].shape[0], len(K) == run.task.model.vocab_size
-    for sl in _sub_blocks(B, run.task.model.num_params):
+    for sl in _sub_blocks(B, run.task.model.num_params, run.budgets.sub_elements):
         starts = prefix_starts(block["prompt"][sl], gen[sl])
         rows = arrs.rows[sl]
         for s, (mom, xi, w, Rc, rho_w, r) in enumerate(weights):
@@ -304,7 +293,7 @@ def _complete_fisher(run, cache, block, arrs, idx):
         r, w = block[REACH[wname]], done[REACH[wname]].reshape(B, k)  # (B,), (B, k)
         if full:
             cache.accumulate_reach(s, arrs.rows, r, d)
-        for sl in _sub_blocks(B, P):
+        for sl in _sub_blocks(B, P, run.budgets.sub_elements):
             if "src" in block:  # the last level: H formed from the parents' rows
                 H = cache.work(2, (len(w[sl]), P))
                 _last_H(block, arrs, s, sl, gen, H)
@@ -346,7 +335,7 @@ def _finish(run, cache):
 
 def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
           max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES, progress=True,
-          reference=False, quantities="all", shard=None, workers="auto"):
+          reference=False, quantities="all", shard=None, workers="auto", budgets=None):
     r"""Every quantity of docs/theory.md §2-3 for ``task``, exactly, in float64.
 
     Args:
@@ -373,6 +362,9 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         workers: processes to run the shards in (``fisher_ref.engine.workers``);
             ``"auto"``: the available cores, 1 (this process) for a run estimated under
             10 s. The result is the same to rounding.
+        budgets: the fast engine's memory and batching knobs
+            (:class:`fisher_ref.engine.plan.Budgets`; speed and memory only, never the
+            numbers). ``None``: the defaults.
 
     Returns:
         :class:`fisher_ref.results.ExactResult` (with ``shard``: a ``ShardResult``).
@@ -386,6 +378,9 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     kw = dict(topk=topk, chunk=chunk, keep_states=keep_states, keep_sequences=keep_sequences,
               max_seconds=max_seconds, max_bytes=max_bytes, progress=progress,
               quantities=quantities)
+    budgets = DEFAULT_BUDGETS if budgets is None else budgets
+    if not isinstance(budgets, Budgets):
+        raise TypeError(f"budgets must be a fisher_ref.engine.plan.Budgets, got {budgets!r:.80}")
     if reference:
         if shard is not None:
             raise ValueError("shard=(i, n) runs the fast engine; the plain one "
@@ -398,20 +393,24 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
                                                     quantities, workers=n)
         kw.update(progress=False, max_seconds=float("inf"), max_bytes=float("inf"),
                   keep_states=keep_states, keep_sequences=keep_sequences)
-        result = merge(task, run_shards(exact, task, n, kw, progress=progress))
+        result = merge(task, run_shards(exact, task, n, dict(kw, budgets=budgets),
+                                        progress=progress))
         result.cost = cost
         return result
     if shard is not None:  # a shard's result holds sums, its rows only when asked
         kw.update({k: False for k in ("keep_states", "keep_sequences") if kw[k] == "auto"})
     run = Run(task, **kw, shard=shard)
+    run.budgets = budgets
     V, k, fisher = task.model.vocab_size, task.model.context, run.quantities == "fisher"
-    cache = WindowCache(task, run.streams, run.keep_states, WINDOW_CACHE_BYTES,
+    cache = WindowCache(task, run.streams, run.keep_states, budgets.window_cache_bytes,
                         {} if fisher else _accumulated(run), moments=2 if fisher else 4,
                         expected=min(run.cost.n_states, (V + 2) ** min(k, 8)),
-                        defer_bytes=min(DEFER_BYTES, 8 * run.cost.chunk * V * task.model.num_params
+                        defer_bytes=min(budgets.defer_bytes,
+                                        8 * run.cost.chunk * V * task.model.num_params
                                         * len(run.streams) * (task.max_len + 2)),
+                        dense_keys=budgets.dense_keys,
                         kept=_kept_by_window(task) if run.keep_states else None)
-    batch = _AutodiffBatch(task, cache)
+    batch = _AutodiffBatch(task, cache, budgets.autodiff_rows)
 
     def block_arrays(block):
         if "wpath" not in block:  # the root: nothing generated yet

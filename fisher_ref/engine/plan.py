@@ -25,7 +25,7 @@ from fisher_ref.rewards import Reward
 
 __all__ = ["Cost", "EnumerationTooLarge", "estimate_cost", "check_cost", "count_states",
            "check_chunk", "resolve_keep", "KEEP_BYTES",
-           "DEFAULT_MAX_SECONDS", "DEFAULT_MAX_BYTES"]
+           "DEFAULT_MAX_SECONDS", "DEFAULT_MAX_BYTES", "Budgets", "DEFAULT_BUDGETS"]
 
 DEFAULT_MAX_SECONDS = 900.0
 DEFAULT_MAX_BYTES = 8 * 2 ** 30
@@ -42,10 +42,42 @@ _SECONDS_FIXED = 0.01
 # Starting one worker process of exact(workers=N) (spawn, then importing numpy and the
 # package), and sending its task and sums.
 _SECONDS_PER_WORKER = 0.5
-# Per-window arrays kept between blocks (fisher_ref.exact.WINDOW_CACHE_BYTES), and the
-# parents' score sums held for per-window products (fisher_ref.exact.DEFER_BYTES).
-_WINDOW_CACHE_BYTES = 256 * 2 ** 20
-_DEFER_BYTES = 64 * 2 ** 20
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """The fast engine's memory and batching knobs. They set speed and memory only, never
+    the numbers: every result agrees with the plain engine at 1e-10 whatever they are
+    (``tests/engine/test_fast_vs_reference.py`` runs them at 1).
+
+    Attributes:
+        window_cache_bytes: per-window arrays kept between blocks.
+        defer_bytes: parents' score sums held for the per-window products (at most what
+            one block's children would hold, so that memory stays set by the block size).
+        sub_elements: elements of a ``(parents, P)`` array in one sub-block of
+            complete-response sums (8 MiB bounds the temporaries).
+        autodiff_rows: response-state rows gathered before one autodiff call.
+        dense_keys: window keys looked up in a table indexed by key when there are at
+            most this many possible keys (else a dict).
+    """
+
+    window_cache_bytes: int = 256 * 2 ** 20
+    defer_bytes: int = 64 * 2 ** 20
+    sub_elements: int = 2 ** 20
+    autodiff_rows: int = 2 ** 16
+    dense_keys: int = 2 ** 20
+
+    def __post_init__(self):
+        for name in ("window_cache_bytes", "defer_bytes", "sub_elements", "autodiff_rows"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"Budgets.{name} must be a positive integer, got {v!r}")
+        v = self.dense_keys
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"Budgets.dense_keys must be a non-negative integer, got {v!r}")
+
+
+DEFAULT_BUDGETS = Budgets()
 
 
 class EnumerationTooLarge(ValueError):
@@ -201,16 +233,19 @@ def estimate_cost(task, n_streams=None, chunk=None, keep_states=False, keep_sequ
     seconds = _SECONDS_FIXED + windows * P * V * per_window / _FLOPS
     seconds += (N * P * S * per_state / _FLOPS + M * per_response) / workers
     seconds += _SECONDS_PER_WORKER if workers > 1 else 0.0  # started side by side
-    cache = min(_WINDOW_CACHE_BYTES, 8 * windows * P * V * S * 2)
-    cache += min(_DEFER_BYTES, 8 * N * P * S)
+    cache = min(DEFAULT_BUDGETS.window_cache_bytes, 8 * windows * P * V * S * 2)
+    cache += min(DEFAULT_BUDGETS.defer_bytes, 8 * N * P * S)
     # one block's work arrays, plus the children (score histories) of up to T - 1
     # partly expanded blocks waiting on the depth-first stack
     rows = min(chunk, N)  # a block never holds more states than the tree has
     carried = 2 if fisher else T + 2  # per stream and child: H (and G, the last score)
-    block = 8 * rows * V * P * (S * carried + 4) + cache
-    block += max(T - 1, 0) * 8 * rows * V * P * S * carried
-    kept = (8 * N * (3 * P + 2 * V + 8) if keep_states else 0) + \
-        (8 * M * (T + 6) if keep_sequences else 0)
+    # every state's tokens (prompt, then generated): L = longest prompt + T, int64, in the
+    # block, in its children and in each waiting block
+    L = max(len(p) for p in task.prompts) + T
+    block = 8 * rows * V * P * (S * carried + 4) + cache + 8 * rows * (V + 1) * (L + 1) * 2
+    block += max(T - 1, 0) * 8 * rows * V * (P * S * carried + L + 1)
+    kept = (8 * N * (3 * P + 2 * V + 8 + L) if keep_states else 0) + \
+        (8 * M * (T + 6 + L) if keep_sequences else 0)
     per_worker = block + 8 * S * T * T * P * 2
     total = per_worker + kept if workers == 1 else workers * per_worker + 2 * kept
     return Cost(N, M, P, V, T, S, chunk, float(seconds), int(total), workers)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fisher_ref.engine.plan import DEFAULT_BUDGETS
 from fisher_ref.engine.run import checked_sensitivities, model_probs
 from fisher_ref.numerics import topk_weights
 
@@ -40,9 +41,6 @@ __all__ = ["WindowCache"]
 # and of one sensitivities call (about 16 MiB).
 _CHUNK_ELEMENTS = 2 ** 18
 _J_ELEMENTS = 2 ** 21
-# Window keys looked up in a table indexed by key when there are at most this many
-# possible keys (8 MiB of ids); else in a dict.
-_DENSE_KEYS = 2 ** 20
 
 
 class WindowCache:
@@ -63,7 +61,8 @@ class WindowCache:
     """
 
     def __init__(self, task, streams, keep_states, budget, names, expected=64,
-                 defer_bytes=64 * 2 ** 20, kept=None, moments=4):
+                 defer_bytes=DEFAULT_BUDGETS.defer_bytes, kept=None, moments=4,
+                 dense_keys=DEFAULT_BUDGETS.dense_keys):
         self.task, self.streams, self.keep = task, streams, keep_states
         self.kept, self.by_id = dict(kept or {}), {}
         V, P = task.model.vocab_size, task.model.num_params
@@ -86,7 +85,7 @@ class WindowCache:
         self.base = ((V + 2) ** np.arange(k)).astype(np.int64) if self.exact_keys else None
         # few possible keys: an id table indexed by key (else a dict of keys)
         self.id_of_key = np.full((V + 2) ** k, -1, dtype=np.int64) \
-            if (V + 2) ** k <= _DENSE_KEYS else None
+            if (V + 2) ** k <= dense_keys else None
         self.key_id, self.table, self.n_ids = {}, np.zeros((64, k), dtype=np.int64), 0
         self.row_of = np.full(64, -1, dtype=np.int64)  # (n_ids,) cache row of each id
         self.sums = {s: {k: np.zeros(P) for k in self.names.get(s, []) + ["h", "h2", "h4"]}

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fisher_ref import load_config, task_from_json
 from fisher_ref.engine.fast import exact
+from fisher_ref.engine.plan import Budgets
 from fisher_ref.engine.reference import exact_reference
 from fisher_ref.perf.scaling import load_scale_config
 
@@ -125,25 +126,37 @@ def test_fast_engine_matches_reference_in_small_blocks(chunk):
 
 
 @pytest.mark.parametrize("budget", [1, 40_000])
-def test_window_cache_overflow_changes_nothing(monkeypatch, budget):
+def test_window_cache_overflow_changes_nothing(budget):
     """A cache too small for one window (or a few) is emptied and refilled; same results."""
     task = load_config("weighted_prompts")
     ref = exact_reference(task, progress=False)
-    monkeypatch.setattr(exact_mod, "WINDOW_CACHE_BYTES", budget)
-    assert_same(exact(task, progress=False, chunk=5), ref, f"cache budget {budget}")
+    out = exact(task, progress=False, chunk=5, budgets=Budgets(window_cache_bytes=budget))
+    assert_same(out, ref, f"cache budget {budget}")
 
 
-@pytest.mark.parametrize("knob", ["_SUB_ELEMENTS", "DEFER_BYTES", "_AUTODIFF_ROWS",
-                                  "_DENSE_KEYS"])
-def test_fast_engine_split_work_changes_nothing(monkeypatch, knob):
+@pytest.mark.parametrize("knob, value", [("sub_elements", 1), ("defer_bytes", 1),
+                                         ("autodiff_rows", 1), ("dense_keys", 0)])
+def test_fast_engine_split_work_changes_nothing(knob, value):
     """Sub-blocks of one parent, per-window products used after every block instead of
     gathered over many blocks, an autodiff call per block, window keys in a dict instead
     of a table: the same sums, grouped otherwise."""
     task = load_config("offpolicy_stale")
     ref = exact_reference(task, topk=(1, 2), progress=False)
-    import fisher_ref.engine.window_cache as wc
-    monkeypatch.setattr(wc if knob == "_DENSE_KEYS" else exact_mod, knob, 1)
-    assert_same(exact(task, topk=(1, 2), progress=False), ref, knob)
+    out = exact(task, topk=(1, 2), progress=False, budgets=Budgets(**{knob: value}))
+    assert_same(out, ref, knob)
+
+
+@pytest.mark.parametrize("bad", [dict(sub_elements=0), dict(defer_bytes=-1),
+                                 dict(autodiff_rows=True), dict(window_cache_bytes=1.5),
+                                 dict(dense_keys=-1)])
+def test_budgets_refuse_what_is_not_a_size(bad):
+    with pytest.raises(ValueError, match=f"Budgets.{next(iter(bad))} must be"):
+        Budgets(**bad)
+
+
+def test_exact_refuses_budgets_of_another_type():
+    with pytest.raises(TypeError, match="budgets must be a fisher_ref.engine.plan.Budgets"):
+        exact(load_config("tabular"), progress=False, budgets={"sub_elements": 1})
 
 
 def test_reference_flag_runs_the_plain_engine():
@@ -261,17 +274,16 @@ def test_fisher_quantities_match_the_full_reference(case):
     assert_same(fisher_run(task, reference=True), ref, f"{case}, plain engine, 'fisher'")
 
 
-@pytest.mark.parametrize("knob, value", [("_SUB_ELEMENTS", 1), ("WINDOW_CACHE_BYTES", 1),
+@pytest.mark.parametrize("knob, value", [("sub_elements", 1), ("window_cache_bytes", 1),
                                          (None, None)])
 @pytest.mark.parametrize("chunk", [None, 2])
-def test_fisher_quantities_in_small_pieces(monkeypatch, knob, value, chunk):
+def test_fisher_quantities_in_small_pieces(knob, value, chunk):
     """One parent per sub-block, a cache emptied for every window, blocks of two states;
     and with no state kept."""
-    if knob:
-        monkeypatch.setattr(exact_mod, knob, value)
+    budgets = Budgets(**{knob: value}) if knob else None
     for name in ("default", "offpolicy_stale"):
         task = load_config(name)
-        fast = fisher_run(task, chunk=chunk, keep_states=knob is not None)
+        fast = fisher_run(task, chunk=chunk, keep_states=knob is not None, budgets=budgets)
         assert (fast.states is None) == (knob is None)
         assert_same(fast, full_reference(task, keep_states=knob is not None),
                     f"{name}, quantities='fisher', {knob}={value}, chunk={chunk}")

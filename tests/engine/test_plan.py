@@ -142,3 +142,16 @@ def test_default_chunk_is_a_multiple_of_a_run_of_siblings(P, V, T, S, eos):
         run *= beta
     assert 1 <= chunk <= plain and chunk % run == 0 and plain - chunk < run
     assert estimate_cost(load_config("default")).chunk % 4 == 0  # beta = 4 on default
+
+
+def test_memory_estimate_counts_the_prompt_length():
+    """Every state carries its prompt: a long prompt must raise the memory estimate (a
+    3,000,000-token prompt was estimated at 0.01 GiB and peaked at 4.1 GB)."""
+    from fisher_ref.tasks import task_from_json
+    spec = load_config("tabular").to_json()
+    short = estimate_cost(task_from_json(spec), keep_states=True, keep_sequences=True)
+    spec["prompts"] = [[1] * 1000]
+    spec["prompt_weights"] = [1.0]
+    long = estimate_cost(task_from_json(spec), keep_states=True, keep_sequences=True)
+    tokens = 8 * 1000 * (long.n_states + long.n_responses)  # int64 tokens kept per row
+    assert long.bytes - short.bytes >= tokens

@@ -4,7 +4,6 @@ results unchanged when the cache is emptied between uses."""
 import numpy as np
 import pytest
 
-import fisher_ref.engine.window_cache as wc
 from cases import RTOL, rel
 from fisher_ref import load_config
 from fisher_ref.models.base import windows_for
@@ -25,13 +24,11 @@ def _windows(task):
 
 
 @pytest.mark.parametrize("dense", [True, False])
-def test_ids_are_run_wide_and_give_back_the_windows(monkeypatch, dense):
+def test_ids_are_run_wide_and_give_back_the_windows(dense):
     """Keys looked up in a table indexed by key, or (many possible keys) in a dict: ids
     in order of first appearance either way."""
-    if not dense:
-        monkeypatch.setattr(wc, "_DENSE_KEYS", 0)
     task = load_config("default")
-    cache, W = _cache(task), _windows(task)
+    cache, W = _cache(task, **({} if dense else {"dense_keys": 0})), _windows(task)
     assert (cache.id_of_key is not None) == dense
     ids = cache.ids(W)
     assert ids.tolist() == [0, 1, 2, 3, 4, 1]
