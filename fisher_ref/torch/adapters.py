@@ -167,7 +167,7 @@ class TorchMLP(_WindowAdapter):
     r"""The MLP window model in torch: ``hid = tanh(e W1 + b1)``, ``z = hid W2 + b2``.
 
     Args:
-        model: a :class:`fisher_ref.models.base.MLPModel` (spec and layout are read from it).
+        model: a :class:`fisher_ref.models.mlp.MLPModel` (spec and layout are read from it).
         device: torch device (``"cpu"``, ``"cuda"``...).
         dtype: compute dtype of logits and sensitivities.
 
