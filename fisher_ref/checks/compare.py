@@ -24,8 +24,6 @@ range that are rounding noise: it is compared to rounding,
 from __future__ import annotations
 
 import contextlib
-import json
-import sys
 
 import numpy as np
 

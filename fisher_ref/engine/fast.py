@@ -106,7 +106,7 @@ def _block_arrays(run, cache, block):
     if run.keep_states and not silent:  # the per-window arrays: by window id (_kept_by_window)
         run.keep_state_arrays(block, p, q, {"window": block["wid"]},
                               at=state_places(task, block))
-    xiT = [a[f"xi{c}"] for _, _, c in run.streams]  # S arrays (n, V, P)
+    xiT = [a[f"xi{stream.center}"] for stream in run.streams]  # S arrays (n, V, P)
     G = block.get("G")  # (S, B, P): this block's own rows (depth_first splits without overlap)
     for s in range(S if G is not None else 0):
         G[s] += a[f"y{s}_2"][rows]
@@ -237,7 +237,7 @@ def _stream_weights(run, cache, s, block, arrs, done, K, R):
     """Stream ``s``'s weights ``w (B, k)``, rewards ``R - r0``, importance weights; the
     weights of its per-(window, token) sums and of its sums without ``H`` handed to the
     window cache."""
-    name, wname, _ = run.streams[s]
+    name, wname = run.streams[s].name, run.streams[s].drawn_from
     mom, r, B = run.moments[name], block[REACH[wname]], block["prompt"].shape[0]
     w = done[REACH[wname]].reshape(B, len(K))  # (B, k)
     mom.add_reward_spread(w.ravel(), R)
@@ -289,7 +289,8 @@ def _complete_fisher(run, cache, block, arrs, idx):
     task, d, P = run.task, block["depth"], run.task.model.num_params
     B, k, K, _, done, gen = _terminal_children(task, block, arrs, idx)
     full = k == task.model.vocab_size
-    for s, (name, wname, _) in enumerate(run.streams):
+    for s, stream in enumerate(run.streams):
+        name, wname = stream.name, stream.drawn_from
         r, w = block[REACH[wname]], done[REACH[wname]].reshape(B, k)  # (B,), (B, k)
         if full:
             cache.accumulate_reach(s, arrs.rows, r, d)
@@ -317,7 +318,8 @@ def _finish(run, cache):
     :math:`\rho = 1`, so its importance-weighted sums are its plain ones."""
     cache.flush()
     T = run.task.max_len
-    for s, (name, wname, _) in enumerate(run.streams):
+    for s, stream in enumerate(run.streams):
+        name, wname = stream.name, stream.drawn_from
         mom, sums = run.moments[name], dict(cache.sums[s])
         by_depth = sums.pop("token_sum_by_depth")  # (T, P)
         mom.add_sums(token_sum=by_depth.sum(axis=0), token_sum_by_depth=by_depth)

@@ -49,7 +49,8 @@ def _block_arrays(run, block):
     jbar = {"p": mean_sensitivity(p, J), "q": mean_sensitivity(q, J)}  # (B, P)
     dist = {"p": p, "q": q}
     xiT, ms, conds = [], [], []
-    for _, wname, cname in run.streams:
+    for stream in run.streams:
+        wname, cname = stream.drawn_from, stream.center
         center = jbar[cname] if isinstance(cname, str) else topk_center(q, J, cname)  # (B, P)
         xi = J - center[:, :, None]  # (B, P, V): the score of every candidate token
         ms.append(token_second_moment(dist[wname], J, center))  # (B, P)
@@ -73,7 +74,8 @@ def _complete(run, block, arrs, idx):
     par, xi, done = children(task, block, idx, arrs)
     done.update(carry(block, par, xi, arrs.G))
     resp, R, plen = responses(task, done)
-    for s, (name, wname, _) in enumerate(run.streams):
+    for s, stream in enumerate(run.streams):
+        name, wname = stream.name, stream.drawn_from
         run.moments[name].add_responses(done[REACH[wname]], R, done["hist"][s], done["G"][s],
                                         done["rp"])
     run.grad_ad += autodiff_gradient(task, task.theta, done["tokens"], done["length"], plen,

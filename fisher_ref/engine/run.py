@@ -25,21 +25,22 @@ Streams (see docs/theory.md): ``"policy"`` — drawn from ``p``, centered at
 from __future__ import annotations
 
 from collections import namedtuple
+from typing import NamedTuple
 
 import numpy as np
 from autograd import make_vjp
 
 from fisher_ref.engine.tree import carry, depth_first, expand, root_block, terminal
-from fisher_ref.engine.plan import check_chunk, check_cost, count_states, estimate_cost, resolve_keep
+from fisher_ref.engine.plan import (check_chunk, check_cost, count_states, estimate_cost,
+                                    resolve_keep)
 from fisher_ref.engine.shards import ShardWalk, first_reward
 from fisher_ref.numerics import log_softmax, softmax
 from fisher_ref._progress import Progress
 from fisher_ref.results import ExactResult, Moments, check_quantities, finish_fisher, finish_stream
 from fisher_ref.models.sensitivities import sensitivities
 from fisher_ref.tasks import require_task
-from fisher_ref.numerics import mean_sensitivity
 
-__all__ = ["REACH", "BlockArrays", "check_topk", "stream_specs", "check_logits",
+__all__ = ["REACH", "BlockArrays", "Stream", "check_topk", "stream_specs", "check_logits",
            "model_probs", "checked_sensitivities", "check_support", "autodiff_gradient",
            "reward_gradient", "plan", "state_places", "response_places", "children", "last_scores",
            "Run"]
@@ -66,12 +67,23 @@ def check_topk(topk):
     return tuple(int(k) for k in ks)
 
 
+class Stream(NamedTuple):
+    """One expectation the engines compute: its ``name``, the distribution its responses are
+    ``drawn_from`` (``"p"`` the policy, ``"q"`` the sampler) and where its scores are
+    ``center``-ed (``"p"``, ``"q"`` or ``k``: the renormalised top-``k`` of the sampler)."""
+
+    name: str
+    drawn_from: str
+    center: object
+
+
 def stream_specs(task, topk):
-    """``(name, drawn from "p" | "q", centered at "p" | "q" | k)`` of every stream."""
+    """The :class:`Stream` of every stream of ``task``: ``policy``; with a sampler also
+    ``raw``, ``centered`` and ``top{k}`` for each ``k`` in ``topk``."""
     if task.sampler is None:
-        return [("policy", "p", "p")]
-    out = [("policy", "p", "p"), ("raw", "q", "p"), ("centered", "q", "q")]
-    out += [(f"top{k}", "q", k) for k in topk]
+        return [Stream("policy", "p", "p")]
+    out = [Stream("policy", "p", "p"), Stream("raw", "q", "p"), Stream("centered", "q", "q")]
+    out += [Stream(f"top{k}", "q", k) for k in topk]
     return out
 
 
@@ -266,7 +278,7 @@ class Run:
         self.streams, self.cost, self.keep_states, self.keep_sequences = plan(
             task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes, quantities)
         P, T = task.model.num_params, task.max_len
-        self.moments = {name: Moments(P, T) for name, _, _ in self.streams}
+        self.moments = {stream.name: Moments(P, T) for stream in self.streams}
         # shard (i, n): walk only its subtrees; every shard takes the same r0 (one more
         # call of the reward per shard)
         self.shard = None if shard is None else ShardWalk(task, shard)
@@ -315,7 +327,8 @@ class Run:
         moment ``m`` and :math:`E[\\xi | s]` of each stream, per state (the fast engine sums
         per window instead, :meth:`WindowCache.accumulate_states`); ``n_states`` advances
         the bar."""
-        for s, (name, wname, _) in enumerate(self.streams):
+        for s, stream in enumerate(self.streams):
+            name, wname = stream.name, stream.drawn_from
             self.moments[name].add_states(reach[wname], ms[s], conds[s], depth)
         self.bar.update(n_states)
 
@@ -388,8 +401,8 @@ class Run:
                 raise RuntimeError(f"the walk wrote {count} {part} rows into "
                                    f"{int(seen.sum())} of {len(seen)} places (a bug in the walk)")
         fisher = self.quantities == "fisher"
-        results = {name: finish_fisher(self.moments[name]) if fisher else
-                   finish_stream(self.moments[name], self.task.baseline)
-                   for name, _, _ in self.streams}
+        results = {st.name: finish_fisher(self.moments[st.name]) if fisher else
+                   finish_stream(self.moments[st.name], self.task.baseline)
+                   for st in self.streams}
         return ExactResult.build(self.task, self.cost, results, self.grad_ad, self.states,
                                  self.seqs, self.quantities)

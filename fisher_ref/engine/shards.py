@@ -289,7 +289,8 @@ def merge(task, parts):
     head = parts[0]
     P, T = task.model.num_params, task.max_len
     results = {}
-    for name, _, _ in head.streams:
+    for stream in head.streams:
+        name = stream.name
         m = Moments(P, T)
         for p in parts:
             _add_moments(m, p.moments[name])

@@ -66,7 +66,7 @@ class WindowCache:
         self.task, self.streams, self.keep = task, streams, keep_states
         self.kept, self.by_id = dict(kept or {}), {}
         V, P = task.model.vocab_size, task.model.num_params
-        self.centers = list(dict.fromkeys(c for _, _, c in streams))
+        self.centers = list(dict.fromkeys(stream.center for stream in streams))
         self.shapes = {"p": (V,), "q": (V,)}
         self.shapes.update({f"xi{c}": (V, P) for c in self.centers})
         for s in range(len(streams)):
@@ -234,7 +234,8 @@ class WindowCache:
         for c, mean in means[1:]:
             np.subtract(J, mean, out=a[f"xi{c}"][r])  # (u, V, P): j_a - c
         J -= means[0][1]
-        for s, (_, wname, c) in enumerate(self.streams):
+        for s, stream in enumerate(self.streams):
+            wname, c = stream.drawn_from, stream.center
             d, xi = dist[wname], a[f"xi{c}"][r]  # (u, 1, V), (u, V, P)
             np.multiply(xi, xi, out=x2)
             a[f"y{s}_1"][r] = (d @ xi)[:, 0]
@@ -358,7 +359,8 @@ class WindowCache:
     def flush(self):
         """Use every cached window's deferred and accumulated weights, then empty the cache."""
         self._products()
-        for s, (_, _, c) in enumerate(self.streams):
+        for s, stream in enumerate(self.streams):
+            c = stream.center
             xi = self.arrays.get(f"xi{c}")
             if xi is None:
                 continue

@@ -116,8 +116,20 @@ def _init_worker():
     threadpool_limits(1)
 
 
+def _healthy(ex):
+    """Whether a kept pool can take work: not marked broken, and every process it started
+    still alive (a worker killed between runs is noticed only when work is sent)."""
+    if getattr(ex, "_broken", False):
+        return False
+    procs = getattr(ex, "_processes", None) or {}
+    return all(p.is_alive() for p in procs.values())
+
+
 def _executor(n):
-    if _POOL.get("n") != n:
+    """The kept pool of ``n`` workers; a new one when the size differs or the kept one is
+    broken (a worker of an earlier run died)."""
+    ex = _POOL.get("executor")
+    if _POOL.get("n") != n or ex is None or not _healthy(ex):
         shutdown()
         _POOL.update(n=n, executor=ProcessPoolExecutor(
             n, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker))
@@ -162,6 +174,10 @@ def _without_main():
         sys.modules["__main__"] = main
 
 
+def _submit(ex, engine, task, n, kw):
+    return {ex.submit(engine, task, shard=(i, n), **kw): i for i in range(n)}
+
+
 def run_shards(engine, task, n, kw, progress=False):
     """``[engine(task, shard=(i, n), **kw) for i in range(n)]``, one process each
     (``engine``: a module-level function, such as :func:`fisher_ref.exact`); with
@@ -176,8 +192,11 @@ def run_shards(engine, task, n, kw, progress=False):
         raise ValueError(f"workers > 1 sends the task to worker processes, but {why}; or "
                          "use workers=1")
     with _one_blas_thread(), _without_main():  # processes start on submit, so set up
-        ex = _executor(n)
-        futures = {ex.submit(engine, task, shard=(i, n), **kw): i for i in range(n)}
+        try:
+            futures = _submit(_executor(n), engine, task, n, kw)
+        except BrokenProcessPool:  # the kept pool broke since its last run: start afresh
+            shutdown()
+            futures = _submit(_executor(n), engine, task, n, kw)
     out, bar = [None] * n, Progress(n, f"exact enumeration, shards of {n} workers",
                                     enabled=progress)
     try:

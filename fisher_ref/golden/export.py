@@ -20,12 +20,13 @@ response's score :math:`h = \sum_t (j_{\cdot,y_t}(s_t) - \bar j(s_t))`, and for
 from __future__ import annotations
 
 import hashlib
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from fisher_ref.golden.format import MATRIX_MAX_PARAMS, OLDEST_READABLE_VERSION, SCHEMA, SCHEMA_VERSION, Golden, array_sha256, expected_keys, load_golden, meta_sha256, write_npz
+from fisher_ref.golden.format import (MATRIX_MAX_PARAMS, OLDEST_READABLE_VERSION, SCHEMA,
+                                      SCHEMA_VERSION, Golden, array_sha256, expected_keys,
+                                      load_golden, meta_sha256, write_npz)
 from fisher_ref.golden.archive import GoldenFileError
 from fisher_ref.limits import MAX_GOLDEN_BYTES
 from fisher_ref.results import require_all_quantities

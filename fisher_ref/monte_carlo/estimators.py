@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fisher_ref.monte_carlo.ztests import EXACT_VARIANCE, SAMPLE_SE, stream_z_scores
+from fisher_ref.monte_carlo.ztests import stream_z_scores
 
 __all__ = ["Estimate", "MCResult", "mean_estimate", "cross_estimate", "advantage_estimates",
            "running_estimates", "variance_reduction", "exact_variance_reduction"]

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import os
 import pickle
 import statistics

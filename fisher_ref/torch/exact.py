@@ -182,7 +182,7 @@ def visit_block(run, block, silent=False):
                 Wg, X1, X2 = (torch.cat([part[s][j] for part in parts]) for j in range(3))
                 sums.add_history(block.depth, Wg, X1, X2, block.hist[s])
     if len(opening):
-        x = torch.stack([_pick(arr, inv, c, opening) for _, _, c in run.streams])
+        x = torch.stack([_pick(arr, inv, stream.center, opening) for stream in run.streams])
         return open_children(block, opening, p, q, x, G)
     return None
 
@@ -202,7 +202,8 @@ def add_complete(run, block, p, q, arr, inv, G, cols):
     w = {"p": block.rp[:, None] * p[:, cols], "q": block.rq[:, None] * q[:, cols]}  # (B, k)
     wp = w["p"].reshape(-1)  # (B*k,)
     out = []
-    for s, (_, wname, c) in enumerate(run.streams):
+    for s, stream in enumerate(run.streams):
+        wname, c = stream.drawn_from, stream.center
         x = _pick(arr, inv, c, cols)  # (B, k, P)
         h = block.H[s][:, None, :] + x  # (B, k, P): each response's own h
         run.sums[s].add_rewards(w[wname].reshape(-1), R.reshape(-1))
@@ -297,7 +298,8 @@ def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None
 def _result(run):
     """The result dict of a finished run, as float64 numpy."""
     streams = {}
-    for s, (name, _, _) in enumerate(run.streams):
+    for s, stream in enumerate(run.streams):
+        name = stream.name
         res = run.sums[s].finish(run.r0, run.task.baseline)
         var = res.pop("variances")
         streams[name] = {k: _np(v) for k, v in res.items()}

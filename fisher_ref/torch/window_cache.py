@@ -36,7 +36,7 @@ class WindowTable:
         self.run = run
         ad = run.adapter
         V, P, S = ad.vocab_size, ad.num_params, len(run.streams)
-        self.centers = list(dict.fromkeys(c for _, _, c in run.streams))
+        self.centers = list(dict.fromkeys(stream.center for stream in run.streams))
         per = 8 * (len(self.centers) * V * P + (S + 2) * P + 2 * V)
         budget = WINDOW_CACHE_BYTES if budget is None else budget
         self.capacity = 0 if ad.whole_history else max(1, budget // per)
@@ -110,7 +110,8 @@ class WindowTable:
         for c in self.centers:
             jbar = (J * dist[c][:, None, :]).sum(-1)  # (U, P)
             out[f"xi{c}"] = (J - jbar[:, :, None]).transpose(1, 2).contiguous()  # (U, V, P)
-        for s, (_, wname, c) in enumerate(run.streams):
+        for s, stream in enumerate(run.streams):
+            wname, c = stream.drawn_from, stream.center
             out[f"m{s}"] = torch.einsum("uv,uvp->up", dist[wname], out[f"xi{c}"].square())
         if run.keep_states:
             out["uniform"] = J.var(dim=-1, correction=0)  # (U, P): token Fisher at p = 1/V

@@ -326,3 +326,19 @@ def test_auto_workers_stay_in_process_under_tracemalloc(monkeypatch):
         assert workers_mod.local_workers(task, "auto", kw) == 1
     finally:
         tracemalloc.stop()
+
+
+def test_a_broken_kept_pool_is_replaced():
+    """A pool whose worker died outside a run (killed by the system, say) is not handed
+    out again: the next run starts a fresh one."""
+    import os
+    import signal
+    good = load_config("default")
+    exact(good, progress=False, workers=2)
+    ex = workers_mod._POOL["executor"]
+    for pid, proc in list(ex._processes.items()):
+        os.kill(pid, signal.SIGKILL)
+        proc.join(10)  # dead before the next run, as a worker killed between runs is
+    out = exact(good, progress=False, workers=2)
+    assert workers_mod._POOL["executor"] is not ex
+    assert merged_errors(out, exact(good, progress=False, workers=1))["policy.sequence_fisher"] <= RTOL
