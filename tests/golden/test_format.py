@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from fisher_ref.golden.format import (MATRIX_MAX_PARAMS, OLDEST_READABLE_VERSION, SCALE_KINDS,
-                                      SCHEMA_VERSION, GoldenFileError, array_sha256,
-                                      expected_keys, load_golden, meta_sha256, read_members,
-                                      write_npz)
+                                      SCHEMA_VERSION, array_sha256, expected_keys, load_golden,
+                                      meta_sha256, read_members, write_npz)
+from fisher_ref.golden.archive import GoldenFileError
 from fisher_ref.golden.check import compare_to_golden, file_scales, golden_path
 
 SOURCE = golden_path("offpolicy_temperature")
