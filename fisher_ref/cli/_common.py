@@ -16,7 +16,7 @@ def add_task_arguments(parser, default_config="default"):
     g = parser.add_mutually_exclusive_group()
     g.add_argument("--config", default=None,
                    help=f"a named config shipped with fisher_ref (default: {default_config!r})")
-    g.add_argument("--task", default=None, help="a task file (JSON; see the README's Task files)")
+    g.add_argument("--task", default=None, help="a task file (JSON; its keys are in docs/guide/tasks.md)")
     parser.set_defaults(_default_config=default_config)
 
 

@@ -20,8 +20,9 @@ PATH = [
     ("07_transformer", "A transformer: the identities hold for attention too"),
     ("08_rl_estimators", "Which RL estimator is unbiased?"),
 ]
-NEXT_AFTER_LAST = ("hold your own Fisher or policy-gradient code against these exact values: the "
-                   "README's sections on golden files, the conformance check and the torch side")
+NEXT_AFTER_LAST = ("hold your own Fisher, policy-gradient or RL-loss code against these exact "
+                   "values: the documentation's 'Check your implementation' pages (golden "
+                   "files, the conformance check, compare, RL losses)")
 
 
 def md(text):

@@ -58,7 +58,7 @@ One meaning per symbol, in every lesson (docs/theory.md §1.1 has the same table
 | $G_i$ | policy gradient $E[A h_i]$ | 4– |
 | cap$_i$, corr$_i$ | the bound $\mathrm{std}(A)\sqrt{F_i}$; $\mathrm{corr}(A, h_i)$ | 4, 7 |
 | $q$ | top-$q$: a share of the parameters, ranked by $F$ or by $\lvert G \rvert$ | 4, 7 |
-| $\eta$, $\epsilon$ | step size; Adam's $\epsilon$ | 4 |
+| $\eta$, $\epsilon$ | step size; a small constant added to a denominator (Adam's; GRPO's $10^{-6}$) | 4, 8 |
 | $\beta_1$, $\beta_2$ | Adam's averaging constants (not the inverse temperature $\beta$) | 4 |
 | $\mu$ | the sampler the responses come from, when it is not $p$ | 5, 7 |
 | $\tilde \xi$, $\tilde h$ | token and sequence score centered under $\mu$ | 5 |
@@ -68,6 +68,15 @@ One meaning per symbol, in every lesson (docs/theory.md §1.1 has the same table
 | $X$, $Y$ | GPT-2's residual stream; $Y = \mathrm{LN}_1(X)$, the input of `c_attn` | 7 |
 | $Q$, $K$, $V'$ | queries, keys, values of a head; $b_Q$, $b_K$ their biases | 7 |
 | $S_{tu}$, $d_h$ | score of query position $t$ on key position $u$; width of one head | 7 |
+| $\mathcal L$; $\lambda_{i,t}$ | a loss to be minimised; $\partial \mathcal L / \partial \log p(y_{i,t} \mid s_{i,t})$ | 8 |
+| $B$ | group size: the responses to one prompt that a loss reads | 8 |
+| $r_t$, $r(y)$; $C$ | a token's ratio $p / \mu$ and the sequence ratio $\prod_t r_t$; a cap on a ratio | 8 |
+| $\omega$ | the least-squares scale in $E[\nabla \mathcal L] \approx \omega G$ | 8 |
+| $\gamma$, $w_B(\gamma)$ | a prompt's pass rate $P(R = 1)$; GRPO's difficulty weight | 8 |
+| $\nu$, $\mathcal A_B$ | the other responses' successes, $\mathrm{Bin}(B - 1, \gamma)$; the mean advantage given one reward | 8 |
+| $H_1$, $H_0$ | $\sum p(y)\,h(y)$ over the responses of reward 1, of reward 0 | 8 |
+| $p_{ref}$, $\Delta_t$ | a reference policy; $\log p(y_t \mid s_t) - \log p_{ref}(y_t \mid s_t)$ | 8 |
+| $\phi(y)$ | a function of the response that does not depend on $\theta$ | 8 |
 """
 
 CELLS = [
