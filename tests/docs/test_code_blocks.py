@@ -106,6 +106,8 @@ def test_readme_test_command_is_what_ci_runs():
     (test_line,) = [line for line in lines if "python -m pytest" in line]
     for install in re.findall(r"pip install (\S+)", test_line):
         assert install in ci, f"README installs {install} but .ci/run does not"
+    (extras,) = re.findall(r'pip install -e "(\.\[[^\]]*\])"', test_line)
+    assert f'pip install -q -e "{extras}"' in ci, f"README installs {extras}; .ci/run does not"
     setup = bash[:2]  # the "Two commands" section
     assert [len(b.strip().splitlines()) for b in setup] == [1, 1], setup
     assert "python -m fisher_ref verify" in setup[0] and "python -m pytest" in setup[1]
