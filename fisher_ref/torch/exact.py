@@ -12,7 +12,7 @@ at :math:`\bar j_p`) and ``"centered"`` (drawn from :math:`\mu`, centered at
 The steps, one block of open states at a time (:mod:`fisher_ref.torch.tree`):
 
 1. :func:`visit_block` — the block's windows, their arrays from the
-   :class:`~fisher_ref.torch.window_cache.WindowTable` (logits, ``j`` by ``vmap(jacrev)`` once
+   :class:`~fisher_ref.torch.window_cache.WindowCache` (logits, ``j`` by ``vmap(jacrev)`` once
    per distinct window, scores, token moments), the token sums by states;
 2. :func:`add_complete` — the responses ending at the block's children: each one's own
    :math:`h = H(\text{parent}) + \xi(a)` and reward, the per-response sums, and the
@@ -43,7 +43,7 @@ from fisher_ref.torch.shards import ShardTree, merge_torch, shard_result
 from fisher_ref.torch.tree import depth_first, ending_tokens, open_children, root_block
 from fisher_ref.torch.self_check import (CausalLMResult, SelfCheckError, SelfCheckWarning,
                                          check_finite, self_checks)
-from fisher_ref.torch.window_cache import WindowTable, unique_windows
+from fisher_ref.torch.window_cache import WindowCache, unique_windows
 
 __all__ = ["torch_exact", "exact_causal_lm", "STREAM_QUANTITIES", "GradientBatch", "visit_block", "add_complete"]
 
@@ -118,7 +118,7 @@ class _Run:
         self.prompt_len = torch.tensor([len(p) for p in task.prompts], device=dev)
         self.prompt_weights = torch.as_tensor(task.prompt_weights, dtype=acc, device=dev)
         self.r0 = None  # reference reward: every R sum is of R - r0
-        self.table = WindowTable(self)
+        self.table = WindowCache(self)
         self.grad = GradientBatch(self)
         self.jmax = 0.0  # largest |j| seen (the scale of the E[h] = 0 self-check)
         if isinstance(getattr(adapter, "upcasts", None), dict):

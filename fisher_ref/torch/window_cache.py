@@ -4,7 +4,7 @@ Everything a state contributes — probabilities under the policy and the sample
 score of every candidate token :math:`\xi_a = j_{\cdot,a} - c` for each centering ``c``,
 the token moment :math:`m = \sum_a q_a \xi_a^2` of each stream, the token Fisher and its
 uniform reference — depends on the state only through its window (the last ``k`` tokens
-for the MLP). A :class:`WindowTable` computes them once per distinct window, with
+for the MLP). A :class:`WindowCache` computes them once per distinct window, with
 ``vmap(jacrev)`` for :math:`j`, and keeps them up to a byte budget (emptied when full:
 memory stays bounded, only speed depends on the budget). A model that reads the whole
 history (GPT-2, a user's module) has no repeated windows and is computed block by block.
@@ -17,13 +17,13 @@ import torch
 from fisher_ref.engine.plan import count_states
 from fisher_ref.torch.adapters import sampler_logits
 
-__all__ = ["WindowTable", "WINDOW_CACHE_BYTES", "unique_windows"]
+__all__ = ["WindowCache", "WINDOW_CACHE_BYTES", "unique_windows"]
 
 #: Bytes of per-window arrays kept between blocks (speed only; results do not depend on it).
 WINDOW_CACHE_BYTES = 2 ** 30
 
 
-class WindowTable:
+class WindowCache:
     """Per-window arrays for one run (see the module docstring).
 
     Args:
