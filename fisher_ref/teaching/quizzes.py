@@ -388,6 +388,8 @@ def _math_html(tex):
     Example:
         >>> _math_html(r"|G_i| \le \mathrm{std}(A)\sqrt{F_i}")
         '|G<sub>i</sub>| ≤ std(A)√(F<sub>i</sub>)'
+        >>> _math_html(r"A = \pm 1/\sqrt2")
+        'A = ± 1/√2'
     """
     out = re.sub(r"\\(?:mathrm|text|mathcal|mathbf|mathbb|operatorname)\{([^{}]*)\}", r"\1", tex)
     out = re.sub(r"\\frac\{([^{}]*)\}\{([^{}]*)\}", r"(\1)/(\2)", out)
@@ -400,7 +402,7 @@ def _math_html(tex):
     for command in sorted(_TEX_SYMBOLS, key=len, reverse=True):
         end = r"(?![A-Za-z])" if command[-1].isalpha() else ""
         out = re.sub(re.escape(command) + end, _TEX_SYMBOLS[command], out)
-    out = re.sub(r"\\sqrt\{([A-Za-z]|\d+)\}|\\sqrt\s*([A-Za-z])\b",
+    out = re.sub(r"\\sqrt\{([A-Za-z]|\d+)\}|\\sqrt\s*([A-Za-z]\b|\d)",  # \sqrt n, \sqrt2
                  lambda m: "\u221a" + (m[1] or m[2]), out)
     out = re.sub(r"\\sqrt\{([^{}]*)\}", "\u221a(\\1)", out)
     out = re.sub(r"\\([A-Za-z]+)", r"\1", out)  # \log, \min, \max ...: the plain word

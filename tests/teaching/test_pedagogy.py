@@ -168,6 +168,8 @@ def test_clickable_quiz_holds_no_raw_latex(quiz_id):
     for text in texts:
         assert "$" not in text and "\\" not in text and "^" not in text, (quiz_id, text)
         assert "_" not in re.sub(r"<[^>]+>", "", text) or "`" in text, (quiz_id, text)
+        prose = re.sub(r"<code>.*?</code>", "", text)
+        assert not re.search(r"sqrt|frac|mathrm", prose), (quiz_id, text)  # a command lost its \\
 
 
 def test_show_uses_jupyterquiz_in_a_notebook(monkeypatch):
