@@ -140,7 +140,8 @@ class Moments:
         delta = (mean - self.spread_mean) / u
         self.spread_m2 = (self.spread_m2 * (self.spread_unit / u) ** 2 + m2 * (unit / u) ** 2
                           + delta * delta * self.spread_mass * mass / total)
-        self.spread_mean += (mean - self.spread_mean) * mass / total
+        # mass / total first: 1 exactly for the first spread, so equal means stay equal
+        self.spread_mean += (mean - self.spread_mean) * (mass / total)
         self.spread_mass, self.spread_unit = total, u
 
     def reward_std(self):

@@ -246,3 +246,15 @@ def test_the_walk_refuses_rows_it_did_not_write(monkeypatch):
         assert "places" in str(e)
     else:
         raise AssertionError("a walk that misses places must raise")
+
+
+def test_a_first_spread_keeps_its_mean_exactly():
+    """(3 - 0) * m / m rounds to 3.0000000000000004 for m = 0.8913857729306376: a first
+    spread merged that way gave two shards of equal rewards different means, and their
+    merge a reward spread of 1e-16 where the single run has exactly 0."""
+    from fisher_ref.results import Moments
+    m = Moments(1, 1)
+    m.merge_spread(0.8913857729306376, 3.0, 0.0, 4.0)
+    assert m.spread_mean == 3.0
+    m.merge_spread(0.10861422706936236, 3.0, 0.0, 4.0)
+    assert m.spread_mean == 3.0 and m.spread_m2 == 0.0 and m.reward_std() == 0.0

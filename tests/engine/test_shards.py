@@ -337,7 +337,10 @@ def test_a_broken_kept_pool_is_replaced():
     exact(good, progress=False, workers=2)
     ex = workers_mod._POOL["executor"]
     for pid, proc in list(ex._processes.items()):
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # already gone
+            pass
         proc.join(10)  # dead before the next run, as a worker killed between runs is
     out = exact(good, progress=False, workers=2)
     assert workers_mod._POOL["executor"] is not ex
