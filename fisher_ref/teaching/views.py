@@ -34,6 +34,7 @@ average over permutations is exactly 1, is what is left for alignment.
 """
 from __future__ import annotations
 
+import re
 import textwrap
 
 import numpy as np
@@ -316,5 +317,6 @@ def compact_table(rows, width=96):
         words = row.check
         for old, new in _LESSON_WORDS.items():
             words = words.replace(old, new)
+        words = re.sub(r"([<>=]=?) (\S)", "\\1\u00a0\\2", words)  # never wrap after "> "
         out += textwrap.wrap(words, width, initial_indent="    ", subsequent_indent="    ")
     return "\n".join(out)

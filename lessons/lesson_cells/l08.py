@@ -368,11 +368,11 @@ is a zero vector).
 
 ## Centering against reweighting
 
-Lesson 5 centered the score under $\mu$ instead of reweighting it. Centering is biased, since
-its gradient is a covariance under $\mu$, not $G$, but it multiplies by no ratio. With the
-relative bias, bias, and var the variance trace over $\|\omega G\|^2$, the relative MSE of
-$n$ groups is $\mathrm{bias}^2 + \mathrm{var}/n$: the smaller variance wins at small $n$,
-the smaller bias at large $n$. Predict the temperature sampler:
+Lesson 5 centered the score under $\mu$ instead of reweighting it. Centering is biased,
+since its gradient is a covariance under $\mu$, not $G$, but it multiplies by no ratio.
+Write bias for the relative bias and var for the variance trace divided by $\|\omega G\|^2$;
+then the relative MSE of $n$ groups is $\mathrm{bias}^2 + \mathrm{var}/n$: the smaller
+variance wins at small $n$, the smaller bias at large $n$. Predict the temperature sampler:
 """),
     *quiz("centering-or-is"),
     code("""
