@@ -71,3 +71,15 @@ def test_command_line_entry_point_still_works():
 def test_package_docstring_example():
     import doctest
     assert doctest.testmod(fisher_ref).failed == 0
+
+
+def test_no_test_puts_its_folder_before_site_packages():
+    """tests/torch would shadow torch in any process that starts from this one (the bench
+    spawns its sides): the test folder is appended to sys.path, never inserted first."""
+    import re
+    from pathlib import Path
+    tests = Path(__file__).parent
+    offenders = [str(p) for p in tests.rglob("*.py")
+                 if re.search(r"sys\.path\.insert\(0", p.read_text(encoding="utf-8"))
+                 and p.name != "test_package.py"]
+    assert not offenders, offenders

@@ -88,10 +88,7 @@ def test_output_layer_blocks_in_closed_form():
 
 
 def test_custom_architecture_autograd_matches_central_differences():
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).parents[1]))
-    from cases import masked_mlp, sine_model
+    from cases import masked_mlp, sine_model  # tests/ is on the path (conftest appends it)
     for model, th in (sine_model(), masked_mlp(vocab_size=4, context=2, embed_dim=2, hidden=3)):
         W = _windows(model.vocab_size, model.context)
         a = sensitivities(model, th, W)
