@@ -25,14 +25,6 @@ for _k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_N
 DEFAULT_CASES = ("v16_t5", "gpt2_p100k")
 
 
-def _commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def run_case(name, workers):
     """One case in this process: its record (a dict)."""
     import numpy as np
@@ -85,9 +77,10 @@ def main(argv=None):
         rec = json.loads(out.stdout.strip().splitlines()[-1])
         print(rec, flush=True)
         records.append(rec)
+    from fisher_ref.perf.scaling import git_commit
     doc = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, "
                       f"python {platform.python_version()}",
-           "commit": _commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
+           "commit": git_commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
            "records": records}
     with open(args.out, "w") as fh:
         json.dump(doc, fh, indent=1)

@@ -12,7 +12,6 @@ Prints the machine, the commit and whether the results agree at 1e-12.
 import argparse
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -25,15 +24,7 @@ from fisher_ref import load_config  # noqa: E402
 from fisher_ref.engine.fast import exact  # noqa: E402
 from fisher_ref.engine.shards import merge  # noqa: E402
 from fisher_ref.engine.workers import available_cores, shutdown  # noqa: E402
-from fisher_ref.perf.scaling import load_scale_config  # noqa: E402
-
-
-def _commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+from fisher_ref.perf.scaling import git_commit, load_scale_config  # noqa: E402
 
 
 def _load(name):
@@ -64,7 +55,7 @@ def main(argv=None):
     task = _load(args.config)
     print(f"machine: {platform.machine()} {platform.processor() or ''}, "
           f"{available_cores()} cores available; python {platform.python_version()}, "
-          f"numpy {np.__version__}; commit {_commit()}")
+          f"numpy {np.__version__}; commit {git_commit()}")
     print(f"load average before: {os.getloadavg()[0]:.2f} (other processes on the machine)")
     print(f"task: {args.config}: {exact.__module__}, P={task.model.num_params:,}, "
           f"V={task.model.vocab_size}, T={task.max_len}")

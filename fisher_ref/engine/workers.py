@@ -92,12 +92,18 @@ def local_workers(task, workers, kw):
     return n
 
 
-@contextmanager
 def _one_blas_thread():
     """The BLAS thread variables set to 1 while processes are started (they inherit the
     environment), then restored."""
-    old = {k: os.environ.get(k) for k in BLAS_THREAD_VARS}
-    os.environ.update({k: "1" for k in BLAS_THREAD_VARS})
+    return environment({k: "1" for k in BLAS_THREAD_VARS})
+
+
+@contextmanager
+def environment(values):
+    """The environment variables ``values`` (a dict of strings) set inside the block and
+    restored after it, as they were (a variable that was unset is unset again)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
         yield
     finally:

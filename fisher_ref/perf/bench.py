@@ -42,6 +42,8 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from fisher_ref.engine.workers import environment
+
 
 __all__ = ["MEASUREMENTS", "WORK", "LIKE_FOR_LIKE", "DEFAULT_REPEATS", "DEFAULT_THREADS", "PEER_SCRIPT",
            "measurements", "time_call", "bench", "format_table", "thread_report"]
@@ -198,19 +200,10 @@ class _Process:
         import multiprocessing as mp
         ctx = mp.get_context("spawn")
         self.name, (self.conn, child) = name, ctx.Pipe()
-        saved = {v: os.environ.get(v) for v in THREAD_VARS}
-        try:
-            if threads:
-                os.environ.update({v: str(threads) for v in THREAD_VARS})
+        with environment({v: str(threads) for v in THREAD_VARS} if threads else {}):
             self.proc = ctx.Process(target=_worker, args=(child, name, task_bytes, threads),
                                     daemon=True)
             self.proc.start()
-        finally:
-            for v, val in saved.items():
-                if val is None:
-                    os.environ.pop(v, None)
-                else:
-                    os.environ[v] = val
         self._expect("ready")
 
     def _expect(self, kind):

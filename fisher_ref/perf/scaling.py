@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["GRID", "BUDGET_TASK", "load_scale_config", "scale_task", "measure", "sweep",
-           "write_table", "plot", "budget_run", "engine_speedup", "machine"]
+           "write_table", "plot", "budget_run", "engine_speedup", "machine", "git_commit"]
 
 _SCALE_DIR = Path(str(resources.files("fisher_ref") / "configs" / "scale"))
 
@@ -126,6 +126,16 @@ def engine_speedup(task, repeats=3):
     out = {k: statistics.median(v) for k, v in runs.items()}
     out["speedup"] = out["reference_s"] / out["fast_s"]
     return out
+
+
+def git_commit(cwd=None):
+    """The short hash of the checkout's HEAD, or ``"unknown"`` outside a git checkout."""
+    import subprocess
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True, cwd=cwd).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def machine():
