@@ -401,8 +401,7 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         return result
     if shard is not None:  # a shard's result holds sums, its rows only when asked
         kw.update({k: False for k in ("keep_states", "keep_sequences") if kw[k] == "auto"})
-    run = Run(task, **kw, shard=shard)
-    run.budgets = budgets
+    run = Run(task, **kw, shard=shard, budgets=budgets)
     V, k, fisher = task.model.vocab_size, task.model.context, run.quantities == "fisher"
     cache = WindowCache(task, run.streams, run.keep_states, budgets.window_cache_bytes,
                         {} if fisher else _accumulated(run), moments=2 if fisher else 4,

@@ -31,7 +31,7 @@ import numpy as np
 from autograd import make_vjp
 
 from fisher_ref.engine.tree import carry, depth_first, expand, root_block, terminal
-from fisher_ref.engine.plan import (check_chunk, check_cost, count_states, estimate_cost,
+from fisher_ref.engine.plan import (DEFAULT_BUDGETS, check_chunk, check_cost, count_states, estimate_cost,
                                     resolve_keep)
 from fisher_ref.engine.shards import ShardWalk, first_reward
 from fisher_ref.numerics import log_softmax, softmax
@@ -273,8 +273,8 @@ class Run:
     kept per-state and per-response records)."""
 
     def __init__(self, task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes,
-                 progress, quantities="all", shard=None):
-        self.task, self.quantities = task, quantities
+                 progress, quantities="all", shard=None, budgets=DEFAULT_BUDGETS):
+        self.task, self.quantities, self.budgets = task, quantities, budgets
         self.streams, self.cost, self.keep_states, self.keep_sequences = plan(
             task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes, quantities)
         P, T = task.model.num_params, task.max_len
