@@ -31,8 +31,8 @@ import numpy as np
 from autograd import make_vjp
 
 from fisher_ref.engine.tree import carry, depth_first, expand, root_block, terminal
-from fisher_ref.engine.plan import (DEFAULT_BUDGETS, check_chunk, check_cost, count_states, estimate_cost,
-                                    resolve_keep)
+from fisher_ref.engine.plan import (DEFAULT_BUDGETS, check_chunk, check_cost, count_states,
+                                    estimate_cost, resolve_keep)
 from fisher_ref.engine.shards import ShardWalk, first_reward
 from fisher_ref.numerics import log_softmax, softmax
 from fisher_ref._progress import Progress
