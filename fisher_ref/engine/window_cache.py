@@ -225,10 +225,6 @@ class WindowCache:
         stream is its :math:`y_2 = \sum_a q_a (j_a - c)^2`."""
         a, dist = self.arrays, {"p": p[:, None, :], "q": q[:, None, :]}  # (u, 1, V)
         x2, xn = self.work(0, J.shape), self.work(1, J.shape)  # (u, V, P): powers of xi
-        if self.keep:  # first, while J holds j: sums over tokens as products with 1/V
-            u = np.full((1, J.shape[1]), 1.0 / J.shape[1])  # (1, V)
-            np.subtract(J, u @ J, out=xn)  # (u, V, P): j_a minus the uniform mean
-            a["uniform"][r] = (u @ np.multiply(xn, xn, out=xn))[:, 0]  # (u, P)
         means = [(c, (q if c == "q" else p if c == "p" else topk_weights(q, c))[:, None, :] @ J)
                  for c in self.centers]  # (u, 1, P) each: the centers
         for c, mean in means[1:]:
@@ -240,6 +236,10 @@ class WindowCache:
             np.multiply(xi, xi, out=x2)
             a[f"y{s}_1"][r] = (d @ xi)[:, 0]
             a[f"y{s}_2"][r] = (d @ x2)[:, 0]
+            if self.keep and s == 0:  # the spread about the uniform mean, from any center's
+                # moments: mean(xi^2) - mean(xi)^2 (at most rounding below 0); two reads
+                u = np.full(d.shape, 1.0 / d.shape[2])  # (u, 1, V)
+                np.maximum((u @ x2)[:, 0] - (u @ xi)[:, 0] ** 2, 0.0, out=a["uniform"][r])
             if f"y{s}_4" in a:
                 a[f"y{s}_3"][r] = (d @ np.multiply(x2, xi, out=xn))[:, 0]
                 a[f"y{s}_4"][r] = (d @ np.multiply(x2, x2, out=xn))[:, 0]

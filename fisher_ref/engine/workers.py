@@ -1,12 +1,19 @@
 """The shards of one exact run in local processes: ``exact(task, workers=N)``.
 
-Each worker runs ``exact(task, shard=(i, N))`` (:mod:`fisher_ref.engine.shards`) and
-sends back its sums; the parent merges them once. Workers are started with the
-``spawn`` method, with the BLAS thread counts set to 1 in their environment before
-they import numpy (and through ``threadpoolctl`` too when it is installed), so that
-``N`` workers use ``N`` cores, not ``N`` times the BLAS threads. The pool is kept for
-the next call of the same size (starting a process and importing numpy costs about
-a second), and ended at exit.
+Shard ``i`` of ``N`` is ``exact(task, shard=(i, N))`` (:mod:`fisher_ref.engine.shards`).
+Shards ``1..N-1`` run in ``N - 1`` worker processes, which send back their sums; shard
+0 runs in the calling process meanwhile (which would otherwise wait idle, and whose
+result then needs no pickling), and the caller merges them once. Workers are started
+with the ``spawn`` method, with the BLAS thread counts set to 1 in their environment
+before they import numpy, and through ``threadpoolctl`` too; the caller's own BLAS is
+held to one thread by ``threadpoolctl`` while it runs its shard. So ``N`` shards use
+``N`` cores, not ``N`` times the BLAS threads. The pool is kept for the next call of the
+same size (starting a process and importing numpy costs about a second), and ended at
+exit.
+
+Because shard 0 runs in the calling process, a reward or model that ends its process
+ends the caller's (as with ``workers=1``); one that fails in a worker is an error that
+names its shard.
 
 ``workers="auto"`` takes the cores this process may use, and 1 (no process at all)
 when the single-core estimate (:func:`fisher_ref.engine.plan.estimate_cost`) is under
@@ -26,6 +33,8 @@ import types
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
+
+from threadpoolctl import threadpool_limits
 
 from fisher_ref._progress import Progress
 from fisher_ref.engine.run import plan
@@ -115,11 +124,7 @@ def environment(values):
 
 
 def _init_worker():
-    try:  # the variables already hold BLAS to one thread; threadpoolctl where it is
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return
-    threadpool_limits(1)
+    threadpool_limits(1)  # the variables already hold BLAS to one thread; this too
 
 
 def _healthy(ex):
@@ -181,13 +186,14 @@ def _without_main():
 
 
 def _submit(ex, engine, task, n, kw):
-    return {ex.submit(engine, task, shard=(i, n), **kw): i for i in range(n)}
+    return {ex.submit(engine, task, shard=(i, n), **kw): i for i in range(1, n)}
 
 
 def run_shards(engine, task, n, kw, progress=False):
-    """``[engine(task, shard=(i, n), **kw) for i in range(n)]``, one process each
-    (``engine``: a module-level function, such as :func:`fisher_ref.exact`); with
-    ``progress``, a bar of the shards done on stderr once the run exceeds 2 s.
+    """``[engine(task, shard=(i, n), **kw) for i in range(n)]``: shard 0 in this process,
+    shards ``1..n-1`` in ``n - 1`` worker processes, one each (``engine``: a module-level
+    function, such as :func:`fisher_ref.exact`); with ``progress``, a bar of the shards
+    done on stderr once the run exceeds 2 s.
 
     Raises:
         ValueError: the task cannot be sent to a worker (:func:`unsendable` says why).
@@ -199,13 +205,21 @@ def run_shards(engine, task, n, kw, progress=False):
                          "use workers=1")
     with _one_blas_thread(), _without_main():  # processes start on submit, so set up
         try:
-            futures = _submit(_executor(n), engine, task, n, kw)
+            futures = _submit(_executor(n - 1), engine, task, n, kw)
         except BrokenProcessPool:  # the kept pool broke since its last run: start afresh
             shutdown()
-            futures = _submit(_executor(n), engine, task, n, kw)
+            futures = _submit(_executor(n - 1), engine, task, n, kw)
     out, bar = [None] * n, Progress(n, f"exact enumeration, shards of {n} workers",
                                     enabled=progress)
     try:
+        try:
+            with threadpool_limits(1):  # the workers' cores are busy: one thread here too
+                out[0] = engine(task, shard=(0, n), **kw)
+        except BaseException:
+            for f in futures:  # nothing of a failed run is kept; the pool stays usable
+                f.cancel()
+            raise
+        bar.update(1)
         for f in as_completed(futures):
             i = futures[f]
             try:

@@ -25,9 +25,9 @@ torch 20-50x slower). Each is warmed up once; then the measurements run in turn,
 average is recorded before every round. Reported: median and minimum wall time of each,
 the ratios ``median(fisher_ref) / median(other)`` and of the minima (below 1:
 fisher_ref is faster), the like-for-like ratio of the peer, and per measurement its torch threads, its BLAS threads
-(threadpoolctl's report when installed, else the environment) and its peak RSS.
+(threadpoolctl's report) and its peak RSS.
 ``isolate=False`` times in this process instead (threads pinned with
-``torch.set_num_threads`` and threadpoolctl when installed), for tasks that cannot be
+``torch.set_num_threads`` and threadpoolctl), for tasks that cannot be
 sent to another process (a Python callable reward).
 """
 from __future__ import annotations
@@ -156,18 +156,13 @@ def time_call(fn):
 
 def thread_report():
     """This process's thread settings: torch's intra-op threads (if torch is loaded), BLAS
-    thread pools (threadpoolctl when installed, else the environment variables)."""
-    out = {"torch_threads": None, "blas": None, "blas_source": None}
+    thread pools as threadpoolctl reports them)."""
+    from threadpoolctl import threadpool_info
+    out = {"torch_threads": None, "blas_source": "threadpoolctl"}
     if "torch" in sys.modules:
         out["torch_threads"] = sys.modules["torch"].get_num_threads()
-    try:
-        from threadpoolctl import threadpool_info
-        out["blas"] = [{"api": p.get("internal_api"), "threads": p.get("num_threads")}
-                       for p in threadpool_info()]
-        out["blas_source"] = "threadpoolctl"
-    except ImportError:
-        out["blas"] = {v: os.environ.get(v) for v in THREAD_VARS}
-        out["blas_source"] = "environment"
+    out["blas"] = [{"api": p.get("internal_api"), "threads": p.get("num_threads")}
+                   for p in threadpool_info()]
     return out
 
 
@@ -250,17 +245,16 @@ class _InProcess:
 def _pinned_here(threads):
     """Pin torch (and BLAS, with threadpoolctl) in this process; restore afterwards."""
     import torch
+    from threadpoolctl import threadpool_limits
     old = torch.get_num_threads()
-    with contextlib.ExitStack() as stack:
-        if threads:
-            torch.set_num_threads(threads)
-            with contextlib.suppress(ImportError):
-                from threadpoolctl import threadpool_limits
+    try:
+        with contextlib.ExitStack() as stack:
+            if threads:  # BLAS (and OpenMP) limited first: torch's own count set after
                 stack.enter_context(threadpool_limits(threads))
-        try:
+                torch.set_num_threads(threads)
             yield
-        finally:
-            torch.set_num_threads(old)
+    finally:  # after threadpoolctl restored the OpenMP pools it saw at entry
+        torch.set_num_threads(old)
 
 
 def _check_args(repeats, threads, names):

@@ -220,13 +220,34 @@ def test_workers_run_one_blas_thread():
     assert _blas_env(None) == before
 
 
+def _where(task, shard, **kw):
+    """A stand-in engine: which process ran the shard, and its BLAS thread counts."""
+    from threadpoolctl import threadpool_info
+    return shard, os.getpid(), sorted({p["num_threads"] for p in threadpool_info()})
+
+
+def test_shard_zero_runs_here_and_the_others_in_workers():
+    """The calling process runs shard 0 itself (one BLAS thread meanwhile) while n - 1
+    workers run the rest; a pool of n - 1 processes is kept."""
+    out = workers_mod.run_shards(_where, load_config("default"), 3, {})
+    assert [o[0] for o in out] == [(0, 3), (1, 3), (2, 3)]
+    assert out[0][1] == os.getpid() and os.getpid() not in (out[1][1], out[2][1])
+    assert all(o[2] == [1] for o in out), out
+    assert workers_mod._POOL["n"] == 2
+
+
 def _die(prompt, response):
-    os._exit(3)
+    """A reward that ends the process it runs in, when that is a worker (shard 0 runs in
+    the calling process, as with workers=1)."""
+    import multiprocessing
+    if multiprocessing.parent_process() is not None:
+        os._exit(3)
+    return 0.0
 
 
 def test_a_dead_worker_is_an_error_naming_its_shard():
     task = load_config("default").with_(reward=FunctionReward(_die))
-    with pytest.raises(RuntimeError, match=r"shard \d of 2"):
+    with pytest.raises(RuntimeError, match=r"shard 1 of 2"):
         exact(task, progress=False, workers=2)
     # the next run starts a fresh pool
     good = load_config("default")
