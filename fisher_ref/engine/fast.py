@@ -36,7 +36,8 @@ from fisher_ref.engine.tree import expand
 from fisher_ref.engine.reference import exact_reference
 from fisher_ref.engine.parent_sums import (fisher_sums, level_sums, parent_powers, prefix_starts, segment_sum,
                       window_products)
-from fisher_ref.results import GatheredStates, importance_weighted
+from fisher_ref.engine.moments import importance_weighted
+from fisher_ref.results import GatheredStates
 from fisher_ref.engine.run import (REACH, BlockArrays, Run, check_support, last_scores,
                                    reward_gradient, state_places)
 from fisher_ref.engine.run import plan

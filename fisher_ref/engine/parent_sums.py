@@ -219,7 +219,7 @@ def level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z=None, pure=None):
             :math:`H`, or ``None`` when they are added elsewhere (per window).
 
     Returns:
-        ``{name: sum}`` for :meth:`fisher_ref.results.Moments.add_sums`. Never here:
+        ``{name: sum}`` for :meth:`fisher_ref.engine.moments.Moments.add_sums`. Never here:
         the per-(window, token) terms :math:`\sum c\,\xi^n` of the reward and importance
         weights (``c = wR, wR^2, \rho w, \rho w R``), which are accumulated.
     """

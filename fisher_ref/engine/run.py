@@ -10,7 +10,7 @@ Both numpy engines (:mod:`fisher_ref.engine.reference`, the plain judge, and
   sensitivities :math:`j_{i,a}(s) = \partial z_a(s)/\partial\theta_i`;
 - :func:`stream_specs` names the streams (distribution drawn from, centering);
 - :class:`Run` walks every state depth-first in bounded blocks and accumulates
-  per-stream :class:`fisher_ref.results.Moments`, the autodiff gradient and the
+  per-stream :class:`fisher_ref.engine.moments.Moments`, the autodiff gradient and the
   kept per-state and per-response records;
 - :func:`autodiff_gradient` is the second route to the policy gradient: the
   derivative of the exact expected reward :math:`\sum_y P(y) R(y)` by the chain rule,
@@ -36,7 +36,8 @@ from fisher_ref.engine.plan import (DEFAULT_BUDGETS, check_chunk, check_cost, co
 from fisher_ref.engine.shards import ShardWalk, first_reward
 from fisher_ref.numerics import log_softmax, softmax
 from fisher_ref._progress import Progress
-from fisher_ref.results import ExactResult, Moments, check_quantities, finish_fisher, finish_stream
+from fisher_ref.engine.moments import Moments, finish_fisher, finish_stream
+from fisher_ref.results import ExactResult, check_quantities
 from fisher_ref.models.sensitivities import sensitivities
 from fisher_ref.tasks import require_task
 

@@ -22,7 +22,7 @@ baseline, the gradient, the variances) is formed once, after the merge.
   adding them (*silent* blocks: their arrays are formed, their children carried,
   nothing summed).
 - ``exact(task, shard=(i, n))`` returns a :class:`ShardResult`: the raw sums of each
-  stream (:class:`fisher_ref.results.Moments`), the autodiff gradient, and, when kept,
+  stream (:class:`fisher_ref.engine.moments.Moments`), the autodiff gradient, and, when kept,
   the shard's per-state and per-response rows with their places in the sorted arrays.
 - :func:`merge` adds the shards of one task and finishes once: the same
   :class:`fisher_ref.results.ExactResult` as a single run, to rounding.
@@ -39,10 +39,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fisher_ref.engine.moments import Moments, finish_fisher, finish_stream
 from fisher_ref.engine.plan import Cost, count_states
 from fisher_ref.engine.tree import take_rows
-from fisher_ref.results import (ExactResult, GatheredStates, Moments, finish_fisher,
-                                finish_stream)
+from fisher_ref.results import ExactResult, GatheredStates
 
 __all__ = ["UNITS_PER_SHARD", "ShardPlan", "ShardResult", "ShardWalk", "ShardError",
            "check_shard", "plan_shards", "first_reward", "merge"]
@@ -182,7 +182,7 @@ class ShardResult:
         shard: ``(i, n)``; key: the task's digest and the options that shape the result.
         quantities, streams, cost: as in the whole run (``cost`` of the whole run).
         moments: ``{stream: {field: value}}``, the fields of
-            :class:`fisher_ref.results.Moments`.
+            :class:`fisher_ref.engine.moments.Moments`.
         grad_ad: ``(P,)`` the shard's part of the autodiff gradient.
         states, sequences: this shard's per-state / per-response rows (``None`` when
             not kept), each with ``place``, its row in the sorted arrays.

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from cases import all_responses, get_task
+from fisher_ref import exact, load_config
 from fisher_ref.engine.reference import exact_reference
 from fisher_ref.engine.run import response_places, state_places
 
@@ -43,3 +44,17 @@ def test_response_places_are_the_lexicographic_order(V, T, eos, n_prompts, seed)
     rank[order] = np.arange(len(order))
     shuffle = np.random.default_rng(seed).permutation(len(order))
     assert np.array_equal(response_places(task, prompt[shuffle], resp[shuffle]), rank[shuffle])
+
+
+def test_the_walk_refuses_rows_it_did_not_write(monkeypatch):
+    """A walk that put two responses in one place (so left another place unwritten)
+    raises instead of returning uninitialised rows."""
+    import fisher_ref.engine.run as walk
+    real = walk.response_places
+    monkeypatch.setattr(walk, "response_places", lambda *a: np.minimum(real(*a), 3))
+    try:
+        exact(load_config("default"), progress=False, keep_sequences=True)
+    except RuntimeError as e:
+        assert "places" in str(e)
+    else:
+        raise AssertionError("a walk that misses places must raise")
