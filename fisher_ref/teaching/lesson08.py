@@ -1,8 +1,8 @@
 """Lesson 8's quizzes and exercises (which RL estimator is unbiased?), as data.
 
-The quizzes are rows of :class:`fisher_ref.teaching.quizzes.Quiz` arguments
+The quizzes are rows of :class:`fisher_ref.teaching.quiz_bank.Quiz` arguments
 (``QUIZ_ROWS``) and the exercises :class:`fisher_ref.teaching.exercise.Exercise` s
-(``EXERCISES``); :mod:`fisher_ref.teaching.quizzes` and
+(``EXERCISES``); :mod:`fisher_ref.teaching.quiz_bank` and
 :mod:`fisher_ref.teaching.exercises` register them in their one registry each. This
 module imports numpy only (the teaching layer does not import :mod:`fisher_ref.estimators`;
 the checkers compute their references by their own route), so
