@@ -7,9 +7,10 @@ a function ``judge(value, namespace) -> (ok, message)``; :func:`close_to` builds
 the common one, an elementwise comparison with a reference the judge computes
 itself from the setup's variables. :func:`matches` tells whether a wrong answer is
 one of the recorded mistakes, so the feedback can name it. The lessons' exercises
-live in :mod:`fisher_ref.teaching.exercises` (lessons 0-6) and
+live in :mod:`fisher_ref.teaching.exercise_bank` (lessons 0-6) and
 :mod:`fisher_ref.teaching.exercises_transformer` (lesson 7);
-:mod:`fisher_ref.teaching.exercises` holds the one registry and the notebook API.
+:mod:`fisher_ref.teaching.exercise_bank` holds the one registry and
+:mod:`fisher_ref.teaching.exercises` the notebook API.
 """
 from __future__ import annotations
 

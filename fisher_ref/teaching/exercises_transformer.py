@@ -2,7 +2,7 @@
 
 Each judge computes its reference from the model itself (:meth:`unpack` of a vector, the
 model's spec), not from the solution's route. They join the one registry in
-:mod:`fisher_ref.teaching.exercises`.
+:mod:`fisher_ref.teaching.exercise_bank`.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The quizzes are rows of :class:`fisher_ref.teaching.quiz_bank.Quiz` arguments
 (``QUIZ_ROWS``) and the exercises :class:`fisher_ref.teaching.exercise.Exercise` s
 (``EXERCISES``); :mod:`fisher_ref.teaching.quiz_bank` and
-:mod:`fisher_ref.teaching.exercises` register them in their one registry each. This
+:mod:`fisher_ref.teaching.exercise_bank` register them in their one registry each. This
 module imports numpy only (the teaching layer does not import :mod:`fisher_ref.estimators`;
 the checkers compute their references by their own route), so
 ``import fisher_ref.teaching.quizzes`` stays light.

@@ -1,0 +1,86 @@
+"""The references the judges of lessons 0-6's exercises compute, each by its own route
+from the setup's variables (not the solution's), and the judge of the open-ended
+exercise ``anti-aligned``. The exercises themselves are in
+:mod:`fisher_ref.teaching.exercise_bank`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fisher_ref.models.base import ModelSpec
+from fisher_ref.models.sensitivities import sensitivities
+from fisher_ref.numerics import softmax, token_fisher, uniform_token_fisher
+from fisher_ref.teaching.training import policy_gradient
+from fisher_ref.teaching.views import concentration
+
+
+def _anti_aligned(value, ns):
+    """Accept ``(p, j)`` with f/f_unif < 1 and alignment factor f/(kappa f_unif) > 1."""
+    try:
+        p, j = (np.asarray(v, dtype=float) for v in value)
+    except (TypeError, ValueError):
+        return False, "set answer = (p, j): two arrays of the same length V"
+    if p.ndim != 1 or j.shape != p.shape or p.size < 2:
+        return False, f"p and j must be vectors of one length V >= 2, got {p.shape} and {j.shape}"
+    if not (np.all(np.isfinite(j)) and np.all(p >= 0) and abs(p.sum() - 1) <= 1e-9):
+        return False, "p must be a probability vector (non-negative, summing to 1), j finite"
+    f = float(token_fisher(p, j[None])[0])
+    fu = float(uniform_token_fisher(j[None])[0])
+    if fu <= 0:
+        return False, "j moves every logit alike, so f_unif = 0 and the ratio is undefined"
+    kappa = float(concentration(p))
+    ratio, a = f / fu, f / (kappa * fu) if kappa > 0 else np.inf
+    ok = ratio < 1 < a
+    return ok, (f"f/f_unif = {ratio:.3f}, alignment factor alpha = {a:.3f}: "
+                + ("below uniform, yet above its shuffles" if ok else
+                   "need f/f_unif < 1 and alpha > 1"))
+
+
+def _expected_params(ns):
+    return ModelSpec(vocab_size=12, context=2, embed_dim=8, hidden=32).num_params
+
+
+def _expected_mean_length(ns):
+    """E[number of drawn tokens] from the states: each drawn token is one state reached."""
+    return ns["r"].states["reach"].sum()
+
+
+def _expected_b2(ns):
+    J = sensitivities(ns["task"].model, ns["task"].theta, ns["window"])  # (1, P, V)
+    return J[0, ns["off"]:ns["off"] + ns["V"]]
+
+
+def _expected_one_token(ns):
+    return token_fisher(ns["p"], np.eye(5)[:1])[0]
+
+
+def _expected_concentration(ns):
+    return concentration(softmax(ns["betas"][:, None] * ns["z"][None]))  # (B,)
+
+
+def _expected_adam2(ns):
+    tr = policy_gradient(ns["task"], steps=2, lr=ns["lr"], optimizer="adam", eps=ns["eps"])
+    return tr.thetas[2] - tr.thetas[1]
+
+
+def _expected_overlaps(ns):
+    """Top-n overlap of F with cap * corr**s, from sorted index sets (rank order by F)."""
+    n, F = ns["n"], ns["F"]
+    by_f = set(np.argsort(-F, kind="stable")[:n].tolist())
+    out = []
+    for s in ns["svals"]:
+        g_s = ns["cap"] * ns["corr"] ** s                  # (P,) |G_s|; corr ** 0 = 1
+        out.append(len(by_f & set(np.argsort(-g_s, kind="stable")[:n].tolist())) / n)
+    return np.array(out)
+
+
+def _expected_c_best(ns):
+    raw, g = ns["raw"], ns["g"]
+    cs = np.array([-1.0, 0.0, 1.0])
+    d2 = [np.sum((raw.gradient_with_constant(c) - g) ** 2) for c in cs]  # a parabola in c
+    a, b, _ = np.polyfit(cs, d2, 2)
+    return -b / (2 * a)
+
+
+def _expected_needed(ns):
+    return np.ceil(ns["var_h2"] / (0.01 * ns["F"]) ** 2)
