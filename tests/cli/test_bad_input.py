@@ -22,7 +22,6 @@ import pytest
 from fisher_ref import Task, exact, load_config, task_from_json
 from fisher_ref.cli import main
 from fisher_ref.engine.plan import EnumerationTooLarge, count_states
-from fisher_ref.fileio import FileProblem, atomic_output
 from fisher_ref.limits import MAX_PARAMS
 from fisher_ref.models.function import FunctionModel
 from fisher_ref.monte_carlo.sampling import estimate, sample
@@ -366,26 +365,6 @@ def test_failed_export_write_exits_2_and_leaves_no_file(tmp_path, capsys, monkey
     monkeypatch.undo()
     assert rc == 2 and os.strerror(err) in msg, msg
     assert list(tmp_path.iterdir()) == []  # no file, no temporary left behind
-
-
-@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EACCES], ids=["disk-full", "denied"])
-def test_atomic_output_names_the_path_and_cleans_up(tmp_path, monkeypatch, err):
-    target = tmp_path / "out.json"
-    target.write_text("old")
-    real_replace = os.replace
-    monkeypatch.setattr(os, "replace",
-                        lambda s, d: (_ for _ in ()).throw(OSError(err, os.strerror(err), d)))
-    with pytest.raises(FileProblem, match=f"{target.name}.*{os.strerror(err)}"):
-        with atomic_output(target) as tmp:
-            with open(tmp, "w") as fh:
-                fh.write("new")
-    monkeypatch.setattr(os, "replace", real_replace)
-    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["out.json"]
-    # a write that fails inside the block (disk full mid-write) also names the path
-    with pytest.raises(FileProblem, match="out.json"):
-        with atomic_output(target):
-            raise OSError(errno.ENOSPC, "No space left on device")
-    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
 
 
 # ---------------------------------------------------------------- valid edges
