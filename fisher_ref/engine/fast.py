@@ -38,7 +38,7 @@ from fisher_ref.engine.parent_sums import (fisher_sums, level_sums, parent_power
                       window_products)
 from fisher_ref.engine.moments import importance_weighted
 from fisher_ref.results import GatheredStates
-from fisher_ref.engine.run import (REACH, BlockArrays, Run, check_support, last_scores,
+from fisher_ref.engine.run import (BlockArrays, Run, check_support, last_scores,
                                    reward_gradient, state_places)
 from fisher_ref.engine.run import plan
 from fisher_ref.engine.shards import merge
@@ -91,24 +91,24 @@ def _block_arrays(run, cache, block):
     path sums are formed per sub-block (:func:`_last_level`), and ``G`` is ``None`` (as in
     every block with ``quantities="fisher"``, which forms no path sums)."""
     task, S = run.task, len(run.streams)
-    B, d = block["prompt"].shape[0], block["depth"]
-    W = task.model.windows(block["tokens"], block["length"])  # (B, k)
-    block["wid"] = cache.ids(W)  # (B,) run-wide window ids
-    both = cache.rows(np.concatenate([block["wid"], block["wpath"][:, :d].ravel()]))
-    rows, block["path_rows"] = both[:B], both[B:].reshape(B, d)  # cache rows of states, ancestors
+    B, d = block.size, block.depth
+    W = task.model.windows(block.tokens, block.length)  # (B, k)
+    block.wid = cache.ids(W)  # (B,) run-wide window ids
+    both = cache.rows(np.concatenate([block.wid, block.wpath[:, :d].ravel()]))
+    rows, block.path_rows = both[:B], both[B:].reshape(B, d)  # cache rows of states, ancestors
     a = cache.arrays
     p, q = a["p"][rows], a["q"][rows]  # (B, V)
     if task.sampler is not None:
         check_support(block, p, q)
-    silent = block.get("silent", False)  # above a shard's units: added by another shard
+    silent = block.silent  # above a shard's units: added by another shard
     for s, (_, wname, _) in enumerate(run.streams if not silent else ()):
-        cache.accumulate_states(s, rows, block[REACH[wname]], d)  # per window, later
+        cache.accumulate_states(s, rows, block.reach(wname), d)  # per window, later
     run.bar.update(0 if silent else B)
     if run.keep_states and not silent:  # the per-window arrays: by window id (_kept_by_window)
-        run.keep_state_arrays(block, p, q, {"window": block["wid"]},
+        run.keep_state_arrays(block, p, q, {"window": block.wid},
                               at=state_places(task, block))
     xiT = [a[f"xi{stream.center}"] for stream in run.streams]  # S arrays (n, V, P)
-    G = block.get("G")  # (S, B, P): this block's own rows (depth_first splits without overlap)
+    G = block.G  # (S, B, P): this block's own rows (depth_first splits without overlap)
     for s in range(S if G is not None else 0):
         G[s] += a[f"y{s}_2"][rows]
     return BlockArrays(p, q, rows, xiT, G)
@@ -133,13 +133,13 @@ def _carry(run, block, par, tok, arrs):
     states) carry instead their parent rows ``src (C,)`` and the parents' ``H`` and
     ``G`` (``from``): :func:`_last_level` forms theirs a sub-block at a time, so that
     the arrays of a whole level are never written out."""
-    path = block["wpath"][par]  # (C, T)
-    path[:, block["depth"]] = block["wid"][par]
-    if block["depth"] + 2 == run.task.max_len:
-        return {"wpath": path, "src": par, "from": (block["H"], arrs.G)}
+    path = block.wpath[par]  # (C, T)
+    path[:, block.depth] = block.wid[par]
+    if block.depth + 2 == run.task.max_len:
+        return {"wpath": path, "src": par, "parents": (block.H, arrs.G)}
     xi = last_scores(arrs, par, tok)
     xi = xi[0][None] if len(xi) == 1 else np.stack(xi)  # (S, C, P)
-    H = np.take(block["H"], par, axis=1, mode="clip")  # (S, C, P): par holds valid rows
+    H = np.take(block.H, par, axis=1, mode="clip")  # (S, C, P): par holds valid rows
     H += xi
     if run.quantities == "fisher":  # neither path sums nor cross terms
         return {"H": H, "wpath": path}
@@ -151,8 +151,8 @@ def _sub_arrays(block, arrs, s, sl, gen):
     """Stream ``s``'s running score sums ``H`` and path sums ``G`` (``(b, P)`` each) of the
     block's parents ``sl``, slices of the arrays they carry; and ``hist_at(t, rows)``,
     their score at slot ``t`` (:func:`fisher_ref.engine.parent_sums.history_cross`)."""
-    H, G, last = block["H"][s, sl], arrs.G[s, sl], block["last"][sl, s]
-    return H, G, _history(arrs.xiT[s], block["path_rows"][sl], gen[sl], last)
+    H, G, last = block.H[s, sl], arrs.G[s, sl], block.last[sl, s]
+    return H, G, _history(arrs.xiT[s], block.path_rows[sl], gen[sl], last)
 
 
 def _history(xi, prow, gen, last):
@@ -167,8 +167,8 @@ def _last_H(block, arrs, s, sl, gen, out):
     r"""Stream ``s``'s running score sums of the last level's parents ``sl``,
     :math:`H = H_{parent} + \xi_{last}`, written into ``out (b, P)``; returns
     :math:`\xi_{last}`."""
-    d, H0, src = block["depth"], block["from"][0], block["src"][sl]
-    prow, g = block["path_rows"][sl], gen[sl]
+    d, H0, src = block.depth, block.parents[0], block.src[sl]
+    prow, g = block.path_rows[sl], gen[sl]
     last = arrs.xiT[s][prow[:, d - 1], g[:, d - 1]]  # (b, P)
     np.take(H0[s], src, axis=0, out=out, mode="clip")
     out += last
@@ -182,7 +182,7 @@ def _last_level(cache, block, arrs, s, sl, gen, W, r):
     sums :math:`\sum_g W_g G_g` and :math:`\sum_g W_g G_g^2` with
     :math:`G_g = G_{parent} + m_g`, expanded per parent (all terms nonnegative); and
     ``hist_at``."""
-    G0, src, prow, g = block["from"][1], block["src"][sl], block["path_rows"][sl], gen[sl]
+    G0, src, prow, g = block.parents[1], block.src[sl], block.path_rows[sl], gen[sl]
     rows, a = arrs.rows[sl], cache.arrays
     H = cache.reserve(len(src), arrs.xiT[s].shape[2])
     last = _last_H(block, arrs, s, sl, gen, H)
@@ -201,10 +201,10 @@ def _terminal_children(task, block, arrs, idx):
     """The complete responses among the block's children ``idx`` (rows ``b*V + a``): ``B``
     parents, ``k`` terminal tokens ``K (k,)`` under each, the last token ``tok (B*k,)`` and
     the child block ``done`` of every response, the parents' generated tokens ``gen (B, d)``."""
-    B, d = block["prompt"].shape[0], block["depth"]
+    B, d = block.size, block.depth
     k = len(idx) // B
     _, tok, done = expand(task, block, idx, arrs.p, arrs.q, tokens=False)
-    gen = block["tokens"][np.arange(B)[:, None], (block["length"] - d)[:, None] + np.arange(d)]
+    gen = block.tokens[np.arange(B)[:, None], (block.length - d)[:, None] + np.arange(d)]
     return B, k, idx[:k] % task.model.vocab_size, tok, done, gen
 
 
@@ -219,17 +219,17 @@ def _complete(run, cache, batch, block, arrs, idx):
     """The complete responses among the block's children ``idx`` (the same tokens ``K``
     under every parent): their rewards at once, the sums of each stream (weights per
     window and token, then per parent), the autodiff queue and the kept records."""
-    task, d = run.task, block["depth"]
+    task, d = run.task, block.depth
     B, k, K, tok, done, gen = _terminal_children(task, block, arrs, idx)
     resp = np.full((B * k, task.max_len), -1, dtype=np.int64)  # (C, T)
     resp[:, :d], resp[:, d] = np.repeat(gen, k, axis=0), tok
-    R = task.reward.batch(resp, np.full(B * k, d + 1), task.prompts, done["prompt"])  # (C,)
+    R = task.reward.batch(resp, np.full(B * k, d + 1), task.prompts, done.prompt)  # (C,)
     weights = [_stream_weights(run, cache, s, block, arrs, done, K, R)
                for s in range(len(run.streams))]
     _parent_sums(run, cache, block, arrs, gen, K, weights)
-    path = np.repeat(block["wpath"], k, axis=0)  # (C, T)
-    path[:, d] = np.repeat(block["wid"], k)
-    if batch.add(path, resp, d + 1, done["prompt"], R):
+    path = np.repeat(block.wpath, k, axis=0)  # (C, T)
+    path[:, d] = np.repeat(block.wid, k)
+    if batch.add(path, resp, d + 1, done.prompt, R):
         run.grad_ad += batch.flush()
     run.keep_responses(done, resp, R)
 
@@ -239,16 +239,16 @@ def _stream_weights(run, cache, s, block, arrs, done, K, R):
     weights of its per-(window, token) sums and of its sums without ``H`` handed to the
     window cache."""
     name, wname = run.streams[s].name, run.streams[s].drawn_from
-    mom, r, B = run.moments[name], block[REACH[wname]], block["prompt"].shape[0]
-    w = done[REACH[wname]].reshape(B, len(K))  # (B, k)
+    mom, r, B = run.moments[name], block.reach(wname), block.size
+    w = done.reach(wname).reshape(B, len(K))  # (B, k)
     mom.add_reward_spread(w.ravel(), R)
     Rc = mom.centered(R).reshape(w.shape)
     wR = w * Rc
-    rho_w = importance_weighted(w, done["rp"].reshape(w.shape)) if wname == "q" else None
+    rho_w = importance_weighted(w, done.rp.reshape(w.shape)) if wname == "q" else None
     acc = [wR, wR, wR * Rc] if rho_w is None else [rho_w, rho_w * Rc, wR, wR, wR * Rc]
     cache.accumulate(s, arrs.rows, K, np.stack(acc, axis=1))  # see _accumulated
     if len(K) == run.task.model.vocab_size:  # w = r q: the sums without H, per window
-        cache.accumulate_reach(s, arrs.rows, r, block["depth"])
+        cache.accumulate_reach(s, arrs.rows, r, block.depth)
     return mom, arrs.xiT[s], w, Rc, rho_w, r
 
 
@@ -256,14 +256,14 @@ def _parent_sums(run, cache, block, arrs, gen, K, weights):
     """Every sum of :func:`fisher_ref.engine.parent_sums.level_sums`, parents in sub-blocks (bounded
     temporaries); with every token terminal, the reward-weighted products per window
     later."""
-    B, full = block["prompt"].shape[0], len(K) == run.task.model.vocab_size
+    B, full = block.size, len(K) == run.task.model.vocab_size
     for sl in _sub_blocks(B, run.task.model.num_params, run.budgets.sub_elements):
-        starts = prefix_starts(block["prompt"][sl], gen[sl])
+        starts = prefix_starts(block.prompt[sl], gen[sl])
         rows = arrs.rows[sl]
         for s, (mom, xi, w, Rc, rho_w, r) in enumerate(weights):
             w, Rc, rho_w = w[sl], Rc[sl], None if rho_w is None else rho_w[sl]
             C = np.stack([w * Rc, w * Rc * Rc], axis=1)  # (b, 2, k)
-            if "src" in block:  # the last level: every token terminal
+            if block.src is not None:  # the last level: every token terminal
                 H, X, g, g2, hist_at = _last_level(cache, block, arrs, s, sl, gen,
                                                    w.sum(axis=1), r[sl])
                 cache.defer(s, rows, C, H, ("Rh2", "R2h2"), r[sl])
@@ -287,20 +287,20 @@ def _complete_fisher(run, cache, block, arrs, idx):
     add only their probability, :math:`\sum w\,h` and :math:`\sum w\,h^2` per stream
     (:func:`fisher_ref.engine.parent_sums.fisher_sums`; with every token terminal, the terms without
     ``H`` per window, :meth:`WindowCache.accumulate_reach`). No rewards are evaluated."""
-    task, d, P = run.task, block["depth"], run.task.model.num_params
+    task, d, P = run.task, block.depth, run.task.model.num_params
     B, k, K, _, done, gen = _terminal_children(task, block, arrs, idx)
     full = k == task.model.vocab_size
     for s, stream in enumerate(run.streams):
         name, wname = stream.name, stream.drawn_from
-        r, w = block[REACH[wname]], done[REACH[wname]].reshape(B, k)  # (B,), (B, k)
+        r, w = block.reach(wname), done.reach(wname).reshape(B, k)  # (B,), (B, k)
         if full:
             cache.accumulate_reach(s, arrs.rows, r, d)
         for sl in _sub_blocks(B, P, run.budgets.sub_elements):
-            if "src" in block:  # the last level: H formed from the parents' rows
+            if block.src is not None:  # the last level: H formed from the parents' rows
                 H = cache.work(2, (len(w[sl]), P))
                 _last_H(block, arrs, s, sl, gen, H)
             else:
-                H = block["H"][s, sl]
+                H = block.H[s, sl]
             X = parent_powers(cache.arrays, s, arrs.xiT[s], arrs.rows[sl], K, r[sl], w[sl],
                               1 if full else 2)  # X_1 (and X_2 when summed here)
             run.moments[name].add_sums(**fisher_sums(H, w[sl].sum(axis=1), *X))
@@ -415,8 +415,8 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     batch = _AutodiffBatch(task, cache, budgets.autodiff_rows)
 
     def block_arrays(block):
-        if "wpath" not in block:  # the root: nothing generated yet
-            n, S, P = block["prompt"].shape[0], len(run.streams), task.model.num_params
+        if block.wpath is None:  # the root: nothing generated yet
+            n, S, P = block.size, len(run.streams), task.model.num_params
             block.update(wpath=np.zeros((n, task.max_len), dtype=np.int64),
                          last=np.zeros((n, S, P)))
         return _block_arrays(run, cache, block)

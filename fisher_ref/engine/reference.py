@@ -31,7 +31,7 @@ from fisher_ref.engine.plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS
 from fisher_ref.engine.tree import carry, responses
 from fisher_ref.numerics import (mean_sensitivity, token_fisher, token_second_moment,
                                  uniform_token_fisher)
-from fisher_ref.engine.run import (REACH, BlockArrays, Run, autodiff_gradient, check_support,
+from fisher_ref.engine.run import (BlockArrays, Run, autodiff_gradient, check_support,
                                    checked_sensitivities, children, model_probs)
 from fisher_ref.numerics import topk_center
 
@@ -41,7 +41,7 @@ __all__ = ["exact_reference", "topk_center"]
 def _block_arrays(run, block):
     """Every state's probabilities, sensitivities and scores, computed per state."""
     task = run.task
-    W = task.model.windows(block["tokens"], block["length"])  # (B, k)
+    W = task.model.windows(block.tokens, block.length)  # (B, k)
     p, q = model_probs(task, task.theta, W)  # (B, V) each
     if task.sampler is not None:
         check_support(block, p, q)
@@ -56,7 +56,7 @@ def _block_arrays(run, block):
         ms.append(token_second_moment(dist[wname], J, center))  # (B, P)
         conds.append(np.einsum("bv,bpv->bp", dist[wname], xi))  # (B, P): E[xi | s]
         xiT.append(xi.transpose(0, 2, 1))  # (B, V, P)
-    run.add_states({"p": block["rp"], "q": block["rq"]}, ms, conds, block["depth"], p.shape[0])
+    run.add_states({"p": block.rp, "q": block.rq}, ms, conds, block.depth, p.shape[0])
     if run.keep_states:
         kept = {"token_fisher": token_fisher(p, J), "uniform": uniform_token_fisher(J),
                 "score_mean": np.einsum("bv,bvp->bp", p, xiT[0])}
@@ -64,7 +64,7 @@ def _block_arrays(run, block):
             kept.update({"sampler_token_fisher": token_fisher(q, J),
                          "raw_score_mean": np.einsum("bv,bvp->bp", q, xiT[0])})
         run.keep_state_arrays(block, p, q, kept)
-    return BlockArrays(p, q, np.arange(p.shape[0]), xiT, block["G"] + np.stack(ms))
+    return BlockArrays(p, q, np.arange(p.shape[0]), xiT, block.G + np.stack(ms))
 
 
 def _complete(run, block, arrs, idx):
@@ -76,10 +76,10 @@ def _complete(run, block, arrs, idx):
     resp, R, plen = responses(task, done)
     for s, stream in enumerate(run.streams):
         name, wname = stream.name, stream.drawn_from
-        run.moments[name].add_responses(done[REACH[wname]], R, done["hist"][s], done["G"][s],
-                                        done["rp"])
-    run.grad_ad += autodiff_gradient(task, task.theta, done["tokens"], done["length"], plen,
-                                      task.prompt_weights[done["prompt"]], R)
+        run.moments[name].add_responses(done.reach(wname), R, done.hist[s], done.G[s],
+                                        done.rp)
+    run.grad_ad += autodiff_gradient(task, task.theta, done.tokens, done.length, plen,
+                                      task.prompt_weights[done.prompt], R)
     run.keep_responses(done, resp, R)
 
 

@@ -41,13 +41,10 @@ from fisher_ref.results import ExactResult, check_quantities
 from fisher_ref.models.sensitivities import sensitivities
 from fisher_ref.tasks import require_task
 
-__all__ = ["REACH", "BlockArrays", "Stream", "check_topk", "stream_specs", "check_logits",
+__all__ = ["BlockArrays", "Stream", "check_topk", "stream_specs", "check_logits",
            "model_probs", "checked_sensitivities", "check_support", "autodiff_gradient",
            "reward_gradient", "plan", "state_places", "response_places", "children", "last_scores",
            "Run"]
-
-# Block key of the reach probability under each distribution a stream draws from.
-REACH = {"p": "rp", "q": "rq"}
 
 #: What a block's states pass on to their children: probabilities ``p, q (B, V)``,
 #: ``rows (B,)`` the row of each state in the ``xiT`` arrays, ``xiT`` one array
@@ -122,13 +119,13 @@ def checked_sensitivities(task, W, tokens_first=False, out=None):
 
 
 def check_support(block, p, q):
-    bad = (p > 0) & (q == 0) & (block["rp"][:, None] > 0)  # (B, V)
+    bad = (p > 0) & (q == 0) & (block.rp[:, None] > 0)  # (B, V)
     if bad.any():
         b, a = map(int, np.argwhere(bad)[0])
-        state = block["tokens"][b, :block["length"][b]].tolist()
+        state = block.tokens[b, :block.length[b]].tolist()
         raise ValueError(
             f"the sampler gives probability 0 to token {a} at state {state} (prompt "
-            f"{int(block['prompt'][b])}), which the policy emits with probability {p[b, a]:.3g}; "
+            f"{int(block.prompt[b])}), which the policy emits with probability {p[b, a]:.3g}; "
             "responses the policy can produce would never be sampled, so importance "
             "weights p/mu are undefined there")
 
@@ -217,14 +214,14 @@ def state_places(task, block):
     Per prompt there are :math:`\beta^t` open states at depth ``t`` (``beta = V - 1``
     with EOS, whose open states never hold token 0; ``V`` without), in
     lexicographic order of their generated tokens."""
-    V, T, d = task.model.vocab_size, task.max_len, block["depth"]
+    V, T, d = task.model.vocab_size, task.max_len, block.depth
     low = 1 if task.model.eos else 0
     beta = V - low
-    gen = block["tokens"][np.arange(block["prompt"].shape[0])[:, None],
-                          (block["length"] - d)[:, None] + np.arange(d)]  # (B, d)
+    gen = block.tokens[np.arange(block.size)[:, None],
+                          (block.length - d)[:, None] + np.arange(d)]  # (B, d)
     rank = (gen - low) @ (beta ** np.arange(d - 1, -1, -1, dtype=np.int64))  # (B,)
     per_prompt = sum(beta ** t for t in range(T))
-    return block["prompt"] * per_prompt + sum(beta ** t for t in range(d)) + rank
+    return block.prompt * per_prompt + sum(beta ** t for t in range(d)) + rank
 
 
 def response_places(task, prompt, resp):
@@ -301,9 +298,10 @@ class Run:
             block_arrays: ``block -> BlockArrays``; adds the block's token-level terms.
             complete: ``(block, arrs, idx)`` adds the complete responses, children
                 ``idx`` (rows ``b*V + a``, sorted) of the block.
-            carry: ``(block, par, tok, arrs) -> dict``, the arrays the children with
-                parent rows ``par (C,)`` and last tokens ``tok (C,)`` carry (default:
-                :func:`fisher_ref.engine.plan.carry` of their last tokens' scores).
+            carry: ``(block, par, tok, arrs) -> {field: value}``, the
+                :class:`fisher_ref.engine.tree.Block` fields the children with parent rows
+                ``par (C,)`` and last tokens ``tok (C,)`` carry (default:
+                :func:`fisher_ref.engine.tree.carry` of their last tokens' scores).
         """
         carry = carry or _scored_carry
         stack = [root_block(self.task, len(self.streams), carried)]
@@ -312,7 +310,7 @@ class Run:
         for block in depth_first(stack, self.cost.chunk):
             arrs = block_arrays(block)
             term = terminal(self.task, block)  # (B*V,)
-            if term.any() and not block.get("silent"):  # complete responses
+            if term.any() and not block.silent:  # complete responses
                 complete(block, arrs, np.flatnonzero(term))
             if not term.all():
                 idx = np.flatnonzero(~term)
@@ -341,11 +339,11 @@ class Run:
         the sorted per-state arrays; else keep the block's records, sorted at the end."""
         if not self.keep_states:
             return
-        n = block["prompt"].shape[0]
-        rec = {"tokens": block["tokens"][:, :self.width], "prompt": block["prompt"],
-               "depth": np.full(n, block["depth"]), "reach": block["rp"], "probs": p}
+        n = block.size
+        rec = {"tokens": block.tokens[:, :self.width], "prompt": block.prompt,
+               "depth": np.full(n, block.depth), "reach": block.rp, "probs": p}
         if self.task.sampler is not None:
-            rec.update({"sampler_reach": block["rq"], "sampler_probs": q})
+            rec.update({"sampler_reach": block.rq, "sampler_probs": q})
         rec.update(values)
         if at is None:
             rec["tokens"] = rec["tokens"].copy()  # not a view that keeps the block alive
@@ -376,9 +374,9 @@ class Run:
         written straight into its sorted place (:func:`response_places`)."""
         if not self.keep_sequences:
             return
-        rec = {"tokens": resp, "prompt": done["prompt"], "prob": done["rp"],
-               "sampler_prob": done["rq"], "reward": R}
-        at = response_places(self.task, done["prompt"], resp)
+        rec = {"tokens": resp, "prompt": done.prompt, "prob": done.rp,
+               "sampler_prob": done.rq, "reward": R}
+        at = response_places(self.task, done.prompt, resp)
         if self.shard is not None:
             return self.shard.keep("sequences", rec, at)
         if not isinstance(self.seqs, dict):  # the first block: room for every response

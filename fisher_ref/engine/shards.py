@@ -323,9 +323,9 @@ class ShardWalk:
 
     def roots(self, root):
         """The prompts' states this shard walks, as blocks: those it adds and the silent
-        ones above its units (``block["silent"]``), each with its ``shard_key``."""
+        ones above its units (``block.silent``), each with its ``shard_key``."""
         out = []
-        for rows, extra in self._split(root["prompt"], 0):
+        for rows, extra in self._split(root.prompt, 0):
             block = take_rows(root, rows)
             block.update(extra)
             out.append(block)
@@ -334,10 +334,10 @@ class ShardWalk:
     def children(self, block, idx):
         """``[(idx, extra)]``: the open children ``idx`` (rows ``b*V + a``) of a block this
         shard walks, in blocks of silent or added states, and what each block carries."""
-        d, V = block["depth"], self.task.model.vocab_size
+        d, V = block.depth, self.task.model.vocab_size
         if d >= self.plan.depth:  # inside this shard's units
             return [(idx, {})]
-        keys = self.plan.child_keys(block["shard_key"][idx // V], d, idx % V)
+        keys = self.plan.child_keys(block.shard_key[idx // V], d, idx % V)
         return [(idx[rows], extra) for rows, extra in self._split(keys, d + 1)]
 
     def _split(self, keys, depth):

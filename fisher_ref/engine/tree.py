@@ -1,28 +1,88 @@
 r"""The walk over the prefix tree, shared by both numpy engines.
 
 States are visited depth-first in blocks of at most ``chunk`` rows (:func:`depth_first`),
-so memory stays bounded by one block's children, not by ``V^T``. A *block* is a dict of
-``B`` states of one depth:
+so memory stays bounded by one block's children, not by ``V^T``. A *block*
+(:class:`Block`) holds ``B`` states of one depth: their prompts, tokens and reach, the
+per-stream arrays the engine carries (stream axis first, ``(S, B, ...)``), and the fast
+engine's window bookkeeping.
 
-- ``prompt (B,)``, ``tokens (B, L + 1)`` (prompt then generated tokens, ``-1``
-  padded, ``L`` = longest prompt + ``max_len``), ``length (B,)``, ``depth``;
-- ``rp``, ``rq`` ``(B,)``: reach probability under the policy ``p`` and the
-  sampler ``mu`` (equal without a sampler);
-- per-stream arrays named in :data:`PER_STREAM`, stream axis first ``(S, B, ...)``.
-
-The torch twin is :mod:`fisher_ref.torch.tree` (a ``Block`` dataclass).
+The torch twin is :mod:`fisher_ref.torch.tree` (its own ``Block``, of tensors).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from fisher_ref.rewards import evaluate_reward
 
-__all__ = ["PER_STREAM", "root_block", "take_rows", "depth_first", "terminal", "expand", "carry",
-           "responses"]
+__all__ = ["Block", "PER_STREAM", "root_block", "take_rows", "depth_first", "terminal",
+           "expand", "carry", "responses"]
 
 
 PER_STREAM = ("hist", "H", "G")
+
+
+@dataclass
+class Block:
+    r"""``B`` states of one depth (module docstring). Fields a block does not carry are
+    ``None``.
+
+    Attributes:
+        prompt: ``(B,)`` the prompt index; depth: tokens generated so far.
+        rp, rq: ``(B,)`` reach probability under the policy ``p`` and the sampler ``mu``
+            (equal without a sampler).
+        tokens: ``(B, L + 1)`` prompt then generated tokens, ``-1`` padded (``L`` = longest
+            prompt + ``max_len``); length: ``(B,)`` real tokens per row. (``None`` in a
+            block of complete responses whose tokens the caller writes itself.)
+        hist: ``(S, B, T, P)`` the scores of the generated tokens (the plain engine);
+        H: ``(S, B, P)`` their sum; G: ``(S, B, P)`` the path sum of token moments.
+        wpath: ``(B, T)`` run-wide window ids of the states' ancestors (the fast engine);
+        wid: ``(B,)`` the states' own window ids; path_rows: ``(B, depth)`` the ancestors'
+            window-cache rows (both set when the block's arrays are formed).
+        last: ``(B, S, P)`` the score of each state's last token.
+        src, parents: in the fast engine's last level, each state's parent row ``(B,)``
+            and the parents' ``(H, G)``, from which its own are formed a sub-block at a
+            time.
+        shard_key: ``(B,)`` the states' keys in a shard plan
+            (:meth:`fisher_ref.engine.shards.ShardPlan.child_keys`); silent: the block lies
+            above a shard's units, walked but added by another shard.
+    """
+
+    prompt: np.ndarray
+    depth: int
+    rp: np.ndarray
+    rq: np.ndarray
+    tokens: np.ndarray = None
+    length: np.ndarray = None
+    hist: np.ndarray = None
+    H: np.ndarray = None
+    G: np.ndarray = None
+    wpath: np.ndarray = None
+    wid: np.ndarray = None
+    path_rows: np.ndarray = None
+    last: np.ndarray = None
+    src: np.ndarray = None
+    parents: tuple = None
+    shard_key: np.ndarray = None
+    silent: bool = False
+
+    @property
+    def size(self):
+        """``B``, the states in the block."""
+        return self.prompt.shape[0]
+
+    def reach(self, dist):
+        """The reach ``(B,)`` under ``dist``: ``"p"`` (the policy) or ``"q"`` (the sampler)."""
+        return self.rp if dist == "p" else self.rq
+
+    def update(self, values=(), **more):
+        """Set fields from a mapping and keywords (a misspelt name is an error)."""
+        for name, value in dict(values, **more).items():
+            if name not in _FIELDS:
+                raise AttributeError(f"Block has no field {name!r}")
+            setattr(self, name, value)
+        return self
 
 
 def root_block(task, n_streams, carried):
@@ -39,20 +99,25 @@ def root_block(task, n_streams, carried):
     for i, pr in enumerate(task.prompts):
         tokens[i, :len(pr)] = pr
     w = task.prompt_weights.astype(float)  # (n,)
-    block = {"prompt": np.arange(n), "tokens": tokens,
-             "length": np.array([len(p) for p in task.prompts], dtype=np.int64), "depth": 0,
-             "rp": w.copy(), "rq": w.copy()}
+    block = Block(prompt=np.arange(n), depth=0, rp=w.copy(), rq=w.copy(), tokens=tokens,
+                  length=np.array([len(p) for p in task.prompts], dtype=np.int64))
     for k in carried:
-        block[k] = np.zeros((n_streams, n, T, P) if k == "hist" else (n_streams, n, P))
+        setattr(block, k, np.zeros((n_streams, n, T, P) if k == "hist" else (n_streams, n, P)))
     return block
+
+
+_FIELDS = frozenset(f.name for f in fields(Block))
 
 
 def take_rows(block, idx):
     """Rows ``idx`` (slice, index or boolean array) of a block: axis 1 of the
-    per-stream arrays, axis 0 of the other arrays."""
-    return {k: (v[:, idx] if k in PER_STREAM else
-                v[idx] if isinstance(v, np.ndarray) and v.ndim else v)
-            for k, v in block.items()}
+    per-stream arrays, axis 0 of the other arrays (a last level's ``parents`` are whole,
+    indexed through ``src``)."""
+    def rows(name, v):
+        if name in PER_STREAM and v is not None:
+            return v[:, idx]
+        return v[idx] if isinstance(v, np.ndarray) and v.ndim else v
+    return Block(**{f: rows(f, getattr(block, f)) for f in _FIELDS})
 
 
 def depth_first(stack, chunk):
@@ -64,7 +129,7 @@ def depth_first(stack, chunk):
     """
     while stack:
         block = stack.pop()
-        n = block["prompt"].shape[0]
+        n = block.size
         if n > chunk:
             stack.append(take_rows(block, slice(0, n - chunk)))
             block = take_rows(block, slice(n - chunk, n))
@@ -75,8 +140,8 @@ def terminal(task, block):
     """Which children end a response: ``(B*V,)`` bool, row ``b*V + a`` is state ``b``
     followed by token ``a``; a child ends at depth ``max_len`` or on EOS (token 0)."""
     V = task.model.vocab_size
-    a_tok = np.tile(np.arange(V), block["prompt"].shape[0])  # (B*V,)
-    return (block["depth"] + 1 == task.max_len) | ((a_tok == 0) & task.model.eos)
+    a_tok = np.tile(np.arange(V), block.size)  # (B*V,)
+    return (block.depth + 1 == task.max_len) | ((a_tok == 0) & task.model.eos)
 
 
 def expand(task, block, idx, p, q, tokens=True):
@@ -95,12 +160,12 @@ def expand(task, block, idx, p, q, tokens=True):
     """
     V = task.model.vocab_size
     par, tok = idx // V, idx % V  # (C,)
-    child = {"prompt": block["prompt"][par], "depth": block["depth"] + 1,
-             "rp": block["rp"][par] * p[par, tok], "rq": block["rq"][par] * q[par, tok]}
+    child = Block(prompt=block.prompt[par], depth=block.depth + 1,
+                  rp=block.rp[par] * p[par, tok], rq=block.rq[par] * q[par, tok])
     if tokens:
-        rows = block["tokens"][par]  # (C, L+1)
-        rows[np.arange(len(idx)), block["length"][par]] = tok
-        child.update(tokens=rows, length=block["length"][par] + 1)
+        rows = block.tokens[par]  # (C, L+1)
+        rows[np.arange(len(idx)), block.length[par]] = tok
+        child.update(tokens=rows, length=block.length[par] + 1)
     return par, tok, child
 
 
@@ -112,10 +177,10 @@ def carry(block, par, xi, G):
     Args:
         xi: ``S`` arrays ``(C, P)``, the score of each child's last token.
     """
-    depth = block["depth"]
-    out = {"hist": block["hist"][:, par]}  # (S, C, T, P)
-    if "H" in block:
-        out["H"] = block["H"][:, par]  # (S, C, P)
+    depth = block.depth
+    out = {"hist": block.hist[:, par]}  # (S, C, T, P)
+    if block.H is not None:
+        out["H"] = block.H[:, par]  # (S, C, P)
     for s, x in enumerate(xi):
         out["hist"][s, :, depth, :] = x
         if "H" in out:
@@ -131,12 +196,12 @@ def responses(task, done):
         ``(resp, R, plen)``: ``(M, T)`` int (-1 padded), ``(M,)`` float, ``(M,)`` int.
     """
     T = task.max_len
-    M = done["tokens"].shape[0]
-    plen = np.array([len(p) for p in task.prompts], dtype=np.int64)[done["prompt"]]  # (M,)
-    n_resp = done["length"] - plen  # (M,)
+    M = done.tokens.shape[0]
+    plen = np.array([len(p) for p in task.prompts], dtype=np.int64)[done.prompt]  # (M,)
+    n_resp = done.length - plen  # (M,)
     col = plen[:, None] + np.arange(T)[None, :]  # (M, T)
-    resp = done["tokens"][np.arange(M)[:, None], np.minimum(col, done["tokens"].shape[1] - 1)]
+    resp = done.tokens[np.arange(M)[:, None], np.minimum(col, done.tokens.shape[1] - 1)]
     resp = np.where(np.arange(T)[None, :] < n_resp[:, None], resp, -1)  # (M, T)
     R = np.array([evaluate_reward(task.reward, task.prompts[pi], r[:k].tolist())
-                  for pi, r, k in zip(done["prompt"], resp, n_resp)], dtype=float)  # (M,)
+                  for pi, r, k in zip(done.prompt, resp, n_resp)], dtype=float)  # (M,)
     return resp, R, plen

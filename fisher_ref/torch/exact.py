@@ -143,9 +143,10 @@ def _check_support(run, block, p, q):
     bad = (p > 0) & (q == 0) & (block.rp[:, None] > 0)  # (B, V)
     if bad.any():
         from fisher_ref.engine.run import check_support
-        check_support({"rp": block.rp.cpu().numpy(), "tokens": block.tokens.cpu().numpy(),
-                       "length": block.length.cpu().numpy(),
-                       "prompt": block.prompt.cpu().numpy()}, p.cpu().numpy(), q.cpu().numpy())
+        from fisher_ref.engine.tree import Block
+        host = {k: getattr(block, k).cpu().numpy()
+                for k in ("prompt", "rp", "rq", "tokens", "length")}
+        check_support(Block(depth=block.depth, **host), p.cpu().numpy(), q.cpu().numpy())
 
 
 def _pick(arr, inv, c, cols):

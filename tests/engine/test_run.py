@@ -10,6 +10,7 @@ from cases import all_responses, get_task
 from fisher_ref import exact, load_config
 from fisher_ref.engine.reference import exact_reference
 from fisher_ref.engine.run import response_places, state_places
+from fisher_ref.engine.tree import Block
 
 
 @pytest.mark.parametrize("case", ["config:default", "config:no_eos", "config:weighted_prompts",
@@ -22,8 +23,8 @@ def test_state_places_are_the_sorted_order(case):
     plen = np.array([len(p) for p in task.prompts])[st["prompt"]]
     for d in np.unique(st["depth"]):
         rows = np.flatnonzero(st["depth"] == d)
-        block = {"tokens": st["tokens"][rows], "length": plen[rows] + d,
-                 "prompt": st["prompt"][rows], "depth": int(d)}
+        block = Block(prompt=st["prompt"][rows], depth=int(d), rp=None, rq=None,
+                      tokens=st["tokens"][rows], length=plen[rows] + d)
         assert np.array_equal(state_places(task, block), rows)
 
 
