@@ -1,23 +1,18 @@
 """Hostile golden files and checker inputs: each ends in a GoldenFileError (the reader) or a
 TypeError/ValueError naming the problem (the checkers), before anything large is allocated,
 and never in a pass."""
-import hashlib
-import io
 import json
-import os
-import zipfile
 
 import numpy as np
 import pytest
 
-import fisher_ref.golden.archive as archive
 from fisher_ref.checks.conformance import check_token_fisher
-from fisher_ref.golden import manifest
-from fisher_ref.golden.check import GOLDEN_DIR, compare_to_golden, golden_names, golden_path
+from fisher_ref.golden.check import compare_to_golden, golden_path
 from fisher_ref.golden.archive import GoldenFileError
 from fisher_ref.golden.format import (array_sha256, canonical_json, load_golden, meta_sha256,
                                       read_members)
 from fisher_ref.numerics import softmax, token_fisher
+from tests.golden.test_archive import meta_entry, npy, zip_of
 from tests.golden.test_format import rewrite
 
 SOURCE = golden_path("tabular")
@@ -28,66 +23,6 @@ def expect(path, *needles):
         load_golden(path)
     for needle in needles:
         assert needle in str(info.value), (needle, str(info.value))
-
-
-def zip_of(tmp_path, entries, name="hostile.npz", compression=zipfile.ZIP_STORED):
-    """A zip of ``{entry name: bytes}``."""
-    path = tmp_path / name
-    with zipfile.ZipFile(path, "w", compression=compression) as zf:
-        for key, data in entries.items():
-            zf.writestr(key, data)
-    return path
-
-
-def npy(array):
-    buf = io.BytesIO()
-    np.lib.format.write_array(buf, array, allow_pickle=False)
-    return buf.getvalue()
-
-
-def meta_entry(text):
-    return npy(np.array(text))
-
-
-# ------------------------------------------------------------- sizes before allocation
-
-def test_npy_header_claiming_1e12_floats_is_refused_before_allocation(tmp_path):
-    head = npy(np.zeros(1))
-    fake = head.replace(b"(1,)", b"(1000000000000,)")  # the header now claims 8 TB
-    fake = fake[:len(head) - 8]  # same header length, no data
-    path = zip_of(tmp_path, {"meta.npy": meta_entry("{}"), "theta.npy": fake})
-    assert path.stat().st_size < 1000
-    expect(path, "'theta'", "claims shape (1000000000000,)", "holds")
-
-
-def test_zip_entries_declaring_more_than_the_limit_are_refused(tmp_path, monkeypatch):
-    """A zip bomb: 8 MB of zeros deflate to a few KB; its declared size is checked first."""
-    monkeypatch.setattr(archive, "MAX_GOLDEN_BYTES", 2 ** 20)
-    path = zip_of(tmp_path, {"meta.npy": meta_entry("{}"), "theta.npy": npy(np.zeros(2 ** 20))},
-                  compression=zipfile.ZIP_DEFLATED)
-    assert path.stat().st_size < 2 ** 16
-    expect(path, "declare", "more than the limit", "zip bomb")
-
-
-def test_file_larger_than_the_limit_is_refused_unread(tmp_path, monkeypatch):
-    monkeypatch.setattr(archive, "MAX_GOLDEN_BYTES", 1000)
-    expect(SOURCE, "more than the limit of 1,000 bytes")
-
-
-def test_non_regular_files_are_refused_without_reading(tmp_path):
-    expect("/dev/zero", "not a regular file")
-    fifo = tmp_path / "pipe.npz"
-    os.mkfifo(fifo)  # no writer: opening it would block forever
-    expect(fifo, "FIFO")
-
-
-def test_repeated_entry_names_are_refused(tmp_path):
-    path = tmp_path / "twice.npz"
-    with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr("meta.npy", meta_entry("{}"))
-        with pytest.warns(UserWarning):
-            zf.writestr("meta.npy", meta_entry("{}"))
-    expect(path, "appear more than once")
 
 
 # ------------------------------------------------------------------ hostile meta
@@ -159,34 +94,6 @@ def test_meta_hash_message_says_what_it_can_promise(tmp_path):
         meta["task"]["baseline"] = 0.5
     expect(rewrite(tmp_path, change, rehash_meta=False, source=SOURCE),
            "meta was modified", "unkeyed")
-
-
-# ------------------------------------------------------------------------ manifest
-
-def test_manifest_records_every_shipped_file():
-    assert sorted(manifest.SHA256) == golden_names()
-    for name in golden_names():
-        data = golden_path(name).read_bytes()
-        assert hashlib.sha256(data).hexdigest() == manifest.SHA256[name], name
-
-
-def test_a_shipped_name_whose_bytes_differ_is_flagged(tmp_path, monkeypatch):
-    """A re-hashed edit of a shipped file, in the shipped directory: the manifest catches it
-    (the directory is stood in for by tmp_path)."""
-    monkeypatch.setattr(archive, "SHIPPED_DIR", tmp_path)
-    edited = rewrite(tmp_path, lambda m, a: m.__setitem__("generator", "me"), source=SOURCE)
-    shipped = tmp_path / "tabular.npz"
-    edited.rename(shipped)
-    expect(shipped, "changed after release", manifest.SHA256["tabular"][:16])
-    (tmp_path / "mine.npz").write_bytes(SOURCE.read_bytes())  # not a shipped name: loads
-    assert load_golden(tmp_path / "mine.npz").name == "tabular"
-    shipped.write_bytes(SOURCE.read_bytes())
-    assert load_golden(shipped).name == "tabular"  # the released bytes load
-
-
-def test_the_same_bytes_outside_the_package_load():
-    assert archive.SHIPPED_DIR.resolve() == GOLDEN_DIR.resolve()
-    assert load_golden(SOURCE).name == "tabular"
 
 
 # ---------------------------------------------------------------------- checkers
@@ -265,18 +172,6 @@ def test_the_export_estimate_counts_the_prompt_length():
     long = t.with_(prompts=((1,) * 1000, (3,)))
     N = 2 * (1 + 4 + 16)
     assert export_size(long, False) - export_size(t, False) >= 8 * N * 998
-
-
-def test_write_manifest_writes_the_module_the_reader_uses(tmp_path):
-    from fisher_ref.golden.export import write_manifest
-    (tmp_path / "a.npz").write_bytes(b"one")
-    out = tmp_path / "manifest.py"
-    table = write_manifest(tmp_path, out)
-    namespace = {}
-    exec(out.read_text(), namespace)
-    assert namespace["SHA256"] == table == {"a": hashlib.sha256(b"one").hexdigest()}
-    assert namespace["__doc__"] == manifest.__doc__
-    assert write_manifest(GOLDEN_DIR, tmp_path / "shipped.py") == manifest.SHA256
 
 
 def test_keys_given_as_one_string_are_refused(golden):
