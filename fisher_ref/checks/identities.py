@@ -6,8 +6,8 @@ with its natural scale (docs/theory.md §9.3):
 - ``equal`` rows: relative error :math:`\max|a-b| / \max(\max|a|, \max|b|)`, for
   gradients with the denominator at least the size of their summands;
 - ``zero`` rows: :math:`\max|x|` over the natural scale — :math:`\max_i F_i` for
-  products of two scores (cross terms), the score scale (:func:`state_score_scale`)
-  for scores;
+  products of two scores (cross terms), the score scale
+  (:func:`~fisher_ref.checks.score_scale.state_score_scale`) for scores;
 - ``bound`` rows: the largest excess of the left side over the right, scaled
   the same way (must be :math:`\le` the tolerance);
 - ``info`` rows report a diagnostic (overlap, alignment, the raw score's mean where
@@ -21,11 +21,15 @@ with its natural scale (docs/theory.md §9.3):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
-from fisher_ref.monte_carlo.ztests import ROUNDING_RTOL
+from fisher_ref.checks.offpolicy_rows import (SAMPLER_GAP, _constant_rows,  # noqa: F401
+                                             _raw_bias_row, bound_broken_at_zero,
+                                             constant_breaking_bound, sampler_gap)
+from fisher_ref.checks.score_scale import (distinct_windows, state_score_scale,  # noqa: F401
+                                          window_score_scale)
+from fisher_ref.checks.table import Check, format_table
 from fisher_ref.checks.tolerances import (EXACT_RTOL, GRADIENT_FLOOR, fisher_scale, gradient_scale,
                                          rel_err)
 from fisher_ref.limits import check_seed
@@ -33,7 +37,7 @@ from fisher_ref.results import require_all_quantities
 from fisher_ref.rewards import Reward
 from fisher_ref.models.sensitivities import sensitivities, sensitivities_autograd
 from fisher_ref.tasks import require_task
-from fisher_ref.numerics import softmax, token_fisher, token_fisher_pairwise, uniform_token_fisher
+from fisher_ref.numerics import token_fisher, token_fisher_pairwise, uniform_token_fisher
 
 __all__ = ["Check", "exact_checks", "format_table", "verify_task",
            "state_score_scale", "sampler_gap",
@@ -43,93 +47,11 @@ MC_ALPHA = 1e-6  # false-failure rate of all Monte Carlo rows together
 WEAK_POWER = 3.0  # a row whose threshold exceeds this multiple of the Bonferroni-normal
 #                   one (skewed, rarely non-zero values) is flagged as having little power
 _SHIFT_STATES = 256  # states on which the pairwise form and the logit shift are re-derived
-_SCALE_BYTES = 2 ** 26  # sensitivities held at once when the score scale is recomputed
 #: f(j + c) is formed from sensitivities of size max|j + c|, centered on their mean: the
 #: centering rounds each by about V eps max|j + c|, which moves f by up to 2 sqrt(f)
 #: times that; below the floor (2 V eps max|j + c| / EXACT_RTOL)^2 that is more than
 #: EXACT_RTOL of f, so f is judged against the floor there (f = 0 when j = 0).
 SHIFT_ROUNDING = 2 * np.finfo(float).eps / EXACT_RTOL
-
-
-@dataclass
-class Check:
-    """One row of the verify table."""
-
-    identity: str
-    stream: str
-    check: str
-    value: float
-    tol: float
-    kind: str = "equal"
-    note: str = ""
-
-    @property
-    def passed(self):
-        if self.kind == "info":
-            return True
-        if self.kind == "nonzero":
-            return bool(self.value > self.tol)
-        return bool(np.isfinite(self.value) and self.value <= self.tol)
-
-
-def state_score_scale(result):
-    r"""Largest token-level score scale over the states: :math:`\max_s` of ``f(s)``,
-    :math:`f_\mu(s)` and :math:`f_{unif}(s)` (the spread of ``j`` over tokens), from the
-    kept per-state arrays, or, when they were not kept, recomputed on every distinct
-    window of the task (:func:`distinct_windows`): the scale never depends on what
-    was kept.
-
-    :math:`\max_s |E[\xi|s]|` runs over every reachable state, however unlikely, and
-    its rounding is that of :math:`\bar j` at such a state; on a peaked policy
-    :math:`\max_i F_i` (reach-weighted) can be 1e-24 while a rarely reached state has
-    ``f(s)`` near 0.03, so ``F`` alone is not its scale.
-    """
-    st = result.states
-    if st is None:
-        return window_score_scale(result.task, distinct_windows(result.task))
-    keys = [k for k in ("token_fisher", "sampler_token_fisher", "uniform") if k in st]
-    return float(max(np.max(st[k], initial=0.0) for k in keys))
-
-
-def distinct_windows(task):
-    """``(U, k)`` the distinct windows of every state of ``task`` (depth ``< T``), found
-    depth by depth keeping one token row per distinct window: a state's window decides
-    its children's (the last ``context`` tokens; GPT-2's window is the whole prefix)."""
-    model, T = task.model, task.max_len
-    lengths = np.array([len(p) for p in task.prompts], dtype=np.int64)  # (B,)
-    rows = np.full((len(task.prompts), int(lengths.max()) + T), -1, dtype=np.int64)
-    for i, p in enumerate(task.prompts):
-        rows[i, :len(p)] = p
-    go_on = np.arange(1 if model.eos else 0, model.vocab_size)  # tokens a state continues after
-    seen = []
-    for depth in range(T):
-        W, first = np.unique(model.windows(rows, lengths), axis=0, return_index=True)
-        rows, lengths = rows[first], lengths[first]
-        seen.append(W)
-        if depth + 1 < T:
-            n = len(rows)
-            rows, lengths = np.repeat(rows, len(go_on), axis=0), np.repeat(lengths, len(go_on))
-            rows[np.arange(len(rows)), lengths] = np.tile(go_on, n)
-            lengths = lengths + 1
-    return np.unique(np.concatenate(seen), axis=0)
-
-
-def window_score_scale(task, W):
-    r""":math:`\max` of ``f``, :math:`f_\mu` and :math:`f_{unif}` over windows ``W (U, k)``,
-    in blocks of at most ``_SCALE_BYTES`` of sensitivities."""
-    model, theta = task.model, task.theta
-    chunk = max(1, _SCALE_BYTES // (8 * model.num_params * model.vocab_size))
-    best = 0.0
-    for a in range(0, len(W), chunk):
-        w = W[a:a + chunk]
-        J = sensitivities(model, theta, w)  # (B, P, V)
-        fs = [token_fisher(softmax(np.asarray(model.logits(theta, w), float)), J),
-              uniform_token_fisher(J)]
-        if task.sampler is not None:
-            mu = softmax(np.asarray(task.sampler.logits(model, theta, w), float))  # (B, V)
-            fs.append(token_fisher(mu, J))
-        best = max(best, *(float(np.max(f, initial=0.0)) for f in fs))
-    return best
 
 
 def _stream_checks(name, s, T, centered, state_scale=0.0):
@@ -247,101 +169,6 @@ def exact_checks(result):
     return rows
 
 
-SAMPLER_GAP = 1e-8  # the raw score's bias must exceed this; and below it mu ~ p
-
-
-def sampler_gap(result):
-    r""":math:`\max_s \pi_\mu(s)\,\mathrm{TV}(p(s), \mu(s))` over the kept states: how far
-    the sampler is from the policy where it goes (``None`` when states were not kept)."""
-    st = result.states
-    if st is None or "sampler_probs" not in st:
-        return None
-    tv = 0.5 * np.abs(st["probs"] - st["sampler_probs"]).sum(axis=1)  # (N,)
-    return float(np.max(st["sampler_reach"] * tv, initial=0.0))
-
-
-def _raw_bias_row(result, raw, centered):
-    """The raw score's mean under ``mu`` must be non-zero: centering matters. Where the
-    sampler equals the policy to ``SAMPLER_GAP`` (a peaked model whose ``mu`` and ``p``
-    are both one-hot on the same tokens) there is no bias to show: an info row."""
-    rF = np.sqrt(fisher_scale(centered.sequence_fisher))
-    value = float(np.abs(raw.score_mean).max() / rF)
-    check = "max |E_mu[h]| / sqrt(max F_mu) (must be > 0)"
-    gap = sampler_gap(result)
-    if gap is not None and gap <= SAMPLER_GAP:
-        return Check("off-policy", "raw", check, value, SAMPLER_GAP, "info",
-                     f"mu equals p to {gap:.1e} (reach x total variation) on every state: "
-                     "no bias to show")
-    return Check("off-policy", "raw", check, value, SAMPLER_GAP, "nonzero")
-
-
-def _constant_rows(raw, centered):
-    """Rows on the constant ``c`` past which the uncentered gradient breaks the bound:
-    the parameters already over it at ``c = 0``, and a check that the reported
-    ``c`` is where the crossing is (within bound just below, over it just above)."""
-    c_break, n0 = constant_breaking_bound(raw, centered), bound_broken_at_zero(raw, centered)
-    rows = [Check("off-policy", "raw", "parameters with |E_mu[A h]| > bound already at c = 0",
-                  float(n0), 0.0, "info", "the uncentered gradient need not respect the bound")]
-    if n0 or not 0 < c_break < np.inf:
-        why = ("broken at c = 0" if n0 else "E_mu[h] = 0: never broken" if c_break == np.inf
-               else "the bound is 0 where E_mu[h] != 0: broken for any c != 0")
-        rows.append(Check("off-policy", "raw", "smallest |c| with |E_mu[(A+c)h]| > bound",
-                          c_break, 0.0, "info", why))
-        return rows
-    B = centered.bound
-    excess = [float(np.max(np.abs(raw.gradient_with_constant(s * k * c_break)) - B))
-              for s in (1, -1) for k in (1 - 1e-6, 1 + 1e-6)]
-    inside = max(excess[0], excess[2])  # just below |c|: within the bound on both signs
-    outside = max(excess[1], excess[3])  # just above: over it for some parameter and sign
-    rows.append(Check("off-policy", "raw",
-                      f"smallest |c| with |E_mu[(A+c)h]| > bound: c = {c_break:.6g}; "
-                      "max excess at 1.000001 c (must be > 0)", outside, 0.0, "nonzero",
-                      f"at 0.999999 c: {inside:.3g}"))
-    return rows
-
-
-def bound_broken_at_zero(raw, centered):
-    r"""Number of parameters whose uncentered gradient :math:`|E_\mu[A h]|` already
-    exceeds the centered bound :math:`std_\mu(A)\sqrt{F_\mu}` at ``c = 0`` by more
-    than rounding (``ROUNDING_RTOL`` of the larger of the two's maxima)."""
-    g, B = np.abs(raw.gradient), centered.bound
-    tol = ROUNDING_RTOL * max(g.max(initial=0.0), B.max(initial=0.0))
-    return int(np.count_nonzero(g - B > tol))
-
-
-def constant_breaking_bound(raw, centered):
-    r"""Smallest :math:`|c| \ge 0` past which :math:`|E_\mu[(A+c) h]|` exceeds the centered
-    bound :math:`B = std_\mu(A)\sqrt{F_\mu}` for some parameter.
-
-    :math:`E_\mu[(A+c)h_i] = g_i + c\,m_i` with :math:`m = E_\mu[h]`. It is ``0.0`` when
-    some parameter is over the bound already at ``c = 0`` (see
-    :func:`bound_broken_at_zero`). Otherwise every :math:`|g_i| \le B_i` and
-    parameter ``i`` stays within the bound for
-    :math:`c \in [-(B_i + s_i g_i)/|m_i|,\ (B_i - s_i g_i)/|m_i|]`, :math:`s_i =
-    \operatorname{sign} m_i` (both ends :math:`\ge 0` in size); the answer is the
-    smallest end over parameters, ``inf`` when :math:`E_\mu[h] = 0` everywhere.
-
-    Example:
-        >>> from types import SimpleNamespace as NS
-        >>> raw = NS(score_mean=np.array([0.5, -1.0]), gradient=np.array([0.1, 0.2]),
-        ...          sequence_fisher=np.array([1.0, 1.0]))
-        >>> constant_breaking_bound(raw, NS(bound=np.array([1.0, 1.0])))
-        0.8
-        >>> constant_breaking_bound(raw, NS(bound=np.array([0.05, 1.0])))
-        0.0
-    """
-    m, g0, B = raw.score_mean, raw.gradient, centered.bound
-    if bound_broken_at_zero(raw, centered):
-        return 0.0
-    am, s = np.abs(m), np.sign(m)
-    # E_mu[h_i] at rounding level (a parameter no response moves) is 0: never crosses
-    am = np.where(am > ROUNDING_RTOL * np.sqrt(max(float(np.max(raw.sequence_fisher)), 0.0)), am, 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        up = np.maximum(np.where(am > 0, (B - s * g0) / am, np.inf), 0.0)  # (P,) c s_i > 0
-        down = np.maximum(np.where(am > 0, (B + s * g0) / am, np.inf), 0.0)  # (P,) c s_i < 0
-    return float(min(up.min(initial=np.inf), down.min(initial=np.inf)))
-
-
 _MC_IDENTITY = {"score_mean": "1", "cross_terms": "2", "sequence_fisher": "3",
                 "token_fisher_sum": "3", "gradient": "6", "covariance": "7", "bound": "7",
                 "expected_reward": "6", "importance_gradient": "off-policy"}
@@ -402,8 +229,8 @@ def verify_task(task, mc=0, seed=0, progress=True, workers="auto"):
 
     Returns:
         ``(result, rows)``: the :class:`fisher_ref.results.ExactResult` the rows were
-        computed from, and the list of :class:`Check` rows (print them with
-        :func:`format_table`).
+        computed from, and the list of :class:`~fisher_ref.checks.table.Check` rows (print
+        them with :func:`~fisher_ref.checks.table.format_table`).
 
     Raises:
         TypeError: ``task`` is not a Task.
@@ -443,31 +270,3 @@ def verify_task(task, mc=0, seed=0, progress=True, workers="auto"):
                               "z", "little power: rare values raised the threshold; "
                               "use more samples" if weak else ""))
     return result, rows
-
-
-def format_table(rows):
-    """Render :class:`Check` rows as a fixed-width text table.
-
-    Raises:
-        TypeError: ``rows`` is not a sequence of :class:`Check` (for example the
-            ``(result, rows)`` pair :func:`verify_task` returns: pass its second item).
-    """
-    if isinstance(rows, tuple) and len(rows) == 2 and isinstance(rows[1], list):
-        raise TypeError("format_table takes the rows, not verify_task's (result, rows) pair: "
-                        "result, rows = verify_task(task); format_table(rows)")
-    bad = [r for r in rows if not isinstance(r, Check)]
-    if bad:
-        raise TypeError(f"format_table takes Check rows; got a {type(bad[0]).__name__}")
-    head = ("identity", "stream", "check", "value", "tolerance", "result")
-    body = []
-    for r in rows:
-        res = {True: "PASS", False: "FAIL"}[r.passed] if r.kind != "info" else "info"
-        tol = {"info": "-", "nonzero": f"> {r.tol:.0e}", "z": f"|z| <= {r.tol:.2f}"}.get(
-            r.kind, f"<= {r.tol:.0e}")
-        check = r.check + (f"  [{r.note}]" if r.note else "")
-        body.append((r.identity, r.stream, check, f"{r.value:.3g}", tol, res))
-    widths = [max(len(x[i]) for x in body + [head]) for i in range(len(head))]
-    line = lambda x: "  ".join(s.ljust(w) for s, w in zip(x, widths)).rstrip()
-    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(x) for x in body])
-
-
