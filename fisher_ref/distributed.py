@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fisher_ref.engine.plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, check_cost
+from fisher_ref.engine.plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, EngineOptions, check_cost
 from fisher_ref.engine.run import plan
 from fisher_ref.engine.shards import merge, plan_shards
 
@@ -83,23 +83,21 @@ def exact_ray(task, address=None, shards=None, *, max_retries=2, runner=None, to
     if shards is not None and (isinstance(shards, bool) or not isinstance(shards, int)
                                or shards < 1):
         raise ValueError(f"shards must be a positive integer or None, got {shards!r}")
-    options = dict(topk=topk, chunk=chunk, keep_states=keep_states,
-                   keep_sequences=keep_sequences, quantities=quantities, progress=False)
-    inf = float("inf")
-    one = plan(task, topk, chunk, keep_states, keep_sequences, inf, inf, quantities)[1]
+    options = EngineOptions(topk=topk, chunk=chunk, keep_states=keep_states,
+                            keep_sequences=keep_sequences, quantities=quantities,
+                            progress=False).unlimited()  # checked here, for the whole run
+    one = plan(task, options)[1]
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False)
     n = shards or max(1, int(ray.cluster_resources().get("CPU", 1)))
     n = max(1, min(n, plan_shards(task, n).bounds[-1]))
     # the limits: the time of n shards side by side, the memory of one worker
-    seconds = plan(task, topk, chunk, keep_states, keep_sequences, inf, inf, quantities,
-                   workers=n)[1].seconds
+    seconds = plan(task, options, workers=n)[1].seconds
     check_cost(replace(one, seconds=seconds, workers=n), max_seconds, max_bytes)
-    options.update(max_seconds=inf, max_bytes=inf)  # checked here, for the whole run
     remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=True)(
         runner or run_shard)
     task_ref = ray.put(task)
-    refs = [remote.remote(task_ref, (i, n), options) for i in range(n)]
+    refs = [remote.remote(task_ref, (i, n), options.as_kwargs()) for i in range(n)]
     parts = []
     for i, ref in enumerate(refs):
         try:

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fisher_ref.engine.plan import DEFAULT_BUDGETS, DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, Budgets
+from fisher_ref.engine.plan import (DEFAULT_BUDGETS, DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS,
+                                    Budgets, EngineOptions)
 from fisher_ref.engine.tree import expand
 from fisher_ref.engine.reference import exact_reference
 from fisher_ref.engine.parent_sums import (fisher_sums, level_sums, parent_powers, prefix_starts, segment_sum,
@@ -378,9 +379,9 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         >>> bool(np.allclose(r.sequence_fisher, r.token_fisher_sum, rtol=1e-10, atol=0))
         True
     """
-    kw = dict(topk=topk, chunk=chunk, keep_states=keep_states, keep_sequences=keep_sequences,
-              max_seconds=max_seconds, max_bytes=max_bytes, progress=progress,
-              quantities=quantities)
+    options = EngineOptions(topk=topk, chunk=chunk, keep_states=keep_states,
+                            keep_sequences=keep_sequences, max_seconds=max_seconds,
+                            max_bytes=max_bytes, progress=progress, quantities=quantities)
     budgets = DEFAULT_BUDGETS if budgets is None else budgets
     if not isinstance(budgets, Budgets):
         raise TypeError(f"budgets must be a fisher_ref.engine.plan.Budgets, got {budgets!r:.80}")
@@ -388,21 +389,20 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         if shard is not None:
             raise ValueError("shard=(i, n) runs the fast engine; the plain one "
                              "(reference=True) takes no shard")
-        return exact_reference(task, **kw)
-    n = 1 if shard is not None else local_workers(task, workers, kw)
+        return exact_reference(task, **options.as_kwargs())
+    n = 1 if shard is not None else local_workers(task, workers, options)
     if n > 1:  # every shard in its own process, merged here (the arrays kept as one run)
-        _, cost, keep_states, keep_sequences = plan(task, topk, chunk, keep_states,
-                                                    keep_sequences, max_seconds, max_bytes,
-                                                    quantities, workers=n)
-        kw.update(progress=False, max_seconds=float("inf"), max_bytes=float("inf"),
-                  keep_states=keep_states, keep_sequences=keep_sequences)
-        result = merge(task, run_shards(exact, task, n, dict(kw, budgets=budgets),
+        _, cost, keep_states, keep_sequences = plan(task, options, workers=n)
+        each = options.unlimited().with_(progress=False, keep_states=keep_states,
+                                         keep_sequences=keep_sequences)
+        result = merge(task, run_shards(exact, task, n, dict(each.as_kwargs(), budgets=budgets),
                                         progress=progress))
         result.cost = cost
         return result
     if shard is not None:  # a shard's result holds sums, its rows only when asked
-        kw.update({k: False for k in ("keep_states", "keep_sequences") if kw[k] == "auto"})
-    run = Run(task, **kw, shard=shard, budgets=budgets)
+        options = options.with_(**{k: False for k in ("keep_states", "keep_sequences")
+                                   if getattr(options, k) == "auto"})
+    run = Run(task, options, shard=shard, budgets=budgets)
     V, k, fisher = task.model.vocab_size, task.model.context, run.quantities == "fisher"
     cache = WindowCache(task, run.streams, run.keep_states, budgets.window_cache_bytes,
                         {} if fisher else _accumulated(run), moments=2 if fisher else 4,

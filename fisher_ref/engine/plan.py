@@ -16,7 +16,7 @@ block sizes and what is kept.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -25,7 +25,8 @@ from fisher_ref.rewards import Reward
 
 __all__ = ["Cost", "EnumerationTooLarge", "estimate_cost", "check_cost", "count_states",
            "check_chunk", "resolve_keep", "KEEP_BYTES",
-           "DEFAULT_MAX_SECONDS", "DEFAULT_MAX_BYTES", "Budgets", "DEFAULT_BUDGETS"]
+           "DEFAULT_MAX_SECONDS", "DEFAULT_MAX_BYTES", "Budgets", "DEFAULT_BUDGETS",
+           "EngineOptions"]
 
 DEFAULT_MAX_SECONDS = 900.0
 DEFAULT_MAX_BYTES = 8 * 2 ** 30
@@ -78,6 +79,41 @@ class Budgets:
 
 
 DEFAULT_BUDGETS = Budgets()
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What one numpy exact run computes, keeps and may cost: the keyword arguments of
+    :func:`fisher_ref.exact` that both numpy engines, the plan, the local workers and the
+    Ray driver pass on, in one value. They are checked where the run is planned
+    (:func:`fisher_ref.engine.run.plan`), with the messages of :func:`fisher_ref.exact`.
+
+    Attributes:
+        topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes, progress,
+        quantities: as for :func:`fisher_ref.exact`.
+    """
+
+    topk: tuple = ()
+    chunk: object = None
+    keep_states: object = "auto"
+    keep_sequences: object = "auto"
+    max_seconds: float = DEFAULT_MAX_SECONDS
+    max_bytes: float = DEFAULT_MAX_BYTES
+    progress: bool = True
+    quantities: str = "all"
+
+    def with_(self, **changes):
+        """A copy with ``changes``."""
+        return replace(self, **changes)
+
+    def unlimited(self):
+        """A copy without the time and memory limits (for a run that checked them for a
+        whole set of shards or workers already)."""
+        return replace(self, max_seconds=float("inf"), max_bytes=float("inf"))
+
+    def as_kwargs(self):
+        """The options as keyword arguments of :func:`fisher_ref.exact`."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class EnumerationTooLarge(ValueError):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fisher_ref.engine.plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS
+from fisher_ref.engine.plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, EngineOptions
 from fisher_ref.engine.tree import carry, responses
 from fisher_ref.numerics import (mean_sensitivity, token_fisher, token_second_moment,
                                  uniform_token_fisher)
@@ -99,8 +99,9 @@ def exact_reference(task, *, topk=(), chunk=None, keep_states="auto", keep_seque
         >>> bool(np.allclose(r.sequence_fisher, r.token_fisher_sum, rtol=1e-10, atol=0))
         True
     """
-    run = Run(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes, progress,
-              quantities)
+    run = Run(task, EngineOptions(topk=topk, chunk=chunk, keep_states=keep_states,
+                                  keep_sequences=keep_sequences, max_seconds=max_seconds,
+                                  max_bytes=max_bytes, progress=progress, quantities=quantities))
     run.walk(("hist", "G"), lambda block: _block_arrays(run, block),
              lambda *args: _complete(run, *args))
     return run.finish()

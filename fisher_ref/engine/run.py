@@ -31,8 +31,8 @@ import numpy as np
 from autograd import make_vjp
 
 from fisher_ref.engine.tree import carry, depth_first, expand, root_block, terminal
-from fisher_ref.engine.plan import (DEFAULT_BUDGETS, check_chunk, check_cost, count_states,
-                                    estimate_cost, resolve_keep)
+from fisher_ref.engine.plan import (DEFAULT_BUDGETS, EngineOptions, check_chunk, check_cost,
+                                    count_states, estimate_cost, resolve_keep)
 from fisher_ref.engine.shards import ShardWalk, first_reward
 from fisher_ref.numerics import log_softmax, softmax
 from fisher_ref._progress import Progress
@@ -175,16 +175,21 @@ def reward_gradient(task, theta, Wu, win, nxt, live, weights, R):
     return vjp(g - softmax(z) * g.sum(axis=1, keepdims=True))
 
 
-def plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes,
-         quantities="all", workers=1):
-    """Validate the engine's arguments, size the run (in ``workers`` processes) and refuse
-    it past the limits.
+def plan(task, options, workers=1):
+    """Validate the engine's options (an :class:`fisher_ref.engine.plan.EngineOptions`), size
+    the run (in ``workers`` processes) and refuse it past the limits.
 
     Returns:
         ``(streams, cost, keep_states, keep_sequences)`` with the ``"auto"`` choices
         resolved (keep the arrays when they fit in about 1 GiB; never the per-response
         arrays, which hold rewards and advantages, with ``quantities="fisher"``).
     """
+    if not isinstance(options, EngineOptions):
+        raise TypeError(f"options must be a fisher_ref.engine.plan.EngineOptions, got "
+                        f"{options!r:.80}")
+    o = options
+    topk, chunk, keep_states, keep_sequences, quantities = (
+        o.topk, o.chunk, o.keep_states, o.keep_sequences, o.quantities)
     P, T = require_task(task).model.num_params, task.max_len
     topk = check_topk(topk)
     if check_quantities(quantities) == "fisher":
@@ -203,7 +208,7 @@ def plan(task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes,
                                                cost.n_responses, P, T)
     cost = estimate_cost(task, n_streams=len(streams), chunk=chunk, keep_states=keep_states,
                          keep_sequences=keep_sequences, quantities=quantities, workers=workers)
-    check_cost(cost, max_seconds, max_bytes)
+    check_cost(cost, o.max_seconds, o.max_bytes)
     return streams, cost, keep_states, keep_sequences
 
 
@@ -270,11 +275,10 @@ class Run:
     what it accumulates (per-stream :class:`Moments`, the autodiff gradient, the
     kept per-state and per-response records)."""
 
-    def __init__(self, task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes,
-                 progress, quantities="all", shard=None, budgets=DEFAULT_BUDGETS):
+    def __init__(self, task, options=EngineOptions(), shard=None, budgets=DEFAULT_BUDGETS):
+        quantities = options.quantities
         self.task, self.quantities, self.budgets = task, quantities, budgets
-        self.streams, self.cost, self.keep_states, self.keep_sequences = plan(
-            task, topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes, quantities)
+        self.streams, self.cost, self.keep_states, self.keep_sequences = plan(task, options)
         P, T = task.model.num_params, task.max_len
         self.moments = {stream.name: Moments(P, T) for stream in self.streams}
         # shard (i, n): walk only its subtrees; every shard takes the same r0 (one more
@@ -288,7 +292,7 @@ class Run:
         self.written = {}  # part -> (rows written in place, which places were written)
         self.width = max(len(p) for p in task.prompts) + T - 1  # longest state
         self.bar = Progress(self.cost.n_states if shard is None else self.shard.n_states,
-                            "exact enumeration", enabled=progress)
+                            "exact enumeration", enabled=options.progress)
 
     def walk(self, carried, block_arrays, complete, carry=None):
         """Visit every state depth-first (then call :meth:`finish`).

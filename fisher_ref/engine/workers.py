@@ -79,24 +79,23 @@ def resolve_workers(workers, cost):
     return 1 if cost.seconds < AUTO_MIN_SECONDS else available_cores()
 
 
-def local_workers(task, workers, kw):
-    """The processes ``exact(task, workers=workers, **kw)`` runs in: ``workers``
+def local_workers(task, workers, options):
+    """The processes ``exact(task, workers=workers, **options.as_kwargs())`` runs in
+    (``options``: an :class:`fisher_ref.engine.plan.EngineOptions`): ``workers``
     (:func:`resolve_workers` of the single-core estimate for ``"auto"``, and no more than
-    fit in ``kw["max_bytes"]`` together), at most one per unit of the shard plan
+    fit in ``options.max_bytes`` together), at most one per unit of the shard plan
     (:func:`fisher_ref.engine.shards.plan_shards`)."""
     workers = check_workers(workers)
     if workers == 1:
         return 1
-    inf = float("inf")  # sized only: the run itself checks the limits for its workers
-    cost = plan(task, kw["topk"], kw["chunk"], kw["keep_states"], kw["keep_sequences"], inf,
-                inf, kw["quantities"])[1]
+    sized = options.unlimited()  # sized only: the run itself checks the limits for its workers
+    cost = plan(task, sized)[1]
     n = resolve_workers(workers, cost)
     if n > 1 and workers == "auto" and (unsendable(task) or tracemalloc.is_tracing()):
         return 1  # explicit workers say why they cannot (run_shards); a trace sees one process
     n = max(1, min(n, plan_shards(task, n).bounds[-1]))
-    while workers == "auto" and n > 1 and plan(  # "auto": as many as fit in max_bytes
-            task, kw["topk"], kw["chunk"], kw["keep_states"], kw["keep_sequences"], inf, inf,
-            kw["quantities"], workers=n)[1].bytes > kw["max_bytes"]:
+    while workers == "auto" and n > 1 and (  # "auto": as many as fit in max_bytes
+            plan(task, sized, workers=n)[1].bytes > options.max_bytes):
         n -= 1
     return n
 

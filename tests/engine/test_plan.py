@@ -155,3 +155,25 @@ def test_memory_estimate_counts_the_prompt_length():
     long = estimate_cost(task_from_json(spec), keep_states=True, keep_sequences=True)
     tokens = 8 * 1000 * (long.n_states + long.n_responses)  # int64 tokens kept per row
     assert long.bytes - short.bytes >= tokens
+
+
+def test_engine_options_are_the_keyword_arguments_of_exact():
+    """EngineOptions holds exactly the options of exact() that the engines pass on, with
+    exact()'s defaults; plan() takes nothing else."""
+    import inspect
+
+    from fisher_ref.engine.plan import EngineOptions
+    from fisher_ref.engine.reference import exact_reference
+    from fisher_ref.engine.run import plan
+    opts = EngineOptions()
+    for fn in (exact, exact_reference):
+        params = inspect.signature(fn).parameters
+        assert {k: params[k].default for k in opts.as_kwargs()} == opts.as_kwargs(), fn
+    assert set(inspect.signature(exact_reference).parameters) - {"task"} == set(opts.as_kwargs())
+    task = load_config("default")
+    assert plan(task, opts)[1] == plan(task, opts.with_(progress=False))[1]
+    assert opts.unlimited().max_seconds == opts.unlimited().max_bytes == float("inf")
+    with pytest.raises(TypeError, match="EngineOptions"):
+        plan(task, opts.as_kwargs())
+    with pytest.raises(EnumerationTooLarge):
+        plan(task, opts.with_(max_bytes=1))

@@ -21,7 +21,7 @@ from fisher_ref import load_config
 from fisher_ref.engine import shards as shards_mod
 from fisher_ref.engine import workers as workers_mod
 from fisher_ref.engine.fast import exact
-from fisher_ref.engine.plan import count_states, estimate_cost
+from fisher_ref.engine.plan import EngineOptions, count_states, estimate_cost
 from fisher_ref.engine.shards import ShardError, ShardResult, merge, plan_shards
 from fisher_ref.perf.scaling import load_scale_config
 from fisher_ref.rewards import FunctionReward
@@ -283,9 +283,7 @@ def test_a_task_holding_main_objects_is_refused_by_explicit_workers(monkeypatch)
         with pytest.raises(ValueError, match="__main__"):
             exact(task, progress=False, workers=2)
         monkeypatch.setattr(workers_mod, "AUTO_MIN_SECONDS", 0.0)
-        assert workers_mod.local_workers(task, "auto", dict(
-            topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
-            quantities="all")) == 1
+        assert workers_mod.local_workers(task, "auto", EngineOptions()) == 1
     finally:
         _main_reward.__module__ = __name__
 
@@ -323,13 +321,12 @@ def test_auto_workers_fit_in_the_memory_limit(monkeypatch):
     task = load_scale_config("v16")
     monkeypatch.setattr(workers_mod, "AUTO_MIN_SECONDS", 0.0)
     monkeypatch.setattr(workers_mod, "available_cores", lambda: 4)
-    kw = dict(topk=(), chunk=None, keep_states=False, keep_sequences=False, quantities="all",
-              max_bytes=float("inf"))
+    kw = EngineOptions(keep_states=False, keep_sequences=False, max_bytes=float("inf"))
     assert workers_mod.local_workers(task, "auto", kw) == 4
     two = estimate_cost(task, workers=2).bytes
-    kw["max_bytes"] = two
+    kw = kw.with_(max_bytes=two)
     assert workers_mod.local_workers(task, "auto", kw) == 2
-    kw["max_bytes"] = estimate_cost(task).bytes
+    kw = kw.with_(max_bytes=estimate_cost(task).bytes)
     assert workers_mod.local_workers(task, "auto", kw) == 1
 
 
@@ -338,8 +335,7 @@ def test_auto_workers_stay_in_process_under_tracemalloc(monkeypatch):
     import tracemalloc
     monkeypatch.setattr(workers_mod, "AUTO_MIN_SECONDS", 0.0)
     monkeypatch.setattr(workers_mod, "available_cores", lambda: 4)
-    kw = dict(topk=(), chunk=None, keep_states=False, keep_sequences=False, quantities="all",
-              max_bytes=float("inf"))
+    kw = EngineOptions(keep_states=False, keep_sequences=False, max_bytes=float("inf"))
     task = load_config("default")
     assert workers_mod.local_workers(task, "auto", kw) > 1
     tracemalloc.start()
