@@ -5,18 +5,12 @@ import re
 from pathlib import Path
 
 import nbformat
-import numpy as np
 import pytest
 
 import fisher_ref.teaching.exercises as exercises
-import fisher_ref.teaching.exercises_transformer as exercises_transformer
-import fisher_ref.teaching.exercise as judging
 from fisher_ref.teaching.exercises import EXERCISES, check_exercise
 
 LESSONS = Path(__file__).resolve().parents[2] / "lessons"
-STEMS = ["00_start_here", "01_sequence_to_tokens", "02_pairwise_differences",
-         "03_where_mass_lands", "04_gradient_is_covariance", "05_offpolicy_centering",
-         "06_monte_carlo", "07_transformer", "08_rl_estimators"]
 
 
 def run(code_parts):
@@ -59,24 +53,9 @@ def test_edited_inputs_cannot_fool_the_checker():
     assert check_exercise(ex.id, ns["f"]) is False
 
 
-def test_anti_aligned_judge_reads_its_conditions():
-    """The open-ended exercise: the judge refuses inputs that are not a distribution."""
-    judge = EXERCISES["anti-aligned"].judge
-    assert judge((np.array([0.5, 0.6]), np.array([1.0, 0.0])), {})[0] is False
-    assert judge((np.array([0.5, 0.5]), np.array([1.0, 1.0])), {})[0] is False  # f_unif = 0
-    ok, why = judge((np.array([0.9, 0.05, 0.05]), np.array([2.0, 0.0, 0.0])), {})
-    assert ok and "alignment factor" in why
-
-
 def test_unknown_exercise_names_the_known_ones():
     with pytest.raises(KeyError, match="count-params"):
         check_exercise("no-such-exercise", 1)
-
-
-def test_every_lesson_has_at_least_two_exercises():
-    for stem in STEMS:
-        assert len(exercises.exercises_for(stem)) >= 2, stem
-    assert {e.lesson for e in EXERCISES.values()} == set(STEMS)
 
 
 def test_every_exercise_sits_in_one_notebook_with_its_solution():
@@ -104,15 +83,6 @@ def test_solution_prints(capsys):
     assert "n_params =" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("module", [exercises, judging])
-def test_exercise_docstring_examples(module):
-    res = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+def test_exercise_docstring_examples():
+    res = doctest.testmod(exercises, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert res.attempted > 0 and res.failed == 0
-
-
-def test_one_registry_holds_the_transformer_exercises():
-    """Lesson 7's exercises live in their own module and are found through the one registry."""
-    ids = [e.id for e in exercises_transformer.TRANSFORMER_EXERCISES]
-    assert ids and all(EXERCISES[i] is e for i, e in
-                       zip(ids, exercises_transformer.TRANSFORMER_EXERCISES))
-    assert [e.id for e in exercises.exercises_for("07_transformer")] == ids
