@@ -201,19 +201,6 @@ def test_bernstein_threshold_is_the_shared_mc_stats_halfwidth():
                                   bernstein_halfwidth(300, var, b, 1e-6 / 7))
 
 
-def test_rel_error_uses_largest_exact_entry():
-    assert rel_error(np.array([1.0, 2.5]), np.array([1.0, 2.0])) == (0.5, 0.25)
-    assert rel_error(np.zeros(3), np.zeros(3)) == (0.0, 0.0)
-    with pytest.raises(ValueError, match="shape mismatch"):
-        rel_error(np.zeros(3), np.zeros(4))
-
-
-def test_tolerances_are_ordered_by_precision():
-    assert TOL_FLOAT64 == 1e-10 < TOL_FLOAT32 < TOL_BFLOAT16
-    assert TOL_FLOAT32 > 100 * torch.finfo(torch.float32).eps
-    assert TOL_BFLOAT16 > 10 * torch.finfo(torch.bfloat16).eps
-
-
 def test_matmul_precision_is_highest_inside_and_restored():
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")

@@ -112,9 +112,3 @@ def test_the_torch_twin_has_docstring_examples():
     total = sum(doctest.testmod(importlib.import_module(n), optionflags=doctest.ELLIPSIS).attempted
                 for n in TORCH_MODULES)
     assert total > 0
-
-
-def test_error_scales_docstring_examples():
-    import fisher_ref.checks.tolerances as es
-    res = doctest.testmod(es, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert res.attempted > 0 and res.failed == 0
