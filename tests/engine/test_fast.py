@@ -23,7 +23,7 @@ from fisher_ref.engine.plan import Budgets
 from fisher_ref.engine.reference import exact_reference
 from fisher_ref.perf.scaling import load_scale_config
 
-from cases import CASES, RTOL, brute_force, rel
+from cases import CASES, RTOL, rel
 
 import fisher_ref.engine.fast as exact_mod
 from tests.engine.test_identities_exact import small_tasks
@@ -157,18 +157,6 @@ def test_budgets_refuse_what_is_not_a_size(bad):
 def test_exact_refuses_budgets_of_another_type():
     with pytest.raises(TypeError, match="budgets must be a fisher_ref.engine.plan.Budgets"):
         exact(load_config("tabular"), progress=False, budgets={"sub_elements": 1})
-
-
-def test_reference_flag_runs_the_plain_engine():
-    """``exact(reference=True)`` is the plain engine: held to the brute force of
-    tests/cases.py (the fast engine is held to it above)."""
-    task = load_config("no_eos")
-    r, b = exact(task, reference=True, progress=False), brute_force(task)
-    h = b["xi"].sum(axis=1)  # (M, P)
-    assert rel(r.sequence_fisher, b["P"] @ h ** 2) <= RTOL
-    assert rel(r.cross_terms, np.einsum("m,mup,mtp->utp", b["P"], b["xi"], b["xi"])) <= RTOL
-    assert rel(r.gradient, b["P"] @ ((b["R"] - r.baseline)[:, None] * h),
-               natural_scale(r.streams["policy"])) <= RTOL
 
 
 def test_reference_flag_dispatches_to_the_plain_engine(monkeypatch):

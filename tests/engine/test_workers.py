@@ -1,0 +1,171 @@
+"""The shards of one exact run in local worker processes (fisher_ref.engine.workers):
+the same result as one process, one BLAS thread each, shard 0 in the calling process,
+'auto' sized by the cost, the cores and the memory limit, a dead worker named by its
+shard, a broken kept pool replaced, and tasks the workers cannot receive refused."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fisher_ref import load_config
+from fisher_ref.engine import workers as workers_mod
+from fisher_ref.engine.fast import exact
+from fisher_ref.engine.plan import EngineOptions, estimate_cost
+from fisher_ref.perf.scaling import load_scale_config
+from fisher_ref.rewards import FunctionReward
+from tests.engine.test_shards import RTOL, merged_errors
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, "many", True, None])
+def test_bad_workers_is_refused(bad):
+    with pytest.raises(ValueError, match="workers"):
+        exact(load_config("default"), progress=False, workers=bad)
+
+
+def test_auto_workers_stay_in_process_for_small_runs(monkeypatch):
+    task = load_config("default")
+    cost = estimate_cost(task)
+    assert cost.seconds < workers_mod.AUTO_MIN_SECONDS
+    assert workers_mod.resolve_workers("auto", cost) == 1
+    monkeypatch.setattr(workers_mod, "AUTO_MIN_SECONDS", 0.0)
+    monkeypatch.setattr(workers_mod, "available_cores", lambda: 6)
+    assert workers_mod.resolve_workers("auto", cost) == 6
+    assert workers_mod.resolve_workers(3, cost) == 3
+
+
+def test_workers_give_the_single_run():
+    """Two local processes (spawned, one BLAS thread each): the same result."""
+    task = load_config("offpolicy_stale")
+    kw = dict(progress=False, topk=(1, 2))
+    single, par = exact(task, workers=1, **kw), exact(task, workers=2, **kw)
+    errs = merged_errors(par, single)
+    assert max(errs.values()) <= RTOL, errs
+    assert par.cost.workers == 2
+
+
+def _blas_env(_):
+    return {k: os.environ.get(k) for k in workers_mod.BLAS_THREAD_VARS}
+
+
+def test_workers_run_one_blas_thread():
+    """Workers start with every BLAS thread variable at 1; the parent's own are restored."""
+    before = _blas_env(None)
+    workers_mod.shutdown()  # fresh processes, started under the variables
+    with workers_mod._one_blas_thread():
+        envs = list(workers_mod._executor(2).map(_blas_env, range(4)))
+    assert all(v == "1" for env in envs for v in env.values()), envs
+    assert _blas_env(None) == before
+
+
+def _where(task, shard, **kw):
+    """A stand-in engine: which process ran the shard, and its BLAS thread counts."""
+    from threadpoolctl import threadpool_info
+    return shard, os.getpid(), sorted({p["num_threads"] for p in threadpool_info()})
+
+
+def test_shard_zero_runs_here_and_the_others_in_workers():
+    """The calling process runs shard 0 itself (one BLAS thread meanwhile) while n - 1
+    workers run the rest; a pool of n - 1 processes is kept."""
+    out = workers_mod.run_shards(_where, load_config("default"), 3, {})
+    assert [o[0] for o in out] == [(0, 3), (1, 3), (2, 3)]
+    assert out[0][1] == os.getpid() and os.getpid() not in (out[1][1], out[2][1])
+    assert all(o[2] == [1] for o in out), out
+    assert workers_mod._POOL["n"] == 2
+
+
+def _die(prompt, response):
+    """A reward that ends the process it runs in, when that is a worker (shard 0 runs in
+    the calling process, as with workers=1)."""
+    import multiprocessing
+    if multiprocessing.parent_process() is not None:
+        os._exit(3)
+    return 0.0
+
+
+def test_a_dead_worker_is_an_error_naming_its_shard():
+    task = load_config("default").with_(reward=FunctionReward(_die))
+    with pytest.raises(RuntimeError, match=r"shard 1 of 2"):
+        exact(task, progress=False, workers=2)
+    # the next run starts a fresh pool
+    good = load_config("default")
+    assert merged_errors(exact(good, progress=False, workers=2),
+                         exact(good, progress=False, workers=1))["policy.sequence_fisher"] <= RTOL
+
+
+def test_a_script_without_a_main_guard_runs_once(tmp_path):
+    """Workers are spawned without importing the calling script: one written without
+    ``if __name__ == "__main__":`` runs once, not again in every worker."""
+    script = tmp_path / "no_guard.py"
+    script.write_text("from fisher_ref import load_config, exact\n"
+                      "r = exact(load_config('default'), workers=2, progress=False)\n"
+                      "print('ran', r.cost.workers)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ran", "2"], out.stdout
+
+
+def _main_reward(prompt, response):
+    return float(len(response))
+
+
+def test_a_task_holding_main_objects_is_refused_by_explicit_workers(monkeypatch):
+    _main_reward.__module__ = "__main__"  # as if written in the calling script
+    try:
+        task = load_config("default").with_(reward=FunctionReward(_main_reward))
+        with pytest.raises(ValueError, match="__main__"):
+            exact(task, progress=False, workers=2)
+        monkeypatch.setattr(workers_mod, "AUTO_MIN_SECONDS", 0.0)
+        assert workers_mod.local_workers(task, "auto", EngineOptions()) == 1
+    finally:
+        _main_reward.__module__ = __name__
+
+
+def test_auto_workers_fit_in_the_memory_limit(monkeypatch):
+    """'auto' takes fewer workers where all of them would pass max_bytes; an explicit
+    count is refused instead."""
+    task = load_scale_config("v16")
+    monkeypatch.setattr(workers_mod, "AUTO_MIN_SECONDS", 0.0)
+    monkeypatch.setattr(workers_mod, "available_cores", lambda: 4)
+    kw = EngineOptions(keep_states=False, keep_sequences=False, max_bytes=float("inf"))
+    assert workers_mod.local_workers(task, "auto", kw) == 4
+    two = estimate_cost(task, workers=2).bytes
+    kw = kw.with_(max_bytes=two)
+    assert workers_mod.local_workers(task, "auto", kw) == 2
+    kw = kw.with_(max_bytes=estimate_cost(task).bytes)
+    assert workers_mod.local_workers(task, "auto", kw) == 1
+
+
+def test_auto_workers_stay_in_process_under_tracemalloc(monkeypatch):
+    """A traced run (perf.scaling.measure) sees only its own process: 'auto' stays there."""
+    import tracemalloc
+    monkeypatch.setattr(workers_mod, "AUTO_MIN_SECONDS", 0.0)
+    monkeypatch.setattr(workers_mod, "available_cores", lambda: 4)
+    kw = EngineOptions(keep_states=False, keep_sequences=False, max_bytes=float("inf"))
+    task = load_config("default")
+    assert workers_mod.local_workers(task, "auto", kw) > 1
+    tracemalloc.start()
+    try:
+        assert workers_mod.local_workers(task, "auto", kw) == 1
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_broken_kept_pool_is_replaced():
+    """A pool whose worker died outside a run (killed by the system, say) is not handed
+    out again: the next run starts a fresh one."""
+    import os
+    import signal
+    good = load_config("default")
+    exact(good, progress=False, workers=2)
+    ex = workers_mod._POOL["executor"]
+    for pid, proc in list(ex._processes.items()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # already gone
+            pass
+        proc.join(10)  # dead before the next run, as a worker killed between runs is
+    out = exact(good, progress=False, workers=2)
+    assert workers_mod._POOL["executor"] is not ex
+    assert merged_errors(out, exact(good, progress=False, workers=1))["policy.sequence_fisher"] <= RTOL
