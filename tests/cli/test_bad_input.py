@@ -23,7 +23,6 @@ from fisher_ref import Task, exact, load_config, task_from_json
 from fisher_ref.cli import main
 from fisher_ref.engine.plan import EnumerationTooLarge, count_states
 from fisher_ref.limits import MAX_PARAMS
-from fisher_ref.models.function import FunctionModel
 from fisher_ref.monte_carlo.sampling import estimate, sample
 from fisher_ref.rewards import CountReward, FunctionReward
 from fisher_ref.checks.identities import verify_task
@@ -279,15 +278,6 @@ def _task_kwargs(**change):
 def test_task_fields_name_themselves(change, exc, words):
     with pytest.raises(exc, match=words):
         Task(**_task_kwargs(**change))
-
-
-def test_function_model_arguments_are_checked():
-    with pytest.raises(TypeError, match="callable logits_fn"):
-        FunctionModel(None, 3, 3, 1)
-    with pytest.raises(ValueError, match="num_params must be a positive integer"):
-        FunctionModel(lambda th, w: th, 2.5, 3, 1)
-    with pytest.raises(ValueError, match="context is 2,000, more than the limit"):
-        FunctionModel(lambda th, w: th, 3, 3, 2000)
 
 
 @pytest.mark.parametrize("value, words", [(1e200, "at most 1e\\+100"), ("1.5", "not a number"),

@@ -1,12 +1,11 @@
-"""The models of ``fisher_ref/model.py``: layout, logits by hand, extreme logits,
-windows, and bad specs/parameters."""
+"""What the models share (fisher_ref.models.base, make_model): layout, unpacking, seeded
+initialisation, extreme logits, windows, and bad specs/parameters. Each model's own logits
+are tested in tests/models/test_mlp.py, test_tabular.py and test_function.py."""
 import numpy as np
 import pytest
 
-from fisher_ref.models.function import FunctionModel
 from fisher_ref.models.mlp import MLPModel
 from fisher_ref.models.base import ModelSpec, check_theta, windows_for
-from fisher_ref.models.tabular import TabularModel
 from fisher_ref.numerics import log_softmax, softmax
 from fisher_ref.models import make_model
 
@@ -25,17 +24,6 @@ def test_layout_is_contiguous_and_in_design_order():
     assert off == m.num_params == 119
 
 
-def test_mlp_logits_match_hand_computation():
-    m = MLPModel(ModelSpec(vocab_size=4, context=2, embed_dim=2, hidden=3, init_seed=1))
-    th = m.init_params()
-    p = m.unpack(th)
-    W = np.array([[4, 1], [2, 3]])  # BOS=4
-    for b in range(2):
-        e = np.concatenate([p["E"][W[b, 0]], p["E"][W[b, 1]]])
-        z = np.tanh(e @ p["W1"] + p["b1"]) @ p["W2"] + p["b2"]
-        assert np.allclose(m.logits(th, W)[b], z, rtol=RTOL, atol=0)
-
-
 def test_unpack_views_are_row_major_slices_of_theta():
     m = MLPModel(ModelSpec(vocab_size=3, context=1, embed_dim=2, hidden=2))
     th = np.arange(m.num_params, dtype=float)
@@ -47,14 +35,6 @@ def test_init_params_are_seeded_and_scaled():
     a = MLPModel(ModelSpec(vocab_size=3, init_seed=4, init_scale=2.0)).init_params()
     b = 2.0 * np.random.default_rng(4).standard_normal(a.size)
     assert np.array_equal(a, b)
-
-
-def test_tabular_logits_are_the_table_row_of_the_window():
-    m = TabularModel(3, context=2, eos=False)
-    th = np.arange(m.num_params, dtype=float)
-    W = np.array([[3, 3], [1, 2]])
-    rows = [3 * 4 + 3, 1 * 4 + 2]
-    assert np.array_equal(m.logits(th, W), th.reshape(16, 3)[rows])
 
 
 def test_log_softmax_is_finite_for_extreme_and_masked_logits():
@@ -69,12 +49,6 @@ def test_log_softmax_is_finite_for_extreme_and_masked_logits():
 def test_windows_for_pads_with_bos_oldest_first():
     W = windows_for([(), (1,), (1, 2, 3)], context=2, bos=9)
     assert W.tolist() == [[9, 9], [9, 1], [2, 3]]
-
-
-def test_function_model_wraps_a_logits_function():
-    m = FunctionModel(lambda th, w: np.outer(w[:, 0], th), 3, 3, 1, eos=False, name="outer")
-    assert m.logits(np.array([1.0, 2.0, 3.0]), np.array([[2]])).tolist() == [[2.0, 4.0, 6.0]]
-    assert m.describe()["arch"] == "outer" and m.bos == 3
 
 
 @pytest.mark.parametrize("theta, exc, words", [
@@ -113,20 +87,3 @@ def test_bad_model_specs_name_the_problem(spec, words):
 def test_make_model_rejects_non_dict():
     with pytest.raises(TypeError, match="model spec must be a dict"):
         make_model([5])
-
-
-def test_mlp_with_huge_weights_runs_without_overflow_warnings():
-    """At init_scale 1e3 every hidden unit saturates: tanh is +-1 exactly and its derivative
-    0 to rounding. The autodiff gradient took autograd's 1/cosh(y)^2, which overflowed
-    ("overflow encountered in cosh"); the clipped tanh gives the same values silently."""
-    import warnings
-    from fisher_ref import exact, load_config
-    from fisher_ref.tasks import task_from_json
-    spec = load_config("default").to_json()
-    spec["model"]["init_scale"] = 1e3
-    task = task_from_json(spec)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        r = exact(task, progress=False)
-    assert np.all(np.isfinite(r.gradient)) and np.all(np.isfinite(r.gradient_autodiff))
-    assert np.allclose(r.gradient, r.gradient_autodiff, rtol=0, atol=1e-10 * max(1.0, np.abs(r.gradient).max()))
