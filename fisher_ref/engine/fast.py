@@ -7,7 +7,7 @@ the same streams (``"policy"``; with a sampler ``"raw"``, ``"centered"``,
 responses of probability times the response's own value, every token-level one
 as a sum over states of reach times the state's value — and nothing here
 assumes the identities of docs/theory.md §2.9 that relate the two routes. The
-plain engine is the judge at 1e-10 (tests/test_fast_paths.py).
+plain engine is the judge at 1e-10 (tests/engine/test_fast_vs_reference.py).
 
 The sums are regrouped (docs/theory.md §7.5):
 
@@ -23,29 +23,26 @@ The sums are regrouped (docs/theory.md §7.5):
 The fast engine's walk carries per state its running score sum ``H``, its path
 sum of token moments ``G``, the score of its last token and the window ids of
 its ancestors (not the whole score history); with ``quantities="fisher"`` only ``H``
-and the window ids, and the sums of :func:`_complete_fisher`. The states of the last level,
-most of all states, carry only their parents' rows: their ``H`` and path sums
-are formed from the parents' a sub-block at a time (:func:`_last_level`).
+and the window ids. The sums over complete responses are in
+:mod:`fisher_ref.engine.complete`; there the states of the last level, most of all
+states, carry only their parents' rows: their ``H`` and path sums are formed from the
+parents' a sub-block at a time (:func:`fisher_ref.engine.complete.last_level`).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from fisher_ref.engine.complete import complete, complete_fisher
 from fisher_ref.engine.plan import (DEFAULT_BUDGETS, DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS,
                                     Budgets, EngineOptions)
-from fisher_ref.engine.tree import expand
 from fisher_ref.engine.reference import exact_reference
-from fisher_ref.engine.parent_sums import (fisher_sums, level_sums, parent_powers, prefix_starts, segment_sum,
-                      window_products)
-from fisher_ref.engine.moments import importance_weighted
-from fisher_ref.results import GatheredStates
-from fisher_ref.engine.run import (BlockArrays, Run, check_support, last_scores,
+from fisher_ref.engine.run import (BlockArrays, Run, check_support, last_scores, plan,
                                    reward_gradient, state_places)
-from fisher_ref.engine.run import plan
 from fisher_ref.engine.shards import merge
+from fisher_ref.engine.window_cache import WindowCache
 from fisher_ref.engine.workers import local_workers, run_shards
 from fisher_ref.numerics import topk_center
-from fisher_ref.engine.window_cache import WindowCache
+from fisher_ref.results import GatheredStates
 
 __all__ = ["exact", "topk_center", "Budgets"]
 
@@ -89,7 +86,7 @@ def _block_arrays(run, cache, block):
     flushed, :meth:`WindowCache.accumulate_states`) and keeps its state records.
 
     A block of the last level (:func:`_carry`) carries no per-state arrays: its
-    path sums are formed per sub-block (:func:`_last_level`), and ``G`` is ``None`` (as in
+    path sums are formed per sub-block (:func:`fisher_ref.engine.complete.last_level`), and ``G`` is ``None`` (as in
     every block with ``quantities="fisher"``, which forms no path sums)."""
     task, S = run.task, len(run.streams)
     B, d = block.size, block.depth
@@ -132,7 +129,7 @@ def _carry(run, block, par, tok, arrs):
 
     Children of the last level (every child of theirs ends a response, most of all
     states) carry instead their parent rows ``src (C,)`` and the parents' ``H`` and
-    ``G`` (``from``): :func:`_last_level` forms theirs a sub-block at a time, so that
+    ``G`` (``from``): :func:`fisher_ref.engine.complete.last_level` forms theirs a sub-block at a time, so that
     the arrays of a whole level are never written out."""
     path = block.wpath[par]  # (C, T)
     path[:, block.depth] = block.wid[par]
@@ -148,167 +145,8 @@ def _carry(run, block, par, tok, arrs):
             "last": xi.transpose(1, 0, 2), "wpath": path}
 
 
-def _sub_arrays(block, arrs, s, sl, gen):
-    """Stream ``s``'s running score sums ``H`` and path sums ``G`` (``(b, P)`` each) of the
-    block's parents ``sl``, slices of the arrays they carry; and ``hist_at(t, rows)``,
-    their score at slot ``t`` (:func:`fisher_ref.engine.parent_sums.history_cross`)."""
-    H, G, last = block.H[s, sl], arrs.G[s, sl], block.last[sl, s]
-    return H, G, _history(arrs.xiT[s], block.path_rows[sl], gen[sl], last)
-
-
-def _history(xi, prow, gen, last):
-    def hist_at(t, at):  # the parents' score xi_t, rows ``at``
-        if t == prow.shape[1] - 1:
-            return last if len(at) == len(last) else last[at]
-        return xi[prow[at, t], gen[at, t]]
-    return hist_at
-
-
-def _last_H(block, arrs, s, sl, gen, out):
-    r"""Stream ``s``'s running score sums of the last level's parents ``sl``,
-    :math:`H = H_{parent} + \xi_{last}`, written into ``out (b, P)``; returns
-    :math:`\xi_{last}`."""
-    d, H0, src = block.depth, block.parents[0], block.src[sl]
-    prow, g = block.path_rows[sl], gen[sl]
-    last = arrs.xiT[s][prow[:, d - 1], g[:, d - 1]]  # (b, P)
-    np.take(H0[s], src, axis=0, out=out, mode="clip")
-    out += last
-    return last
-
-
-def _last_level(cache, block, arrs, s, sl, gen, W, r):
-    r"""Stream ``s``'s arrays of the last level's parents ``sl``, formed from their parents'
-    (:func:`_carry`): ``H = H_parent + \xi_{last}`` written where
-    :meth:`WindowCache.defer` holds it; ``X = (r y_1, r y_2)`` of their windows; the path
-    sums :math:`\sum_g W_g G_g` and :math:`\sum_g W_g G_g^2` with
-    :math:`G_g = G_{parent} + m_g`, expanded per parent (all terms nonnegative); and
-    ``hist_at``."""
-    G0, src, prow, g = block.parents[1], block.src[sl], block.path_rows[sl], gen[sl]
-    rows, a = arrs.rows[sl], cache.arrays
-    H = cache.reserve(len(src), arrs.xiT[s].shape[2])
-    last = _last_H(block, arrs, s, sl, gen, H)
-    m = a[f"y{s}_2"][rows]  # (b, P) the parents' own token moments
-    runs = np.flatnonzero(np.r_[True, src[1:] != src[:-1]])  # parents of one grandparent
-    Wp, Gp = segment_sum(W, runs), np.take(G0[s], src[runs], axis=0, mode="clip")  # (n,), (n, P)
-    path = Wp @ Gp + W @ m
-    path2 = Wp @ (Gp * Gp) + 2 * np.einsum("gp,gp->p", Gp, segment_sum(m, runs, W)) + W @ (m * m)
-    X1 = a[f"y{s}_1"][rows]
-    X1 *= r[:, None]
-    m *= r[:, None]  # now X2 = r y_2
-    return H, (X1, m), path, path2, _history(arrs.xiT[s], prow, g, last)
-
-
-def _terminal_children(task, block, arrs, idx):
-    """The complete responses among the block's children ``idx`` (rows ``b*V + a``): ``B``
-    parents, ``k`` terminal tokens ``K (k,)`` under each, the last token ``tok (B*k,)`` and
-    the child block ``done`` of every response, the parents' generated tokens ``gen (B, d)``."""
-    B, d = block.size, block.depth
-    k = len(idx) // B
-    _, tok, done = expand(task, block, idx, arrs.p, arrs.q, tokens=False)
-    gen = block.tokens[np.arange(B)[:, None], (block.length - d)[:, None] + np.arange(d)]
-    return B, k, idx[:k] % task.model.vocab_size, tok, done, gen
-
-
-def _sub_blocks(B, P, elements):
-    """Slices of ``B`` parents whose ``(b, P)`` arrays hold at most ``elements``
-    (``Budgets.sub_elements``)."""
-    step = max(1, elements // P)
-    return [slice(lo, lo + step) for lo in range(0, B, step)]
-
-
-def _complete(run, cache, batch, block, arrs, idx):
-    """The complete responses among the block's children ``idx`` (the same tokens ``K``
-    under every parent): their rewards at once, the sums of each stream (weights per
-    window and token, then per parent), the autodiff queue and the kept records."""
-    task, d = run.task, block.depth
-    B, k, K, tok, done, gen = _terminal_children(task, block, arrs, idx)
-    resp = np.full((B * k, task.max_len), -1, dtype=np.int64)  # (C, T)
-    resp[:, :d], resp[:, d] = np.repeat(gen, k, axis=0), tok
-    R = task.reward.batch(resp, np.full(B * k, d + 1), task.prompts, done.prompt)  # (C,)
-    weights = [_stream_weights(run, cache, s, block, arrs, done, K, R)
-               for s in range(len(run.streams))]
-    _parent_sums(run, cache, block, arrs, gen, K, weights)
-    path = np.repeat(block.wpath, k, axis=0)  # (C, T)
-    path[:, d] = np.repeat(block.wid, k)
-    if batch.add(path, resp, d + 1, done.prompt, R):
-        run.grad_ad += batch.flush()
-    run.keep_responses(done, resp, R)
-
-
-def _stream_weights(run, cache, s, block, arrs, done, K, R):
-    """Stream ``s``'s weights ``w (B, k)``, rewards ``R - r0``, importance weights; the
-    weights of its per-(window, token) sums and of its sums without ``H`` handed to the
-    window cache."""
-    name, wname = run.streams[s].name, run.streams[s].drawn_from
-    mom, r, B = run.moments[name], block.reach(wname), block.size
-    w = done.reach(wname).reshape(B, len(K))  # (B, k)
-    mom.add_reward_spread(w.ravel(), R)
-    Rc = mom.centered(R).reshape(w.shape)
-    wR = w * Rc
-    rho_w = importance_weighted(w, done.rp.reshape(w.shape)) if wname == "q" else None
-    acc = [wR, wR, wR * Rc] if rho_w is None else [rho_w, rho_w * Rc, wR, wR, wR * Rc]
-    cache.accumulate(s, arrs.rows, K, np.stack(acc, axis=1))  # see _accumulated
-    if len(K) == run.task.model.vocab_size:  # w = r q: the sums without H, per window
-        cache.accumulate_reach(s, arrs.rows, r, block.depth)
-    return mom, arrs.xiT[s], w, Rc, rho_w, r
-
-
-def _parent_sums(run, cache, block, arrs, gen, K, weights):
-    """Every sum of :func:`fisher_ref.engine.parent_sums.level_sums`, parents in sub-blocks (bounded
-    temporaries); with every token terminal, the reward-weighted products per window
-    later."""
-    B, full = block.size, len(K) == run.task.model.vocab_size
-    for sl in _sub_blocks(B, run.task.model.num_params, run.budgets.sub_elements):
-        starts = prefix_starts(block.prompt[sl], gen[sl])
-        rows = arrs.rows[sl]
-        for s, (mom, xi, w, Rc, rho_w, r) in enumerate(weights):
-            w, Rc, rho_w = w[sl], Rc[sl], None if rho_w is None else rho_w[sl]
-            C = np.stack([w * Rc, w * Rc * Rc], axis=1)  # (b, 2, k)
-            if block.src is not None:  # the last level: every token terminal
-                H, X, g, g2, hist_at = _last_level(cache, block, arrs, s, sl, gen,
-                                                   w.sum(axis=1), r[sl])
-                cache.defer(s, rows, C, H, ("Rh2", "R2h2"), r[sl])
-                sums = level_sums(H, None, hist_at, w, Rc, rho_w, X, starts)
-                sums["g"], sums["g2"] = g, g2
-                mom.add_sums(**sums)
-                continue
-            H, G, hist_at = _sub_arrays(block, arrs, s, sl, gen)
-            X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w, 2 if full else 4)
-            if full:  # sums without H and products with per-window arrays: later
-                Z = pure = None
-                cache.defer(s, rows, C, H, ("Rh2", "R2h2"), r[sl])
-            else:
-                Z, pure = window_products(C, xi, rows, K), [x.sum(axis=0) for x in X[:2] + X[3:]]
-                X = X[:3]
-            mom.add_sums(**level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z, pure))
-
-
-def _complete_fisher(run, cache, block, arrs, idx):
-    r"""``quantities="fisher"``: the complete responses among the block's children ``idx``
-    add only their probability, :math:`\sum w\,h` and :math:`\sum w\,h^2` per stream
-    (:func:`fisher_ref.engine.parent_sums.fisher_sums`; with every token terminal, the terms without
-    ``H`` per window, :meth:`WindowCache.accumulate_reach`). No rewards are evaluated."""
-    task, d, P = run.task, block.depth, run.task.model.num_params
-    B, k, K, _, done, gen = _terminal_children(task, block, arrs, idx)
-    full = k == task.model.vocab_size
-    for s, stream in enumerate(run.streams):
-        name, wname = stream.name, stream.drawn_from
-        r, w = block.reach(wname), done.reach(wname).reshape(B, k)  # (B,), (B, k)
-        if full:
-            cache.accumulate_reach(s, arrs.rows, r, d)
-        for sl in _sub_blocks(B, P, run.budgets.sub_elements):
-            if block.src is not None:  # the last level: H formed from the parents' rows
-                H = cache.work(2, (len(w[sl]), P))
-                _last_H(block, arrs, s, sl, gen, H)
-            else:
-                H = block.H[s, sl]
-            X = parent_powers(cache.arrays, s, arrs.xiT[s], arrs.rows[sl], K, r[sl], w[sl],
-                              1 if full else 2)  # X_1 (and X_2 when summed here)
-            run.moments[name].add_sums(**fisher_sums(H, w[sl].sum(axis=1), *X))
-
-
 def _accumulated(run):
-    """Per stream, the sums the per-(window, token) weights of :func:`_complete` add to,
+    """Per stream, the sums the per-(window, token) weights of :func:`fisher_ref.engine.complete.complete` add to,
     with the power of the score each takes (:meth:`WindowCache.accumulate`)."""
     on = [("Rh", 1), ("Rh2", 2), ("R2h2", 2)]
     return {s: on if wname == "p" else [("is_h", 1), ("is_Rh", 1)] + on
@@ -421,9 +259,9 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
                          last=np.zeros((n, S, P)))
         return _block_arrays(run, cache, block)
 
-    complete = (lambda *args: _complete_fisher(run, cache, *args)) if fisher else \
-        (lambda *args: _complete(run, cache, batch, *args))
-    run.walk(("H",) if fisher else ("H", "G"), block_arrays, complete,
+    on_complete = (lambda *args: complete_fisher(run, cache, *args)) if fisher else \
+        (lambda *args: complete(run, cache, batch, *args))
+    run.walk(("H",) if fisher else ("H", "G"), block_arrays, on_complete,
              lambda *args: _carry(run, *args))
     run.grad_ad += batch.flush()
     _finish(run, cache)
