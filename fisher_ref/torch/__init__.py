@@ -5,7 +5,8 @@ held against the float64 numpy engines by ``compare``.
 
 - :mod:`fisher_ref.torch.adapters` — the adapter interface, the MLP and tabular adapters,
   the three-line token Fisher, the samplers' logits;
-- :mod:`fisher_ref.torch.module` — any torch causal LM as an adapter (:func:`from_module`);
+- :mod:`fisher_ref.torch.module` — any torch causal LM as an adapter (:func:`from_module`;
+  what it reads off the module: :mod:`~fisher_ref.torch.module_parameters`);
   :mod:`fisher_ref.torch.module_model` — the same module as a model of the numpy engines
   (:func:`causal_lm_task`); :mod:`fisher_ref.torch.gpt2` — the GPT-2 through ``transformers``;
   :mod:`fisher_ref.torch.registry` — the adapter of any model (:func:`torch_model`);
