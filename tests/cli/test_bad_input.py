@@ -172,14 +172,6 @@ def test_mc_1e10_is_refused_before_the_enumeration(capsys, monkeypatch):
     assert rc == 2 and "n=10,000,000,000" in err and "use n <=" in err and "GiB" in err
 
 
-@pytest.mark.parametrize("mc, words", [("-5", "non-negative whole number"),
-                                       ("2.5", "non-negative whole number"),
-                                       ("many", "non-negative whole number")])
-def test_bad_mc_option_exits_2(capsys, mc, words):
-    rc, err = run_cli(["verify", "--config", "default", "--mc", mc], capsys)
-    assert rc == 2 and "--mc" in err and words in err
-
-
 def test_api_sizes_are_refused():
     task = load_config("default")
     rng = np.random.default_rng(0)

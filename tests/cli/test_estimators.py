@@ -8,7 +8,7 @@ from fisher_ref.cli import main
 from fisher_ref.cli.estimators import report_rows
 from fisher_ref.estimators import expected_loss_gradient, presets as P
 
-from .brute import tiny_task
+from tests.estimators.brute import tiny_task
 
 
 def _task_file(tmp_path, **kw):

@@ -1,6 +1,5 @@
-"""The side-by-side benchmark (fisher_ref.perf.bench); wall times are never asserted."""
-import json
-
+"""The side-by-side benchmark (fisher_ref.perf.bench); wall times are never asserted. Its
+command line is tested in tests/cli/test_bench.py."""
 import pytest
 
 torch = pytest.importorskip("torch", reason="bench times the torch engine (the torch extra)")
@@ -8,7 +7,6 @@ torch = pytest.importorskip("torch", reason="bench times the torch engine (the t
 import fisher_ref.perf.bench as fb  # noqa: E402
 from fisher_ref import load_config  # noqa: E402
 from fisher_ref.perf.bench import MEASUREMENTS, bench, format_table, measurements  # noqa: E402
-from fisher_ref.cli import main  # noqa: E402
 from fisher_ref.rewards import FunctionReward  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -44,18 +42,6 @@ def test_unpicklable_task_is_timed_in_process_with_threads_restored():
     assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="isolate=True needs a task that can be pickled"):
         bench(task, repeats=1, names=["fisher_ref"], isolate=True)
-
-
-def test_cli_bench_prints_ratio_and_writes_json(tmp_path, capsys):
-    path = tmp_path / "bench.json"
-    rc = main(["bench", "--config", "default", "--repeats", "1", "--device", "cpu",
-               "--no-peer", "--json", str(path)])
-    out = capsys.readouterr().out
-    assert rc == 0
-    assert "ratio fisher_ref/torch_cpu_float64 = " in out
-    data = json.loads(path.read_text())
-    assert data["task"] == "default" and data["ratio"]["torch_cpu_float64"] > 0
-    assert data["threads"] == 1 and "torch_cpu_float64" in data["env"]
 
 
 def test_gpt2_config_benches_against_the_transformers_adapter():

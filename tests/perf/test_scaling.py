@@ -78,26 +78,3 @@ def test_peak_memory_grows_with_chunk_not_with_the_tree():
     assert big["n_states"] >= 5 * small["n_states"]
     assert big["peak_bytes"] < 1.6 * small["peak_bytes"], (small, big)
     assert np.isfinite(big["seconds"])
-
-
-def test_main_writes_csv_markdown_and_plot(tmp_path, capsys):
-    from fisher_ref.cli import main
-    assert main(["bench", "--scaling", str(tmp_path), "--quick"]) == 0
-    assert {p.name for p in tmp_path.iterdir()} == {"scaling.csv", "scaling.md", "scaling.png"}
-    budget = {"NPV": 1e5, "seconds": 0.1, "peak_bytes": 2 ** 20, "budget_bytes": 2 ** 30}
-    plot([], tmp_path / "b.png", budget)
-    assert (tmp_path / "b.png").stat().st_size > 0
-    assert "| V | T | P |" in capsys.readouterr().out
-
-
-def test_bench_scaling_flag_delegates_to_scaling(monkeypatch):
-    """``python -m fisher_ref bench --scaling DIR`` runs the scaling sweep into DIR."""
-    import fisher_ref.cli.bench as cli_bench
-    from fisher_ref import cli
-    calls = []
-    monkeypatch.setattr(cli_bench, "scaling_main",
-                        lambda out, quick, with_budget_run: calls.append((out, quick, with_budget_run)) or 0)
-    assert cli.main(["bench", "--scaling", "somewhere"]) == 0
-    assert calls == [("somewhere", False, False)]
-    args = cli.build_parser("bench").parse_args(["bench", "--scaling"])
-    assert args.scaling == "docs"

@@ -1,0 +1,45 @@
+"""``python -m fisher_ref bench`` (fisher_ref.cli.bench): the side-by-side table and its
+--json file, and --scaling DIR, which runs the scaling sweep into DIR. Wall times are
+never asserted."""
+import json
+
+import pytest
+
+import fisher_ref.cli.bench as cli_bench
+from fisher_ref import cli
+from fisher_ref.cli import main
+from fisher_ref.perf.scaling import plot
+
+
+@pytest.mark.torch
+def test_cli_bench_prints_ratio_and_writes_json(tmp_path, capsys):
+    pytest.importorskip("torch", reason="bench times the torch engine (the torch extra)")
+    path = tmp_path / "bench.json"
+    rc = main(["bench", "--config", "default", "--repeats", "1", "--device", "cpu",
+               "--no-peer", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "ratio fisher_ref/torch_cpu_float64 = " in out
+    data = json.loads(path.read_text())
+    assert data["task"] == "default" and data["ratio"]["torch_cpu_float64"] > 0
+    assert data["threads"] == 1 and "torch_cpu_float64" in data["env"]
+
+
+def test_main_writes_csv_markdown_and_plot(tmp_path, capsys):
+    assert main(["bench", "--scaling", str(tmp_path), "--quick"]) == 0
+    assert {p.name for p in tmp_path.iterdir()} == {"scaling.csv", "scaling.md", "scaling.png"}
+    budget = {"NPV": 1e5, "seconds": 0.1, "peak_bytes": 2 ** 20, "budget_bytes": 2 ** 30}
+    plot([], tmp_path / "b.png", budget)
+    assert (tmp_path / "b.png").stat().st_size > 0
+    assert "| V | T | P |" in capsys.readouterr().out
+
+
+def test_bench_scaling_flag_delegates_to_scaling(monkeypatch):
+    """``python -m fisher_ref bench --scaling DIR`` runs the scaling sweep into DIR."""
+    calls = []
+    monkeypatch.setattr(cli_bench, "scaling_main",
+                        lambda out, quick, with_budget_run: calls.append((out, quick, with_budget_run)) or 0)
+    assert cli.main(["bench", "--scaling", "somewhere"]) == 0
+    assert calls == [("somewhere", False, False)]
+    args = cli.build_parser("bench").parse_args(["bench", "--scaling"])
+    assert args.scaling == "docs"
