@@ -1,7 +1,9 @@
 """Monte Carlo estimates of the exact quantities, and their z-tests against exact values.
 
-- :mod:`fisher_ref.monte_carlo.sampling`: drawing responses, per-response values,
-  :func:`estimate` and :func:`check_monte_carlo`;
+- :mod:`fisher_ref.monte_carlo.sampling`: drawing responses, :func:`estimate` and
+  :func:`check_monte_carlo`; the per-response values in
+  :mod:`~fisher_ref.monte_carlo.values`, the memory a run needs in
+  :mod:`~fisher_ref.monte_carlo.memory`;
 - :mod:`fisher_ref.monte_carlo.estimators`: the estimators and their standard errors;
 - :mod:`fisher_ref.monte_carlo.ztests`: z-scores against exact values and the Bernstein
   bounds the checks use.
