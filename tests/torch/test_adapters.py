@@ -13,7 +13,6 @@ torch = pytest.importorskip("torch", reason="the torch engine needs torch (the t
 
 from fisher_ref import load_config  # noqa: E402
 from fisher_ref.checks.tolerances import rel_error  # noqa: E402
-from fisher_ref.models.function import FunctionModel
 from fisher_ref.models.mlp import MLPModel
 from fisher_ref.models.base import ModelSpec
 from fisher_ref.models.tabular import TabularModel
@@ -90,12 +89,6 @@ def test_token_fisher_snippet_matches_fisher_ref():
 def test_unknown_dtype_is_refused():
     with pytest.raises(ValueError, match="unknown dtype 'float8'"):
         resolve_dtype("float8")
-
-
-def test_autograd_function_model_has_no_torch_twin():
-    m = FunctionModel(lambda th, w: th[:3] + 0 * w[:, :1], 3, 3, 1, name="my_fn")
-    with pytest.raises(NotImplementedError, match="arch 'my_fn'"):
-        torch_model(m)
 
 
 TORCH_MODULES = sorted(m.name for m in pkgutil.walk_packages(fisher_ref.torch.__path__, "fisher_ref.torch."))

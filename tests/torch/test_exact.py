@@ -16,14 +16,8 @@ torch = pytest.importorskip("torch", reason="the torch engine needs torch (the t
 import cases  # noqa: E402
 from fisher_ref import list_configs, load_config  # noqa: E402
 from fisher_ref.engine.fast import exact  # noqa: E402
-from fisher_ref.models.function import FunctionModel
-from fisher_ref.models.mlp import MLPModel
-from fisher_ref.models.base import ModelSpec
-from fisher_ref.rewards import CountReward, FunctionReward  # noqa: E402
 from fisher_ref.samplers import LogitsSampler  # noqa: E402
-from fisher_ref.tasks import Task  # noqa: E402
 from fisher_ref.torch.exact import torch_exact  # noqa: E402
-from fisher_ref.torch.tree import depth_first, root_block  # noqa: E402
 from torch_checks import mismatches  # noqa: E402
 from tests.engine.test_identities_exact import small_tasks  # noqa: E402
 
@@ -99,37 +93,6 @@ def test_results_do_not_depend_on_the_block_size(chunk):
     assert not bad, f"chunk {chunk}: {bad}"
 
 
-def test_results_do_not_depend_on_the_window_cache(monkeypatch):
-    import fisher_ref.torch.window_cache as tw
-    monkeypatch.setattr(tw, "WINDOW_CACHE_BYTES", 1)  # one window at a time
-    task = load_config("weighted_prompts")
-    bad = mismatches(task, _ref(task), torch_exact(task, chunk=5), RTOL)
-    assert not bad, bad
-
-
-def test_depth_first_visits_every_state_once_in_blocks_of_at_most_chunk():
-    """The walk's memory unit: no block above ``chunk`` rows, every state exactly once."""
-    from fisher_ref.engine.plan import count_states
-    from fisher_ref.torch.tree import ending_tokens, open_children
-    task = load_config("weighted_prompts")
-    V, chunk, seen = task.model.vocab_size, 3, []
-    stack = [root_block(task, 1, "cpu", torch.float64)]
-    for block in depth_first(stack, chunk):
-        assert block.size <= chunk
-        seen += [(pi, tuple(r[:n])) for pi, r, n in zip(block.prompt.tolist(),
-                                                        block.tokens.tolist(),
-                                                        block.length.tolist())]
-        _, opening = ending_tokens(task, block.depth, "cpu")
-        if len(opening):
-            p = torch.full((block.size, V), 1.0 / V, dtype=torch.float64)
-            x = torch.zeros((1, block.size, len(opening), task.model.num_params),
-                            dtype=torch.float64)
-            stack.append(open_children(block, opening, p, p, x, block.G))
-        assert len(stack) <= task.max_len
-    assert len(seen) == len(set(seen)) == count_states(V, task.max_len, task.model.eos,
-                                                        len(task.prompts))[0]
-
-
 def test_kept_arrays_and_variances_are_optional_and_change_nothing():
     task = load_config("offpolicy_stale")
     full = torch_exact(task)
@@ -140,27 +103,6 @@ def test_kept_arrays_and_variances_are_optional_and_change_nothing():
         for q, v in d.items():
             if q != "variances":
                 np.testing.assert_allclose(lean["streams"][s][q], v, rtol=RTOL, atol=0)
-
-
-def test_reward_offset_leaves_std_and_bound_unchanged():
-    """std(A) from block means merged by Chan's update: rewards 1e8 + count against count
-    give the same std and bound to 1e-8 (a sum of R^2 minus E[R]^2 would lose it all)."""
-    task = load_config("default")
-    shifted = task.with_(reward=FunctionReward(lambda p, r: 1e8 + float(list(r).count(2))))
-    a = torch_exact(task)["streams"]["policy"]
-    b = torch_exact(shifted)["streams"]["policy"]
-    assert abs(b["reward_std"] - a["reward_std"]) <= 1e-8 * a["reward_std"]
-    np.testing.assert_allclose(b["bound"], a["bound"], rtol=1e-8, atol=0)
-    np.testing.assert_allclose(b["covariance"], a["covariance"], rtol=1e-6,
-                               atol=1e-8 * np.max(np.abs(a["covariance"])))
-
-
-def test_ranges_bound_the_exact_variances():
-    """Var(X) <= b^2 for |X - E X| <= b: the ranges are consistent with fisher_ref."""
-    task = load_config("default")
-    ranges, pol = torch_exact(task)["ranges"], _ref(task).streams["policy"]
-    for q, var_key in (("sequence_fisher", "h2"), ("token_fisher_sum", "token_sum")):
-        assert np.all(pol.variances[var_key] <= ranges[q] ** 2 * (1 + 1e-9) + 1e-300)
 
 
 def test_sampler_without_support_is_refused_naming_the_token():
@@ -175,15 +117,6 @@ def test_sampler_without_support_is_refused_naming_the_token():
 def test_bad_chunk_is_refused(chunk):
     with pytest.raises(ValueError, match="chunk must be a positive integer"):
         torch_exact(load_config("default"), chunk=chunk)
-
-
-def test_autograd_function_model_is_not_implemented_and_named():
-    base = MLPModel(ModelSpec(vocab_size=3))
-    model = FunctionModel(base.logits, base.num_params, 3, base.context, name="my_fn")
-    task = Task(model=model, theta=base.init_params(), prompts=[(1,)], prompt_weights=[1.0],
-                max_len=2, reward=CountReward(1))
-    with pytest.raises(NotImplementedError, match="arch 'my_fn'"):
-        torch_exact(task)
 
 
 def test_v16_task_runs_within_2_gib():

@@ -11,7 +11,6 @@ peft = pytest.importorskip("peft", reason="the hf extra (peft) is needed")
 from fisher_ref.engine.fast import exact  # noqa: E402
 from fisher_ref.torch.module_model import causal_lm_task
 from fisher_ref.torch.exact import exact_causal_lm
-from fisher_ref.torch.module import select_parameters  # noqa: E402
 from tests.torch.hf_brute import brute_force  # noqa: E402
 from tests.torch.hf_families import V, tiny  # noqa: E402
 
@@ -160,17 +159,3 @@ def test_a_bos_above_v_is_not_mistaken_for_a_prompt_id():
     assert all(r["passed"] for r in out["checks"])
     with pytest.raises(ValueError, match=r"token id 8, out of range 0\.\.7"):
         exact_causal_lm(model, [[8]], T, reward, vocab_size=V, eos=True, bos=7)
-
-
-def test_selection_errors_name_params():
-    model = frozen_llama()
-    with pytest.raises(ValueError, match="'q_proj'.*did you mean"):
-        select_parameters(model, ["q_proj"])
-    with pytest.raises(ValueError, match="params must be 'all', 'trainable'"):
-        select_parameters(model, "frozen")
-    with pytest.raises(ValueError, match="no parameters selected by the params predicate"):
-        select_parameters(model, lambda n, p: False)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    with pytest.raises(ValueError, match="no parameters selected by params='trainable'"):
-        run(model, params="trainable")

@@ -1,7 +1,5 @@
-"""The run's dtype all the way through a module (fisher_ref.torch.precision), and the
-self-checks every torch-engine result carries (fisher_ref.torch.self_check)."""
-import warnings
-
+"""The run's dtype all the way through a module (fisher_ref.torch.precision); the
+self-checks every result carries are tested in tests/torch/test_self_check.py."""
 import numpy as np
 import pytest
 
@@ -11,7 +9,6 @@ pytest.importorskip("transformers", reason="the hf extra (transformers) is neede
 from fisher_ref.torch.exact import exact_causal_lm
 from fisher_ref.torch import self_check  # noqa: E402
 from fisher_ref.torch.precision import LowPrecisionError, run_dtype  # noqa: E402
-from fisher_ref.torch.self_check import SelfCheckError, SelfCheckWarning  # noqa: E402
 from tests.torch.hf_families import V, tiny  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -127,38 +124,6 @@ def test_a_low_precision_run_says_its_dtype_and_is_judged_by_it(dtype):
     assert out["dtype"] == dtype
     assert all(r["tolerance"] == self_check.SELF_CHECK_TOL[dtype] for r in out["checks"])
     assert all(r["passed"] for r in out["checks"]), out["checks"]
-
-
-def test_self_checks_are_attached_and_pass_on_float64():
-    out = run(modules(cast=True)[1])
-    names = [r["identity"] for r in out["checks"]]
-    assert names == ["F = sum pi f", "gradient = autodiff", "E[h] = 0"]
-    assert all(r["passed"] and r["value"] <= 1e-12 for r in out["checks"]), out["checks"]
-
-
-def test_a_failed_self_check_warns_naming_the_row_or_raises_when_strict(monkeypatch):
-    """With every tolerance below zero each row fails: the warning names the worst one."""
-    monkeypatch.setitem(self_check.SELF_CHECK_TOL, "float64", -1.0)
-    module = modules(cast=False)[0]
-    with pytest.warns(SelfCheckWarning, match=r"exact identity .* is off by .* float64"):
-        out = run(module)
-    assert not any(r["passed"] for r in out["checks"])
-    with pytest.raises(SelfCheckError, match="exact identity"):
-        run(module, strict=True)
-
-
-def test_without_the_audit_the_self_check_catches_a_stock_llama(monkeypatch):
-    """The self-check is what would have caught the float32 casts: with the audit
-    switched off, the stock Llama's gradient-vs-autodiff row fails."""
-    import contextlib
-
-    import fisher_ref.torch.module as module_mod
-    monkeypatch.setattr(module_mod, "run_dtype", lambda *a, **k: contextlib.nullcontext())
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = run(tiny("llama", "eager"))
-    assert not all(r["passed"] for r in out["checks"])
-    assert any(issubclass(w.category, SelfCheckWarning) for w in caught)
 
 
 def test_a_float32_constant_is_read_in_float64_and_listed():
