@@ -291,20 +291,6 @@ def test_fisher_quantities_match_reference_on_random_gpt2_tasks(d):
     assert_same(fisher_run(task), full_reference(task), f"gpt2 {d}, 'fisher'")
 
 
-def test_fisher_quantities_evaluate_no_reward(monkeypatch):
-    """The Fisher quantities do not depend on the reward: it is never called."""
-    task = load_config("offpolicy_stale")
-
-    def refuse(*args, **kw):
-        raise AssertionError("the reward was evaluated")
-
-    monkeypatch.setattr(task.reward, "batch", refuse)
-    r = exact(task, progress=False, quantities="fisher")
-    assert np.isfinite(r.sequence_fisher).all()
-    with pytest.raises(AssertionError, match="reward was evaluated"):
-        exact(task, progress=False)
-
-
 @pytest.mark.parametrize("reference", [False, True])
 def test_fisher_result_refuses_what_it_did_not_compute(reference):
     task = load_config("offpolicy_stale")
