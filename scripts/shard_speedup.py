@@ -79,9 +79,11 @@ def main(argv=None):
     # The same split by CPU time, which other processes on the machine do not inflate:
     # each shard run here in turn, the whole run against the slowest shard plus the merge.
     cpu_one = min(_cpu(lambda: exact(task, progress=False, workers=1)) for _ in range(3))
-    shards = [min(_cpu(lambda i=i: exact(task, progress=False, shard=(i, args.workers)))
+    # the shards workers=N runs: parameter shards, keeping what the whole run keeps
+    shards = [min(_cpu(lambda i=i: exact(task, progress=False, param_shard=(i, args.workers)))
                   for _ in range(3)) for i in range(args.workers)]
-    parts = [exact(task, progress=False, shard=(i, args.workers)) for i in range(args.workers)]
+    parts = [exact(task, progress=False, param_shard=(i, args.workers))
+             for i in range(args.workers)]
     cpu_merge = _cpu(lambda: merge(task, parts))
     print(f"CPU seconds: whole run {cpu_one:.3f}; shards {', '.join(f'{x:.3f}' for x in shards)};"
           f" merge {cpu_merge:.3f}; whole / (slowest shard + merge) = "

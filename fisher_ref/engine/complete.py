@@ -134,7 +134,7 @@ def _parent_sums(run, cache, block, arrs, gen, K, weights):
     temporaries); with every token terminal, the reward-weighted products per window
     later."""
     B, full = block.size, len(K) == run.task.model.vocab_size
-    for sl in _sub_blocks(B, run.task.model.num_params, run.budgets.sub_elements):
+    for sl in _sub_blocks(B, run.P, run.budgets.sub_elements):
         starts = prefix_starts(block.prompt[sl], gen[sl])
         rows = arrs.rows[sl]
         for s, (mom, xi, w, Rc, rho_w, r) in enumerate(weights):
@@ -164,7 +164,7 @@ def complete_fisher(run, cache, block, arrs, idx):
     add only their probability, :math:`\sum w\,h` and :math:`\sum w\,h^2` per stream
     (:func:`fisher_ref.engine.parent_sums.fisher_sums`; with every token terminal, the terms without
     ``H`` per window, :meth:`WindowCache.accumulate_reach`). No rewards are evaluated."""
-    task, d, P = run.task, block.depth, run.task.model.num_params
+    task, d, P = run.task, block.depth, run.P
     B, k, K, _, done, gen = _terminal_children(task, block, arrs, idx)
     full = k == task.model.vocab_size
     for s, stream in enumerate(run.streams):

@@ -38,7 +38,7 @@ from fisher_ref.engine.plan import (DEFAULT_BUDGETS, DEFAULT_MAX_BYTES, DEFAULT_
 from fisher_ref.engine.reference import exact_reference
 from fisher_ref.engine.run import (BlockArrays, Run, check_support, last_scores, plan,
                                    reward_gradient, state_places)
-from fisher_ref.engine.shards import merge
+from fisher_ref.engine.shards import check_shard, merge, param_columns, param_shard_result
 from fisher_ref.engine.window_cache import WindowCache
 from fisher_ref.engine.workers import local_workers, run_shards
 from fisher_ref.numerics import topk_center
@@ -50,14 +50,17 @@ class _AutodiffBatch:
     """Complete responses gathered for one :func:`fisher_ref.engine.run.reward_gradient` call,
     each given by the run-wide ids of its states' windows (the walk's own)."""
 
-    def __init__(self, task, cache, max_rows):
+    def __init__(self, task, cache, max_rows, enabled=True):
         self.task, self.cache, self.parts, self.rows = task, cache, [], 0
         self.max_rows = max_rows  # Budgets.autodiff_rows
+        self.enabled = enabled  # not: a parameter shard after the first (Run.records)
 
     def add(self, paths, tokens, n, prompt, R):
         """Queue responses: window ids ``paths (M, T)`` and tokens ``(M, T)`` of which the
         first ``n`` are generated, prompts ``(M,)``, rewards ``(M,)``. True once about
         ``max_rows`` state rows wait."""
+        if not self.enabled:
+            return False
         live = np.broadcast_to(np.arange(tokens.shape[1]) < n, tokens.shape)  # (M, T)
         self.parts.append((paths, tokens, live, self.task.prompt_weights[prompt], R))
         self.rows += live.sum()
@@ -102,7 +105,7 @@ def _block_arrays(run, cache, block):
     for s, (_, wname, _) in enumerate(run.streams if not silent else ()):
         cache.accumulate_states(s, rows, block.reach(wname), d)  # per window, later
     run.bar.update(0 if silent else B)
-    if run.keep_states and not silent:  # the per-window arrays: by window id (_kept_by_window)
+    if run.keep_states and run.records and not silent:  # per-window arrays: by window id
         run.keep_state_arrays(block, p, q, {"window": block.wid},
                               at=state_places(task, block))
     xiT = [a[f"xi{stream.center}"] for stream in run.streams]  # S arrays (n, V, P)
@@ -177,7 +180,8 @@ def _finish(run, cache):
 
 def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
           max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES, progress=True,
-          reference=False, quantities="all", shard=None, workers="auto", budgets=None):
+          reference=False, quantities="all", shard=None, workers="auto", budgets=None,
+          param_shard=None):
     r"""Every quantity of docs/theory.md §2-3 for ``task``, exactly, in float64.
 
     Args:
@@ -201,9 +205,14 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
             tokens, ``fisher_ref.engine.shards``); returns its ``ShardResult``, which
             ``fisher_ref.engine.shards.merge`` adds to the others. It keeps its rows of
             the per-state and per-response arrays only when asked (``"auto"``: not).
-        workers: processes to run the shards in (``fisher_ref.engine.workers``);
-            ``"auto"``: the available cores, 1 (this process) for a run estimated under
-            10 s. The result is the same to rounding.
+        param_shard: ``(i, n)``: every state and response, but only the sums of the
+            parameters ``fisher_ref.engine.shards.param_columns(P, n)[i]``; returns its
+            ``ShardResult``, which ``merge`` places beside the others' (the per-state and
+            per-response arrays kept as in a whole run).
+        workers: processes to run parameter shards in (``fisher_ref.engine.workers``):
+            each walks the whole tree for its share of the parameters, so no per-window
+            or per-state work is done twice. ``"auto"``: the available cores, 1 (this
+            process) for a run estimated under 10 s. The result is the same to rounding.
         budgets: the fast engine's memory and batching knobs
             (:class:`fisher_ref.engine.plan.Budgets`; speed and memory only, never the
             numbers). ``None``: the defaults.
@@ -223,38 +232,53 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     budgets = DEFAULT_BUDGETS if budgets is None else budgets
     if not isinstance(budgets, Budgets):
         raise TypeError(f"budgets must be a fisher_ref.engine.plan.Budgets, got {budgets!r:.80}")
+    if shard is not None and param_shard is not None:
+        raise ValueError("shard=(i, n) cuts the tree and param_shard=(i, n) the parameters: "
+                         "give one of them")
     if reference:
-        if shard is not None:
-            raise ValueError("shard=(i, n) runs the fast engine; the plain one "
-                             "(reference=True) takes no shard")
+        if shard is not None or param_shard is not None:
+            raise ValueError("shard=(i, n) and param_shard=(i, n) run the fast engine; the "
+                             "plain one (reference=True) takes neither")
         return exact_reference(task, **options.as_kwargs())
-    n = 1 if shard is not None else local_workers(task, workers, options)
-    if n > 1:  # every shard in its own process, merged here (the arrays kept as one run)
+    if shard is not None or param_shard is not None:
+        n = 1
+    else:
+        n = local_workers(task, workers, options)
+    if n > 1:  # parameter shards in processes, merged here (the arrays kept as one run)
         _, cost, keep_states, keep_sequences = plan(task, options, workers=n)
         each = options.unlimited().with_(progress=False, keep_states=keep_states,
                                          keep_sequences=keep_sequences)
-        result = merge(task, run_shards(exact, task, n, dict(each.as_kwargs(), budgets=budgets),
-                                        progress=progress))
+        parts = run_shards(exact, task, n, dict(each.as_kwargs(), budgets=budgets),
+                           progress=progress, by="param_shard")
+        result = merge(task, parts)
         result.cost = cost
         return result
+    columns = None
+    if param_shard is not None:
+        i, n_shards = check_shard(param_shard)
+        columns = param_columns(task.model.num_params, n_shards)[i]
     if shard is not None:  # a shard's result holds sums, its rows only when asked
         options = options.with_(**{k: False for k in ("keep_states", "keep_sequences")
                                    if getattr(options, k) == "auto"})
-    run = Run(task, options, shard=shard, budgets=budgets)
+    run = Run(task, options, shard=shard, budgets=budgets, columns=columns)
+    keep = (run.keep_states, run.keep_sequences)  # as planned: the same in every shard
+    if param_shard is not None and i > 0:  # shard 0 keeps the rows without parameters
+        run.records, run.keep_sequences = False, False
     V, k, fisher = task.model.vocab_size, task.model.context, run.quantities == "fisher"
     cache = WindowCache(task, run.streams, run.keep_states, budgets.window_cache_bytes,
                         {} if fisher else _accumulated(run), moments=2 if fisher else 4,
                         expected=min(run.cost.n_states, (V + 2) ** min(k, 8)),
                         defer_bytes=min(budgets.defer_bytes,
-                                        8 * run.cost.chunk * V * task.model.num_params
+                                        8 * run.cost.chunk * V * run.P
                                         * len(run.streams) * (task.max_len + 2)),
                         dense_keys=budgets.dense_keys,
-                        kept=_kept_by_window(task) if run.keep_states else None)
-    batch = _AutodiffBatch(task, cache, budgets.autodiff_rows)
+                        kept=_kept_by_window(task) if run.keep_states else None,
+                        columns=run.columns)
+    batch = _AutodiffBatch(task, cache, budgets.autodiff_rows, enabled=run.records)
 
     def block_arrays(block):
         if block.wpath is None:  # the root: nothing generated yet
-            n, S, P = block.size, len(run.streams), task.model.num_params
+            n, S, P = block.size, len(run.streams), run.P
             block.update(wpath=np.zeros((n, task.max_len), dtype=np.int64),
                          last=np.zeros((n, S, P)))
         return _block_arrays(run, cache, block)
@@ -270,9 +294,10 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         if run.keep_states:
             result.window_tables = {k: v[:cache.n_ids] for k, v in cache.by_id.items()}
         return result
+    tables = {k: v[:cache.n_ids] for k, v in cache.by_id.items()} if run.keep_states else None
+    if param_shard is not None:
+        return param_shard_result(run, result, (i, n_shards), tables, keep)
     if run.keep_states:
         states = dict(result.states)
-        window = states.pop("window")
-        tables = {k: v[:cache.n_ids] for k, v in cache.by_id.items()}
-        result.states = GatheredStates(states, tables, window)
+        result.states = GatheredStates(states, tables, states.pop("window"))
     return result

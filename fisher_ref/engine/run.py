@@ -109,10 +109,11 @@ def model_probs(task, theta, W):
     return p, softmax(zq)
 
 
-def checked_sensitivities(task, W, tokens_first=False, out=None):
+def checked_sensitivities(task, W, tokens_first=False, out=None, columns=None):
     """Logit sensitivities ``j (B, P, V)`` of windows ``W (B, k)`` (``(B, V, P)`` with
-    ``tokens_first``, into ``out`` when given), checked finite."""
-    J = sensitivities(task.model, task.theta, W, tokens_first, out)  # (B, P, V) or (B, V, P)
+    ``tokens_first``, into ``out`` when given; only the parameters ``columns``, a slice,
+    when given), checked finite."""
+    J = sensitivities(task.model, task.theta, W, tokens_first, out, columns)  # (B, [V,] P[, V])
     if not np.isfinite(J).all():
         raise ValueError("non-finite logit sensitivities (check the model's derivatives)")
     return J
@@ -275,12 +276,20 @@ class Run:
     what it accumulates (per-stream :class:`Moments`, the autodiff gradient, the
     kept per-state and per-response records)."""
 
-    def __init__(self, task, options=EngineOptions(), shard=None, budgets=DEFAULT_BUDGETS):
+    def __init__(self, task, options=EngineOptions(), shard=None, budgets=DEFAULT_BUDGETS,
+                 columns=None):
         quantities = options.quantities
         self.task, self.quantities, self.budgets = task, quantities, budgets
         self.streams, self.cost, self.keep_states, self.keep_sequences = plan(task, options)
         P, T = task.model.num_params, task.max_len
-        self.moments = {stream.name: Moments(P, T) for stream in self.streams}
+        # the parameters whose sums this run forms (a slice: exact(..., param_shard=));
+        # the autodiff gradient is of every parameter
+        self.columns = slice(0, P) if columns is None else columns
+        self.P = len(range(P)[self.columns])
+        self.moments = {stream.name: Moments(self.P, T) for stream in self.streams}
+        # the rows that hold no parameter (per-state records, per-response arrays, the
+        # autodiff gradient): a parameter shard other than the first leaves them to it
+        self.records = True
         # shard (i, n): walk only its subtrees; every shard takes the same r0 (one more
         # call of the reward per shard)
         self.shard = None if shard is None else ShardWalk(task, shard)
@@ -308,7 +317,7 @@ class Run:
                 :func:`fisher_ref.engine.tree.carry` of their last tokens' scores).
         """
         carry = carry or _scored_carry
-        stack = [root_block(self.task, len(self.streams), carried)]
+        stack = [root_block(self.task, len(self.streams), carried, self.P)]
         if self.shard is not None:  # its subtrees, and silent blocks above them
             stack = self.shard.roots(stack[0])
         for block in depth_first(stack, self.cost.chunk):

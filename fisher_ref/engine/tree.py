@@ -85,15 +85,17 @@ class Block:
         return self
 
 
-def root_block(task, n_streams, carried):
+def root_block(task, n_streams, carried, P=None):
     """The block of the prompts (depth 0), carrying zeroed per-stream arrays ``carried``.
 
     Args:
         task: a :class:`fisher_ref.tasks.Task`.
         n_streams: ``S``.
         carried: names from :data:`PER_STREAM`.
+        P: the parameters the arrays hold (default: all of the model's).
     """
-    n, T, P = len(task.prompts), task.max_len, task.model.num_params
+    n, T = len(task.prompts), task.max_len
+    P = task.model.num_params if P is None else P
     L = max(len(p) for p in task.prompts) + T
     tokens = np.full((n, L + 1), -1, dtype=np.int64)  # (n, L+1)
     for i, pr in enumerate(task.prompts):

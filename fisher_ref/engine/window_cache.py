@@ -58,14 +58,17 @@ class WindowCache:
         defer_bytes: parents' score sums held by :meth:`defer` before they are used.
         kept: ``{key: array name}``: per-window arrays also kept for the whole run in
             ``by_id[key]`` ``(ids, ...)``, row ``i`` the window of run-wide id ``i``.
+        columns: the parameters (a slice of ``0..P``) whose arrays are formed; default all.
     """
 
     def __init__(self, task, streams, keep_states, budget, names, expected=64,
                  defer_bytes=DEFAULT_BUDGETS.defer_bytes, kept=None, moments=4,
-                 dense_keys=DEFAULT_BUDGETS.dense_keys):
+                 dense_keys=DEFAULT_BUDGETS.dense_keys, columns=None):
         self.task, self.streams, self.keep = task, streams, keep_states
         self.kept, self.by_id = dict(kept or {}), {}
         V, P = task.model.vocab_size, task.model.num_params
+        self.columns = None if columns is None or range(P)[columns] == range(P) else columns
+        P = len(range(P)[columns]) if self.columns is not None else P
         self.centers = list(dict.fromkeys(stream.center for stream in streams))
         self.shapes = {"p": (V,), "q": (V,)}
         self.shapes.update({f"xi{c}": (V, P) for c in self.centers})
@@ -211,7 +214,8 @@ class WindowCache:
         xi0 = a["xi" + str(self.centers[0])]  # j is written here, then centered in place
         for i in range(0, U, n_J):  # sensitivities of a batch of windows ...
             end = min(i + n_J, U)
-            checked_sensitivities(task, Wu[i:end], tokens_first=True, out=xi0[lo + i:lo + end])
+            checked_sensitivities(task, Wu[i:end], tokens_first=True, out=xi0[lo + i:lo + end],
+                                  columns=self.columns)
             for j in range(i, end, n):  # ... and the passes over a few at a time
                 h = min(j + n, end)
                 self._compute_chunk(pu[j:h], qu[j:h], xi0[lo + j:lo + h], slice(lo + j, lo + h))

@@ -1,7 +1,11 @@
 """The shards of one exact run in local processes: ``exact(task, workers=N)``.
 
-Shard ``i`` of ``N`` is ``exact(task, shard=(i, N))`` (:mod:`fisher_ref.engine.shards`).
-Shards ``1..N-1`` run in ``N - 1`` worker processes, which send back their sums; shard
+Shard ``i`` of ``N`` is ``exact(task, param_shard=(i, N))``: the whole tree, for the
+``i``-th slice of the parameters (:func:`fisher_ref.engine.shards.param_columns`). Every
+sum the engine forms per parameter is that parameter's alone, so the slices split the
+work per window and per state with nothing done twice (subtrees, ``shard=(i, N)``, would
+each compute the windows they share; that cut serves the Ray cluster, where what crosses
+the network must be small). Shards ``1..N-1`` run in ``N - 1`` worker processes, which send back their sums; shard
 0 runs in the calling process meanwhile (which would otherwise wait idle, and whose
 result then needs no pickling), and the caller merges them once. Workers are started
 with the ``spawn`` method, with the BLAS thread counts set to 1 in their environment
@@ -38,7 +42,6 @@ from threadpoolctl import threadpool_limits
 
 from fisher_ref._progress import Progress
 from fisher_ref.engine.run import plan
-from fisher_ref.engine.shards import plan_shards
 
 __all__ = ["AUTO_MIN_SECONDS", "BLAS_THREAD_VARS", "available_cores", "check_workers",
            "local_workers", "unsendable", "resolve_workers", "run_shards", "shutdown"]
@@ -83,8 +86,8 @@ def local_workers(task, workers, options):
     """The processes ``exact(task, workers=workers, **options.as_kwargs())`` runs in
     (``options``: an :class:`fisher_ref.engine.plan.EngineOptions`): ``workers``
     (:func:`resolve_workers` of the single-core estimate for ``"auto"``, and no more than
-    fit in ``options.max_bytes`` together), at most one per unit of the shard plan
-    (:func:`fisher_ref.engine.shards.plan_shards`)."""
+    fit in ``options.max_bytes`` together), at most one per parameter (the workers run
+    parameter shards, ``exact(task, param_shard=(i, N))``)."""
     workers = check_workers(workers)
     if workers == 1:
         return 1
@@ -93,7 +96,7 @@ def local_workers(task, workers, options):
     n = resolve_workers(workers, cost)
     if n > 1 and workers == "auto" and (unsendable(task) or tracemalloc.is_tracing()):
         return 1  # explicit workers say why they cannot (run_shards); a trace sees one process
-    n = max(1, min(n, plan_shards(task, n).bounds[-1]))
+    n = max(1, min(n, task.model.num_params))
     while workers == "auto" and n > 1 and (  # "auto": as many as fit in max_bytes
             plan(task, sized, workers=n)[1].bytes > options.max_bytes):
         n -= 1
@@ -184,15 +187,16 @@ def _without_main():
         sys.modules["__main__"] = main
 
 
-def _submit(ex, engine, task, n, kw):
-    return {ex.submit(engine, task, shard=(i, n), **kw): i for i in range(1, n)}
+def _submit(ex, engine, task, n, kw, by):
+    return {ex.submit(engine, task, **{by: (i, n)}, **kw): i for i in range(1, n)}
 
 
-def run_shards(engine, task, n, kw, progress=False):
-    """``[engine(task, shard=(i, n), **kw) for i in range(n)]``: shard 0 in this process,
-    shards ``1..n-1`` in ``n - 1`` worker processes, one each (``engine``: a module-level
-    function, such as :func:`fisher_ref.exact`); with ``progress``, a bar of the shards
-    done on stderr once the run exceeds 2 s.
+def run_shards(engine, task, n, kw, progress=False, by="shard"):
+    """``[engine(task, shard=(i, n), **kw) for i in range(n)]`` (the keyword ``by``:
+    ``"shard"`` or ``"param_shard"``): shard 0 in this process, shards ``1..n-1`` in
+    ``n - 1`` worker processes, one each (``engine``: a module-level function, such as
+    :func:`fisher_ref.exact`); with ``progress``, a bar of the shards done on stderr once
+    the run exceeds 2 s.
 
     Raises:
         ValueError: the task cannot be sent to a worker (:func:`unsendable` says why).
@@ -204,16 +208,16 @@ def run_shards(engine, task, n, kw, progress=False):
                          "use workers=1")
     with _one_blas_thread(), _without_main():  # processes start on submit, so set up
         try:
-            futures = _submit(_executor(n - 1), engine, task, n, kw)
+            futures = _submit(_executor(n - 1), engine, task, n, kw, by)
         except BrokenProcessPool:  # the kept pool broke since its last run: start afresh
             shutdown()
-            futures = _submit(_executor(n - 1), engine, task, n, kw)
+            futures = _submit(_executor(n - 1), engine, task, n, kw, by)
     out, bar = [None] * n, Progress(n, f"exact enumeration, shards of {n} workers",
                                     enabled=progress)
     try:
         try:
             with threadpool_limits(1):  # the workers' cores are busy: one thread here too
-                out[0] = engine(task, shard=(0, n), **kw)
+                out[0] = engine(task, **{by: (0, n)}, **kw)
         except BaseException:
             for f in futures:  # nothing of a failed run is kept; the pool stays usable
                 f.cancel()

@@ -22,10 +22,10 @@ def sensitivities_autograd(model, theta, windows):
     return np.ascontiguousarray(np.transpose(jac, (0, 2, 1)))  # (B, P, V)
 
 
-def mlp_sensitivities(model, theta, windows, tokens_first=False, out=None):
+def mlp_sensitivities(model, theta, windows, tokens_first=False, out=None, columns=None):
     r"""Closed-form ``j`` for :class:`MLPModel`, ``(B, P, V)`` (``(B, V, P)`` with
     ``tokens_first``: the same numbers, each token's row contiguous, written into ``out``
-    when given).
+    when given; with ``columns``, a slice of ``0..P``, only those parameters).
 
     With :math:`g_{h,a} = (1-\mathrm{hid}_h^2) W2_{h,a}`:
     :math:`\partial z_a/\partial b2_c = \delta_{ca}`,
@@ -41,12 +41,15 @@ def mlp_sensitivities(model, theta, windows, tokens_first=False, out=None):
     B = windows.shape[0]
     g = (1.0 - hid ** 2)[:, :, None] * p["W2"][None]  # (B, H, V)
     q = np.einsum("pdh,bha->bpda", p["W1"].reshape(k, d, H), g)  # (B, k, d, V)
-    if out is not None and (not tokens_first or out.shape != (B, V, model.num_params)
+    width = len(range(model.num_params)[columns or slice(None)])
+    if out is not None and (not tokens_first or out.shape != (B, V, width)
                             or not out.flags.c_contiguous):
-        raise ValueError(f"out must be a C-contiguous ({B}, {V}, {model.num_params}) array "
+        raise ValueError(f"out must be a C-contiguous ({B}, {V}, {width}) array "
                          "with tokens_first=True")
+    if columns is not None and not tokens_first:
+        raise ValueError("columns= takes the (B, V, P) layout: pass tokens_first=True")
     if tokens_first:
-        return _mlp_tokens_first(windows, q, e, hid, g, V, d, H, out)
+        return _mlp_tokens_first(windows, q, e, hid, g, V, d, H, out, columns)
     onehot = (windows[:, :, None] == np.arange(V + 1)[None, None]).astype(float)  # (B, k, V+1)
     jE = np.einsum("bpv,bpda->bvda", onehot, q).reshape(B, (V + 1) * d, V)
     jW1 = (e[:, :, None, None] * g[:, None]).reshape(B, k * d * H, V)
@@ -56,48 +59,74 @@ def mlp_sensitivities(model, theta, windows, tokens_first=False, out=None):
     return np.concatenate([jE, jW1, g, jW2, jb2], axis=1)  # (B, P, V)
 
 
-def _mlp_tokens_first(windows, q, e, hid, g, V, d, H, out=None):
+def _mlp_tokens_first(windows, q, e, hid, g, V, d, H, out=None, columns=None):
     """The blocks of :func:`mlp_sensitivities` written straight into one ``(B, V, P)``
     array (token rows), without stacking copies; ``W2``'s block is zero off its diagonal,
     ``E``'s off the rows of the window's tokens (added position by position, so that a
-    token twice in a window gets both terms)."""
+    token twice in a window gets both terms). With ``columns`` (a slice of ``0..P``), only
+    those parameters' columns ``(B, V, len)``: a block outside them is not formed."""
     B, kd = e.shape
     o1 = (V + 1) * d
     o2 = o1 + kd * H
     o3 = o2 + H
     o4 = o3 + H * V
-    out = np.empty((B, V, o4 + V)) if out is None else out  # (B, V, P), every entry written
-    jE = out[:, :, :o1].reshape(B, V, V + 1, d)  # a view: dz_a / dE_{v,r}
-    jE[:] = 0.0
-    rows = np.arange(B)
-    for pos in range(windows.shape[1]):  # q[b, pos, r, a] to E's row windows[b, pos]
-        jE[rows, :, windows[:, pos], :] += q[:, pos].transpose(0, 2, 1)  # (B, V, d)
-    gt = g.transpose(0, 2, 1)  # (B, V, H)
-    np.multiply(e[:, None, :, None], gt[:, :, None, :], out=out[:, :, o1:o2].reshape(B, V, kd, H))
-    out[:, :, o2:o3] = gt
-    w2 = out[:, :, o3:o4].reshape(B, V, H, V)  # a view: dz_a / dW2_{h,c} = hid_h [c = a]
-    w2[:] = 0.0
-    ar = np.arange(V)
-    w2[:, ar, :, ar] = hid[None]  # (V, B, H) <- (1, B, H)
-    out[:, :, o4:] = np.eye(V)
+    P = o4 + V
+    lo, hi, _ = (slice(None) if columns is None else columns).indices(P)
+    out = np.empty((B, V, hi - lo)) if out is None else out  # every entry written
+    rows, ar, gt = np.arange(B), np.arange(V), g.transpose(0, 2, 1)  # gt: (B, V, H)
+
+    def block_E(o):  # dz_a / dE_{v,r}: q[b, pos, r, a] to E's row windows[b, pos]
+        jE = o.reshape(B, V, V + 1, d)
+        jE[:] = 0.0
+        for pos in range(windows.shape[1]):
+            jE[rows, :, windows[:, pos], :] += q[:, pos].transpose(0, 2, 1)  # (B, V, d)
+
+    def block_W1(o):
+        np.multiply(e[:, None, :, None], gt[:, :, None, :], out=o.reshape(B, V, kd, H))
+
+    def block_b1(o):
+        o[:] = gt
+
+    def block_W2(o):  # dz_a / dW2_{h,c} = hid_h [c = a]
+        w2 = o.reshape(B, V, H, V)
+        w2[:] = 0.0
+        w2[:, ar, :, ar] = hid[None]  # (V, B, H) <- (1, B, H)
+
+    def block_b2(o):
+        o[:] = np.eye(V)
+
+    for start, stop, write in ((0, o1, block_E), (o1, o2, block_W1), (o2, o3, block_b1),
+                               (o3, o4, block_W2), (o4, P, block_b2)):
+        a, b = max(start, lo), min(stop, hi)
+        if a >= b:
+            continue
+        if a == start and b == stop:  # the whole block: in place
+            write(out[:, :, start - lo:stop - lo])
+        else:  # part of it: formed whole, the part copied
+            tmp = np.empty((B, V, stop - start))
+            write(tmp)
+            out[:, :, a - lo:b - lo] = tmp[:, :, a - start:b - start]
     return out
 
 
-def sensitivities(model, theta, windows, tokens_first=False, out=None):
+def sensitivities(model, theta, windows, tokens_first=False, out=None, columns=None):
     """``j`` for a batch of windows, ``(B, P, V)`` (``(B, V, P)`` with ``tokens_first``,
-    written into ``out`` when given): closed form for the MLP, the model's own
+    written into ``out`` when given; with ``columns``, a slice of ``0..P``, only those
+    parameters, ``tokens_first`` only): closed form for the MLP, the model's own
     ``sensitivities`` method where it has one (the GPT-2's per-state stack), else
     autograd's Jacobian."""
-    if out is not None and not tokens_first:
-        raise ValueError("out= takes the (B, V, P) layout: pass tokens_first=True")
+    if (out is not None or columns is not None) and not tokens_first:
+        raise ValueError("out= and columns= take the (B, V, P) layout: pass tokens_first=True")
     if isinstance(model, MLPModel):
-        return mlp_sensitivities(model, theta, windows, tokens_first, out)
+        return mlp_sensitivities(model, theta, windows, tokens_first, out, columns)
     if callable(getattr(model, "sensitivities", None)):
         J = model.sensitivities(theta, windows)
     else:
         J = sensitivities_autograd(model, theta, windows)
     if not tokens_first:
         return J
+    if columns is not None:
+        J = J[:, columns]
     if out is None:
         return np.ascontiguousarray(J.transpose(0, 2, 1))
     out[...] = J.transpose(0, 2, 1)

@@ -99,3 +99,29 @@ def test_custom_architecture_autograd_matches_central_differences():
         with np.errstate(invalid="ignore"):
             fd = finite_difference_sensitivities(model, th, W, FD_STEP)
         assert np.max(np.abs(a - fd)[live]) <= FD_RTOL * np.max(np.abs(a[live]))
+
+
+@pytest.mark.parametrize("cut", [(0, 5), (3, 40), (18, 66), (60, 80), (100, 119), (0, 119),
+                                 (118, 119)])
+def test_mlp_columns_are_the_slice_of_every_parameter(cut):
+    """sensitivities(..., columns=slice) is the slice of the full (B, V, P) array, for
+    slices inside one block (E), exactly one block (W1), across blocks and at either end."""
+    spec = SPECS["default"]
+    m = MLPModel(spec)
+    th = m.init_params()
+    assert m.num_params == 119  # blocks E 0-18, W1 18-66, b1 66-74, W2 74-114, b2 114-119
+    W = _windows(spec.vocab_size, spec.context)
+    full = sensitivities(m, th, W, tokens_first=True)
+    cols = slice(*cut)
+    part = sensitivities(m, th, W, tokens_first=True, columns=cols)
+    assert np.array_equal(part, full[:, :, cols])
+    out = np.full((len(W), m.vocab_size, cols.stop - cols.start), np.nan)
+    assert sensitivities(m, th, W, tokens_first=True, out=out, columns=cols) is out
+    assert np.array_equal(out, full[:, :, cols])
+    with pytest.raises(ValueError, match="tokens_first"):
+        sensitivities(m, th, W, columns=cols)
+    tab = TabularModel(3, context=1)  # autograd's route: the slice taken after
+    tth, Wt = tab.init_params(), np.array([[3], [1]])
+    tfull = sensitivities(tab, tth, Wt, tokens_first=True)
+    assert np.array_equal(sensitivities(tab, tth, Wt, tokens_first=True, columns=slice(1, 4)),
+                          tfull[:, :, 1:4])
