@@ -7,7 +7,7 @@ the same streams (``"policy"``; with a sampler ``"raw"``, ``"centered"``,
 responses of probability times the response's own value, every token-level one
 as a sum over states of reach times the state's value — and nothing here
 assumes the identities of docs/theory.md §2.9 that relate the two routes. The
-plain engine is the judge at 1e-10 (tests/engine/test_fast_vs_reference.py).
+plain engine is the judge at 1e-10 (tests/engine/test_fast.py).
 
 The sums are regrouped (docs/theory.md §7.5):
 

@@ -29,7 +29,7 @@ Rounding: a response's expanded terms can be larger than its :math:`h^n`
 :math:`\epsilon\,\sum c\,(|H| + |\xi|)^n` rather than
 :math:`\epsilon \sum c\,h^n`; for nonnegative weights, and since
 :math:`E[h^2] = E[H^2] + E[\xi^2]` on a centered stream, that is a few
-:math:`\epsilon` relative. tests/test_fast_paths.py holds every result to the
+:math:`\epsilon` relative. tests/engine/test_fast.py holds every result to the
 plain engine at 1e-10.
 
 Cross terms (:math:`E[\xi_u\xi_t]`, :math:`E[\xi_u^2\xi_t^2]`) use the

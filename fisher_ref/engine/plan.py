@@ -49,7 +49,7 @@ _SECONDS_PER_WORKER = 0.5
 class Budgets:
     """The fast engine's memory and batching knobs. They set speed and memory only, never
     the numbers: every result agrees with the plain engine at 1e-10 whatever they are
-    (``tests/engine/test_fast_vs_reference.py`` runs them at 1).
+    (``tests/engine/test_fast.py`` runs them at 1).
 
     Attributes:
         window_cache_bytes: per-window arrays kept between blocks.

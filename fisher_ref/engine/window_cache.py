@@ -32,7 +32,8 @@ from __future__ import annotations
 import numpy as np
 
 from fisher_ref.engine.plan import DEFAULT_BUDGETS
-from fisher_ref.engine.run import checked_sensitivities, model_probs
+from fisher_ref.engine.run import model_probs
+from fisher_ref.models.sensitivities import sensitivities
 from fisher_ref.numerics import topk_weights
 
 __all__ = ["WindowCache"]
@@ -214,11 +215,18 @@ class WindowCache:
         xi0 = a["xi" + str(self.centers[0])]  # j is written here, then centered in place
         for i in range(0, U, n_J):  # sensitivities of a batch of windows ...
             end = min(i + n_J, U)
-            checked_sensitivities(task, Wu[i:end], tokens_first=True, out=xi0[lo + i:lo + end],
-                                  columns=self.columns)
-            for j in range(i, end, n):  # ... and the passes over a few at a time
-                h = min(j + n, end)
-                self._compute_chunk(pu[j:h], qu[j:h], xi0[lo + j:lo + h], slice(lo + j, lo + h))
+            sensitivities(task.model, task.theta, Wu[i:end], tokens_first=True,
+                          out=xi0[lo + i:lo + end], columns=self.columns)
+            with np.errstate(invalid="ignore", over="ignore"):  # checked just below
+                for j in range(i, end, n):  # ... and the passes over a few at a time
+                    h = min(j + n, end)
+                    self._compute_chunk(pu[j:h], qu[j:h], xi0[lo + j:lo + h],
+                                        slice(lo + j, lo + h))
+            # checked through the token moments y_2 = sum_a q_a (j_a - c)^2: a non-finite
+            # j_{a,i} makes parameter i's center, scores and so its y_2 non-finite
+            if not np.isfinite(a["y0_2"][lo + i:lo + end]).all():
+                raise ValueError("non-finite logit sensitivities or token moments (check the "
+                                 "model's derivatives and its scale)")
 
     def _compute_chunk(self, p, q, J, r):
         r"""Centers, scores and moments of a few windows into rows ``r``; ``J (u, V, P)``,

@@ -110,3 +110,33 @@ def test_accumulated_and_deferred_sums_survive_emptying_the_cache():
     for key in ("Rh", "Rh2", "h2", "h4"):
         assert rel(cache.sums[0][key], want[key]) <= RTOL, key
     assert rel(cache.sums[0]["cross"][1], want["cross"]) <= RTOL
+
+
+class _BadDerivatives:
+    """A tabular model whose sensitivities hold one non-finite entry (parameter 3, every
+    window), as a model with a broken derivative would give."""
+
+    def __init__(self, model, bad):
+        self._model, self._bad = model, bad
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def sensitivities(self, theta, windows):
+        from fisher_ref.models.sensitivities import sensitivities_autograd
+        J = sensitivities_autograd(self._model, theta, windows)  # (B, P, V)
+        J[:, 3, 1] = self._bad
+        return J
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_non_finite_sensitivities_are_refused_by_both_engines(bad):
+    """The fast engine checks j through each window's token moments (one pass fewer than a
+    check of j itself); it refuses what the plain engine refuses."""
+    from fisher_ref import exact
+    task = load_config("tabular")
+    broken = task.with_(model=_BadDerivatives(task.model, bad))
+    assert np.isfinite(exact(task, progress=False).sequence_fisher).all()
+    for reference in (False, True):
+        with pytest.raises(ValueError, match="non-finite logit sensitivities"):
+            exact(broken, progress=False, reference=reference)
