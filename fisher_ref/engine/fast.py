@@ -37,8 +37,11 @@ from fisher_ref.engine.plan import (DEFAULT_BUDGETS, DEFAULT_MAX_BYTES, DEFAULT_
                                     Budgets, EngineOptions)
 from fisher_ref.engine.reference import exact_reference
 from fisher_ref.engine.run import (BlockArrays, Run, check_support, last_scores, plan,
-                                   reward_gradient, state_places)
-from fisher_ref.engine.shards import check_shard, merge, param_columns, param_shard_result
+                                   state_places)
+from fisher_ref.engine.autodiff import reward_gradient
+from fisher_ref.engine.param_shards import param_columns, param_shard_result
+from fisher_ref.engine.shard_result import check_shard
+from fisher_ref.engine.shards import merge
 from fisher_ref.engine.window_cache import WindowCache
 from fisher_ref.engine.workers import local_workers, run_shards
 from fisher_ref.numerics import topk_center
@@ -47,7 +50,7 @@ from fisher_ref.results import GatheredStates
 __all__ = ["exact", "topk_center", "Budgets"]
 
 class _AutodiffBatch:
-    """Complete responses gathered for one :func:`fisher_ref.engine.run.reward_gradient` call,
+    """Complete responses gathered for one :func:`fisher_ref.engine.autodiff.reward_gradient` call,
     each given by the run-wide ids of its states' windows (the walk's own)."""
 
     def __init__(self, task, cache, max_rows, enabled=True):

@@ -31,7 +31,8 @@ from fisher_ref.engine.plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, Engin
 from fisher_ref.engine.tree import carry, responses
 from fisher_ref.numerics import (mean_sensitivity, token_fisher, token_second_moment,
                                  uniform_token_fisher)
-from fisher_ref.engine.run import (BlockArrays, Run, autodiff_gradient, check_support,
+from fisher_ref.engine.autodiff import autodiff_gradient
+from fisher_ref.engine.run import (BlockArrays, Run, check_support,
                                    checked_sensitivities, children, model_probs)
 from fisher_ref.numerics import topk_center
 

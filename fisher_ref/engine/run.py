@@ -12,10 +12,9 @@ Both numpy engines (:mod:`fisher_ref.engine.reference`, the plain judge, and
 - :class:`Run` walks every state depth-first in bounded blocks and accumulates
   per-stream :class:`fisher_ref.engine.moments.Moments`, the autodiff gradient and the
   kept per-state and per-response records;
-- :func:`autodiff_gradient` is the second route to the policy gradient: the
-  derivative of the exact expected reward :math:`\sum_y P(y) R(y)` by the chain rule,
-  autograd's vector-Jacobian product for the model's logits
-  (:func:`reward_gradient`).
+- :mod:`fisher_ref.engine.autodiff` holds the second route to the policy gradient
+  (the derivative of the exact expected reward by autograd), which both engines add
+  up as they walk.
 
 Streams (see docs/theory.md): ``"policy"`` — drawn from ``p``, centered at
 :math:`\bar j_p`; with a sampler ``"raw"`` (from ``mu``, centered at
@@ -28,13 +27,12 @@ from collections import namedtuple
 from typing import NamedTuple
 
 import numpy as np
-from autograd import make_vjp
 
 from fisher_ref.engine.tree import carry, depth_first, expand, root_block, terminal
 from fisher_ref.engine.plan import (DEFAULT_BUDGETS, EngineOptions, check_chunk, check_cost,
                                     count_states, estimate_cost, resolve_keep)
 from fisher_ref.engine.shards import ShardWalk, first_reward
-from fisher_ref.numerics import log_softmax, softmax
+from fisher_ref.numerics import softmax
 from fisher_ref._progress import Progress
 from fisher_ref.engine.moments import Moments, finish_fisher, finish_stream
 from fisher_ref.results import ExactResult, check_quantities
@@ -42,9 +40,8 @@ from fisher_ref.models.sensitivities import sensitivities
 from fisher_ref.tasks import require_task
 
 __all__ = ["BlockArrays", "Stream", "check_topk", "stream_specs", "check_logits",
-           "model_probs", "checked_sensitivities", "check_support", "autodiff_gradient",
-           "reward_gradient", "plan", "state_places", "response_places", "children", "last_scores",
-           "Run"]
+           "model_probs", "checked_sensitivities", "check_support", "plan", "state_places",
+           "response_places", "children", "last_scores", "Run"]
 
 #: What a block's states pass on to their children: probabilities ``p, q (B, V)``,
 #: ``rows (B,)`` the row of each state in the ``xiT`` arrays, ``xiT`` one array
@@ -129,51 +126,6 @@ def check_support(block, p, q):
             f"{int(block.prompt[b])}), which the policy emits with probability {p[b, a]:.3g}; "
             "responses the policy can produce would never be sampled, so importance "
             "weights p/mu are undefined there")
-
-
-def autodiff_gradient(task, theta, tokens, lengths, prompt_len, weights, R):
-    r"""grad_theta of :math:`\sum_m w_m \prod_t p(y_t|s_t) R_m` over responses (autograd).
-
-    The windows of every response's states are listed and made distinct
-    (``numpy.unique``), then :func:`reward_gradient` differentiates."""
-    M, T = tokens.shape[0], task.max_len
-    t = np.arange(T)[None, :]
-    live = t < (lengths - prompt_len)[:, None]  # (M, T) slots holding a generated token
-    state_len = np.minimum(prompt_len[:, None] + t, lengths[:, None] - 1)  # (M, T)
-    W = task.model.windows(np.repeat(tokens, T, axis=0), state_len.ravel())  # (M*T, k)
-    Wu, inv = np.unique(W, axis=0, return_inverse=True)  # (U, k), (M*T,)
-    nxt = tokens[np.arange(M)[:, None], state_len]  # (M, T)
-    return reward_gradient(task, theta, Wu, inv.reshape(M, T), nxt, live, weights, R)
-
-
-def reward_gradient(task, theta, Wu, win, nxt, live, weights, R):
-    r"""grad_theta of :math:`\sum_m w_m \exp(\sum_{t\,\text{live}} \log p(y_{m,t} | s_{m,t})) R_m`.
-
-    The chain rule, one step at a time: the derivative with respect to each
-    log-probability :math:`\ell_{u,a}` is :math:`\sum c_m` over the live slots that read
-    it, :math:`c_m = w_m P(y_m) R_m` (a ``bincount``); through the log-softmax
-    :math:`\partial/\partial z_{u,b} = g_{u,b} - p_{u,b} \sum_a g_{u,a}`; through the
-    model, autograd's vector-Jacobian product of its logits at ``theta``. Nothing here
-    reads the sensitivities or scores the moment sums use.
-
-    Args:
-        Wu: ``(U, k)`` distinct windows; their logits are evaluated once.
-        win, nxt: ``(M, T)`` window (row of ``Wu``) and next token of every slot.
-        live: ``(M, T)`` slots holding a generated token; the others are dropped with
-            a ``where``, not multiplied by 0 (a slot's log-probability may be
-            ``-inf``, a masked token, and ``0 * -inf`` is NaN).
-        weights, R: ``(M,)`` prompt weights and rewards.
-    """
-    M, T = win.shape
-    flat = win * task.model.vocab_size + nxt  # (M, T) into the (U*V,) log-probs
-    vjp, z = make_vjp(lambda th: task.model.logits(th, Wu))(theta)
-    z = np.asarray(z, dtype=float)  # (U, V)
-    lp = log_softmax(z)  # (U, V)
-    logP = np.where(live, lp.reshape(-1)[flat], 0.0).sum(axis=1)  # (M,)
-    c = weights * np.exp(logP) * R  # (M,) the derivative with respect to logP
-    g = np.bincount(flat[live], np.broadcast_to(c[:, None], (M, T))[live],
-                    minlength=lp.size).reshape(lp.shape)  # (U, V)
-    return vjp(g - softmax(z) * g.sum(axis=1, keepdims=True))
 
 
 def plan(task, options, workers=1):

@@ -32,43 +32,28 @@ step) as its reference reward ``r0``, so that the shards' sums of ``R - r0`` add
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import pickle
 from dataclasses import dataclass
 
 import numpy as np
 
 from fisher_ref.engine.moments import Moments, finish_fisher, finish_stream
-from fisher_ref.engine.plan import Cost, count_states
+from fisher_ref.engine.param_shards import merge_params, param_columns, param_shard_result
+from fisher_ref.engine.plan import count_states
+from fisher_ref.engine.shard_result import ShardError, ShardResult, check_shard, task_key
 from fisher_ref.engine.tree import take_rows
 from fisher_ref.results import ExactResult, GatheredStates
 
 __all__ = ["UNITS_PER_SHARD", "ShardPlan", "ShardResult", "ShardWalk", "ShardError",
            "check_shard", "plan_shards", "first_reward", "merge", "param_columns",
-           "param_shard_result"]
+           "param_shard_result", "task_key"]
 
 #: The cut goes deep enough for this many units per shard (or to the last level): the
 #: shards' state counts then differ by at most one unit in this many.
 UNITS_PER_SHARD = 32
 
 
-class ShardError(ValueError):
-    """Shard results that do not make one whole run (missing, repeated or foreign)."""
-
-
 def _ceil_div(a, b):
     return -(-a // b)
-
-
-def check_shard(shard):
-    """``shard`` as a pair of ints ``(i, n)`` with ``0 <= i < n``."""
-    ok = isinstance(shard, (tuple, list)) and len(shard) == 2 and all(
-        isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in shard)
-    if not ok or not 0 <= shard[0] < shard[1]:
-        raise ValueError(f"shard must be a pair (i, n) of integers with 0 <= i < n "
-                         f"(shard i of n), got {shard!r}")
-    return int(shard[0]), int(shard[1])
 
 
 @dataclass(frozen=True)
@@ -150,22 +135,6 @@ def plan_shards(task, n):
                      unit_states=unit_states, unit_responses=unit_responses, eos=eos)
 
 
-def task_key(task):
-    """A digest of the task (its file form and parameters, else its pickle): shards of
-    different tasks are not merged."""
-    try:
-        text = json.dumps(task.to_json(), sort_keys=True, default=str).encode()
-    except (TypeError, ValueError, AttributeError):
-        try:
-            text = pickle.dumps(task)
-        except Exception:  # noqa: BLE001 (a task that neither writes nor pickles)
-            return None
-    h = hashlib.sha256(text)
-    h.update(np.ascontiguousarray(task.theta, dtype=float).tobytes())
-    h.update(np.ascontiguousarray(task.prompt_weights, dtype=float).tobytes())
-    return h.hexdigest()
-
-
 def first_reward(task):
     """The reward of the first response in sorted order (prompt 0, token 0 at every step:
     EOS at once with EOS): every shard's reference reward ``r0``."""
@@ -173,44 +142,6 @@ def first_reward(task):
     resp = np.full((1, task.max_len), -1, dtype=np.int64)
     resp[0, :n] = 0
     return float(task.reward.batch(resp, np.array([n]), task.prompts, np.array([0]))[0])
-
-
-@dataclass
-class ShardResult:
-    """The raw sums of one shard (picklable; small unless rows were kept).
-
-    Attributes:
-        shard: ``(i, n)``; key: the task's digest and the options that shape the result.
-        quantities, streams, cost: as in the whole run (``cost`` of the whole run).
-        moments: ``{stream: {field: value}}``, the fields of
-            :class:`fisher_ref.engine.moments.Moments`.
-        grad_ad: ``(P,)`` the shard's part of the autodiff gradient.
-        states, sequences: this shard's per-state / per-response rows (``None`` when
-            not kept), each with ``place``, its row in the sorted arrays.
-        window_tables: per-window arrays the kept states read through ``states["window"]``.
-        n_states: states the shard added.
-    """
-
-    shard: tuple
-    key: tuple
-    quantities: str
-    streams: list
-    cost: Cost
-    moments: dict
-    grad_ad: np.ndarray
-    states: dict = None
-    sequences: dict = None
-    window_tables: dict = None
-    n_states: int = 0
-    columns: slice = None  # a parameter shard: the parameters it holds (else a subtree cut)
-
-    @property
-    def nbytes(self):
-        """Bytes of the arrays held (what a worker sends back)."""
-        parts = [v for m in self.moments.values() for v in m.values()] + [self.grad_ad]
-        for d in (self.states, self.sequences, self.window_tables):
-            parts += list((d or {}).values())
-        return sum(getattr(v, "nbytes", 8) for v in parts)
 
 
 def _merge_rows(parts, attr, total, what):
@@ -260,65 +191,6 @@ def _add_moments(m, d):
         m.merge_spread(d["spread_mass"], d["spread_mean"], d["spread_m2"], d["spread_unit"])
 
 
-def param_columns(P, n):
-    """The ``n`` parameter slices of ``exact(task, param_shard=(i, n))``: consecutive,
-    as equal as whole parameters allow (the first ``P mod n`` one wider)."""
-    bounds = [i * P // n for i in range(n + 1)]
-    return [slice(bounds[i], bounds[i + 1]) for i in range(n)]
-
-
-def param_shard_result(run, result, shard, tables, keep):
-    """The :class:`ShardResult` of a parameter shard: ``run`` (a finished
-    :class:`fisher_ref.engine.run.Run` over the parameters ``run.columns``) and its
-    ``result``; the per-state records and per-response arrays (which do not depend on the
-    parameters; shard 0 only, which also forms the autodiff gradient) and ``tables``, the
-    per-window arrays of its parameters, when kept; ``keep``: the run's planned
-    ``(keep_states, keep_sequences)``, the same in every shard of it."""
-    key = (task_key(run.task), repr(run.streams), run.quantities, bool(keep[0]), bool(keep[1]),
-           "params")
-    states = None
-    if run.keep_states and run.records:
-        states = dict(result.states)
-        states["window"] = states.pop("window")
-    return ShardResult(shard=shard, key=key, quantities=run.quantities,
-                       streams=list(run.streams), cost=run.cost,
-                       moments={k: dict(vars(m)) for k, m in run.moments.items()},
-                       grad_ad=run.grad_ad, states=states,
-                       sequences=result.sequences,
-                       window_tables=tables, n_states=run.cost.n_states,
-                       columns=run.columns)
-
-
-def _merge_params(task, parts):
-    """Parameter shards (sorted) into one result: every parameter-indexed sum is its
-    shard's columns, placed side by side; the sums that hold no parameter (probability
-    mass, rewards, their spread) are the same in every shard and are taken from the first;
-    the per-state and per-response rows and the autodiff gradient are the first's."""
-    P, T, head = task.model.num_params, task.max_len, parts[0]
-    cols = [p.columns for p in parts]
-    if cols[0].start != 0 or cols[-1].stop != P or any(
-            a.stop != b.start for a, b in zip(cols, cols[1:])):
-        raise ShardError(f"the parameter shards hold columns {[(c.start, c.stop) for c in cols]}"
-                         f", which do not tile 0..{P}")
-    results = {}
-    for stream in head.streams:
-        name, m = stream.name, Moments(P, T)
-        for field, value in head.moments[stream.name].items():
-            if isinstance(value, np.ndarray):
-                value = np.concatenate([p.moments[name][field] for p in parts], axis=-1)
-            setattr(m, field, value)
-        results[name] = finish_fisher(m) if head.quantities == "fisher" else \
-            finish_stream(m, task.baseline)
-    seqs = head.sequences if head.quantities == "all" else None
-    out = ExactResult.build(task, head.cost, results, head.grad_ad, None, seqs, head.quantities)
-    if head.states is not None:
-        states = dict(head.states)
-        tables = {k: np.concatenate([p.window_tables[k] for p in parts], axis=-1)
-                  for k in head.window_tables}
-        out.states = GatheredStates(states, tables, states.pop("window"))
-    return out
-
-
 def merge(task, parts):
     """The :class:`fisher_ref.results.ExactResult` of the whole run from its shards.
 
@@ -348,7 +220,7 @@ def merge(task, parts):
         raise ShardError("the shards were computed for another task")
     parts.sort(key=lambda p: p.shard[0])
     if parts[0].columns is not None:
-        return _merge_params(task, parts)
+        return merge_params(task, parts)
     head = parts[0]
     P, T = task.model.num_params, task.max_len
     results = {}

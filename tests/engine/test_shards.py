@@ -9,7 +9,6 @@ hypothesis tasks, 1 to 5 shards (more than the task has subtrees included), off 
 in small blocks, with ``quantities="fisher"`` and after pickling (in worker processes:
 tests/engine/test_workers.py).
 """
-import pickle
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from fisher_ref import load_config
 from fisher_ref.engine import shards as shards_mod
 from fisher_ref.engine.fast import exact
 from fisher_ref.engine.plan import count_states, estimate_cost
-from fisher_ref.engine.shards import ShardError, ShardResult, merge, plan_shards
+from fisher_ref.engine.shards import ShardError, merge, plan_shards
 from fisher_ref.perf.scaling import load_scale_config
 
 from cases import CASES, rel
@@ -70,46 +69,6 @@ def test_merged_shards_match_a_single_run(case):
         assert_merged_equal(task, n, case)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_merged_parameter_shards_match_a_single_run(case):
-    """Parameter shards (what workers=N runs): every quantity at 1e-12, the per-state and
-    per-response arrays in the same order, for 1 to 5 slices (and one per parameter)."""
-    task = CASES[case]()
-    for n in (1, 2, 3, 5):
-        assert_merged_equal(task, n, case, by="param_shard")
-    for q in ("all", "fisher"):
-        assert_merged_equal(task, min(7, task.model.num_params), case, by="param_shard",
-                            quantities=q)
-
-
-@settings(derandomize=True, database=None, deadline=None, max_examples=15)
-@given(small_tasks(), st.integers(1, 4))
-def test_merged_parameter_shards_match_on_random_tasks(task, n):
-    assert_merged_equal(task, min(n, task.model.num_params), "random task", by="param_shard")
-
-
-def test_parameter_shards_tile_the_parameters_and_refuse_mixing():
-    from fisher_ref.engine.shards import param_columns
-    for P, n in ((10, 3), (7, 7), (4376, 2)):
-        cols = param_columns(P, n)
-        assert cols[0].start == 0 and cols[-1].stop == P
-        assert all(a.stop == b.start for a, b in zip(cols, cols[1:]))
-        assert max(c.stop - c.start for c in cols) - min(c.stop - c.start for c in cols) <= 1
-    task = load_config("default")
-    tree = [exact(task, progress=False, shard=(i, 2)) for i in range(2)]
-    cols = [exact(task, progress=False, param_shard=(i, 2)) for i in range(2)]
-    with pytest.raises(ShardError, match="different runs"):
-        merge(task, [tree[0], cols[1]])
-    with pytest.raises(ShardError, match="each of the 2 shards once"):
-        merge(task, [cols[0], cols[0]])
-    with pytest.raises(ValueError, match="give one of them"):
-        exact(task, progress=False, shard=(0, 2), param_shard=(0, 2))
-    with pytest.raises(ValueError, match="neither"):
-        exact(task, progress=False, reference=True, param_shard=(0, 2))
-    with pytest.raises(ValueError, match="shard must be a pair"):
-        exact(task, progress=False, param_shard=(2, 2))
-
-
 @settings(derandomize=True, database=None, deadline=None, max_examples=25)
 @given(small_tasks(), st.integers(1, 5))
 def test_merged_shards_match_on_random_tasks(task, n):
@@ -154,19 +113,6 @@ def test_plan_counts_add_up_to_the_whole_tree():
             assert max(sizes) - min(sizes) <= 1  # balanced: equal units, one at most apart
 
 
-def test_shard_results_are_small_and_picklable():
-    task = load_scale_config("medium").with_(max_len=3)
-    single = exact(task, progress=False, keep_states=False, keep_sequences=False)
-    parts = [pickle.loads(pickle.dumps(exact(task, progress=False, shard=(i, 3))))
-             for i in range(3)]  # "auto" keeps no rows in a shard
-    P, T = task.model.num_params, task.max_len
-    for p in parts:
-        assert isinstance(p, ShardResult) and p.states is None and p.sequences is None
-        assert p.nbytes < 8 * P * (2 * T * T + 2 * T + 20)  # sums only: no per-state arrays
-    errs = merged_errors(merge(task, parts), single)
-    assert max(errs.values()) <= RTOL, errs
-
-
 def test_kept_rows_come_back_in_order():
     task = load_config("offpolicy_temperature")
     merged, parts = assert_merged_equal(task, 3, "kept", keep_states=True, keep_sequences=True)
@@ -188,12 +134,6 @@ def test_merge_refuses_a_partial_or_foreign_set():
         merge(task, [parts[0], other, parts[2]])
     with pytest.raises(ShardError, match="ShardResult"):
         merge(task, [exact(task, progress=False)])
-
-
-@pytest.mark.parametrize("bad", [(2, 2), (-1, 2), (0, 0), "0/2", (True, 2), (0.0, 2), (1,)])
-def test_bad_shard_is_refused(bad):
-    with pytest.raises(ValueError, match="shard"):
-        exact(load_config("default"), progress=False, shard=bad)
 
 
 def test_reference_engine_takes_no_shard():

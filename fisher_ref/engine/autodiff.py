@@ -1,0 +1,57 @@
+r"""The second route to the policy gradient: the derivative of the exact expected reward
+:math:`\sum_y P(y) R(y)` by the chain rule, with autograd's vector-Jacobian product for the
+model's logits. It reads nothing of the sensitivities or scores the moment sums use, so
+``ExactResult.gradient_autodiff`` checks the score-function gradient independently."""
+from __future__ import annotations
+
+import numpy as np
+from autograd import make_vjp
+
+from fisher_ref.numerics import log_softmax, softmax
+
+__all__ = ["autodiff_gradient", "reward_gradient"]
+
+
+def autodiff_gradient(task, theta, tokens, lengths, prompt_len, weights, R):
+    r"""grad_theta of :math:`\sum_m w_m \prod_t p(y_t|s_t) R_m` over responses (autograd).
+
+    The windows of every response's states are listed and made distinct
+    (``numpy.unique``), then :func:`reward_gradient` differentiates."""
+    M, T = tokens.shape[0], task.max_len
+    t = np.arange(T)[None, :]
+    live = t < (lengths - prompt_len)[:, None]  # (M, T) slots holding a generated token
+    state_len = np.minimum(prompt_len[:, None] + t, lengths[:, None] - 1)  # (M, T)
+    W = task.model.windows(np.repeat(tokens, T, axis=0), state_len.ravel())  # (M*T, k)
+    Wu, inv = np.unique(W, axis=0, return_inverse=True)  # (U, k), (M*T,)
+    nxt = tokens[np.arange(M)[:, None], state_len]  # (M, T)
+    return reward_gradient(task, theta, Wu, inv.reshape(M, T), nxt, live, weights, R)
+
+
+def reward_gradient(task, theta, Wu, win, nxt, live, weights, R):
+    r"""grad_theta of :math:`\sum_m w_m \exp(\sum_{t\,\text{live}} \log p(y_{m,t} | s_{m,t})) R_m`.
+
+    The chain rule, one step at a time: the derivative with respect to each
+    log-probability :math:`\ell_{u,a}` is :math:`\sum c_m` over the live slots that read
+    it, :math:`c_m = w_m P(y_m) R_m` (a ``bincount``); through the log-softmax
+    :math:`\partial/\partial z_{u,b} = g_{u,b} - p_{u,b} \sum_a g_{u,a}`; through the
+    model, autograd's vector-Jacobian product of its logits at ``theta``. Nothing here
+    reads the sensitivities or scores the moment sums use.
+
+    Args:
+        Wu: ``(U, k)`` distinct windows; their logits are evaluated once.
+        win, nxt: ``(M, T)`` window (row of ``Wu``) and next token of every slot.
+        live: ``(M, T)`` slots holding a generated token; the others are dropped with
+            a ``where``, not multiplied by 0 (a slot's log-probability may be
+            ``-inf``, a masked token, and ``0 * -inf`` is NaN).
+        weights, R: ``(M,)`` prompt weights and rewards.
+    """
+    M, T = win.shape
+    flat = win * task.model.vocab_size + nxt  # (M, T) into the (U*V,) log-probs
+    vjp, z = make_vjp(lambda th: task.model.logits(th, Wu))(theta)
+    z = np.asarray(z, dtype=float)  # (U, V)
+    lp = log_softmax(z)  # (U, V)
+    logP = np.where(live, lp.reshape(-1)[flat], 0.0).sum(axis=1)  # (M,)
+    c = weights * np.exp(logP) * R  # (M,) the derivative with respect to logP
+    g = np.bincount(flat[live], np.broadcast_to(c[:, None], (M, T))[live],
+                    minlength=lp.size).reshape(lp.shape)  # (U, V)
+    return vjp(g - softmax(z) * g.sum(axis=1, keepdims=True))

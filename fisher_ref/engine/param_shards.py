@@ -1,0 +1,73 @@
+"""Parameter shards of one exact run: ``exact(task, param_shard=(i, n))`` walks the whole
+tree for the ``i``-th slice of the parameters (:func:`param_columns`); every sum the engine
+forms is a sum per parameter, so the slices are placed side by side (:func:`merge_params`,
+which :func:`fisher_ref.engine.shards.merge` calls for them). What ``exact(task,
+workers=N)`` runs."""
+from __future__ import annotations
+
+import numpy as np
+
+from fisher_ref.engine.moments import Moments, finish_fisher, finish_stream
+from fisher_ref.engine.shard_result import ShardError, ShardResult, task_key
+from fisher_ref.results import ExactResult, GatheredStates
+
+__all__ = ["param_columns", "param_shard_result", "merge_params"]
+
+
+def param_columns(P, n):
+    """The ``n`` parameter slices of ``exact(task, param_shard=(i, n))``: consecutive,
+    as equal as whole parameters allow (the first ``P mod n`` one wider)."""
+    bounds = [i * P // n for i in range(n + 1)]
+    return [slice(bounds[i], bounds[i + 1]) for i in range(n)]
+
+
+def param_shard_result(run, result, shard, tables, keep):
+    """The :class:`ShardResult` of a parameter shard: ``run`` (a finished
+    :class:`fisher_ref.engine.run.Run` over the parameters ``run.columns``) and its
+    ``result``; the per-state records and per-response arrays (which do not depend on the
+    parameters; shard 0 only, which also forms the autodiff gradient) and ``tables``, the
+    per-window arrays of its parameters, when kept; ``keep``: the run's planned
+    ``(keep_states, keep_sequences)``, the same in every shard of it."""
+    key = (task_key(run.task), repr(run.streams), run.quantities, bool(keep[0]), bool(keep[1]),
+           "params")
+    states = None
+    if run.keep_states and run.records:
+        states = dict(result.states)
+        states["window"] = states.pop("window")
+    return ShardResult(shard=shard, key=key, quantities=run.quantities,
+                       streams=list(run.streams), cost=run.cost,
+                       moments={k: dict(vars(m)) for k, m in run.moments.items()},
+                       grad_ad=run.grad_ad, states=states,
+                       sequences=result.sequences,
+                       window_tables=tables, n_states=run.cost.n_states,
+                       columns=run.columns)
+
+
+def merge_params(task, parts):
+    """Parameter shards (sorted) into one result: every parameter-indexed sum is its
+    shard's columns, placed side by side; the sums that hold no parameter (probability
+    mass, rewards, their spread) are the same in every shard and are taken from the first;
+    the per-state and per-response rows and the autodiff gradient are the first's."""
+    P, T, head = task.model.num_params, task.max_len, parts[0]
+    cols = [p.columns for p in parts]
+    if cols[0].start != 0 or cols[-1].stop != P or any(
+            a.stop != b.start for a, b in zip(cols, cols[1:])):
+        raise ShardError(f"the parameter shards hold columns {[(c.start, c.stop) for c in cols]}"
+                         f", which do not tile 0..{P}")
+    results = {}
+    for stream in head.streams:
+        name, m = stream.name, Moments(P, T)
+        for field, value in head.moments[stream.name].items():
+            if isinstance(value, np.ndarray):
+                value = np.concatenate([p.moments[name][field] for p in parts], axis=-1)
+            setattr(m, field, value)
+        results[name] = finish_fisher(m) if head.quantities == "fisher" else \
+            finish_stream(m, task.baseline)
+    seqs = head.sequences if head.quantities == "all" else None
+    out = ExactResult.build(task, head.cost, results, head.grad_ad, None, seqs, head.quantities)
+    if head.states is not None:
+        states = dict(head.states)
+        tables = {k: np.concatenate([p.window_tables[k] for p in parts], axis=-1)
+                  for k in head.window_tables}
+        out.states = GatheredStates(states, tables, states.pop("window"))
+    return out
