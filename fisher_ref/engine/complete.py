@@ -173,11 +173,39 @@ def complete_fisher(run, cache, block, arrs, idx):
         if full:
             cache.accumulate_reach(s, arrs.rows, r, d)
         for sl in _sub_blocks(B, P, run.budgets.sub_elements):
-            if block.src is not None:  # the last level: H formed from the parents' rows
-                H = cache.work(2, (len(w[sl]), P))
-                _last_H(block, arrs, s, sl, gen, H)
-            else:
-                H = block.H[s, sl]
+            if block.src is not None:  # the last level: from the grandparents' H
+                run.moments[name].add_sums(**_last_level_fisher(
+                    cache, block, arrs, s, sl, gen, w[sl].sum(axis=1), r[sl]))
+                continue
             X = parent_powers(cache.arrays, s, arrs.xiT[s], arrs.rows[sl], K, r[sl], w[sl],
                               1 if full else 2)  # X_1 (and X_2 when summed here)
-            run.moments[name].add_sums(**fisher_sums(H, w[sl].sum(axis=1), *X))
+            run.moments[name].add_sums(**fisher_sums(block.H[s, sl], w[sl].sum(axis=1), *X))
+
+
+def _last_level_fisher(cache, block, arrs, s, sl, gen, W, r):
+    r"""``quantities="fisher"`` at the last level (every child a complete response): the
+    sums of :func:`fisher_ref.engine.parent_sums.fisher_sums` over parents ``sl`` without
+    forming their running sums. A parent ``b`` under grandparent ``g`` has
+    :math:`H_b = H_g + \xi_b` (:math:`\xi_b` the score of its last token), so, with
+    :math:`X_{1,b} = r_b\,y_1(b)`,
+
+    .. math::
+
+       \sum_b W_b H_b = \sum_g W_g H_g + \sum_b W_b \xi_b,\qquad
+       \sum_b W_b H_b^2 + 2 H_b \odot X_{1,b} = \sum_g \bigl(W_g H_g^2 + 2 H_g \odot M_g\bigr)
+       + \sum_b W_b \xi_b^2 + 2 \sum_b r_b\,\xi_b \odot y_1(b),
+
+    :math:`W_g = \sum_{b \in g} W_b`, :math:`M_g = \sum_{b \in g} W_b \xi_b + r_b y_1(b)`:
+    the same finite sums, regrouped by grandparent (the terms without any ``H`` are the
+    window cache's, :meth:`WindowCache.accumulate_reach`)."""
+    d, H0, src = block.depth, block.parents[0][s], block.src[sl]
+    prow, g = block.path_rows[sl], gen[sl]
+    xi = arrs.xiT[s][prow[:, d - 1], g[:, d - 1]]  # (b, P)
+    y1 = cache.arrays[f"y{s}_1"][arrs.rows[sl]]  # (b, P)
+    runs = np.flatnonzero(np.r_[True, src[1:] != src[:-1]])  # parents of one grandparent
+    Hg = np.take(H0, src[runs], axis=0, mode="clip")  # (n, P)
+    Wg = segment_sum(W, runs)  # (n,)
+    M = segment_sum(xi, runs, W) + segment_sum(y1, runs, r)  # (n, P)
+    h2 = (Wg @ (Hg * Hg) + 2 * np.einsum("gp,gp->p", Hg, M)
+          + np.einsum("b,bp,bp->p", W, xi, xi) + 2 * np.einsum("b,bp,bp->p", r, xi, y1))
+    return {"mass": W.sum(), "h": Wg @ Hg + W @ xi, "h2": h2}

@@ -236,7 +236,7 @@ class WindowCache:
         :math:`\bar j = p^\top j`, :math:`y_n = q^\top \xi^{\circ n}`; the token moment of a
         stream is its :math:`y_2 = \sum_a q_a (j_a - c)^2`."""
         a, dist = self.arrays, {"p": p[:, None, :], "q": q[:, None, :]}  # (u, 1, V)
-        x2, xn = self.work(0, J.shape), self.work(1, J.shape)  # (u, V, P): powers of xi
+        x2 = self.work(0, J.shape)  # (u, V, P): the squares of xi
         means = [(c, (q if c == "q" else p if c == "p" else topk_weights(q, c))[:, None, :] @ J)
                  for c in self.centers]  # (u, 1, P) each: the centers
         for c, mean in means[1:]:
@@ -245,20 +245,23 @@ class WindowCache:
         for s, stream in enumerate(self.streams):
             wname, c = stream.drawn_from, stream.center
             d, xi = dist[wname], a[f"xi{c}"][r]  # (u, 1, V), (u, V, P)
+            if s == 0:  # the uniform mean in the same products (whether kept or not, so
+                # that keeping the states changes no rounding)
+                d = np.concatenate([d, np.full(d.shape, 1.0 / d.shape[2])], axis=1)
             np.multiply(xi, xi, out=x2)
-            a[f"y{s}_1"][r] = (d @ xi)[:, 0]
-            a[f"y{s}_2"][r] = (d @ x2)[:, 0]
+            y1, y2 = d @ xi, d @ x2  # (u, 1 or 2, P)
+            a[f"y{s}_1"][r], a[f"y{s}_2"][r] = y1[:, 0], y2[:, 0]
             if self.keep and s == 0:  # the spread about the uniform mean, from any center's
-                # moments: mean(xi^2) - mean(xi)^2 (at most rounding below 0); two reads
-                u = np.full(d.shape, 1.0 / d.shape[2])  # (u, 1, V)
-                np.maximum((u @ x2)[:, 0] - (u @ xi)[:, 0] ** 2, 0.0, out=a["uniform"][r])
-            if f"y{s}_4" in a:
-                a[f"y{s}_3"][r] = (d @ np.multiply(x2, xi, out=xn))[:, 0]
-                a[f"y{s}_4"][r] = (d @ np.multiply(x2, x2, out=xn))[:, 0]
+                # moments: mean(xi^2) - mean(xi)^2 (at most rounding below 0)
+                np.maximum(y2[:, 1] - y1[:, 1] ** 2, 0.0, out=a["uniform"][r])
+            if f"y{s}_4" in a:  # without writing the third and fourth powers
+                d = d[:, :1]
+                a[f"y{s}_3"][r] = np.einsum("uiv,uvp,uvp->uip", d, x2, xi)[:, 0]
+                a[f"y{s}_4"][r] = np.einsum("uiv,uvp,uvp->uip", d, x2, x2)[:, 0]
 
     def work(self, i, shape):
         """Work array ``i`` of ``shape``, reused from call to call (no fresh pages); ``i``
-        0 and 1 are this class's own."""
+        0 is this class's own."""
         n = int(np.prod(shape))
         if self.scratch.get(i, np.empty(0)).size < n:
             self.scratch[i] = np.empty(n)
