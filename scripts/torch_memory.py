@@ -9,7 +9,7 @@ keep_sequences=False, variances=False``) and the numpy ``exact`` with its defaul
 prints a markdown table of the wall time of the run and the process's peak RSS
 (``VmHWM``, see fisher_ref.perf.memory: interpreter, libraries and the run together), with the 1-minute load
 average. The V=16, T=4, hidden 128 task (``v16``) must stay below 2 GiB on the torch
-engine; ``tests/test_torch_exact.py`` checks that in CI.
+engine; ``tests/torch/test_exact.py`` checks that in CI.
 """
 import argparse
 import json

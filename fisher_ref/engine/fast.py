@@ -213,8 +213,9 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
             ``ShardResult``, which ``merge`` places beside the others' (the per-state and
             per-response arrays kept as in a whole run).
         workers: processes to run parameter shards in (``fisher_ref.engine.workers``):
-            each walks the whole tree for its share of the parameters, so no per-window
-            or per-state work is done twice. ``"auto"``: the available cores, 1 (this
+            each walks the whole tree for its share of the parameters, so the per-window
+            and per-state work is split, not repeated (the sensitivities too for the MLP;
+            other models form all of a window's and keep their columns). ``"auto"``: the available cores, 1 (this
             process) for a run estimated under 10 s. The result is the same to rounding.
         budgets: the fast engine's memory and batching knobs
             (:class:`fisher_ref.engine.plan.Budgets`; speed and memory only, never the
@@ -259,6 +260,10 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     columns = None
     if param_shard is not None:
         i, n_shards = check_shard(param_shard)
+        if n_shards > task.model.num_params:
+            raise ValueError(f"param_shard=({i}, {n_shards}) cuts the model's "
+                             f"{task.model.num_params} parameters into more slices than "
+                             "there are parameters")
         columns = param_columns(task.model.num_params, n_shards)[i]
     if shard is not None:  # a shard's result holds sums, its rows only when asked
         options = options.with_(**{k: False for k in ("keep_states", "keep_sequences")

@@ -33,7 +33,6 @@ def param_shard_result(run, result, shard, tables, keep):
     states = None
     if run.keep_states and run.records:
         states = dict(result.states)
-        states["window"] = states.pop("window")
     return ShardResult(shard=shard, key=key, quantities=run.quantities,
                        streams=list(run.streams), cost=run.cost,
                        moments={k: dict(vars(m)) for k, m in run.moments.items()},
@@ -54,6 +53,13 @@ def merge_params(task, parts):
             a.stop != b.start for a, b in zip(cols, cols[1:])):
         raise ShardError(f"the parameter shards hold columns {[(c.start, c.stop) for c in cols]}"
                          f", which do not tile 0..{P}")
+    for p in parts[1:]:  # the sums without parameters: the same walk gave the same numbers
+        for name, m in p.moments.items():  # (to rounding: the sub-blocks follow the width)
+            h = head.moments[name]
+            if m["r0"] != h["r0"] or not abs(m["mass"] - h["mass"]) <= 1e-12 * h["mass"]:
+                raise ShardError(f"parameter shards {head.shard} and {p.shard} disagree on "
+                                 f"the probability mass or reference reward of stream "
+                                 f"{name!r}: they did not walk the same tree")
     results = {}
     for stream in head.streams:
         name, m = stream.name, Moments(P, T)

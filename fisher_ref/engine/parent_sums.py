@@ -44,7 +44,7 @@ import numpy as np
 from scipy import sparse
 
 __all__ = ["parent_powers", "window_products", "prefix_starts", "segment_sum", "history_cross",
-           "level_sums", "fisher_sums"]
+           "level_sums", "fisher_sums", "held_products"]
 
 
 def parent_powers(a, s, xi, rows, K, r, w, n=4):
@@ -265,3 +265,39 @@ def fisher_sums(H, W, X1, X2=None):
     if X2 is not None:
         out["h"], out["h2"] = out["h"] + X1.sum(axis=0), out["h2"] + X2.sum(axis=0)
     return out
+
+
+def held_products(xi, y1, y3, held, rows, C, r, src, chunk_elements=2 ** 18):
+    r"""The deferred per-window products of the window cache
+    (:meth:`fisher_ref.engine.window_cache.WindowCache.defer`): :math:`\sum_g H_g \odot Z_g`
+    with :math:`Z_g = C_g\,\xi_{\text{row}_g}` ``(n, P)`` and
+    :math:`\sum_g r_g H_g \odot y_l(\text{row}_g)`, ``l = 1, 3`` ``(2, P)``, for parents at
+    cache rows ``rows (B,)`` whose running sums are the rows ``src (B,)`` of ``held``.
+    Windows with ``g`` parents each go through one batched matrix product
+    ``(m, g n, V) @ (m, V, P)``, a few windows at a time (about ``chunk_elements``).
+
+    Args:
+        xi: ``(U, V, P)`` the stream's scores; y1, y3: ``(U, P)`` its moments.
+        held: ``(., P)`` the parents' running sums; C: ``(B, n, V)`` token weights;
+        r: ``(B,)`` the parents' reach.
+    """
+    n = C.shape[1]
+    V, P = xi.shape[1:]
+    order = np.argsort(rows, kind="stable")  # (B,): parents in window order
+    us, first, count = np.unique(rows[order], return_index=True, return_counts=True)
+    total, ry = np.zeros((n, P)), np.zeros((2, P))
+    for g in np.unique(count):
+        sel = np.flatnonzero(count == g)  # windows with g parents
+        step = max(1, chunk_elements // (g * (n + 1) * P))
+        for lo in range(0, len(sel), step):
+            c = sel[lo:lo + step]
+            m, u = len(c), us[c]
+            idx = order[first[c][:, None] + np.arange(g)]  # (m, g)
+            Hs = held[src[idx]]  # (m, g, P)
+            x = xi[u[0]:u[-1] + 1] if u[-1] - u[0] == m - 1 else xi[u]  # (m, V, P)
+            Z = np.matmul(C[idx].reshape(m, g * n, V), x)  # (m, g*n, P)
+            total += np.einsum("mgp,mgip->ip", Hs, Z.reshape(m, g, n, P))
+            rH = np.einsum("mg,mgp->mp", r[idx], Hs)  # (m, P)
+            ry[0] += np.einsum("mp,mp->p", rH, y1[u])
+            ry[1] += np.einsum("mp,mp->p", rH, y3[u])
+    return total, ry

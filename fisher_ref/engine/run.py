@@ -106,11 +106,10 @@ def model_probs(task, theta, W):
     return p, softmax(zq)
 
 
-def checked_sensitivities(task, W, tokens_first=False, out=None, columns=None):
+def checked_sensitivities(task, W, tokens_first=False, out=None):
     """Logit sensitivities ``j (B, P, V)`` of windows ``W (B, k)`` (``(B, V, P)`` with
-    ``tokens_first``, into ``out`` when given; only the parameters ``columns``, a slice,
-    when given), checked finite."""
-    J = sensitivities(task.model, task.theta, W, tokens_first, out, columns)  # (B, [V,] P[, V])
+    ``tokens_first``, into ``out`` when given), checked finite."""
+    J = sensitivities(task.model, task.theta, W, tokens_first, out)  # (B, P, V) or (B, V, P)
     if not np.isfinite(J).all():
         raise ValueError("non-finite logit sensitivities (check the model's derivatives)")
     return J

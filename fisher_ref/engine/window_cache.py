@@ -32,7 +32,9 @@ from __future__ import annotations
 import numpy as np
 
 from fisher_ref.engine.plan import DEFAULT_BUDGETS
+from fisher_ref.engine.parent_sums import held_products
 from fisher_ref.engine.run import model_probs
+from fisher_ref.models.mlp import MLPModel
 from fisher_ref.models.sensitivities import sensitivities
 from fisher_ref.numerics import topk_weights
 
@@ -211,7 +213,10 @@ class WindowCache:
         U, (V, P) = len(Wu), self.shapes["xi" + str(self.centers[0])]
         pu, qu = model_probs(task, task.theta, Wu)  # (U, V) each
         a["p"][lo:lo + U], a["q"][lo:lo + U] = pu, qu
-        n_J, n = max(1, _J_ELEMENTS // (V * P)), max(1, _CHUNK_ELEMENTS // (V * P))
+        # a model without closed-form columns forms every parameter's j, then keeps these
+        wide = P if self.columns is None or isinstance(task.model, MLPModel) \
+            else task.model.num_params
+        n_J, n = max(1, _J_ELEMENTS // (V * wide)), max(1, _CHUNK_ELEMENTS // (V * P))
         xi0 = a["xi" + str(self.centers[0])]  # j is written here, then centered in place
         for i in range(0, U, n_J):  # sensitivities of a batch of windows ...
             end = min(i + n_J, U)
@@ -251,9 +256,11 @@ class WindowCache:
             np.multiply(xi, xi, out=x2)
             y1, y2 = d @ xi, d @ x2  # (u, 1 or 2, P)
             a[f"y{s}_1"][r], a[f"y{s}_2"][r] = y1[:, 0], y2[:, 0]
-            if self.keep and s == 0:  # the spread about the uniform mean, from any center's
-                # moments: mean(xi^2) - mean(xi)^2 (at most rounding below 0)
-                np.maximum(y2[:, 1] - y1[:, 1] ** 2, 0.0, out=a["uniform"][r])
+            if self.keep and s == 0:  # the spread about the uniform mean, two-pass: from
+                # the deviations themselves (mean(xi^2) - mean(xi)^2 would lose digits as V
+                # grows under a confident policy, where mean(xi)^2 is up to V times it)
+                dev = np.subtract(xi, y1[:, 1:], out=self.work(1, J.shape))  # (u, V, P)
+                a["uniform"][r] = np.einsum("uiv,uvp,uvp->uip", d[:, 1:], dev, dev)[:, 0]
             if f"y{s}_4" in a:  # without writing the third and fourth powers
                 d = d[:, :1]
                 a[f"y{s}_3"][r] = np.einsum("uiv,uvp,uvp->uip", d, x2, xi)[:, 0]
@@ -261,7 +268,7 @@ class WindowCache:
 
     def work(self, i, shape):
         """Work array ``i`` of ``shape``, reused from call to call (no fresh pages); ``i``
-        0 is this class's own."""
+        0 and 1 are this class's own."""
         n = int(np.prod(shape))
         if self.scratch.get(i, np.empty(0)).size < n:
             self.scratch[i] = np.empty(n)
@@ -337,39 +344,14 @@ class WindowCache:
         self.pending, self.held = [], 0
         for (s, names), parts in by.items():
             rows, C, r, src = (np.concatenate(x) for x in zip(*parts))
-            total, ry = self._window_products(s, rows, C, r, src)
+            arrays = self.arrays
+            total, ry = held_products(arrays[f"xi{self.streams[s][2]}"], arrays[f"y{s}_1"],
+                                      arrays[f"y{s}_3"], self.held_H, rows, C, r, src,
+                                      _CHUNK_ELEMENTS)
             for i, name in enumerate(names):
                 self.sums[s][name] += 2 * total[i]
             self.sums[s]["h2"] += 2 * ry[0]
             self.sums[s]["h4"] += 4 * ry[1]
-
-    def _window_products(self, s, rows, C, r, src):
-        r""":math:`\sum_g H_g \odot Z_g` with :math:`Z_g = C_g\,\xi_{\text{row}_g}`
-        ``(n, P)`` and :math:`\sum_g r_g H_g \odot y_l(\text{row}_g)`, ``l = 1, 3``
-        ``(2, P)``, for parents at cache rows ``rows (B,)`` whose running sums are the rows
-        ``src (B,)`` of the held buffer. Windows with ``g`` parents each go through one
-        batched matrix product ``(m, g n, V) @ (m, V, P)``, a few windows at a time."""
-        xi, n = self.arrays[f"xi{self.streams[s][2]}"], C.shape[1]
-        y1, y3 = self.arrays[f"y{s}_1"], self.arrays[f"y{s}_3"]
-        V, P = xi.shape[1:]
-        order = np.argsort(rows, kind="stable")  # (B,): parents in window order
-        us, first, count = np.unique(rows[order], return_index=True, return_counts=True)
-        total, ry = np.zeros((n, P)), np.zeros((2, P))
-        for g in np.unique(count):
-            sel = np.flatnonzero(count == g)  # windows with g parents
-            step = max(1, _CHUNK_ELEMENTS // (g * (n + 1) * P))
-            for lo in range(0, len(sel), step):
-                c = sel[lo:lo + step]
-                m, u = len(c), us[c]
-                idx = order[first[c][:, None] + np.arange(g)]  # (m, g)
-                Hs = self.held_H[src[idx]]  # (m, g, P)
-                x = xi[u[0]:u[-1] + 1] if u[-1] - u[0] == m - 1 else xi[u]  # (m, V, P)
-                Z = np.matmul(C[idx].reshape(m, g * n, V), x)  # (m, g*n, P)
-                total += np.einsum("mgp,mgip->ip", Hs, Z.reshape(m, g, n, P))
-                rH = np.einsum("mg,mgp->mp", r[idx], Hs)  # (m, P)
-                ry[0] += np.einsum("mp,mp->p", rH, y1[u])
-                ry[1] += np.einsum("mp,mp->p", rH, y3[u])
-        return total, ry
 
     def flush(self):
         """Use every cached window's deferred and accumulated weights, then empty the cache."""

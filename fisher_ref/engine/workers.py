@@ -1,23 +1,25 @@
 """The shards of one exact run in local processes: ``exact(task, workers=N)``.
 
 Shard ``i`` of ``N`` is ``exact(task, param_shard=(i, N))``: the whole tree, for the
-``i``-th slice of the parameters (:func:`fisher_ref.engine.shards.param_columns`). Every
+``i``-th slice of the parameters (:func:`fisher_ref.engine.param_shards.param_columns`). Every
 sum the engine forms per parameter is that parameter's alone, so the slices split the
-work per window and per state with nothing done twice (subtrees, ``shard=(i, N)``, would
+work per window and per state instead of repeating it (subtrees, ``shard=(i, N)``, would
 each compute the windows they share; that cut serves the Ray cluster, where what crosses
-the network must be small). Shards ``1..N-1`` run in ``N - 1`` worker processes, which send back their sums; shard
-0 runs in the calling process meanwhile (which would otherwise wait idle, and whose
-result then needs no pickling), and the caller merges them once. Workers are started
-with the ``spawn`` method, with the BLAS thread counts set to 1 in their environment
-before they import numpy, and through ``threadpoolctl`` too; the caller's own BLAS is
-held to one thread by ``threadpoolctl`` while it runs its shard. So ``N`` shards use
-``N`` cores, not ``N`` times the BLAS threads. The pool is kept for the next call of the
-same size (starting a process and importing numpy costs about a second), and ended at
-exit.
+the network must be small). Only the MLP forms just its columns of the sensitivities;
+other models form all of a window's and keep their columns. Shards ``1..N-1`` run in
+``N - 1`` worker processes, which send back their sums; shard 0 runs in the calling process
+meanwhile (which would otherwise wait idle, and whose result then needs no pickling),
+and the caller merges them once. Workers are started with the ``spawn`` method, with the
+BLAS thread counts set to 1 in their environment before they import numpy, and through
+``threadpoolctl`` too; the caller's own BLAS is held to one thread by ``threadpoolctl``
+while it runs its shard. So ``N`` shards use ``N`` cores, not ``N`` times the BLAS
+threads. The pool is kept for the next call of the same size (starting a process and
+importing numpy costs about a second), and ended at exit.
 
 Because shard 0 runs in the calling process, a reward or model that ends its process
-ends the caller's (as with ``workers=1``); one that fails in a worker is an error that
-names its shard.
+ends the caller's (as with ``workers=1``), and one that raises there raises as it would
+with ``workers=1``; in a worker, either is a ``RuntimeError`` that names the shard. A
+failed run ends the pool, the other shards still running with it.
 
 ``workers="auto"`` takes the cores this process may use, and 1 (no process at all)
 when the single-core estimate (:func:`fisher_ref.engine.plan.estimate_cost`) is under
@@ -200,7 +202,9 @@ def run_shards(engine, task, n, kw, progress=False, by="shard"):
 
     Raises:
         ValueError: the task cannot be sent to a worker (:func:`unsendable` says why).
-        RuntimeError: a worker died (the message names its shard); the pool is ended.
+        RuntimeError: a worker died or its shard raised (the message names the shard and
+            the error). Whatever fails, the pool is ended, its running shards with it, so
+            that no orphaned shard holds a core or the next run's worker.
     """
     why = unsendable(task)
     if why:
@@ -219,8 +223,7 @@ def run_shards(engine, task, n, kw, progress=False, by="shard"):
             with threadpool_limits(1):  # the workers' cores are busy: one thread here too
                 out[0] = engine(task, **{by: (0, n)}, **kw)
         except BaseException:
-            for f in futures:  # nothing of a failed run is kept; the pool stays usable
-                f.cancel()
+            _discard()  # nothing of a failed run is kept, nor left running
             raise
         bar.update(1)
         for f in as_completed(futures):
@@ -228,10 +231,27 @@ def run_shards(engine, task, n, kw, progress=False, by="shard"):
             try:
                 out[i] = f.result()
             except BrokenProcessPool as e:
-                shutdown()
+                _discard()
                 raise RuntimeError(f"the worker process of shard {i} of {n} died ({e}); no "
                                    "result is returned for a partial run") from e
+            except Exception as e:  # noqa: BLE001 (whatever the shard raised, named)
+                _discard()
+                raise RuntimeError(f"shard {i} of {n} failed in its worker process: "
+                                   f"{type(e).__name__}: {e}; no result is returned for a "
+                                   "partial run") from e
             bar.update(1)
     finally:
         bar.close()
     return out
+
+
+def _discard():
+    """End the kept pool now, its running shards included (their results are not wanted)."""
+    ex = _POOL.pop("executor", None)
+    _POOL.clear()
+    if ex is None:
+        return
+    for proc in list((getattr(ex, "_processes", None) or {}).values()):
+        if proc.is_alive():
+            proc.terminate()
+    ex.shutdown(wait=True, cancel_futures=True)

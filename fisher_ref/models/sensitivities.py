@@ -41,6 +41,8 @@ def mlp_sensitivities(model, theta, windows, tokens_first=False, out=None, colum
     B = windows.shape[0]
     g = (1.0 - hid ** 2)[:, :, None] * p["W2"][None]  # (B, H, V)
     q = np.einsum("pdh,bha->bpda", p["W1"].reshape(k, d, H), g)  # (B, k, d, V)
+    if columns is not None and columns.step not in (None, 1):
+        raise ValueError(f"columns must be a slice of consecutive parameters, got {columns!r}")
     width = len(range(model.num_params)[columns or slice(None)])
     if out is not None and (not tokens_first or out.shape != (B, V, width)
                             or not out.flags.c_contiguous):

@@ -49,3 +49,28 @@ def test_parameter_shards_tile_the_parameters_and_refuse_mixing():
         exact(task, progress=False, reference=True, param_shard=(0, 2))
     with pytest.raises(ValueError, match="shard must be a pair"):
         exact(task, progress=False, param_shard=(2, 2))
+
+
+def test_more_parameter_shards_than_parameters_are_refused():
+    task = load_config("tabular")
+    P = task.model.num_params
+    with pytest.raises(ValueError, match=f"{P} parameters into more slices"):
+        exact(task, progress=False, param_shard=(0, P + 1))
+    assert_merged_equal(task, P, "one parameter each", by="param_shard")
+
+
+@pytest.mark.parametrize("keep", [(False, False), (True, False), (False, True)])
+def test_parameter_shards_with_some_arrays_kept(keep):
+    task = load_config("offpolicy_temperature")
+    merged, _ = assert_merged_equal(task, 3, f"keep {keep}", by="param_shard",
+                                    keep_states=keep[0], keep_sequences=keep[1])
+    assert (merged.states is not None) == keep[0]
+    assert (merged.sequences is not None) == keep[1]
+
+
+def test_parameter_shards_of_different_walks_are_refused():
+    task = load_config("default")
+    parts = [exact(task, progress=False, param_shard=(i, 2)) for i in range(2)]
+    parts[1].moments["policy"]["mass"] *= 1.5
+    with pytest.raises(ShardError, match="did not walk the same tree"):
+        merge(task, parts)

@@ -7,6 +7,7 @@ sum is taken response by response with loops. The grouped functions must give
 the same numbers at 1e-10.
 """
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from cases import RTOL, rel
@@ -145,3 +146,21 @@ def test_window_products_equal_a_loop(B, V, P, seed):
 def test_history_cross_at_the_root_is_empty():
     c, c4 = history_cross(None, np.ones(2), np.ones((2, 3)), np.ones((2, 3)), [])
     assert c.shape == c4.shape == (1, 1, 3) and not c.any()
+
+
+@pytest.mark.parametrize("chunk", [1, 2 ** 18])
+def test_held_products_equal_a_loop(chunk):
+    """The window cache's deferred products, batched per window of equal parent counts,
+    against a loop over parents; with one window per batch and with many."""
+    from fisher_ref.engine.parent_sums import held_products
+    rng = np.random.default_rng(3)
+    U, V, P, B, n = 5, 4, 7, 13, 2
+    xi, y1, y3 = rng.normal(size=(U, V, P)), rng.normal(size=(U, P)), rng.normal(size=(U, P))
+    held = rng.normal(size=(B + 3, P))
+    rows = rng.integers(0, U, size=B)  # windows with 0 to several parents
+    C, r, src = rng.normal(size=(B, n, V)), rng.random(B), rng.permutation(B + 3)[:B]
+    total, ry = held_products(xi, y1, y3, held, rows, C, r, src, chunk)
+    want_t = sum(held[src[b]] * (C[b] @ xi[rows[b]]) for b in range(B))  # (n, P)
+    want_r = sum(r[b] * held[src[b]] * np.stack([y1[rows[b]], y3[rows[b]]]) for b in range(B))
+    np.testing.assert_allclose(total, want_t, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ry, want_r, rtol=1e-12, atol=1e-12)

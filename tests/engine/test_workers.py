@@ -169,3 +169,44 @@ def test_a_broken_kept_pool_is_replaced():
     out = exact(good, progress=False, workers=2)
     assert workers_mod._POOL["executor"] is not ex
     assert merged_errors(out, exact(good, progress=False, workers=1))["policy.sequence_fisher"] <= RTOL
+
+
+def _raise_in_worker(prompt, response):
+    """A reward that raises in a worker process (shard 0, in the caller, is spared)."""
+    import multiprocessing
+    if multiprocessing.parent_process() is not None:
+        raise ArithmeticError("boom in the worker")
+    return 0.0
+
+
+def _raise_here(prompt, response):
+    """A reward that raises in the calling process only (the workers take their time)."""
+    import multiprocessing
+    import time
+    if multiprocessing.parent_process() is None:
+        raise ArithmeticError("boom in the caller")
+    time.sleep(0.001)
+    return 0.0
+
+
+def test_a_shard_raising_in_a_worker_is_an_error_naming_it_and_ends_the_pool():
+    task = load_config("default").with_(reward=FunctionReward(_raise_in_worker))
+    with pytest.raises(RuntimeError, match=r"shard 1 of 2 failed in its worker process: "
+                                           r"ArithmeticError: boom in the worker"):
+        exact(task, progress=False, workers=2)
+    assert "executor" not in workers_mod._POOL  # ended, not kept with a shard running
+    good = load_config("default")
+    assert merged_errors(exact(good, progress=False, workers=2),
+                         exact(good, progress=False, workers=1))["policy.sequence_fisher"] <= RTOL
+
+
+def test_shard_zero_failing_ends_the_workers_still_running():
+    """Shard 0 raises in the caller while shard 1 still runs in its worker: the error is
+    the caller's own (as with workers=1), and the running worker is ended with the pool."""
+    task = load_config("default").with_(reward=FunctionReward(_raise_here))
+    with pytest.raises(ArithmeticError, match="boom in the caller"):
+        exact(task, progress=False, workers=2)
+    assert "executor" not in workers_mod._POOL
+    good = load_config("default")
+    assert merged_errors(exact(good, progress=False, workers=2),
+                         exact(good, progress=False, workers=1))["policy.sequence_fisher"] <= RTOL
