@@ -249,9 +249,11 @@ def estimate_cost(task, n_streams=None, chunk=None, keep_states=False, keep_sequ
                   quantities="all", workers=1):
     """Estimate the size, time and peak memory of :func:`fisher_ref.exact` on ``task``."""
     # quantities="fisher": two moments per window, a few passes per state, no rewards, only
-    # H carried. workers: the time of the slowest (a share of the work each, the windows
-    # all, and their start) and the memory of all of them (each its own blocks and caches;
-    # kept arrays once in the workers, once merged).
+    # H carried. workers (parameter shards): the time of the slowest (a share of the work
+    # per state each; the per-window work counted whole, as it is for models whose
+    # sensitivities are formed for every parameter; and their start) and the memory of all
+    # of them counted as whole runs (an upper bound: each holds its slice of the arrays
+    # that grow with P; kept arrays once in the workers, once merged).
     m, fisher = task.model, quantities == "fisher"
     V, P, T = m.vocab_size, m.num_params, task.max_len
     S = n_streams if n_streams is not None else (1 if task.sampler is None else 3)
@@ -261,7 +263,6 @@ def estimate_cost(task, n_streams=None, chunk=None, keep_states=False, keep_sequ
     # per distinct window: sensitivities, centers, the sums y_1..y_4 of each stream;
     # per state: about 40 passes over P (the regrouped sums of its complete responses,
     # its cross terms, what its children carry); per response: its reward
-    # (every worker computes the windows its subtrees meet: about all of them)
     per_window, per_state = ((6 + 4 * S), 8) if fisher else ((10 + 8 * S), 40)
     called = type(task.reward).batch is Reward.batch  # no vectorised form: one call each
     per_response = 0.0 if fisher else \
