@@ -1,0 +1,76 @@
+"""What fresh memory costs ``exact``: one thread, a scale task (v16 by default), timed
+alone and right after the independent torch peer (``scripts/torch_peer.py``) ran in the
+same process, with the minor page faults and system time of one run; then the same in a
+process whose glibc keeps freed memory (``MALLOC_MMAP_THRESHOLD_``,
+``MALLOC_TRIM_THRESHOLD_``), so that later runs reuse pages instead of faulting in new ones.
+
+Usage: python scripts/alloc_effects.py [--config v16] [--repeats 5]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KEEP = {"MALLOC_MMAP_THRESHOLD_": str(2 ** 30), "MALLOC_TRIM_THRESHOLD_": str(2 ** 36)}
+
+
+def _child(config, repeats, after_peer):
+    import resource
+
+    import numpy as np
+    import torch
+    torch.set_num_threads(1)
+    sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+    from fisher_ref import exact, task_from_json
+    from torch_peer import peer_exact
+    spec = json.loads((ROOT / "fisher_ref/configs/scale" / f"{config}.json").read_text())
+
+    def run():
+        return exact(task_from_json(spec), progress=False, workers=1).states["token_fisher"]
+    run()
+    times, faults, sys_s = [], [], []
+    for _ in range(repeats):
+        if after_peer:
+            peer_exact(spec)
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        run()
+        t, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+        times.append(t)
+        faults.append(r1.ru_minflt - r0.ru_minflt)
+        sys_s.append(r1.ru_stime - r0.ru_stime)
+    return {"median_s": float(np.median(times)), "min_s": min(times),
+            "minor_faults": int(np.median(faults)), "sys_s": float(np.median(sys_s))}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="v16")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(_child(args.config, args.repeats, args.child[1] == "peer")))
+        return 0
+    sys.path.insert(0, str(ROOT))
+    from fisher_ref.perf.scaling import git_commit
+    print(f"commit {git_commit()}; {args.config}; {args.repeats} runs each; one thread")
+    for malloc in ("default", "keep"):
+        for mode in ("alone", "peer"):
+            env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+                       MKL_NUM_THREADS="1", **(KEEP if malloc == "keep" else {}))
+            out = subprocess.run([sys.executable, __file__, "--config", args.config,
+                                  "--repeats", str(args.repeats), "--child", malloc, mode],
+                                 env=env, capture_output=True, text=True, check=True)
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"glibc {malloc:7s} exact {'after the peer' if mode == 'peer' else 'alone':14s}: "
+                  f"median {r['median_s']:.3f} s (best {r['min_s']:.3f}); minor faults "
+                  f"{r['minor_faults']:,}; system time {r['sys_s']:.3f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
