@@ -35,6 +35,7 @@ from fisher_ref.engine.plan import DEFAULT_BUDGETS
 from fisher_ref.engine.parent_sums import held_products
 from fisher_ref.engine.run import model_probs
 from fisher_ref.models.mlp import MLPModel
+from fisher_ref.models.mlp_scores import mlp_window_arrays
 from fisher_ref.models.sensitivities import sensitivities
 from fisher_ref.numerics import topk_weights
 
@@ -213,6 +214,8 @@ class WindowCache:
         U, (V, P) = len(Wu), self.shapes["xi" + str(self.centers[0])]
         pu, qu = model_probs(task, task.theta, Wu)  # (U, V) each
         a["p"][lo:lo + U], a["q"][lo:lo + U] = pu, qu
+        if isinstance(task.model, MLPModel):  # from the factors of its sensitivities
+            return self._compute_mlp(Wu, lo, pu, qu)
         # a model without closed-form columns forms every parameter's j, then keeps these
         wide = P if self.columns is None or isinstance(task.model, MLPModel) \
             else task.model.num_params
@@ -230,6 +233,32 @@ class WindowCache:
             # checked through the token moments y_2 = sum_a q_a (j_a - c)^2: a non-finite
             # j_{a,i} makes parameter i's center, scores and so its y_2 non-finite
             if not np.isfinite(a["y0_2"][lo + i:lo + end]).all():
+                raise ValueError("non-finite logit sensitivities or token moments (check the "
+                                 "model's derivatives and its scale)")
+
+    def _compute_mlp(self, Wu, lo, pu, qu):
+        """:meth:`_compute` for the MLP: every center's scores written in one pass and the
+        moments formed from the factors of its sensitivities
+        (:func:`fisher_ref.models.mlp_scores.mlp_window_arrays`), a batch of windows at a
+        time."""
+        task, a = self.task, self.arrays
+        V, P = self.shapes["xi" + str(self.centers[0])]
+        step = max(1, _J_ELEMENTS // (V * P))
+        for i in range(0, len(Wu), step):
+            end = min(i + step, len(Wu))
+            r = slice(lo + i, lo + end)
+            dist = {"p": pu[i:end], "q": qu[i:end]}
+            centers = [dist[c] if c in dist else topk_weights(dist["q"], c)
+                       for c in self.centers]
+            requests = [(dist[st.drawn_from], self.centers.index(st.center),
+                         [a[f"y{s}_{n}"][r] for n in range(1, 5) if f"y{s}_{n}" in a])
+                        for s, st in enumerate(self.streams)]
+            with np.errstate(invalid="ignore", over="ignore"):  # checked just below
+                mlp_window_arrays(task.model, task.theta, Wu[i:end], centers, requests,
+                                  uniform=a["uniform"][r] if self.keep else None,
+                                  out=[a[f"xi{c}"][r] for c in self.centers],
+                                  columns=self.columns)
+            if not np.isfinite(a["y0_2"][r]).all():  # as in _compute
                 raise ValueError("non-finite logit sensitivities or token moments (check the "
                                  "model's derivatives and its scale)")
 

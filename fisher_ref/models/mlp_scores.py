@@ -1,0 +1,198 @@
+r"""The scores and token moments of the window MLP's windows in closed form, block by block.
+
+For one window the MLP of docs/theory.md §4.1 has the logit sensitivities
+(:func:`fisher_ref.models.sensitivities.mlp_sensitivities`), with
+:math:`g_{h,a} = (1 - \mathrm{hid}_h^2)\,W2_{h,a}`,
+
+- ``W1``: :math:`j_{a,(m,h)} = e_m\,g_{h,a}`, ``b1``: :math:`j_{a,h} = g_{h,a}`;
+- ``W2``: :math:`j_{a,(h,c)} = \mathrm{hid}_h\,[c = a]`, ``b2``: :math:`j_{a,c} = [c = a]`;
+- ``E``: :math:`j_{a,(v,r)} = \sum_{pos:\,w_{pos} = v} \sum_h W1_{pos\,d + r,h}\,g_{h,a}`,
+  zero off the rows of the window's tokens.
+
+Centered at a distribution :math:`c` over the tokens, the score
+:math:`\xi_a = j_a - \sum_b c_b\,j_b` keeps the factors:
+:math:`\xi_{a,(m,h)} = e_m\,\hat g_{h,a}` with :math:`\hat g_{h,a} = g_{h,a} - \sum_b c_b
+g_{h,b}`, and :math:`\xi_{a,(h,c')} = \mathrm{hid}_h\,D_{a,c'}` with
+:math:`D_{a,c'} = [c' = a] - c_{c'}`. So the token moments
+:math:`y_n = \sum_a w_a\,\xi_a^{\,n}` under a distribution :math:`w` are outer products of
+small arrays: :math:`e_m^{\,n} \sum_a w_a \hat g_{h,a}^{\,n}` and
+:math:`\mathrm{hid}_h^{\,n} \sum_a w_a D_{a,c'}^{\,n}` (the distributive law on the same
+finite sum over tokens, each token's term kept: no :math:`1 - w_{c'}` is formed). Only the
+small ``E`` block is summed entry by entry.
+
+:func:`mlp_window_arrays` writes every center's scores ``(U, V, P)`` in one pass and forms
+the moments from the factors, instead of passes over ``(U, V, P)`` arrays for each
+power. ``tests/models/test_mlp_scores.py`` holds it to the dense route
+(:func:`fisher_ref.models.sensitivities.mlp_sensitivities`, centered and summed token by
+token).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["mlp_blocks", "mlp_window_arrays"]
+
+
+def mlp_blocks(spec):
+    """``[(name, start, stop), ...]``: the MLP's parameter blocks in the flat layout of
+    docs/theory.md §4.1 (``E``, ``W1``, ``b1``, ``W2``, ``b2``)."""
+    V, k, d, H = spec.vocab_size, spec.context, spec.embed_dim, spec.hidden
+    sizes = [("E", (V + 1) * d), ("W1", k * d * H), ("b1", H), ("W2", H * V), ("b2", V)]
+    out, at = [], 0
+    for name, n in sizes:
+        out.append((name, at, at + n))
+        at += n
+    return out
+
+
+class _Factors:
+    r"""The per-window factors of the MLP's sensitivities, tokens first: ``e (U, kd)``,
+    ``hid (U, H)``, ``gT (U, V, H)`` (:math:`g_{h,a}` at ``[u, a, h]``), and the ``E``
+    block by window position, ``jE (U, V, k, d)``: row ``windows[u, pos]`` of :math:`E`
+    gets ``jE[u, :, pos]``, the positions of a token already earlier in the window added to
+    its first (``dup[u, pos]``, their own rows zero), so every other row of the block is
+    zero."""
+
+    def __init__(self, model, theta, windows):
+        spec = model.spec
+        V, k, d = spec.vocab_size, spec.context, spec.embed_dim
+        p = model.unpack(theta)
+        self.e, self.hid = model.hidden(theta, windows)  # (U, kd), (U, H)
+        U = windows.shape[0]
+        self.gT = p["W2"].T[None] * (1.0 - self.hid ** 2)[:, None, :]  # (U, V, H)
+        # (U, V, k, d): sum_h g_{h,a} W1_{pos d + r, h}
+        jE = np.matmul(self.gT, p["W1"].T).reshape(U, V, k, d)
+        self.windows, self.V, self.d = windows, V, d
+        same = windows[:, :, None] == windows[:, None, :]  # (U, k, k)
+        self.dup = (same & np.tri(k, k, -1, dtype=bool).T[None]).any(axis=1)  # (U, k)
+        if self.dup.any():
+            first = np.argmax(same, axis=1)  # (U, k): the token's first position
+            for pos in range(1, k):
+                u = np.flatnonzero(self.dup[:, pos])
+                jE[u, :, first[u, pos]] += jE[u, :, pos]
+                jE[u, :, pos] = 0.0
+        self.jE = jE
+        self.eye = np.eye(V)
+
+    def centered(self, c):
+        r"""``(gc, Ec, D)`` at center ``c (U, V)``: :math:`\hat g` ``(U, V, H)``, the
+        centered ``E`` block by position ``(U, V, k, d)`` and :math:`D = [c' = a] - c_{c'}`
+        ``(U, V, V)`` (``[u, a, c']``)."""
+        gc = self.gT - np.matmul(c[:, None, :], self.gT)  # (U, V, H)
+        Ec = self.jE - np.einsum("ua,uakd->ukd", c, self.jE)[:, None]
+        D = self.eye[None] - c[:, None, :]
+        return gc, Ec, D
+
+    def scatter_E(self, x, out):
+        """The ``E`` block ``out (U, ..., (V+1) d)`` of the by-position rows
+        ``x (U, ..., k, d)``: zero off the window's tokens."""
+        U, k = self.windows.shape
+        o = out.reshape(x.shape[:-2] + (self.V + 1, self.d))
+        o[...] = 0.0
+        for pos in range(k):
+            u = np.flatnonzero(~self.dup[:, pos])
+            o[u, ..., self.windows[u, pos], :] = x[u, ..., pos, :]
+
+
+def _fill(blocks, lo, hi, out, writers):
+    """Each block's columns inside ``lo..hi`` of ``out (..., hi - lo)``: a whole block in
+    place (``writers[name](view)`` writes every entry of its ``(..., stop - start)``
+    view), a part formed whole and its columns copied."""
+    for name, start, stop in blocks:
+        a, b = max(start, lo), min(stop, hi)
+        if a >= b:
+            continue
+        if a == start and b == stop:
+            writers[name](out[..., start - lo:stop - lo])
+        else:
+            tmp = np.empty(out.shape[:-1] + (stop - start,))
+            writers[name](tmp)
+            out[..., a - lo:b - lo] = tmp[..., a - start:b - start]
+
+
+def _outer(x, y, view):
+    """``view (U, m * n) <- x (U, m) (outer) y (U, n)``, row by row."""
+    np.multiply(x[:, :, None], y[:, None, :], out=view.reshape(x.shape + y.shape[1:]))
+
+
+def _copy(x):
+    def write(view):
+        view[...] = x
+    return write
+
+
+def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out=None,
+                      columns=None):
+    r"""Scores and token moments of the MLP's windows ``(U, k)``, from the factors of its
+    sensitivities (module docstring).
+
+    Args:
+        model: an :class:`fisher_ref.models.mlp.MLPModel`; ``theta`` its parameters.
+        centers: ``[c, ...]``, each ``(U, V)``: the distributions the scores are centered
+            at, :math:`\xi^{(c)}_a = j_a - \sum_b c_b\,j_b`.
+        moments: ``[(w, i, y), ...]``: the moments
+            :math:`y_l = \sum_a w_a (\xi^{(c_i)}_a)^l`, ``l = 1..n``, of the ``(U, V)``
+            distribution ``w`` about center ``centers[i]``, written into ``y``, ``n``
+            arrays ``(U, P)`` (or an int ``n``: allocated).
+        uniform: a ``(U, P)`` array (or ``True``: allocated) to write
+            :math:`\frac1V \sum_a (j_a - \frac1V\sum_b j_b)^2` into; ``None``: not formed.
+        out: ``[(U, V, P), ...]``, one array per center to write its scores into (allocated
+            when ``None``).
+        columns: a slice of ``0..P``: only those parameters (``P`` becomes its length).
+
+    Returns:
+        ``(xi, ys, unif)``: the scores of each center, the moments of each request, and the
+        uniform spread (``None`` when not asked).
+    """
+    blocks = mlp_blocks(model.spec)
+    lo, hi, step = (slice(None) if columns is None else columns).indices(blocks[-1][2])
+    if step != 1:
+        raise ValueError(f"columns must be a slice of consecutive parameters, got {columns!r}")
+    U, V, width = windows.shape[0], model.spec.vocab_size, hi - lo
+    f = _Factors(model, theta, windows)
+    e, hid = f.e, f.hid
+    out = [np.empty((U, V, width)) for _ in centers] if out is None else out
+    cent = [f.centered(c) for c in centers]
+    for (gc, Ec, D), o in zip(cent, out):
+        if o.shape != (U, V, width):
+            raise ValueError(f"out must hold ({U}, {V}, {width}) arrays, got {o.shape}")
+
+        def w_W1(v, gc=gc):  # xi_{a,(m,h)} = e_m ghat_{h,a}
+            np.multiply(gc[:, :, None, :], e[:, None, :, None],
+                        out=v.reshape(U, V, e.shape[1], -1))
+
+        def w_W2(v, D=D):  # xi_{a,(h,c)} = hid_h ([c = a] - c_c)
+            np.multiply(hid[:, None, :, None], D[:, :, None, :],
+                        out=v.reshape(U, V, hid.shape[1], V))
+
+        _fill(blocks, lo, hi, o, {"E": lambda v, Ec=Ec: f.scatter_E(Ec, v), "W1": w_W1,
+                                  "b1": _copy(gc), "W2": w_W2, "b2": _copy(D)})
+    ys = []
+    for w, i, y in moments:
+        gc, Ec, D = cent[i]
+        y = [np.empty((U, width)) for _ in range(y)] if isinstance(y, int) else y
+        gl, El, Dl, el, hl = gc, Ec, D, e, hid
+        for l, yl in enumerate(y):
+            if l:  # the next power of each factor
+                gl, El, Dl, el, hl = gl * gc, El * Ec, Dl * D, el * e, hl * hid
+            G = np.matmul(w[:, None, :], gl)[:, 0]  # (U, H): sum_a w_a ghat^l
+            Dw = np.matmul(w[:, None, :], Dl)[:, 0]  # (U, V): sum_a w_a D^l, token by token
+            Ew = np.einsum("ua,uakd->ukd", w, El)  # (U, k, d)
+            _fill(blocks, lo, hi, yl, {
+                "E": lambda v, Ew=Ew: f.scatter_E(Ew, v),
+                "W1": lambda v, el=el, G=G: _outer(el, G, v), "b1": _copy(G),
+                "W2": lambda v, hl=hl, Dw=Dw: _outer(hl, Dw, v), "b2": _copy(Dw)})
+        ys.append(y)
+    unif = None
+    if uniform is not None:  # about the uniform mean: the same for every center
+        unif = np.empty((U, width)) if uniform is True else uniform
+        dev_g = f.gT - f.gT.mean(axis=1, keepdims=True)  # (U, V, H)
+        Gu = (dev_g * dev_g).mean(axis=1)  # (U, H)
+        dev_E = f.jE - f.jE.mean(axis=1, keepdims=True)  # (U, V, k, d)
+        D0 = f.eye - 1.0 / V  # (V, V): [c' = a] - 1/V
+        Du = np.broadcast_to((D0 * D0).mean(axis=0), (U, V))
+        _fill(blocks, lo, hi, unif, {
+            "E": lambda v: f.scatter_E((dev_E * dev_E).mean(axis=1), v),
+            "W1": lambda v: _outer(e * e, Gu, v), "b1": _copy(Gu),
+            "W2": lambda v: _outer(hid * hid, Du, v), "b2": _copy(Du)})
+    return out, ys, unif

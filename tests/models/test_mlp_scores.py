@@ -1,0 +1,85 @@
+"""The MLP's closed-form window scores and moments against the dense route: the
+sensitivities of :func:`mlp_sensitivities` (held to autograd and finite differences in
+test_sensitivities.py), centered and summed token by token here."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from fisher_ref.models.base import ModelSpec
+from fisher_ref.models.mlp import MLPModel
+from fisher_ref.models.mlp_scores import mlp_blocks, mlp_window_arrays
+from fisher_ref.models.sensitivities import mlp_sensitivities
+from fisher_ref.numerics import softmax, topk_weights
+
+
+def _dense(model, theta, windows, c, cols):
+    J = mlp_sensitivities(model, theta, windows, tokens_first=True)[:, :, cols]  # (U, V, P)
+    return J, J - np.einsum("ua,uap->up", c, J)[:, None]
+
+
+def _close(a, b):
+    scale = max(np.abs(b).max(), 1e-300)
+    assert np.abs(a - b).max() <= 1e-13 * scale, np.abs(a - b).max() / scale
+
+
+@settings(max_examples=40, deadline=None)
+@given(V=st.integers(2, 7), k=st.integers(1, 3), d=st.integers(1, 3), H=st.integers(1, 5),
+       U=st.integers(1, 6), seed=st.integers(0, 2 ** 31 - 1), topk=st.integers(1, 7),
+       cut=st.floats(0, 1), width=st.floats(0, 1))
+def test_closed_form_matches_the_dense_scores_and_moments(V, k, d, H, U, seed, topk, cut,
+                                                          width):
+    rng = np.random.default_rng(seed)
+    model = MLPModel(ModelSpec(vocab_size=V, context=k, embed_dim=d, hidden=H))
+    theta = 1.5 * rng.standard_normal(model.num_params)
+    windows = rng.integers(0, V + 1, size=(U, k))  # V: the padding token
+    windows[0] = windows[0, 0]  # a window repeating one token
+    P = model.num_params
+    lo = int(cut * (P - 1))
+    cols = slice(lo, lo + 1 + int(width * (P - 1 - lo)))
+    p = softmax(rng.standard_normal((U, V)))
+    q = softmax(2 * rng.standard_normal((U, V)))
+    centers = [p, topk_weights(q, topk)]
+    moments = [(q, 0, 4), (p, 1, 2)]
+    for columns in (None, cols):
+        xi, ys, unif = mlp_window_arrays(model, theta, windows, centers, moments,
+                                         uniform=True, columns=columns)
+        c_sl = slice(None) if columns is None else columns
+        for c, x in zip(centers, xi):
+            _close(x, _dense(model, theta, windows, c, c_sl)[1])
+        for (w, i, n), y in zip(moments, ys):
+            ref = _dense(model, theta, windows, centers[i], c_sl)[1]
+            assert len(y) == n
+            for l in range(n):
+                _close(y[l], np.einsum("ua,uap->up", w, ref ** (l + 1)))
+        J = _dense(model, theta, windows, p, c_sl)[0]
+        _close(unif, ((J - J.mean(axis=1, keepdims=True)) ** 2).mean(axis=1))
+
+
+def test_writes_into_the_arrays_given_and_refuses_bad_ones():
+    model = MLPModel(ModelSpec(vocab_size=4, context=2, embed_dim=2, hidden=3))
+    theta = np.random.default_rng(1).standard_normal(model.num_params)
+    windows = np.array([[4, 1], [2, 2], [0, 3]])
+    p = softmax(np.random.default_rng(2).standard_normal((3, 4)))
+    out, ys, un = [np.full((3, 4, model.num_params), np.nan)], \
+        [np.full((3, model.num_params), np.nan) for _ in range(3)], \
+        np.full((3, model.num_params), np.nan)
+    xi, got, unif = mlp_window_arrays(model, theta, windows, [p], [(p, 0, ys)], uniform=un,
+                                      out=out)
+    assert xi[0] is out[0] and got[0] is ys and unif is un
+    assert np.isfinite(out[0]).all() and all(np.isfinite(y).all() for y in ys)
+    assert np.isfinite(un).all()  # every entry written, the zero ones too
+    with pytest.raises(ValueError, match="out must hold"):
+        mlp_window_arrays(model, theta, windows, [p], [], out=[np.empty((3, 4, 5))])
+    with pytest.raises(ValueError, match="consecutive"):
+        mlp_window_arrays(model, theta, windows, [p], [], columns=slice(0, 10, 2))
+
+
+def test_blocks_tile_the_parameters():
+    spec = ModelSpec(vocab_size=5, context=3, embed_dim=2, hidden=4)
+    blocks = mlp_blocks(spec)
+    assert [b[0] for b in blocks] == ["E", "W1", "b1", "W2", "b2"]
+    assert blocks[0][1] == 0 and all(a[2] == b[1] for a, b in zip(blocks, blocks[1:]))
+    assert blocks[-1][2] == MLPModel(spec).num_params
+    sizes = {name: stop - start for name, start, stop in blocks}
+    assert {name: MLPModel(spec).unpack(np.zeros(blocks[-1][2]))[name].size
+            for name in sizes} == sizes
