@@ -73,6 +73,9 @@ class _Factors:
                 jE[u, :, pos] = 0.0
         self.jE = jE
         self.eye = np.eye(V)
+        u, pos = np.nonzero(~self.dup)  # the (window, position) pairs that own a row
+        self._at = (u[:, None], pos[:, None], np.arange(d)[None, :],
+                    windows[u, pos][:, None] * d + np.arange(d)[None, :])  # cols (m, d)
 
     def centered(self, c):
         r"""``(gc, Ec, D)`` at center ``c (U, V)``: :math:`\hat g` ``(U, V, H)``, the
@@ -86,12 +89,9 @@ class _Factors:
     def scatter_E(self, x, out):
         """The ``E`` block ``out (U, ..., (V+1) d)`` of the by-position rows
         ``x (U, ..., k, d)``: zero off the window's tokens."""
-        U, k = self.windows.shape
-        o = out.reshape(x.shape[:-2] + (self.V + 1, self.d))
-        o[...] = 0.0
-        for pos in range(k):
-            u = np.flatnonzero(~self.dup[:, pos])
-            o[u, ..., self.windows[u, pos], :] = x[u, ..., pos, :]
+        u, pos, r, cols = self._at
+        out[...] = 0.0
+        out[u, ..., cols] = x[u, ..., pos, r]  # (m, d, ...) both sides
 
 
 def _fill(blocks, lo, hi, out, writers):
