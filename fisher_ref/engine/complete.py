@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fisher_ref.engine.factored import last_level_fisher
 from fisher_ref.engine.moments import importance_weighted
 from fisher_ref.engine.parent_sums import (fisher_sums, level_sums, parent_powers, prefix_starts,
                                            segment_sum, window_products)
@@ -174,8 +175,10 @@ def complete_fisher(run, cache, block, arrs, idx):
             cache.accumulate_reach(s, arrs.rows, r, d)
         for sl in _sub_blocks(B, P, run.budgets.sub_elements):
             if block.src is not None:  # the last level: from the grandparents' H
-                run.moments[name].add_sums(**_last_level_fisher(
-                    cache, block, arrs, s, sl, gen, w[sl].sum(axis=1), r[sl]))
+                last = last_level_fisher if cache.factored and cache.columns is None \
+                    else _last_level_fisher  # the MLP's from the factors of its scores
+                run.moments[name].add_sums(**last(cache, block, arrs, s, sl, gen,
+                                                  w[sl].sum(axis=1), r[sl]))
                 continue
             X = parent_powers(cache.arrays, s, arrs.xiT[s], arrs.rows[sl], K, r[sl], w[sl],
                               1 if full else 2)  # X_1 (and X_2 when summed here)

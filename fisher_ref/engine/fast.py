@@ -111,7 +111,7 @@ def _block_arrays(run, cache, block):
     if run.keep_states and run.records and not silent:  # per-window arrays: by window id
         run.keep_state_arrays(block, p, q, {"window": block.wid},
                               at=state_places(task, block))
-    xiT = [a[f"xi{stream.center}"] for stream in run.streams]  # S arrays (n, V, P)
+    xiT = [cache.scores(stream.center) for stream in run.streams]  # S arrays (n, V, P)
     G = block.G  # (S, B, P): this block's own rows (depth_first splits without overlap)
     for s in range(S if G is not None else 0):
         G[s] += a[f"y{s}_2"][rows]

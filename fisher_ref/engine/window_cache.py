@@ -35,7 +35,7 @@ from fisher_ref.engine.plan import DEFAULT_BUDGETS
 from fisher_ref.engine.parent_sums import held_products
 from fisher_ref.engine.run import model_probs
 from fisher_ref.models.mlp import MLPModel
-from fisher_ref.models.mlp_scores import mlp_window_arrays
+from fisher_ref.models.mlp_scores import FACTORS, factor_shapes, mlp_score_rows, mlp_window_arrays
 from fisher_ref.models.sensitivities import sensitivities
 from fisher_ref.numerics import topk_weights
 
@@ -75,7 +75,18 @@ class WindowCache:
         P = len(range(P)[columns]) if self.columns is not None else P
         self.centers = list(dict.fromkeys(stream.center for stream in streams))
         self.shapes = {"p": (V,), "q": (V,)}
-        self.shapes.update({f"xi{c}": (V, P) for c in self.centers})
+        # a fisher run of the MLP (nothing read per token) keeps the factors of the scores
+        # and forms the rows it reads from them (_FactoredScores), instead of (V, P) arrays
+        self.factored = isinstance(task.model, MLPModel) and moments == 2 and not names
+        self.width, self.factor_names = P, []
+        if self.factored:
+            fs = factor_shapes(task.model.spec)
+            self.factor_names = list(FACTORS[:4]) + [f"{n}{i}" for n in FACTORS[4:]
+                                                     for i in range(len(self.centers))]
+            self.factor_names += [f"{n}{s}" for n in ("mG", "mD") for s in range(len(streams))]
+            self.shapes.update({n: fs[n.rstrip("0123456789")] for n in self.factor_names})
+        else:
+            self.shapes.update({f"xi{c}": (V, P) for c in self.centers})
         for s in range(len(streams)):
             self.shapes.update({f"y{s}_{n}": (P,) for n in range(1, moments + 1)})
         if keep_states:
@@ -211,7 +222,7 @@ class WindowCache:
     def _compute(self, Wu, lo):
         """Arrays of the distinct windows ``Wu (U, k)`` into rows ``lo..lo+U``."""
         task, a = self.task, self.arrays
-        U, (V, P) = len(Wu), self.shapes["xi" + str(self.centers[0])]
+        U, V, P = len(Wu), task.model.vocab_size, self.width
         pu, qu = model_probs(task, task.theta, Wu)  # (U, V) each
         a["p"][lo:lo + U], a["q"][lo:lo + U] = pu, qu
         if isinstance(task.model, MLPModel):  # from the factors of its sensitivities
@@ -242,8 +253,7 @@ class WindowCache:
         (:func:`fisher_ref.models.mlp_scores.mlp_window_arrays`), a batch of windows at a
         time."""
         task, a = self.task, self.arrays
-        V, P = self.shapes["xi" + str(self.centers[0])]
-        step = max(1, _J_ELEMENTS // (V * P))
+        step = max(1, _J_ELEMENTS // (task.model.vocab_size * self.width))
         for i in range(0, len(Wu), step):
             end = min(i + step, len(Wu))
             r = slice(lo + i, lo + end)
@@ -253,11 +263,13 @@ class WindowCache:
             requests = [(dist[st.drawn_from], self.centers.index(st.center),
                          [a[f"y{s}_{n}"][r] for n in range(1, 5) if f"y{s}_{n}" in a])
                         for s, st in enumerate(self.streams)]
+            factors = {n: a[n][r] for n in self.factor_names} if self.factored else None
             with np.errstate(invalid="ignore", over="ignore"):  # checked just below
                 mlp_window_arrays(task.model, task.theta, Wu[i:end], centers, requests,
                                   uniform=a["uniform"][r] if self.keep else None,
-                                  out=[a[f"xi{c}"][r] for c in self.centers],
-                                  columns=self.columns)
+                                  out=False if self.factored else
+                                  [a[f"xi{c}"][r] for c in self.centers],
+                                  columns=self.columns, factors=factors)
             if not np.isfinite(a["y0_2"][r]).all():  # as in _compute
                 raise ValueError("non-finite logit sensitivities or token moments (check the "
                                  "model's derivatives and its scale)")
@@ -294,6 +306,12 @@ class WindowCache:
                 d = d[:, :1]
                 a[f"y{s}_3"][r] = np.einsum("uiv,uvp,uvp->uip", d, x2, xi)[:, 0]
                 a[f"y{s}_4"][r] = np.einsum("uiv,uvp,uvp->uip", d, x2, x2)[:, 0]
+
+    def scores(self, c):
+        """The scores ``(rows, V, P)`` of center ``c`` of the cached windows: the array, or
+        in a factored run (:attr:`factored`) a view that forms the rows it is indexed at
+        (``xi[rows, tokens]``) from the windows' factors."""
+        return _FactoredScores(self, c) if self.factored else self.arrays[f"xi{c}"]
 
     def work(self, i, shape):
         """Work array ``i`` of ``shape``, reused from call to call (no fresh pages); ``i``
@@ -386,11 +404,10 @@ class WindowCache:
         """Use every cached window's deferred and accumulated weights, then empty the cache."""
         self._products()
         for s, stream in enumerate(self.streams):
-            c = stream.center
-            xi = self.arrays.get(f"xi{c}")
-            if xi is None:
+            if f"y{s}_1" not in self.arrays:  # nothing cached yet
                 continue
-            self._contract(s, xi)
+            if not self.factored:
+                self._contract(s, self.arrays[f"xi{stream.center}"])
             A, a = self.acc[("r", s)][:self.n], self.arrays  # (n, T)
             tot, out = A.sum(axis=1), self.sums[s]  # (n,)
             for name, l in (("h", 1), ("h2", 2), ("h4", 4)):
@@ -431,3 +448,23 @@ class WindowCache:
                                        Ai @ xn.reshape(-1, P)):
                         self.sums[s][name] += v
         acc[:self.n] = 0.0
+
+
+class _FactoredScores:
+    """The scores of one center of a factored :class:`WindowCache`
+    (:attr:`WindowCache.factored`): indexed at ``(rows, tokens)`` (integer arrays that
+    broadcast), the score rows ``(..., P)`` formed from the windows' factors
+    (:func:`fisher_ref.models.mlp_scores.mlp_score_rows`); ``shape`` as the array's."""
+
+    def __init__(self, cache, c):
+        self.cache, self.i = cache, cache.centers.index(c)
+        self.shape = (cache.size, cache.task.model.vocab_size, cache.width)
+
+    def __getitem__(self, key):
+        rows, tokens = np.broadcast_arrays(*key)
+        r, t = rows.ravel(), tokens.ravel()
+        a, i = self.cache.arrays, self.i
+        fac = {"e": a["e"][r], "hid": a["hid"][r], "win": a["win"][r], "dup": a["dup"][r],
+               "gc": a[f"gc{i}"][r, t], "c": a[f"c{i}"][r], "Ec": a[f"Ec{i}"][r, t]}
+        out = mlp_score_rows(self.cache.task.model.spec, fac, t, self.cache.columns)
+        return out.reshape(rows.shape + out.shape[-1:])

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["mlp_blocks", "mlp_window_arrays"]
+__all__ = ["mlp_blocks", "mlp_window_arrays", "mlp_score_rows", "scatter_E", "FACTORS",
+           "factor_shapes"]
 
 
 def mlp_blocks(spec):
@@ -122,7 +123,7 @@ def _copy(x):
 
 
 def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out=None,
-                      columns=None):
+                      columns=None, factors=None):
     r"""Scores and token moments of the MLP's windows ``(U, k)``, from the factors of its
     sensitivities (module docstring).
 
@@ -137,12 +138,17 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
         uniform: a ``(U, P)`` array (or ``True``: allocated) to write
             :math:`\frac1V \sum_a (j_a - \frac1V\sum_b j_b)^2` into; ``None``: not formed.
         out: ``[(U, V, P), ...]``, one array per center to write its scores into (allocated
-            when ``None``).
+            when ``None``; ``False``: the scores are not formed).
         columns: a slice of ``0..P``: only those parameters (``P`` becomes its length).
+        factors: ``{name: array}`` to write the factors the scores are formed from into
+            (:data:`FACTORS`; center ``i``'s with the suffix ``i``), for
+            :func:`mlp_score_rows`; with ``mG{j}``, ``mD{j}`` also those of the first
+            moment of request ``j``: :math:`y_1 = e \otimes` ``mG`` on ``W1`` (``mG`` on
+            ``b1``) and :math:`\mathrm{hid} \otimes` ``mD`` on ``W2`` (``mD`` on ``b2``).
 
     Returns:
-        ``(xi, ys, unif)``: the scores of each center, the moments of each request, and the
-        uniform spread (``None`` when not asked).
+        ``(xi, ys, unif)``: the scores of each center (``None`` with ``out=False``), the
+        moments of each request, and the uniform spread (``None`` when not asked).
     """
     blocks = mlp_blocks(model.spec)
     lo, hi, step = (slice(None) if columns is None else columns).indices(blocks[-1][2])
@@ -151,9 +157,11 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
     U, V, width = windows.shape[0], model.spec.vocab_size, hi - lo
     f = _Factors(model, theta, windows)
     e, hid = f.e, f.hid
-    out = [np.empty((U, V, width)) for _ in centers] if out is None else out
     cent = [f.centered(c) for c in centers]
-    for (gc, Ec, D), o in zip(cent, out):
+    if factors is not None:
+        _write_factors(f, centers, cent, factors)
+    xi = [np.empty((U, V, width)) for _ in centers] if out is None else out
+    for (gc, Ec, D), o in zip(cent, xi or ()):
         if o.shape != (U, V, width):
             raise ValueError(f"out must hold ({U}, {V}, {width}) arrays, got {o.shape}")
 
@@ -168,7 +176,7 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
         _fill(blocks, lo, hi, o, {"E": lambda v, Ec=Ec: f.scatter_E(Ec, v), "W1": w_W1,
                                   "b1": _copy(gc), "W2": w_W2, "b2": _copy(D)})
     ys = []
-    for w, i, y in moments:
+    for j, (w, i, y) in enumerate(moments):
         gc, Ec, D = cent[i]
         y = [np.empty((U, width)) for _ in range(y)] if isinstance(y, int) else y
         gl, El, Dl, el, hl = gc, Ec, D, e, hid
@@ -177,6 +185,8 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
                 gl, El, Dl, el, hl = gl * gc, El * Ec, Dl * D, el * e, hl * hid
             G = np.matmul(w[:, None, :], gl)[:, 0]  # (U, H): sum_a w_a ghat^l
             Dw = np.matmul(w[:, None, :], Dl)[:, 0]  # (U, V): sum_a w_a D^l, token by token
+            if l == 0 and factors is not None and f"mG{j}" in factors:
+                factors[f"mG{j}"][...], factors[f"mD{j}"][...] = G, Dw
             Ew = np.einsum("ua,uakd->ukd", w, El)  # (U, k, d)
             _fill(blocks, lo, hi, yl, {
                 "E": lambda v, Ew=Ew: f.scatter_E(Ew, v),
@@ -195,4 +205,67 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
             "E": lambda v: f.scatter_E((dev_E * dev_E).mean(axis=1), v),
             "W1": lambda v: _outer(e * e, Gu, v), "b1": _copy(Gu),
             "W2": lambda v: _outer(hid * hid, Du, v), "b2": _copy(Du)})
-    return out, ys, unif
+    return xi or None, ys, unif
+
+
+#: The factors :func:`mlp_window_arrays` writes for :func:`mlp_score_rows`, per window:
+#: ``e (kd,)``, ``hid (H,)``, the window ``win (k,)`` and ``dup (k,)`` (1 where the token is
+#: earlier in the window too), as floats; per center ``i``: ``gc{i} (V, H)``
+#: (:math:`\hat g` by token), ``c{i} (V,)`` (the center) and ``Ec{i} (V, k d)`` (the
+#: centered ``E`` block by position).
+FACTORS = ("e", "hid", "win", "dup", "gc", "c", "Ec")
+
+
+def factor_shapes(spec):
+    """``{name: shape}`` of one window's factors (:data:`FACTORS`, per center the names
+    without their suffix)."""
+    V, k, d, H = spec.vocab_size, spec.context, spec.embed_dim, spec.hidden
+    return {"e": (k * d,), "hid": (H,), "win": (k,), "dup": (k,), "gc": (V, H), "c": (V,),
+            "Ec": (V, k * d), "mG": (H,), "mD": (V,)}
+
+
+def _write_factors(f, centers, cent, out):
+    U = f.e.shape[0]
+    out["e"][...], out["hid"][...] = f.e, f.hid
+    out["win"][...], out["dup"][...] = f.windows, f.dup
+    for i, (c, (gc, Ec, _)) in enumerate(zip(centers, cent)):
+        out[f"gc{i}"][...], out[f"c{i}"][...] = gc, c
+        out[f"Ec{i}"][...] = Ec.reshape(U, Ec.shape[1], -1)
+
+
+def scatter_E(spec, Ec, win, dup):
+    """The ``E`` block ``(n, (V+1) d)`` of ``n`` score rows from their by-position rows
+    ``Ec (n, k d)``, windows ``win (n, k)`` and ``dup (n, k)`` (:data:`FACTORS`)."""
+    d = spec.embed_dim
+    out = np.zeros((len(Ec), (spec.vocab_size + 1) * d))
+    i, pos = np.nonzero(dup == 0)  # the (row, position) entries that own a row of E
+    cols = win.astype(np.int64)[i, pos][:, None] * d + np.arange(d)[None, :]  # (m, d)
+    out[i[:, None], cols] = Ec[i[:, None], pos[:, None] * d + np.arange(d)[None, :]]
+    return out
+
+
+def mlp_score_rows(spec, fac, tokens, columns=None):
+    r"""The scores :math:`\xi_{a_i}` of ``n`` (window, token) pairs ``(n, P)``, formed from the
+    windows' factors (:func:`mlp_window_arrays` with ``factors``) instead of read from a
+    ``(U, V, P)`` array: the same numbers, to rounding.
+
+    Args:
+        spec: the MLP's :class:`fisher_ref.models.base.ModelSpec`.
+        fac: the factors of each pair's window (:data:`FACTORS`, one center's, without
+            its suffix), ``gc`` and ``Ec`` at the pair's token: ``e (n, kd)``,
+            ``hid (n, H)``, ``win (n, k)``, ``dup (n, k)``, ``gc (n, H)``, ``c (n, V)``,
+            ``Ec (n, k d)``.
+        tokens: ``(n,)`` the pairs' tokens.
+        columns: a slice of ``0..P``: only those parameters.
+    """
+    blocks = mlp_blocks(spec)
+    lo, hi, _ = (slice(None) if columns is None else columns).indices(blocks[-1][2])
+    n, V = len(tokens), spec.vocab_size
+    D = np.eye(V)[tokens] - fac["c"]  # (n, V): [c' = a] - c_{c'}
+    gc = fac["gc"]
+    out = np.empty((n, hi - lo))
+    _fill(blocks, lo, hi, out, {"E": _copy(scatter_E(spec, fac["Ec"], fac["win"], fac["dup"])),
+                                "W1": lambda v: _outer(fac["e"], gc, v),
+                                "b1": _copy(gc), "W2": lambda v: _outer(fac["hid"], D, v),
+                                "b2": _copy(D)})
+    return out

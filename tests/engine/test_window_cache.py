@@ -75,6 +75,40 @@ def test_per_window_arrays_match_the_plain_formulas():
     assert rel(a["uniform"][rows], uniform_token_fisher(J)) <= RTOL
 
 
+@pytest.mark.parametrize("columns", [None, slice(5, 40)])
+def test_a_fisher_run_of_the_mlp_forms_score_rows_from_factors(columns):
+    """With nothing read per token (``quantities="fisher"``) the MLP's cache keeps no
+    ``(V, P)`` scores: indexed at ``(rows, tokens)`` it forms them from the windows'
+    factors, equal to the plain formulas and to the arrays of a full run's cache, and
+    broadcast like an array's index. The moments are the same either way."""
+    task = load_config("offpolicy_stale")  # a sampler: centers p, q and top-1
+    streams = stream_specs(task, (1,))
+    full = WindowCache(task, streams, True, 2 ** 26, NAMES, columns=columns)
+    fisher = WindowCache(task, streams, True, 2 ** 26, {}, moments=2, columns=columns)
+    assert fisher.factored and not full.factored
+    assert not any(k.startswith("xi") for k in fisher.shapes)
+    W = _windows(task)
+    rows_f, rows = full.rows(full.ids(W)), fisher.rows(fisher.ids(W))
+    cols = slice(None) if columns is None else columns
+    p, _ = model_probs(task, task.theta, W)
+    J = checked_sensitivities(task, W)[:, cols]  # (B, P', V)
+    xi_p = (J - np.einsum("bv,bpv->bp", p, J)[:, :, None]).transpose(0, 2, 1)  # (B, V, P')
+    V = task.model.vocab_size
+    tok = np.arange(len(W)) % V
+    for c in fisher.centers:
+        got = fisher.scores(c)
+        assert got.shape[1:] == full.scores(c).shape[1:]
+        assert rel(got[rows, tok], full.scores(c)[rows_f, tok]) <= 1e-15
+        both = got[rows[:, None], np.arange(V)[None, :]]  # (B, V, P'): every token
+        assert both.shape == (len(W), V, J.shape[1])
+        assert rel(both, full.scores(c)[rows_f]) <= 1e-15
+    assert rel(fisher.scores("p")[rows[:, None], np.arange(V)[None, :]], xi_p) <= RTOL
+    for n in (1, 2):
+        for s in range(len(streams)):
+            assert rel(fisher.arrays[f"y{s}_{n}"][rows], full.arrays[f"y{s}_{n}"][rows_f]) \
+                <= 1e-15
+
+
 def test_accumulated_and_deferred_sums_survive_emptying_the_cache():
     """Weights accumulated, reach and deferred products over two uses, the cache
     emptied in between (budget of one window): the direct sums."""

@@ -1,0 +1,89 @@
+"""The last level of an MLP fisher run from the factors of the scores
+(fisher_ref.engine.factored): at every call, the same sums as the dense route
+(fisher_ref.engine.complete._last_level_fisher, which forms (parents, P) arrays), with
+grandparents' groups cut by sub-blocks into ragged pieces, with samplers and top-k centers,
+and on random tasks; and the whole run equal to the plain engine's."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from cases import CASES, rel
+from fisher_ref import load_config
+from fisher_ref.engine import complete, factored
+from fisher_ref.engine.fast import exact
+from fisher_ref.engine.plan import Budgets
+from fisher_ref.engine.reference import exact_reference
+from fisher_ref.models.mlp import MLPModel
+from tests.engine.test_fast import assert_same
+from tests.engine.test_identities_exact import small_tasks
+
+
+def _checked_run(task, monkeypatch, **kw):
+    """``exact(task, quantities="fisher", **kw)`` with every factored call held to the dense
+    route on the same arguments (1e-12 relative to the sums' scale); the parents of each call."""
+    calls = []
+
+    def both(cache, block, arrs, s, sl, gen, W, r):
+        got = factored.last_level_fisher(cache, block, arrs, s, sl, gen, W, r)
+        ref = complete._last_level_fisher(cache, block, arrs, s, sl, gen, W, r)
+        # the scale of each sum: E[h] cancels to rounding, so it is judged on its terms'
+        # (sum W |h| <= sqrt(mass sum W h^2), Cauchy-Schwarz)
+        h2 = max(float(np.abs(ref["h2"]).max()), 1e-300)
+        scales = {"mass": abs(ref["mass"]), "h": np.sqrt(abs(ref["mass"]) * h2), "h2": h2}
+        for key, scale in scales.items():
+            assert rel(got[key], ref[key], max(scale, 1e-300)) <= 1e-12, (key, len(calls))
+        calls.append(len(W))
+        return got
+
+    monkeypatch.setattr(complete, "last_level_fisher", both)
+    kw.setdefault("progress", False)
+    if task.sampler is not None:
+        kw.setdefault("topk", (1, 2))
+    return exact(task, quantities="fisher", **kw), calls
+
+
+@pytest.mark.parametrize("name", ["default", "offpolicy_stale", "offpolicy_temperature",
+                                  "weighted_prompts", "no_eos"])
+@pytest.mark.parametrize("parents", [1, 3, 7, None])
+def test_factored_sums_equal_the_dense_ones_in_ragged_groups(name, parents, monkeypatch):
+    """Sub-blocks of 3 or 7 parents cut the grandparents' groups of V - 1 siblings into
+    pieces of unequal length (the padded groups of the batched products)."""
+    task = load_config(name)
+    budgets = Budgets(sub_elements=parents * task.model.num_params) if parents else None
+    r, calls = _checked_run(task, monkeypatch, budgets=budgets)
+    assert calls  # the factored route ran
+    assert parents is None or max(calls) <= parents
+    ref = exact_reference(task, progress=False,
+                          topk=(1, 2) if task.sampler is not None else ())
+    assert_same(r, ref, f"{name}, factored, {parents} parents per sub-block")
+
+
+MLP_CASES = sorted(c for c in CASES if isinstance(CASES[c]().model, MLPModel))
+
+
+@pytest.mark.parametrize("case", MLP_CASES)
+def test_factored_sums_on_every_mlp_case(case, monkeypatch):
+    """Masked tokens and EOS, tempered and rounded samplers, extreme scales."""
+    task = CASES[case]()
+    _, calls = _checked_run(task, monkeypatch,
+                            budgets=Budgets(sub_elements=5 * task.model.num_params))
+    assert calls
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=15)
+@given(small_tasks())
+def test_factored_sums_on_random_tasks(task):
+    with pytest.MonkeyPatch.context() as mp:
+        r, calls = _checked_run(task, mp,
+                                budgets=Budgets(sub_elements=3 * task.model.num_params))
+    assert_same(r, exact_reference(task, progress=False,
+                                   topk=(1, 2) if task.sampler is not None else ()),
+                "random task, factored")
+
+
+def test_parameter_shards_take_the_dense_route(monkeypatch):
+    """A slice of the parameters (param_shard) has no whole blocks to factor: the dense
+    route, and the same numbers."""
+    task = load_config("default")
+    _, calls = _checked_run(task, monkeypatch, param_shard=(0, 2))
+    assert not calls
