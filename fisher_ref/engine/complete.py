@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fisher_ref.engine.factored import last_level_fisher
+from fisher_ref.engine.factored import (factors_last_level, last_level_all, last_level_fisher,
+                                       row_width)
 from fisher_ref.engine.moments import importance_weighted
 from fisher_ref.engine.parent_sums import (fisher_sums, level_sums, parent_powers, prefix_starts,
                                            segment_sum, window_products)
@@ -135,12 +136,18 @@ def _parent_sums(run, cache, block, arrs, gen, K, weights):
     temporaries); with every token terminal, the reward-weighted products per window
     later."""
     B, full = block.size, len(K) == run.task.model.vocab_size
-    for sl in _sub_blocks(B, run.P, run.budgets.sub_elements):
+    factored = block.src is not None and factors_last_level(cache)
+    width = row_width(run.task.model.spec) if factored else run.P
+    for sl in _sub_blocks(B, width, run.budgets.sub_elements):
         starts = prefix_starts(block.prompt[sl], gen[sl])
         rows = arrs.rows[sl]
         for s, (mom, xi, w, Rc, rho_w, r) in enumerate(weights):
             w, Rc, rho_w = w[sl], Rc[sl], None if rho_w is None else rho_w[sl]
             C = np.stack([w * Rc, w * Rc * Rc], axis=1)  # (b, 2, k)
+            if factored:  # the MLP's last level from the factors of its scores
+                mom.add_sums(**last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w,
+                                              C, r[sl], starts))
+                continue
             if block.src is not None:  # the last level: every token terminal
                 H, X, g, g2, hist_at = last_level(cache, block, arrs, s, sl, gen,
                                                    w.sum(axis=1), r[sl])
@@ -173,10 +180,12 @@ def complete_fisher(run, cache, block, arrs, idx):
         r, w = block.reach(wname), done.reach(wname).reshape(B, k)  # (B,), (B, k)
         if full:
             cache.accumulate_reach(s, arrs.rows, r, d)
-        for sl in _sub_blocks(B, P, run.budgets.sub_elements):
+        factored = block.src is not None and factors_last_level(cache)
+        width = row_width(task.model.spec) if factored else P
+        for sl in _sub_blocks(B, width, run.budgets.sub_elements):
             if block.src is not None:  # the last level: from the grandparents' H
-                last = last_level_fisher if cache.factored and cache.columns is None \
-                    else _last_level_fisher  # the MLP's from the factors of its scores
+                # the MLP's from the factors of its scores (engine/factored.py)
+                last = last_level_fisher if factored else _last_level_fisher
                 run.moments[name].add_sums(**last(cache, block, arrs, s, sl, gen,
                                                   w[sl].sum(axis=1), r[sl]))
                 continue

@@ -28,16 +28,102 @@ short blocks (``b1``, ``b2``) and the ``E`` block are summed row by row.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from fisher_ref.engine.parent_sums import segment_sum
+from fisher_ref.engine.parent_sums import coarse_cross, segment_sum
 from fisher_ref.models.mlp_scores import mlp_blocks, scatter_E
 
-__all__ = ["last_level_fisher"]
+__all__ = ["Rows", "Layout", "wsum", "gsum", "factors_last_level", "row_width", "groups",
+           "LastLevel", "last_level_fisher", "last_level_all"]
 
 
-def _groups(runs, B):
-    """Padded groups of the parents of each grandparent: ``idx (n, k)`` rows and ``valid``."""
+class Rows:
+    r"""Per-parent rows ``(B, P)`` of the MLP, held by group (the parents of one
+    grandparent along axis 1, padded to the largest group: ``(n, k, ...)``, see
+    :func:`groups`) and by block: ``W1`` and ``W2`` as outer products
+    ``(a (n, k, m), b (n, k, l))`` (a row is :math:`a \otimes b`), the short blocks ``E``,
+    ``b1``, ``b2`` side by side as they are, ``R (n, k, r)`` (:class:`Layout`). Elementwise
+    products keep the form; :func:`wsum` and :func:`gsum` sum them over parents as small
+    matrix products."""
+
+    def __init__(self, W1, W2, R):
+        self.W1, self.W2, self.R = W1, W2, R
+
+    def __mul__(self, o):
+        return Rows((self.W1[0] * o.W1[0], self.W1[1] * o.W1[1]),
+                    (self.W2[0] * o.W2[0], self.W2[1] * o.W2[1]), self.R * o.R)
+
+
+class Layout:
+    """Where the parts of :class:`Rows` lie in the flat parameters: ``W1``, ``W2`` slices
+    and ``R`` the columns of ``E``, ``b1``, ``b2`` in that order."""
+
+    def __init__(self, spec):
+        b = {name: slice(lo, hi) for name, lo, hi in mlp_blocks(spec)}
+        self.P, self.W1, self.W2 = b["b2"].stop, b["W1"], b["W2"]
+        self.R = np.r_[b["E"], b["b1"], b["b2"]]  # E, b1, b2 side by side
+
+    def join(self, W1, W2, R, lead=()):
+        """The flat ``(*lead, P)`` array of the parts' sums."""
+        out = np.empty(lead + (self.P,))
+        out[..., self.W1], out[..., self.W2] = W1.reshape(lead + (-1,)), W2.reshape(lead + (-1,))
+        out[..., self.R] = R
+        return out
+
+
+def wsum(lay, terms):
+    r""":math:`\sum_j \mathrm{coef}_j \sum_b c_{j,b}\,x_{j,b}` ``(P,)`` of ``terms``
+    ``[(coef, cv (n, k), Rows)]``: per block, one matrix product per term."""
+    W1 = W2 = R = 0.0
+    for coef, cv, x in terms:
+        w = (coef * cv).ravel()
+        for name in ("W1", "W2"):
+            a, b = getattr(x, name)
+            part = (a.reshape(len(w), -1) * w[:, None]).T @ b.reshape(len(w), -1)  # (m, l)
+            if name == "W1":
+                W1 = W1 + part
+            else:
+                W2 = W2 + part
+        R = R + w @ x.R.reshape(len(w), -1)
+    return lay.join(W1, W2, R)
+
+
+def gsum(lay, terms):
+    r""":math:`\sum_j \mathrm{coef}_j \sum_{b \in g} c_{j,b}\,x_{j,b}` for each group ``g``,
+    ``(n, P)``: per block, one batched matrix product per term."""
+    W1 = W2 = R = 0.0
+    for coef, cv, x in terms:
+        w = coef * cv  # (n, k)
+        for name in ("W1", "W2"):
+            a, b = getattr(x, name)
+            part = np.matmul((a * w[:, :, None]).transpose(0, 2, 1), b)  # (n, m, l)
+            if name == "W1":
+                W1 = W1 + part
+            else:
+                W2 = W2 + part
+        R = R + np.matmul(w[:, None, :], x.R)[:, 0]
+    return lay.join(W1, W2, R, (len(cv),))
+
+
+def factors_last_level(cache):
+    """Whether the last level of a run with this window cache is summed here: the MLP's
+    cache, over every parameter (a slice of them, ``param_shard``, takes the dense route)."""
+    return cache.has_factors and cache.columns is None
+
+
+def row_width(spec):
+    """Elements of one parent's row of :class:`Rows`, sixteen times over (about the rows
+    alive at once), for the element budget of a sub-block (``Budgets.sub_elements``): a
+    sub-block's rows then stay in the processor's cache (medium: 273 parents, v16: 115)."""
+    V, kd, H = spec.vocab_size, spec.context * spec.embed_dim, spec.hidden
+    return 16 * (kd + 2 * H + 2 * V + (V + 1) * spec.embed_dim + H)
+
+
+def groups(runs, B):
+    """The ``B`` parents in groups (runs starting at ``runs``), padded for batched products:
+    ``(idx (n, k), valid (n, k))`` (past a group's end, ``idx`` repeats its first row)."""
     size = np.diff(np.r_[runs, B])  # (n,)
     k = int(size.max())
     valid = np.arange(k)[None, :] < size[:, None]  # (n, k)
@@ -45,50 +131,171 @@ def _groups(runs, B):
     return idx, valid
 
 
+class LastLevel:
+    r"""One stream's last-level parents ``sl`` of a block, in factored form and in groups
+    (one per grandparent): the scores of their last tokens :math:`\xi_b` and its powers
+    (:meth:`pow`), the moments :math:`y_l` of their own windows (:meth:`y`), the
+    grandparents' running sums ``Hg (n, P)``; :meth:`hsum` and :meth:`total` expand the
+    sums over the parents' running sums :math:`H_b = H_g + \xi_b`."""
+
+    def __init__(self, cache, block, arrs, s, sl, gen):
+        spec, a = cache.task.model.spec, cache.arrays
+        self.s, self.a, self.spec = s, a, spec
+        self.lay = Layout(spec)
+        self.i = i = cache.centers.index(cache.streams[s].center)
+        d, src = block.depth, block.src[sl]
+        runs = np.flatnonzero(np.r_[True, src[1:] != src[:-1]])  # parents of one grandparent
+        self.runs, self.gsrc = runs, src[runs]  # the grandparents' rows in the parents' arrays
+        self.idx, self.valid = groups(runs, len(src))
+        self.Hg = np.take(block.parents[0][s], self.gsrc, axis=0, mode="clip")  # (n, P)
+        g = lambda x: x[self.idx]  # (b, ...) -> (n, k, ...)
+        u, tok = g(block.path_rows[sl, d - 1]), g(gen[sl, d - 1])  # (n, k) each
+        self.own = g(arrs.rows[sl])
+        gc = a[f"gc{i}"][u, tok]  # (n, k, H): ghat of each parent's last token
+        D = np.eye(spec.vocab_size)[tok] - a[f"c{i}"][u]  # (n, k, V)
+        E = self._E(a[f"Ec{i}"][u, tok], u)
+        self._pow = [None, Rows((a["e"][u], gc), (a["hid"][u], D),
+                                np.concatenate([E, gc, D], axis=2))]
+        e, hid = a["e"][self.own], a["hid"][self.own]
+        self._own = [None, (e, hid), (e * e, hid * hid), (e * e * e, hid * hid * hid)]
+
+    def _E(self, Ec, u):
+        """The ``E`` block ``(n, k, (V+1) d)`` of by-position rows ``Ec (n, k, k d)`` of
+        windows at cache rows ``u (n, k)``."""
+        a, kw = self.a, self.spec.context
+        E = scatter_E(self.spec, Ec.reshape(-1, Ec.shape[2]), a["win"][u].reshape(-1, kw),
+                      a["dup"][u].reshape(-1, kw))
+        return E.reshape(u.shape + E.shape[1:])
+
+    def weights(self, c):
+        """``c (b,)`` in groups, ``(n, k)``, 0 past a group's end."""
+        return np.where(self.valid, c[self.idx], 0.0)
+
+    def pow(self, l):
+        r""":math:`\xi_b^l` as :class:`Rows` (``l >= 1``)."""
+        while len(self._pow) <= l:
+            self._pow.append(self._pow[-1] * self._pow[1])
+        return self._pow[l]
+
+    def y(self, l):
+        """:math:`y_l` of the parents' own windows (the stream's moments, ``l <= 3``), as
+        :class:`Rows`."""
+        a, s, own = self.a, self.s, self.own
+        G, Dw = a[f"mG{s}_{l}"][own], a[f"mD{s}_{l}"][own]
+        el, hl = self._own[l]
+        nE = self.lay.R.size - G.shape[2] - Dw.shape[2]
+        return Rows((el, G), (hl, Dw),
+                    np.concatenate([a[f"y{s}_{l}"][own, :nE], G, Dw], axis=2))
+
+    def products(self, C):
+        r""":math:`Z_b = \sum_a C_{b,a}\,\xi_{\text{own}_b, a}` of weights ``C (b, V)``, the
+        scores of the parents' own windows, as :class:`Rows`."""
+        a, i, own = self.a, self.i, self.own
+        Cg = C[self.idx]  # (n, k, V)
+        gz = np.einsum("nkv,nkvh->nkh", Cg, a[f"gc{i}"][own])
+        Dz = Cg - Cg.sum(axis=2, keepdims=True) * a[f"c{i}"][own]  # sum_a C_a ([c = a] - c_c)
+        E = self._E(np.einsum("nkv,nkvm->nkm", Cg, a[f"Ec{i}"][own]), own)
+        return Rows((a["e"][own], gz), (a["hid"][own], Dz), np.concatenate([E, gz, Dz], axis=2))
+
+    def hsum(self, c, n, Y=None, coef=1.0):
+        r"""The terms of :math:`\mathrm{coef} \sum_b c_b\,H_b^n \odot Y_b` (``Y``
+        :class:`Rows`, or none) by the binomial theorem: :math:`\sum_l \binom{n}{l} \sum_g
+        H_g^{n-l} \odot \sum_{b \in g} c_b\,\xi_b^l Y_b`, as ``[(n - l, coef, cv, rows)]``
+        (``rows`` ``None`` for :math:`\xi^0 = 1` without ``Y``); :meth:`total` adds them."""
+        cv, out = self.weights(c), []
+        for l in range(n + 1):
+            x = self.pow(l) if l else None
+            x = Y if x is None else (x if Y is None else x * Y)
+            out.append((n - l, coef * math.comb(n, l), cv, x))
+        return out
+
+    def total(self, terms):
+        """The sum of :meth:`hsum`'s terms ``(P,)``: the terms of one power of ``H_g`` at
+        once."""
+        total, Hk = 0.0, None
+        for k in range(max(t[0] for t in terms) + 1):
+            Hk = None if k == 0 else (self.Hg if k == 1 else Hk * self.Hg)
+            rows = [(coef, cv, x) for kk, coef, cv, x in terms if kk == k and x is not None]
+            pure = [coef * cv.sum(axis=1) for kk, coef, cv, x in terms if kk == k and x is None]
+            if k == 0:
+                total = total + (wsum(self.lay, rows) if rows else 0.0) + sum(
+                    p.sum() for p in pure)
+                continue
+            if rows:
+                total = total + np.einsum("gp,gp->p", Hk, gsum(self.lay, rows))
+            if pure:
+                total = total + sum(pure) @ Hk
+        return total
+
+
 def last_level_fisher(cache, block, arrs, s, sl, gen, W, r):
     r"""The sums of :func:`fisher_ref.engine.complete._last_level_fisher` (``mass``, ``h``,
-    ``h2``) of stream ``s`` over the last level's parents ``sl``, from the factors of a
-    factored :class:`fisher_ref.engine.window_cache.WindowCache` (module docstring).
+    ``h2``) of stream ``s`` over the last level's parents ``sl``, from the factors of the
+    MLP's :class:`fisher_ref.engine.window_cache.WindowCache` (module docstring).
 
     Args:
         W: ``(b,)`` total weight of each parent's complete responses; ``r``: ``(b,)`` the
             parents' reach; ``gen``: the block's generated tokens ``(B, d)``.
     """
-    spec, a = cache.task.model.spec, cache.arrays
-    i = cache.centers.index(cache.streams[s].center)
-    d, src = block.depth, block.src[sl]
-    u, tok, own = block.path_rows[sl, d - 1], gen[sl, d - 1], arrs.rows[sl]
-    runs = np.flatnonzero(np.r_[True, src[1:] != src[:-1]])  # parents of one grandparent
-    Hg = np.take(block.parents[0][s], src[runs], axis=0, mode="clip")  # (n, P)
-    idx, valid = _groups(runs, len(src))
-    rv = np.where(valid, r[idx], 0.0)  # (n, k): the groups' reach, 0 past their end
-    gc = a[f"gc{i}"][u, tok]  # (b, H): ghat of each parent's last token
-    D = np.eye(spec.vocab_size)[tok] - a[f"c{i}"][u]  # (b, V)
-    y1 = a[f"y{s}_1"]
-    P = y1.shape[1]
-    one, two, cross, M = np.empty(P), np.empty(P), np.empty(P), np.empty((len(runs), P))
-    for name, lo, hi in mlp_blocks(spec):
-        if name in ("W1", "W2"):  # xi = al (x) be, y_1 = al2 (x) be2
-            al, be = (a["e"][u], gc) if name == "W1" else (a["hid"][u], D)
-            al2, be2 = (a["e"][own], a[f"mG{s}"][own]) if name == "W1" \
-                else (a["hid"][own], a[f"mD{s}"][own])
-            Wbe = W[:, None] * be
-            one[lo:hi] = (al.T @ Wbe).ravel()
-            two[lo:hi] = ((al * al).T @ (Wbe * be)).ravel()
-            cross[lo:hi] = ((al * al2).T @ (r[:, None] * be * be2)).ravel()
-            # M_g: sum W xi (the grandparent's window: al is the same in a group) and
-            # sum r y_1, one small product per grandparent
-            Mg = al[runs][:, :, None] * segment_sum(Wbe, runs)[:, None, :]  # (n, m, l)
-            Mg += np.matmul((al2[idx] * rv[:, :, None]).transpose(0, 2, 1), be2[idx])
-            M[:, lo:hi] = Mg.reshape(len(runs), -1)
-            continue
-        if name == "E":
-            x = scatter_E(spec, a[f"Ec{i}"][u, tok], a["win"][u], a["dup"][u])  # (b, nE)
-            y = y1[own, lo:hi]
-        else:  # b1, b2: the rows themselves
-            x, y = (gc, a[f"mG{s}"][own]) if name == "b1" else (D, a[f"mD{s}"][own])
-        one[lo:hi], two[lo:hi], cross[lo:hi] = W @ x, W @ (x * x), r @ (x * y)
-        M[:, lo:hi] = segment_sum(x, runs, W) + segment_sum(y, runs, r)
-    Wg = segment_sum(W, runs)
-    h2 = Wg @ (Hg * Hg) + 2 * np.einsum("gp,gp->p", Hg, M) + two + 2 * cross
-    return {"mass": W.sum(), "h": Wg @ Hg + one, "h2": h2}
+    L = LastLevel(cache, block, arrs, s, sl, gen)
+    return {"mass": W.sum(), "h": L.total(L.hsum(W, 1)),
+            "h2": L.total(L.hsum(W, 2) + L.hsum(r, 1, L.y(1), 2.0))}
+
+
+def last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w, C, r, starts):
+    r"""Every sum a default run adds at the last level (:func:`fisher_ref.engine.complete.last_level`,
+    :func:`fisher_ref.engine.parent_sums.level_sums` and the products the window cache would
+    defer, :meth:`fisher_ref.engine.window_cache.WindowCache.defer`) for stream ``s`` over
+    parents ``sl``, from the factors (module docstring): a dict for
+    :meth:`fisher_ref.engine.moments.Moments.add_sums`.
+
+    Args:
+        w, Rc: ``(b, V)`` the responses' weights and rewards (relative to ``r0``);
+        rho_w: ``(b, V)`` importance-weighted weights or ``None``; ``C``: ``(b, 2, V)``
+        the weights ``w R``, ``w R^2`` of the deferred products; ``r``: ``(b,)`` reach;
+        ``starts``: :func:`fisher_ref.engine.parent_sums.prefix_starts` of the parents.
+    """
+    L = LastLevel(cache, block, arrs, s, sl, gen)
+    wR = w * Rc
+    W, WR, WR2 = w.sum(axis=1), wR.sum(axis=1), (wR * Rc).sum(axis=1)
+    y1, y2, y3 = L.y(1), L.y(2), L.y(3)
+    Z = [L.products(C[:, j]) for j in range(2)]
+    ones = np.ones(len(W))
+    out = {"mass": W.sum(), "R": WR.sum()}
+    for name, terms in [
+            ("h", L.hsum(W, 1)), ("Rh", L.hsum(WR, 1)),
+            ("h2", L.hsum(W, 2) + L.hsum(r, 1, y1, 2.0)),
+            ("Rh2", L.hsum(WR, 2) + L.hsum(ones, 1, Z[0], 2.0)),
+            ("R2h2", L.hsum(WR2, 2) + L.hsum(ones, 1, Z[1], 2.0)),
+            ("h4", L.hsum(W, 4) + L.hsum(r, 3, y1, 4.0) + L.hsum(r, 2, y2, 6.0)
+             + L.hsum(r, 1, y3, 4.0))]:
+        out[name] = L.total(terms)
+    if rho_w is not None:
+        out["is_h"] = L.total(L.hsum(rho_w.sum(axis=1), 1))
+        out["is_Rh"] = L.total(L.hsum((rho_w * Rc).sum(axis=1), 1))
+    # path sums g = G_g + m_b (m = y_2 of the parent's own window), expanded per grandparent
+    Gp = np.take(block.parents[1][s], L.gsrc, axis=0, mode="clip")  # (n, P)
+    Wv, rv, blocks = L.weights(W), L.weights(r), L.lay
+    out["g"] = segment_sum(W, L.runs) @ Gp + wsum(blocks, [(1.0, Wv, y2)])
+    out["g2"] = segment_sum(W, L.runs) @ (Gp * Gp) + wsum(blocks, [(1.0, Wv, y2 * y2)]) \
+        + 2 * np.einsum("gp,gp->p", Gp, gsum(blocks, [(1.0, Wv, y2)]))
+    # cross terms: the parents' last slot d - 1 and the response's slot d here, the earlier
+    # slots from the groups' sums (coarse_cross)
+    d, P = len(starts), len(out["h"])
+    c, c4 = np.zeros((d + 1, d + 1, P)), np.zeros((d + 1, d + 1, P))
+    xi, xi2 = L.pow(1), L.pow(2)
+    c[d - 1, d - 1], c4[d - 1, d - 1] = wsum(blocks, [(1.0, Wv, xi2)]), \
+        wsum(blocks, [(1.0, Wv, L.pow(4))])
+    c[d - 1, d], c4[d - 1, d] = wsum(blocks, [(1.0, rv, xi * y1)]), \
+        wsum(blocks, [(1.0, rv, xi2 * y2)])
+    stack = None if d == 1 else np.stack([gsum(blocks, [(1.0, v, x)]) for v, x in
+                                          [(rv, y1), (rv, y2), (Wv, xi), (Wv, xi2)]], axis=1)
+    hist_at = _history(arrs.xiT[s], block.path_rows[sl], gen[sl])
+    out["cross"], out["cross4"] = coarse_cross(c, c4, stack, hist_at, W, starts)
+    return out
+
+
+def _history(xi, prow, gen):
+    def hist_at(t, at):  # the parents' score xi_t at rows ``at``, t < d - 1 (the ancestors')
+        return xi[prow[at, t], gen[at, t]]
+    return hist_at

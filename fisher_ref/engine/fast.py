@@ -33,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from fisher_ref.engine.complete import complete, complete_fisher
+from fisher_ref.engine.factored import factors_last_level
 from fisher_ref.engine.plan import (DEFAULT_BUDGETS, DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS,
                                     Budgets, EngineOptions)
 from fisher_ref.engine.reference import exact_reference
@@ -293,8 +294,10 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
 
     on_complete = (lambda *args: complete_fisher(run, cache, *args)) if fisher else \
         (lambda *args: complete(run, cache, batch, *args))
+    # the factored last level sums in bounded pieces of its own: blocks of every child
+    last_chunk = run.cost.chunk * V if factors_last_level(cache) else None
     run.walk(("H",) if fisher else ("H", "G"), block_arrays, on_complete,
-             lambda *args: _carry(run, *args))
+             lambda *args: _carry(run, *args), last_chunk=last_chunk)
     run.grad_ad += batch.flush()
     _finish(run, cache)
     result = run.finish()

@@ -44,7 +44,7 @@ import numpy as np
 from scipy import sparse
 
 __all__ = ["parent_powers", "window_products", "prefix_starts", "segment_sum", "history_cross",
-           "level_sums", "fisher_sums", "held_products"]
+           "coarse_cross", "level_sums", "fisher_sums", "held_products"]
 
 
 def parent_powers(a, s, xi, rows, K, r, w, n=4):
@@ -179,11 +179,23 @@ def history_cross(hist_at, W, X1, X2, starts):
     Wd = W if len(starts[d - 1]) == len(W) else segment_sum(W, starts[d - 1])  # (B,)
     c[d - 1, d - 1], c4[d - 1, d - 1] = Wd @ h2, Wd @ (h2 * h2)
     c[d - 1, d], c4[d - 1, d] = np.einsum("gp,gp->p", h, X1), np.einsum("gp,gp->p", h2, X2)
+    stack = None
     if d > 1:  # coarser runs: the sums over each run, slots t = d, d-1, then each coarser one
         pos = np.searchsorted(starts[d - 1], starts[d - 2])
         stack = np.empty((len(pos), 4, P))  # (n, 4, P)
         for i, (x, wx) in enumerate([(X1, None), (X2, None), (h, Wd), (h2, Wd)]):
             stack[:, i] = segment_sum(x, pos, wx)
+    return coarse_cross(c, c4, stack, hist_at, W, starts)
+
+
+def coarse_cross(c, c4, stack, hist_at, W, starts):
+    r"""The cross terms of :func:`history_cross` with an earlier slot ``L < d - 1``, from
+    ``stack (n, 4, P)``: over each run of parents sharing their first ``d - 1`` generated
+    tokens, :math:`\sum X_1`, :math:`\sum X_2`, :math:`\sum W \xi_{d-1}` and
+    :math:`\sum W \xi_{d-1}^2` (``None`` when ``d = 1``); then ``c``, ``c4`` made symmetric.
+    Returns ``(c, c4)``."""
+    d = len(starts)
+    if d > 1:
         ts = [d, d - 1]
         for L in range(d - 2, -1, -1):
             h = hist_at(L, starts[L])  # (n_L, P)

@@ -254,7 +254,7 @@ class Run:
         self.bar = Progress(self.cost.n_states if shard is None else self.shard.n_states,
                             "exact enumeration", enabled=options.progress)
 
-    def walk(self, carried, block_arrays, complete, carry=None):
+    def walk(self, carried, block_arrays, complete, carry=None, last_chunk=None):
         """Visit every state depth-first (then call :meth:`finish`).
 
         Args:
@@ -266,12 +266,14 @@ class Run:
                 :class:`fisher_ref.engine.tree.Block` fields the children with parent rows
                 ``par (C,)`` and last tokens ``tok (C,)`` carry (default:
                 :func:`fisher_ref.engine.tree.carry` of their last tokens' scores).
+            last_chunk: the states of one block of the last level, when the engine sums
+                that level in bounded pieces of its own (default ``chunk``).
         """
         carry = carry or _scored_carry
         stack = [root_block(self.task, len(self.streams), carried, self.P)]
         if self.shard is not None:  # its subtrees, and silent blocks above them
             stack = self.shard.roots(stack[0])
-        for block in depth_first(stack, self.cost.chunk):
+        for block in depth_first(stack, self.cost.chunk, last_chunk):
             arrs = block_arrays(block)
             term = terminal(self.task, block)  # (B*V,)
             if term.any() and not block.silent:  # complete responses

@@ -122,8 +122,10 @@ def take_rows(block, idx):
     return Block(**{f: rows(f, getattr(block, f)) for f in _FIELDS})
 
 
-def depth_first(stack, chunk):
-    """Pop blocks of at most ``chunk`` states from ``stack`` until it is empty.
+def depth_first(stack, chunk, last_chunk=None):
+    """Pop blocks of at most ``chunk`` states from ``stack`` until it is empty
+    (``last_chunk`` for the blocks of the last level, those that carry ``src``, when
+    given).
 
     A larger block is split: its last ``chunk`` rows are yielded, the rest go
     back on the stack. The caller pushes each block's open children onto
@@ -132,9 +134,10 @@ def depth_first(stack, chunk):
     while stack:
         block = stack.pop()
         n = block.size
-        if n > chunk:
-            stack.append(take_rows(block, slice(0, n - chunk)))
-            block = take_rows(block, slice(n - chunk, n))
+        size = last_chunk if last_chunk and block.src is not None else chunk
+        if n > size:
+            stack.append(take_rows(block, slice(0, n - size)))
+            block = take_rows(block, slice(n - size, n))
         yield block
 
 

@@ -75,17 +75,21 @@ class WindowCache:
         P = len(range(P)[columns]) if self.columns is not None else P
         self.centers = list(dict.fromkeys(stream.center for stream in streams))
         self.shapes = {"p": (V,), "q": (V,)}
-        # a fisher run of the MLP (nothing read per token) keeps the factors of the scores
-        # and forms the rows it reads from them (_FactoredScores), instead of (V, P) arrays
-        self.factored = isinstance(task.model, MLPModel) and moments == 2 and not names
+        # the MLP keeps the factors of its scores and of the first three moments
+        # (engine/factored.py sums the last level from them); a fisher run of it (nothing
+        # read per token) forms the score rows it reads from them too (_FactoredScores),
+        # instead of keeping (V, P) arrays
+        self.has_factors = isinstance(task.model, MLPModel)
+        self.factored = self.has_factors and moments == 2 and not names
         self.width, self.factor_names = P, []
-        if self.factored:
+        if self.has_factors:
             fs = factor_shapes(task.model.spec)
             self.factor_names = list(FACTORS[:4]) + [f"{n}{i}" for n in FACTORS[4:]
                                                      for i in range(len(self.centers))]
-            self.factor_names += [f"{n}{s}" for n in ("mG", "mD") for s in range(len(streams))]
-            self.shapes.update({n: fs[n.rstrip("0123456789")] for n in self.factor_names})
-        else:
+            self.factor_names += [f"{n}{s}_{l}" for n in ("mG", "mD") for s in range(len(streams))
+                                  for l in range(1, min(moments, 3) + 1)]
+            self.shapes.update({n: fs[n.rstrip("0123456789_")] for n in self.factor_names})
+        if not self.factored:
             self.shapes.update({f"xi{c}": (V, P) for c in self.centers})
         for s in range(len(streams)):
             self.shapes.update({f"y{s}_{n}": (P,) for n in range(1, moments + 1)})
@@ -263,7 +267,7 @@ class WindowCache:
             requests = [(dist[st.drawn_from], self.centers.index(st.center),
                          [a[f"y{s}_{n}"][r] for n in range(1, 5) if f"y{s}_{n}" in a])
                         for s, st in enumerate(self.streams)]
-            factors = {n: a[n][r] for n in self.factor_names} if self.factored else None
+            factors = {n: a[n][r] for n in self.factor_names}
             with np.errstate(invalid="ignore", over="ignore"):  # checked just below
                 mlp_window_arrays(task.model, task.theta, Wu[i:end], centers, requests,
                                   uniform=a["uniform"][r] if self.keep else None,

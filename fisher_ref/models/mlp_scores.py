@@ -142,9 +142,9 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
         columns: a slice of ``0..P``: only those parameters (``P`` becomes its length).
         factors: ``{name: array}`` to write the factors the scores are formed from into
             (:data:`FACTORS`; center ``i``'s with the suffix ``i``), for
-            :func:`mlp_score_rows`; with ``mG{j}``, ``mD{j}`` also those of the first
-            moment of request ``j``: :math:`y_1 = e \otimes` ``mG`` on ``W1`` (``mG`` on
-            ``b1``) and :math:`\mathrm{hid} \otimes` ``mD`` on ``W2`` (``mD`` on ``b2``).
+            :func:`mlp_score_rows`; with ``mG{j}_{l}``, ``mD{j}_{l}`` also those of moment
+            ``l`` of request ``j``: :math:`y_l = e^l \otimes` ``mG`` on ``W1`` (``mG`` on
+            ``b1``) and :math:`\mathrm{hid}^l \otimes` ``mD`` on ``W2`` (``mD`` on ``b2``).
 
     Returns:
         ``(xi, ys, unif)``: the scores of each center (``None`` with ``out=False``), the
@@ -185,8 +185,8 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
                 gl, El, Dl, el, hl = gl * gc, El * Ec, Dl * D, el * e, hl * hid
             G = np.matmul(w[:, None, :], gl)[:, 0]  # (U, H): sum_a w_a ghat^l
             Dw = np.matmul(w[:, None, :], Dl)[:, 0]  # (U, V): sum_a w_a D^l, token by token
-            if l == 0 and factors is not None and f"mG{j}" in factors:
-                factors[f"mG{j}"][...], factors[f"mD{j}"][...] = G, Dw
+            if factors is not None and f"mG{j}_{l + 1}" in factors:
+                factors[f"mG{j}_{l + 1}"][...], factors[f"mD{j}_{l + 1}"][...] = G, Dw
             Ew = np.einsum("ua,uakd->ukd", w, El)  # (U, k, d)
             _fill(blocks, lo, hi, yl, {
                 "E": lambda v, Ew=Ew: f.scatter_E(Ew, v),

@@ -1,20 +1,25 @@
-"""The last level of an MLP fisher run from the factors of the scores
-(fisher_ref.engine.factored): at every call, the same sums as the dense route
-(fisher_ref.engine.complete._last_level_fisher, which forms (parents, P) arrays), with
-grandparents' groups cut by sub-blocks into ragged pieces, with samplers and top-k centers,
-and on random tasks; and the whole run equal to the plain engine's."""
+"""The last level of an MLP run from the factors of the scores (fisher_ref.engine.factored).
+
+- ``quantities="fisher"``: at every call, the same sums as the dense route
+  (fisher_ref.engine.complete._last_level_fisher, which forms (parents, P) arrays);
+- every quantity: the whole run equal to the dense route's (level_sums and the window
+  cache's deferred products) at 1e-12, and to the plain engine's at 1e-10;
+
+with grandparents' groups cut by sub-blocks into ragged pieces, with samplers and top-k
+centers, responses of length 2 (no earlier slot), and on random tasks."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
 
 from cases import CASES, rel
-from fisher_ref import load_config
+from fisher_ref import Task, load_config
 from fisher_ref.engine import complete, factored
 from fisher_ref.engine.fast import exact
 from fisher_ref.engine.plan import Budgets
 from fisher_ref.engine.reference import exact_reference
 from fisher_ref.models.mlp import MLPModel
-from tests.engine.test_fast import assert_same
+from fisher_ref.engine.factored import row_width
+from tests.engine.test_fast import assert_same, result_errors
 from tests.engine.test_identities_exact import small_tasks
 
 
@@ -87,3 +92,81 @@ def test_parameter_shards_take_the_dense_route(monkeypatch):
     task = load_config("default")
     _, calls = _checked_run(task, monkeypatch, param_shard=(0, 2))
     assert not calls
+
+
+def _dense(monkeypatch):
+    """Turn the factored last level off: the dense route (level_sums, deferred products)."""
+    from fisher_ref.engine import fast
+    monkeypatch.setattr(complete, "factors_last_level", lambda cache: False)
+    monkeypatch.setattr(fast, "factors_last_level", lambda cache: False)
+
+
+def _both(task, **kw):
+    """A default run by the factored route and by the dense one, the calls of the first."""
+    calls = []
+    real = complete.last_level_all
+
+    def counted(*args):
+        calls.append(len(args[6]))
+        return real(*args)
+
+    kw.setdefault("progress", False)
+    if task.sampler is not None:
+        kw.setdefault("topk", (1, 2))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(complete, "last_level_all", counted)
+        got = exact(task, **kw)
+    with pytest.MonkeyPatch.context() as mp:
+        _dense(mp)
+        ref = exact(task, **kw)
+    return got, ref, calls
+
+
+def _assert_close(got, ref, label, tol=1e-12):
+    errs = result_errors(got, ref)
+    bad = {k: e for k, e in errs.items() if not e <= tol}
+    assert not bad, (label, bad)
+
+
+@pytest.mark.parametrize("name", ["default", "offpolicy_stale", "offpolicy_temperature",
+                                  "weighted_prompts", "no_eos"])
+@pytest.mark.parametrize("parents", [1, 3, 7, None])
+def test_every_quantity_by_factors_equals_the_dense_route(name, parents):
+    """Sub-blocks of 1, 3 or 7 parents (ragged groups); every quantity, the per-state and
+    per-response arrays too, at 1e-12 of the dense route; and the plain engine's."""
+    task = load_config(name)
+    budgets = Budgets(sub_elements=parents * row_width(task.model.spec)) if parents else None
+    got, ref, calls = _both(task, budgets=budgets)
+    assert calls and (parents is None or max(calls) <= parents)
+    _assert_close(got, ref, f"{name}, {parents} parents")
+    assert_same(got, exact_reference(task, progress=False,
+                                     topk=(1, 2) if task.sampler is not None else ()),
+                f"{name}, factored, every quantity")
+
+
+@pytest.mark.parametrize("case", MLP_CASES)
+def test_every_quantity_by_factors_on_every_mlp_case(case):
+    task = CASES[case]()
+    got, ref, calls = _both(task, budgets=Budgets(sub_elements=5 * row_width(task.model.spec)))
+    assert calls
+    _assert_close(got, ref, case)
+
+
+def test_responses_of_length_two_have_no_earlier_slot():
+    """max_len 2: the last level's parents are the prompt's children (d = 1), whose cross
+    terms have no slot before the last token's."""
+    task = load_config("default")
+    task = Task(model=task.model, theta=task.theta, prompts=task.prompts,
+                prompt_weights=task.prompt_weights, max_len=2, reward=task.reward,
+                baseline=task.baseline)
+    got, ref, calls = _both(task)
+    assert calls
+    _assert_close(got, ref, "max_len 2")
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=15)
+@given(small_tasks())
+def test_every_quantity_by_factors_on_random_tasks(task):
+    got, ref, calls = _both(task, budgets=Budgets(sub_elements=3 * row_width(task.model.spec)))
+    assert calls or task.max_len < 2
+    _assert_close(got, ref, "random task")
