@@ -137,7 +137,7 @@ def _parent_sums(run, cache, block, arrs, gen, K, weights):
     later."""
     B, full = block.size, len(K) == run.task.model.vocab_size
     factored = block.src is not None and factors_last_level(cache)
-    width = row_width(run.task.model.spec) if factored else run.P
+    width = row_width(run.task.model.spec, cache.columns) if factored else run.P
     for sl in _sub_blocks(B, width, run.budgets.sub_elements):
         starts = prefix_starts(block.prompt[sl], gen[sl])
         rows = arrs.rows[sl]
@@ -181,7 +181,7 @@ def complete_fisher(run, cache, block, arrs, idx):
         if full:
             cache.accumulate_reach(s, arrs.rows, r, d)
         factored = block.src is not None and factors_last_level(cache)
-        width = row_width(task.model.spec) if factored else P
+        width = row_width(task.model.spec, cache.columns) if factored else P
         for sl in _sub_blocks(B, width, run.budgets.sub_elements):
             if block.src is not None:  # the last level: from the grandparents' H
                 # the MLP's from the factors of its scores (engine/factored.py)

@@ -43,32 +43,62 @@ class Rows:
     r"""Per-parent rows ``(B, P)`` of the MLP, held by group (the parents of one
     grandparent along axis 1, padded to the largest group: ``(n, k, ...)``, see
     :func:`groups`) and by block: ``W1`` and ``W2`` as outer products
-    ``(a (n, k, m), b (n, k, l))`` (a row is :math:`a \otimes b`), the short blocks ``E``,
-    ``b1``, ``b2`` side by side as they are, ``R (n, k, r)`` (:class:`Layout`). Elementwise
-    products keep the form; :func:`wsum` and :func:`gsum` sum them over parents as small
-    matrix products."""
+    ``(a (n, k, m), b (n, k, l))`` (a row is :math:`a \otimes b`; ``None`` for a block
+    outside the run's parameters), the short blocks ``E``, ``b1``, ``b2`` side by side as
+    they are, ``R (n, k, r)`` (:class:`Layout`). Elementwise products keep the form;
+    :func:`wsum` and :func:`gsum` sum them over parents as small matrix products."""
 
     def __init__(self, W1, W2, R):
         self.W1, self.W2, self.R = W1, W2, R
 
     def __mul__(self, o):
-        return Rows((self.W1[0] * o.W1[0], self.W1[1] * o.W1[1]),
-                    (self.W2[0] * o.W2[0], self.W2[1] * o.W2[1]), self.R * o.R)
+        pair = lambda x, y: None if x is None else (x[0] * y[0], x[1] * y[1])
+        return Rows(pair(self.W1, o.W1), pair(self.W2, o.W2), self.R * o.R)
 
 
 class Layout:
-    """Where the parts of :class:`Rows` lie in the flat parameters: ``W1``, ``W2`` slices
-    and ``R`` the columns of ``E``, ``b1``, ``b2`` in that order."""
+    """Where the parts of :class:`Rows` lie among a run's parameters ``columns`` (a slice of
+    ``0..P``, all by default): for ``W1`` and ``W2``, the block's columns inside them
+    (``cut[name] = (within the block, within the run's)``, absent when none); ``R`` the
+    columns of ``E``, ``b1``, ``b2`` inside them, side by side (:meth:`rest`)."""
 
-    def __init__(self, spec):
-        b = {name: slice(lo, hi) for name, lo, hi in mlp_blocks(spec)}
-        self.P, self.W1, self.W2 = b["b2"].stop, b["W1"], b["W2"]
-        self.R = np.r_[b["E"], b["b1"], b["b2"]]  # E, b1, b2 side by side
+    def __init__(self, spec, columns=None):
+        blocks = mlp_blocks(spec)
+        lo, hi, _ = (columns or slice(None)).indices(blocks[-1][2])
+        self.width, self.cut, out = hi - lo, {}, []
+        for name, start, stop in blocks:
+            a, b = max(start, lo), min(stop, hi)
+            if a < b:
+                self.cut[name] = (slice(a - start, b - start), slice(a - lo, b - lo))
+                if name not in ("W1", "W2"):
+                    out.append(np.arange(a - lo, b - lo))
+        self.R = np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+    def has(self, name):
+        return name in self.cut
+
+    def rest(self, E, b1, b2, E_cut=None):
+        """``R (..., r)``: the columns of each short block inside the run's, from the whole
+        blocks ``E``, ``b1``, ``b2`` (``(..., block)``; ``E_cut``: ``E``'s columns inside
+        the run's, already cut)."""
+        parts = []
+        for name, x in (("E", E), ("b1", b1), ("b2", b2)):
+            if name in self.cut:
+                parts.append(E_cut if name == "E" and E_cut is not None
+                             else x[..., self.cut[name][0]])
+        return np.concatenate(parts, axis=-1) if parts else np.zeros(b1.shape[:-1] + (0,))
+
+    def pair(self, name, a, b):
+        """The outer-product part of block ``name`` (``None`` outside the run's columns)."""
+        return (a, b) if name in self.cut else None
 
     def join(self, W1, W2, R, lead=()):
-        """The flat ``(*lead, P)`` array of the parts' sums."""
-        out = np.empty(lead + (self.P,))
-        out[..., self.W1], out[..., self.W2] = W1.reshape(lead + (-1,)), W2.reshape(lead + (-1,))
+        """The ``(*lead, width)`` array of the parts' sums over the run's columns."""
+        out = np.empty(lead + (self.width,))
+        for name, x in (("W1", W1), ("W2", W2)):
+            if name in self.cut:
+                inner, outer = self.cut[name]
+                out[..., outer] = x.reshape(lead + (-1,))[..., inner]
         out[..., self.R] = R
         return out
 
@@ -80,6 +110,8 @@ def wsum(lay, terms):
     for coef, cv, x in terms:
         w = (coef * cv).ravel()
         for name in ("W1", "W2"):
+            if not lay.has(name):
+                continue
             a, b = getattr(x, name)
             part = (a.reshape(len(w), -1) * w[:, None]).T @ b.reshape(len(w), -1)  # (m, l)
             if name == "W1":
@@ -97,6 +129,8 @@ def gsum(lay, terms):
     for coef, cv, x in terms:
         w = coef * cv  # (n, k)
         for name in ("W1", "W2"):
+            if not lay.has(name):
+                continue
             a, b = getattr(x, name)
             part = np.matmul((a * w[:, :, None]).transpose(0, 2, 1), b)  # (n, m, l)
             if name == "W1":
@@ -109,16 +143,20 @@ def gsum(lay, terms):
 
 def factors_last_level(cache):
     """Whether the last level of a run with this window cache is summed here: the MLP's
-    cache, over every parameter (a slice of them, ``param_shard``, takes the dense route)."""
-    return cache.has_factors and cache.columns is None
+    (over a slice of its parameters too, ``param_shard``: only the blocks inside it)."""
+    return cache.has_factors
 
 
-def row_width(spec):
-    """Elements of one parent's row of :class:`Rows`, sixteen times over (about the rows
-    alive at once), for the element budget of a sub-block (``Budgets.sub_elements``): a
-    sub-block's rows then stay in the processor's cache (medium: 273 parents, v16: 115)."""
-    V, kd, H = spec.vocab_size, spec.context * spec.embed_dim, spec.hidden
-    return 16 * (kd + 2 * H + 2 * V + (V + 1) * spec.embed_dim + H)
+def row_width(spec, columns=None):
+    """Elements of one parent's row of :class:`Rows` over the run's parameters ``columns``
+    (a slice; all by default: a parameter shard holds only its blocks), sixteen times
+    over (about the rows alive at once), for the element budget of a sub-block
+    (``Budgets.sub_elements``): a sub-block's rows then stay in the processor's cache
+    (every parameter: 273 parents of medium, 115 of v16)."""
+    lay = Layout(spec, columns)
+    kd, H, V = spec.context * spec.embed_dim, spec.hidden, spec.vocab_size
+    width = lay.R.size + (kd + H) * lay.has("W1") + (H + V) * lay.has("W2")
+    return 16 * max(width, 1)
 
 
 def groups(runs, B):
@@ -141,7 +179,7 @@ class LastLevel:
     def __init__(self, cache, block, arrs, s, sl, gen):
         spec, a = cache.task.model.spec, cache.arrays
         self.s, self.a, self.spec = s, a, spec
-        self.lay = Layout(spec)
+        self.lay = lay = Layout(spec, cache.columns)
         self.i = i = cache.centers.index(cache.streams[s].center)
         d, src = block.depth, block.src[sl]
         runs = np.flatnonzero(np.r_[True, src[1:] != src[:-1]])  # parents of one grandparent
@@ -153,9 +191,9 @@ class LastLevel:
         self.own = g(arrs.rows[sl])
         gc = a[f"gc{i}"][u, tok]  # (n, k, H): ghat of each parent's last token
         D = np.eye(spec.vocab_size)[tok] - a[f"c{i}"][u]  # (n, k, V)
-        E = self._E(a[f"Ec{i}"][u, tok], u)
-        self._pow = [None, Rows((a["e"][u], gc), (a["hid"][u], D),
-                                np.concatenate([E, gc, D], axis=2))]
+        E = self._E(a[f"Ec{i}"][u, tok], u) if lay.has("E") else None
+        self._pow = [None, Rows(lay.pair("W1", a["e"][u], gc), lay.pair("W2", a["hid"][u], D),
+                                lay.rest(E, gc, D))]
         e, hid = a["e"][self.own], a["hid"][self.own]
         self._own = [None, (e, hid), (e * e, hid * hid), (e * e * e, hid * hid * hid)]
 
@@ -180,12 +218,11 @@ class LastLevel:
     def y(self, l):
         """:math:`y_l` of the parents' own windows (the stream's moments, ``l <= 3``), as
         :class:`Rows`."""
-        a, s, own = self.a, self.s, self.own
+        a, s, own, lay = self.a, self.s, self.own, self.lay
         G, Dw = a[f"mG{s}_{l}"][own], a[f"mD{s}_{l}"][own]
         el, hl = self._own[l]
-        nE = self.lay.R.size - G.shape[2] - Dw.shape[2]
-        return Rows((el, G), (hl, Dw),
-                    np.concatenate([a[f"y{s}_{l}"][own, :nE], G, Dw], axis=2))
+        E = a[f"y{s}_{l}"][own, lay.cut["E"][1]] if lay.has("E") else None  # the moments'
+        return Rows(lay.pair("W1", el, G), lay.pair("W2", hl, Dw), lay.rest(None, G, Dw, E))
 
     def products(self, C):
         r""":math:`Z_b = \sum_a C_{b,a}\,\xi_{\text{own}_b, a}` of weights ``C (b, V)``, the
@@ -194,8 +231,11 @@ class LastLevel:
         Cg = C[self.idx]  # (n, k, V)
         gz = np.einsum("nkv,nkvh->nkh", Cg, a[f"gc{i}"][own])
         Dz = Cg - Cg.sum(axis=2, keepdims=True) * a[f"c{i}"][own]  # sum_a C_a ([c = a] - c_c)
-        E = self._E(np.einsum("nkv,nkvm->nkm", Cg, a[f"Ec{i}"][own]), own)
-        return Rows((a["e"][own], gz), (a["hid"][own], Dz), np.concatenate([E, gz, Dz], axis=2))
+        lay = self.lay
+        E = self._E(np.einsum("nkv,nkvm->nkm", Cg, a[f"Ec{i}"][own]), own) \
+            if lay.has("E") else None
+        return Rows(lay.pair("W1", a["e"][own], gz), lay.pair("W2", a["hid"][own], Dz),
+                    lay.rest(E, gz, Dz))
 
     def hsum(self, c, n, Y=None, coef=1.0):
         r"""The terms of :math:`\mathrm{coef} \sum_b c_b\,H_b^n \odot Y_b` (``Y``

@@ -57,7 +57,7 @@ class _AutodiffBatch:
     def __init__(self, task, cache, max_rows, enabled=True):
         self.task, self.cache, self.parts, self.rows = task, cache, [], 0
         self.max_rows = max_rows  # Budgets.autodiff_rows
-        self.enabled = enabled  # not: a parameter shard after the first (Run.records)
+        self.enabled = enabled  # not: a parameter shard but the last
 
     def add(self, paths, tokens, n, prompt, R):
         """Queue responses: window ids ``paths (M, T)`` and tokens ``(M, T)`` of which the
@@ -283,7 +283,10 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
                         dense_keys=budgets.dense_keys,
                         kept=_kept_by_window(task) if run.keep_states else None,
                         columns=run.columns)
-    batch = _AutodiffBatch(task, cache, budgets.autodiff_rows, enabled=run.records)
+    # the autodiff gradient: in the last parameter shard (its result is small to send; shard
+    # 0, in the caller, keeps the records), else wherever the records are kept
+    autodiff = i == n_shards - 1 if param_shard is not None else run.records
+    batch = _AutodiffBatch(task, cache, budgets.autodiff_rows, enabled=autodiff)
 
     def block_arrays(block):
         if block.wpath is None:  # the root: nothing generated yet

@@ -7,9 +7,13 @@ work per window and per state instead of repeating it (subtrees, ``shard=(i, N)`
 each compute the windows they share; that cut serves the Ray cluster, where what crosses
 the network must be small). Only the MLP forms just its columns of the sensitivities;
 other models form all of a window's and keep their columns. Shards ``1..N-1`` run in
-``N - 1`` worker processes, which send back their sums; shard 0 runs in the calling process
-meanwhile (which would otherwise wait idle, and whose result then needs no pickling),
-and the caller merges them once. Workers are started with the ``spawn`` method, with the
+``N - 1`` worker processes, which send back their sums (arrays past
+:data:`SHARED_BYTES`, the per-window tables of a parameter shard, through one
+shared-memory block, freed once copied); shard 0 runs in the calling process meanwhile
+(which would otherwise wait idle, and whose result then needs no pickling), and the
+caller merges them once. Shard 0 keeps the per-state and per-response records, the last
+shard forms the autodiff gradient. A worker (a process of ours alone) has glibc keep
+the memory its shards free for the next one. Workers are started with the ``spawn`` method, with the
 BLAS thread counts set to 1 in their environment before they import numpy, and through
 ``threadpoolctl`` too; the caller's own BLAS is held to one thread by ``threadpoolctl``
 while it runs its shard. So ``N`` shards use ``N`` cores, not ``N`` times the BLAS
@@ -45,8 +49,9 @@ from threadpoolctl import threadpool_limits
 from fisher_ref._progress import Progress
 from fisher_ref.engine.run import plan
 
-__all__ = ["AUTO_MIN_SECONDS", "BLAS_THREAD_VARS", "available_cores", "check_workers",
-           "local_workers", "unsendable", "resolve_workers", "run_shards", "shutdown"]
+__all__ = ["AUTO_MIN_SECONDS", "BLAS_THREAD_VARS", "SHARED_BYTES", "available_cores",
+           "check_workers", "local_workers", "unsendable", "resolve_workers", "run_shards",
+           "shutdown"]
 
 #: ``workers="auto"`` stays in this process below this many estimated seconds on one core.
 AUTO_MIN_SECONDS = 10.0
@@ -127,8 +132,30 @@ def environment(values):
                 os.environ[k] = v
 
 
+#: glibc's ``mallopt`` parameters (malloc.h): a worker keeps the memory its shards free.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def _keep_freed_memory():
+    """In a worker process (ours alone), have glibc keep freed memory for the next shard
+    instead of returning it to the system and faulting it in again (a shard's arrays of
+    the same sizes come and go; on the development machine the fresh pages cost a
+    worker tens of milliseconds per v16 shard). Peak memory is unchanged; other C
+    libraries are left as they are."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):  # not glibc: nothing to set
+        return
+    mallopt(_M_TRIM_THRESHOLD, 2 ** 30)
+    mallopt(_M_MMAP_THRESHOLD, 2 ** 25)  # glibc's largest on 64 bits
+
+
 def _init_worker():
     threadpool_limits(1)  # the variables already hold BLAS to one thread; this too
+    _keep_freed_memory()
 
 
 def _healthy(ex):
@@ -190,7 +217,62 @@ def _without_main():
 
 
 def _submit(ex, engine, task, n, kw, by):
-    return {ex.submit(engine, task, **{by: (i, n)}, **kw): i for i in range(1, n)}
+    return {ex.submit(_shard_in_worker, engine, task, {by: (i, n)}, kw): i for i in range(1, n)}
+
+
+#: Arrays of a worker's result at least this large come back through shared memory: a
+#: pipe carries 12 MiB in about 40 ms on the development machine, a copy in about 3.
+SHARED_BYTES = 2 ** 20
+_FIELDS = ("window_tables", "states", "sequences")  # the ShardResult dicts that grow
+
+
+def _shard_in_worker(engine, task, shard, kw):
+    """In a worker: the shard's result, its large arrays moved to one shared-memory block
+    (``result.shared``: ``(name, [(field, key, offset, shape, dtype), ...])``) that the
+    caller copies out and frees (:func:`_unpack`)."""
+    from multiprocessing import shared_memory
+    import numpy as np
+    out = engine(task, **shard, **kw)
+    big = [(f, k, v) for f in _FIELDS for k, v in (getattr(out, f, None) or {}).items()
+           if isinstance(v, np.ndarray) and v.nbytes >= SHARED_BYTES]
+    if not big:
+        return out
+    mem = shared_memory.SharedMemory(create=True, size=sum(v.nbytes for *_, v in big))
+    index, at = [], 0
+    try:
+        for f, k, v in big:
+            np.ndarray(v.shape, v.dtype, buffer=mem.buf, offset=at)[...] = v
+            index.append((f, k, at, v.shape, v.dtype.str))
+            getattr(out, f)[k] = None
+            at += v.nbytes
+    except BaseException:
+        mem.close()
+        mem.unlink()
+        raise
+    out.shared = (mem.name, index)
+    mem.close()  # the caller unlinks it once copied
+    return out
+
+
+def _unpack(out):
+    """The arrays a worker left in shared memory (:func:`_shard_in_worker`), copied into
+    the result; the block freed, whatever happens."""
+    shared = getattr(out, "shared", None)
+    if shared is None:
+        return out
+    from multiprocessing import shared_memory
+    import numpy as np
+    name, index = shared
+    mem = shared_memory.SharedMemory(name=name)
+    try:
+        for f, k, at, shape, dtype in index:
+            getattr(out, f)[k] = np.ndarray(shape, np.dtype(dtype), buffer=mem.buf,
+                                            offset=at).copy()
+    finally:
+        mem.close()
+        mem.unlink()
+    del out.shared
+    return out
 
 
 def run_shards(engine, task, n, kw, progress=False, by="shard"):
@@ -229,7 +311,7 @@ def run_shards(engine, task, n, kw, progress=False, by="shard"):
         for f in as_completed(futures):
             i = futures[f]
             try:
-                out[i] = f.result()
+                out[i] = _unpack(f.result())
             except BrokenProcessPool as e:
                 _discard()
                 raise RuntimeError(f"the worker process of shard {i} of {n} died ({e}); no "

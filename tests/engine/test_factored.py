@@ -17,6 +17,7 @@ from fisher_ref.engine import complete, factored
 from fisher_ref.engine.fast import exact
 from fisher_ref.engine.plan import Budgets
 from fisher_ref.engine.reference import exact_reference
+from fisher_ref.engine.shards import merge
 from fisher_ref.models.mlp import MLPModel
 from fisher_ref.engine.factored import row_width
 from tests.engine.test_fast import assert_same, result_errors
@@ -86,12 +87,23 @@ def test_factored_sums_on_random_tasks(task):
                 "random task, factored")
 
 
-def test_parameter_shards_take_the_dense_route(monkeypatch):
-    """A slice of the parameters (param_shard) has no whole blocks to factor: the dense
-    route, and the same numbers."""
-    task = load_config("default")
-    _, calls = _checked_run(task, monkeypatch, param_shard=(0, 2))
-    assert not calls
+@pytest.mark.parametrize("n", [2, 3, 7])
+def test_parameter_shards_sum_their_blocks_from_factors(n, monkeypatch):
+    """A slice of the parameters (param_shard, what workers=N runs) sums, from the factors,
+    the blocks inside it (cut blocks whole, then their columns): each slice's fisher sums
+    equal the dense route's at every call, and the merged slices of a default run equal
+    the dense route's and one run's at 1e-12."""
+    task = load_config("offpolicy_stale")
+    kw = {"progress": False, "topk": (1, 2)}
+    for i in range(n):
+        _, calls = _checked_run(task, monkeypatch, param_shard=(i, n))
+        assert calls
+    got = merge(task, [exact(task, param_shard=(i, n), **kw) for i in range(n)])
+    with pytest.MonkeyPatch.context() as mp:
+        _dense(mp)
+        ref = merge(task, [exact(task, param_shard=(i, n), **kw) for i in range(n)])
+    _assert_close(got, ref, f"{n} parameter shards")
+    _assert_close(got, exact(task, **kw), f"{n} parameter shards against one run")
 
 
 def _dense(monkeypatch):

@@ -210,3 +210,42 @@ def test_shard_zero_failing_ends_the_workers_still_running():
     good = load_config("default")
     assert merged_errors(exact(good, progress=False, workers=2),
                          exact(good, progress=False, workers=1))["policy.sequence_fisher"] <= RTOL
+
+
+def test_large_arrays_of_a_worker_come_back_through_shared_memory(monkeypatch):
+    """A worker's per-window tables, states and sequences past SHARED_BYTES travel in one
+    shared-memory block: the caller gets the same arrays, and the block is freed."""
+    import numpy as np
+    from multiprocessing import shared_memory
+    task = load_config("offpolicy_stale")
+    kw = dict(progress=False, topk=(1, 2), keep_states=True)
+    monkeypatch.setattr(workers_mod, "SHARED_BYTES", 1)  # every array, in this process
+    direct = exact(task, param_shard=(0, 2), **kw)
+    sent = workers_mod._shard_in_worker(exact, task, {"param_shard": (0, 2)}, kw)
+    name, index = sent.shared
+    assert {f for f, *_ in index} == {"window_tables", "states", "sequences"}
+    assert all(getattr(sent, f)[k] is None for f, k, *_ in index)
+    got = workers_mod._unpack(sent)
+    assert not hasattr(got, "shared")
+    for f in ("window_tables", "states", "sequences"):
+        a, b = getattr(got, f), getattr(direct, f)
+        assert a.keys() == b.keys()
+        for k in b:
+            assert np.array_equal(a[k], b[k]) and a[k].dtype == b[k].dtype, (f, k)
+    with pytest.raises(FileNotFoundError):  # freed by _unpack
+        shared_memory.SharedMemory(name=name)
+    small = workers_mod._shard_in_worker(exact, task, {"param_shard": (1, 2)},
+                                         dict(kw, keep_states=False))
+    assert not hasattr(small, "shared")  # nothing kept, nothing to share
+
+
+def test_workers_with_tables_past_the_shared_size_give_the_single_run():
+    """v16's per-window tables of a parameter shard (4 MiB each) come back through shared
+    memory from the worker: the merged run equals the single one."""
+    task = load_scale_config("v16")
+    single, par = exact(task, workers=1, progress=False), exact(task, workers=2, progress=False)
+    errs = merged_errors(par, single)
+    assert max(errs.values()) <= RTOL, errs
+    # the worker's half of a per-window table is past the size sent through shared memory
+    half = exact(task, param_shard=(1, 2), progress=False, keep_states=True)
+    assert half.window_tables["token_fisher"].nbytes >= workers_mod.SHARED_BYTES
