@@ -297,8 +297,10 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
 
     on_complete = (lambda *args: complete_fisher(run, cache, *args)) if fisher else \
         (lambda *args: complete(run, cache, batch, *args))
-    # the factored last level sums in bounded pieces of its own: blocks of every child
-    last_chunk = run.cost.chunk * V if factors_last_level(cache) else None
+    # the factored last level sums in bounded pieces of its own: blocks of every child, as
+    # long as their windows fit the window cache with room for their ancestors'
+    last_chunk = max(run.cost.chunk, min(run.cost.chunk * V, cache.capacity // 2)) \
+        if factors_last_level(cache) else None
     run.walk(("H",) if fisher else ("H", "G"), block_arrays, on_complete,
              lambda *args: _carry(run, *args), last_chunk=last_chunk)
     run.grad_ad += batch.flush()
