@@ -1,30 +1,34 @@
-r"""The last level of an MLP fisher run, summed from the factors of the scores.
+r"""The last level of an MLP run, summed from the factors of its scores.
 
-In ``exact(task, quantities="fisher")`` the parents ``b`` of the last level (every child a
-complete response) add, per stream,
+The parents ``b`` of the last level (every child a complete response) sit in groups
+under their grandparents ``g``, with running sums :math:`H_b = H_g + \xi_b`
+(:math:`\xi_b` the score of the parent's last token, a row of the grandparent's window).
+Every sum a run adds there has the form
+:math:`\sum_b c_b\,H_b^n \odot Y_b` (``c`` a weight per parent, ``Y`` a product of rows
+per parent: powers of :math:`\xi_b`, the moments :math:`y_l` of the parent's own window, the
+reward-weighted products :math:`Z_b = \sum_a C_{b,a}\,\xi_{b,a}`), and the binomial theorem
+gives
 
 .. math::
 
-   \sum_b W_b H_b = \sum_g W_g H_g + \sum_b W_b \xi_b,\qquad
-   \sum_b W_b H_b^2 + 2 H_b \odot X_{1,b} = \sum_g \bigl(W_g H_g^2 + 2 H_g \odot M_g\bigr)
-   + \sum_b W_b \xi_b^2 + 2 \sum_b r_b\,\xi_b \odot y_1(b),
+   \sum_b c_b\,H_b^n \odot Y_b = \sum_{l=0}^{n} \binom{n}{l} \sum_g H_g^{\,n-l} \odot
+   \sum_{b \in g} c_b\,\xi_b^{\,l}\,Y_b
 
-with :math:`H_b = H_g + \xi_b` (``g`` the grandparent, :math:`\xi_b` the score of the
-parent's last token, a row of the grandparent's window), :math:`W_g = \sum_{b \in g} W_b`
-and :math:`M_g = \sum_{b \in g} W_b \xi_b + r_b\,y_1(b)`
-(:func:`fisher_ref.engine.complete._last_level_fisher` forms them from ``(parents, P)``
-arrays).
-
-For the window MLP every block of a score row is an outer product of two short factors
-(:mod:`fisher_ref.models.mlp_scores`): :math:`\xi_b = e \otimes \hat g` on ``W1`` and
-:math:`\mathrm{hid} \otimes D` on ``W2``, and so is :math:`y_1(b)`. A sum over parents of
-products of such rows is then a small matrix product per block,
-:math:`\sum_b c_b\,(\alpha_b \otimes \beta_b) \odot (\alpha'_b \otimes \beta'_b) =
-(\alpha \odot \alpha')^\top \mathrm{diag}(c)\,(\beta \odot \beta')`, and :math:`M_g` is one
-outer product and one small batched product per grandparent. No ``(parents, P)`` array is
-formed: the same finite sums, regrouped (no identity of docs/theory.md §2.9 is used). The
-short blocks (``b1``, ``b2``) and the ``E`` block are summed row by row.
-``tests/engine/test_factored.py`` holds it to the dense route at 1e-12.
+(:meth:`LastLevel.hsum`; the path sums and the cross terms likewise, with the grandparents'
+path sums and histories). For the window MLP every block of a score row is an outer
+product of two short factors (:mod:`fisher_ref.models.mlp_scores`):
+:math:`\xi = e \otimes \hat g` on ``W1`` and :math:`\mathrm{hid} \otimes D` on ``W2``, and
+so are :math:`y_l` and :math:`Z`. Elementwise products of such rows keep the form, and a sum
+over parents of them is a small matrix product,
+:math:`\sum_b c_b\,(\alpha_b \otimes \beta_b) = \alpha^\top \mathrm{diag}(c)\,\beta`, per
+grandparent a batched one (:func:`wsum`, :func:`gsum`). So no ``(parents, P)`` array is
+formed, only ``(grandparents, P)`` ones: the same finite sums, regrouped (no identity of
+docs/theory.md §2.9 is used). The short blocks (``E``, ``b1``, ``b2``) are summed row by
+row. :func:`last_level_fisher` adds what ``quantities="fisher"`` needs, :func:`last_level_all`
+everything else a default run adds there (the reward sums, the fourth powers, the path sums,
+the cross terms and the products the window cache would otherwise defer).
+``tests/engine/test_factored.py`` holds both to the dense route
+(:mod:`fisher_ref.engine.complete`, :mod:`fisher_ref.engine.parent_sums`) at 1e-12.
 """
 from __future__ import annotations
 
