@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fisher_ref.engine.factored import (factors_last_level, last_level_all, last_level_fisher,
-                                       row_width)
+from fisher_ref.engine.factored import last_level_all, last_level_fisher, row_width
 from fisher_ref.engine.moments import importance_weighted
 from fisher_ref.engine.parent_sums import (fisher_sums, level_sums, parent_powers, prefix_starts,
                                            segment_sum, window_products)
@@ -136,7 +135,7 @@ def _parent_sums(run, cache, block, arrs, gen, K, weights):
     temporaries); with every token terminal, the reward-weighted products per window
     later."""
     B, full = block.size, len(K) == run.task.model.vocab_size
-    factored = block.src is not None and factors_last_level(cache)
+    factored = block.src is not None and cache.factored_last
     width = row_width(run.task.model.spec, cache.columns) if factored else run.P
     for sl in _sub_blocks(B, width, run.budgets.sub_elements):
         starts = prefix_starts(block.prompt[sl], gen[sl])
@@ -180,7 +179,7 @@ def complete_fisher(run, cache, block, arrs, idx):
         r, w = block.reach(wname), done.reach(wname).reshape(B, k)  # (B,), (B, k)
         if full:
             cache.accumulate_reach(s, arrs.rows, r, d)
-        factored = block.src is not None and factors_last_level(cache)
+        factored = block.src is not None and cache.factored_last
         width = row_width(task.model.spec, cache.columns) if factored else P
         for sl in _sub_blocks(B, width, run.budgets.sub_elements):
             if block.src is not None:  # the last level: from the grandparents' H

@@ -37,10 +37,11 @@ import math
 import numpy as np
 
 from fisher_ref.engine.parent_sums import coarse_cross, segment_sum
+from fisher_ref.models.mlp import MLPModel
 from fisher_ref.models.mlp_scores import mlp_blocks, scatter_E
 
 __all__ = ["Rows", "Layout", "wsum", "gsum", "factors_last_level", "row_width", "groups",
-           "LastLevel", "last_level_fisher", "last_level_all"]
+           "LastLevel", "last_level_fisher", "last_level_all", "window_sums"]
 
 
 class Rows:
@@ -145,10 +146,10 @@ def gsum(lay, terms):
     return lay.join(W1, W2, R, (len(cv),))
 
 
-def factors_last_level(cache):
-    """Whether the last level of a run with this window cache is summed here: the MLP's
-    (over a slice of its parameters too, ``param_shard``: only the blocks inside it)."""
-    return cache.has_factors
+def factors_last_level(task):
+    """Whether the last level of a run of ``task`` is summed here (the MLP's; over a slice of
+    its parameters too, ``param_shard``: only the blocks inside it)."""
+    return isinstance(task.model, MLPModel)
 
 
 def row_width(spec, columns=None):
@@ -343,3 +344,34 @@ def _history(xi, prow, gen):
     def hist_at(t, at):  # the parents' score xi_t at rows ``at``, t < d - 1 (the ancestors')
         return xi[prow[at, t], gen[at, t]]
     return hist_at
+
+
+def window_sums(cache, s, acc, powers, lo, hi):
+    r""":math:`\sum_{u,a} A_{u,i,a}\,\xi_{u,a}^{\,n_i}` ``(m, P)`` for the weights per
+    (window, token) ``acc (hi - lo, m, V)`` of stream ``s`` at cache rows ``lo..hi`` and
+    their powers ``powers (m,)``, from the windows' factors (the window cache's
+    :meth:`~fisher_ref.engine.window_cache.WindowCache.flush` of a factored cache): the
+    scores of every (window, token) pair as :class:`Rows`, one group per window."""
+    a, spec = cache.arrays, cache.task.model.spec
+    i = cache.centers.index(cache.streams[s].center)
+    lay, n, V = Layout(spec, cache.columns), hi - lo, spec.vocab_size
+    rows = np.arange(lo, hi)
+    u, tok = np.repeat(rows, V).reshape(n, V), np.tile(np.arange(V), (n, 1))  # (n, V) each
+    gc = a[f"gc{i}"][lo:hi]  # (n, V, H)
+    D = np.eye(V)[None] - a[f"c{i}"][lo:hi][:, None, :]  # (n, V, V)
+    E = None
+    if lay.has("E"):
+        Ec = a[f"Ec{i}"][lo:hi]  # (n, V, k d)
+        kw = spec.context
+        E = scatter_E(spec, Ec.reshape(n * V, -1), a["win"][u].reshape(-1, kw),
+                      a["dup"][u].reshape(-1, kw)).reshape(n, V, -1)
+    e, hid = a["e"][u], a["hid"][u]  # (n, V, kd), (n, V, H)
+    xi = Rows(lay.pair("W1", e, gc), lay.pair("W2", hid, D), lay.rest(E, gc, D))
+    out, x = np.empty((len(powers), lay.width)), xi
+    for p in range(1, int(max(powers)) + 1):
+        if p > 1:
+            x = x * xi
+        for j in np.flatnonzero(powers == p):
+            out[j] = wsum(lay, [(1.0, acc[:, j, :], x)])
+    del tok
+    return out

@@ -282,7 +282,7 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
                                         * len(run.streams) * (task.max_len + 2)),
                         dense_keys=budgets.dense_keys,
                         kept=_kept_by_window(task) if run.keep_states else None,
-                        columns=run.columns)
+                        columns=run.columns, factored_last=factors_last_level(task))
     # the autodiff gradient: in the last parameter shard (its result is small to send; shard
     # 0, in the caller, keeps the records), else wherever the records are kept
     autodiff = i == n_shards - 1 if param_shard is not None else run.records
@@ -300,7 +300,7 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     # the factored last level sums in bounded pieces of its own: blocks of every child, as
     # long as their windows fit the window cache with room for their ancestors'
     last_chunk = max(run.cost.chunk, min(run.cost.chunk * V, cache.capacity // 2)) \
-        if factors_last_level(cache) else None
+        if cache.factored_last else None
     run.walk(("H",) if fisher else ("H", "G"), block_arrays, on_complete,
              lambda *args: _carry(run, *args), last_chunk=last_chunk)
     run.grad_ad += batch.flush()

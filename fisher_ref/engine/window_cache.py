@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from fisher_ref.engine.plan import DEFAULT_BUDGETS
+from fisher_ref.engine.factored import row_width, window_sums
 from fisher_ref.engine.parent_sums import held_products
 from fisher_ref.engine.run import model_probs
 from fisher_ref.models.mlp import MLPModel
@@ -63,11 +64,13 @@ class WindowCache:
         kept: ``{key: array name}``: per-window arrays also kept for the whole run in
             ``by_id[key]`` ``(ids, ...)``, row ``i`` the window of run-wide id ``i``.
         columns: the parameters (a slice of ``0..P``) whose arrays are formed; default all.
+        factored_last: the run sums its last level from the factors of the MLP's scores
+            (:mod:`fisher_ref.engine.factored`; :attr:`factored_last`).
     """
 
     def __init__(self, task, streams, keep_states, budget, names, expected=64,
                  defer_bytes=DEFAULT_BUDGETS.defer_bytes, kept=None, moments=4,
-                 dense_keys=DEFAULT_BUDGETS.dense_keys, columns=None):
+                 dense_keys=DEFAULT_BUDGETS.dense_keys, columns=None, factored_last=False):
         self.task, self.streams, self.keep = task, streams, keep_states
         self.kept, self.by_id = dict(kept or {}), {}
         V, P = task.model.vocab_size, task.model.num_params
@@ -80,7 +83,11 @@ class WindowCache:
         # read per token) forms the score rows it reads from them too (_FactoredScores),
         # instead of keeping (V, P) arrays
         self.has_factors = isinstance(task.model, MLPModel)
-        self.factored = self.has_factors and moments == 2 and not names
+        self.factored_last = self.has_factors and factored_last
+        # a run whose last level is summed from the factors reads no (V, P) scores but by
+        # rows (the deferred products of a first level that is the last, max_len 1, do)
+        self.factored = self.has_factors and (moments == 2 and not names or
+                                              self.factored_last and task.max_len > 1)
         self.width, self.factor_names = P, []
         if self.has_factors:
             fs = factor_shapes(task.model.spec)
@@ -410,8 +417,7 @@ class WindowCache:
         for s, stream in enumerate(self.streams):
             if f"y{s}_1" not in self.arrays:  # nothing cached yet
                 continue
-            if not self.factored:
-                self._contract(s, self.arrays[f"xi{stream.center}"])
+            self._contract(s)
             A, a = self.acc[("r", s)][:self.n], self.arrays  # (n, T)
             tot, out = A.sum(axis=1), self.sums[s]  # (n,)
             for name, l in (("h", 1), ("h2", 2), ("h4", 4)):
@@ -431,11 +437,24 @@ class WindowCache:
         self.row_of[:self.n_ids] = -1
         self.n = 0
 
-    def _contract(self, s, xi):
-        """Contract stream ``s``'s per-(window, token) weights with powers of its scores."""
+    def _contract(self, s):
+        """Contract stream ``s``'s per-(window, token) weights with powers of its scores
+        (a factored cache: from the factors, :func:`fisher_ref.engine.factored.window_sums`)."""
         powers, acc = self.powers.get(s, ()), self.acc.get(s)
         if not len(powers):  # no weights accumulated
             return
+        if self.factored:
+            V = self.task.model.vocab_size
+            step = max(1, 4 * _CHUNK_ELEMENTS // (V * row_width(self.task.model.spec,
+                                                                 self.columns)))
+            for lo in range(0, self.n, step):
+                hi = min(lo + step, self.n)
+                for name, v in zip(self.names[s],
+                                   window_sums(self, s, acc[lo:hi], powers, lo, hi)):
+                    self.sums[s][name] += v
+            acc[:self.n] = 0.0
+            return
+        xi = self.arrays[f"xi{self.streams[s].center}"]
         V, P = xi.shape[1:]
         step = max(1, _CHUNK_ELEMENTS // (V * P))
         for lo in range(0, self.n, step):

@@ -109,8 +109,7 @@ def test_parameter_shards_sum_their_blocks_from_factors(n, monkeypatch):
 def _dense(monkeypatch):
     """Turn the factored last level off: the dense route (level_sums, deferred products)."""
     from fisher_ref.engine import fast
-    monkeypatch.setattr(complete, "factors_last_level", lambda cache: False)
-    monkeypatch.setattr(fast, "factors_last_level", lambda cache: False)
+    monkeypatch.setattr(fast, "factors_last_level", lambda task: False)
 
 
 def _both(task, **kw):
