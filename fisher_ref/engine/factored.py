@@ -355,8 +355,7 @@ def window_sums(cache, s, acc, powers, lo, hi):
     a, spec = cache.arrays, cache.task.model.spec
     i = cache.centers.index(cache.streams[s].center)
     lay, n, V = Layout(spec, cache.columns), hi - lo, spec.vocab_size
-    rows = np.arange(lo, hi)
-    u, tok = np.repeat(rows, V).reshape(n, V), np.tile(np.arange(V), (n, 1))  # (n, V) each
+    u = np.repeat(np.arange(lo, hi), V).reshape(n, V)  # (n, V): the window of each pair
     gc = a[f"gc{i}"][lo:hi]  # (n, V, H)
     D = np.eye(V)[None] - a[f"c{i}"][lo:hi][:, None, :]  # (n, V, V)
     E = None
@@ -373,5 +372,4 @@ def window_sums(cache, s, acc, powers, lo, hi):
             x = x * xi
         for j in np.flatnonzero(powers == p):
             out[j] = wsum(lay, [(1.0, acc[:, j, :], x)])
-    del tok
     return out
