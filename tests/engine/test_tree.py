@@ -77,3 +77,22 @@ def test_root_block_take_rows_and_update():
         two.update(Hh=None)
     with pytest.raises(TypeError):
         Block(prompt=np.arange(1), depth=0, rp=np.ones(1))  # rq is required
+
+
+def test_blocks_of_the_last_level_take_their_own_size():
+    """``depth_first(stack, chunk, last_chunk)``: a block that carries ``src`` (the last
+    level's) is cut at ``last_chunk`` states, every other one at ``chunk``; every row is
+    yielded once, in order."""
+    task = load_config("default")
+    other = take_rows(root_block(task, 1, ()), np.zeros(10, dtype=np.int64))  # 10 rows
+    last = take_rows(root_block(task, 1, ()), np.zeros(25, dtype=np.int64))
+    last.update(src=np.arange(25))
+    stack, sizes, srcs = [other, last], [], []
+    for block in depth_first(stack, 3, last_chunk=8):
+        sizes.append((block.src is not None, block.size))
+        if block.src is not None:
+            srcs.extend(block.src.tolist())
+    assert [n for is_last, n in sizes if is_last] == [8, 8, 8, 1]
+    assert [n for is_last, n in sizes if not is_last] == [3, 3, 3, 1]
+    assert sorted(srcs) == list(range(25))
+    assert [b.size for b in depth_first([take_rows(last, np.arange(25))], 3)] == [3] * 8 + [1]
