@@ -63,20 +63,30 @@ class Rows:
 
 class Layout:
     """Where the parts of :class:`Rows` lie among a run's parameters ``columns`` (a slice of
-    ``0..P``, all by default): for ``W1`` and ``W2``, the block's columns inside them
-    (``cut[name] = (within the block, within the run's)``, absent when none); ``R`` the
-    columns of ``E``, ``b1``, ``b2`` inside them, side by side (:meth:`rest`)."""
+    ``0..P``, all by default): for each block the columns inside them
+    (``cut[name] = (within the block, within the run's)``, absent when none; for ``W1``
+    and ``W2``, within the rows ``rows[name]`` of the block as ``(m, l)`` that hold them,
+    so that a slice costs its share of the block); ``R`` the columns of ``E``, ``b1``,
+    ``b2`` inside them, side by side (:meth:`rest`)."""
 
     def __init__(self, spec, columns=None):
         blocks = mlp_blocks(spec)
         lo, hi, _ = (columns or slice(None)).indices(blocks[-1][2])
-        self.width, self.cut, out = hi - lo, {}, []
+        inner_width = {"W1": spec.hidden, "W2": spec.vocab_size}  # l of a row (m, l)
+        self.width, self.cut, self.rows, out = hi - lo, {}, {}, []
         for name, start, stop in blocks:
             a, b = max(start, lo), min(stop, hi)
-            if a < b:
-                self.cut[name] = (slice(a - start, b - start), slice(a - lo, b - lo))
-                if name not in ("W1", "W2"):
-                    out.append(np.arange(a - lo, b - lo))
+            if a >= b:
+                continue
+            inner, outer = slice(a - start, b - start), slice(a - lo, b - lo)
+            if name in inner_width:  # only the rows m of (m, l) that hold these columns
+                l = inner_width[name]
+                m0, m1 = inner.start // l, (inner.stop - 1) // l + 1
+                self.rows[name] = slice(m0, m1)
+                inner = slice(inner.start - m0 * l, inner.stop - m0 * l)
+            else:
+                out.append(np.arange(a - lo, b - lo))
+            self.cut[name] = (inner, outer)
         self.R = np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
     def has(self, name):
@@ -94,8 +104,9 @@ class Layout:
         return np.concatenate(parts, axis=-1) if parts else np.zeros(b1.shape[:-1] + (0,))
 
     def pair(self, name, a, b):
-        """The outer-product part of block ``name`` (``None`` outside the run's columns)."""
-        return (a, b) if name in self.cut else None
+        """The outer-product part of block ``name``: its rows ``a`` cut to those that hold the
+        run's columns (``None`` when it holds none)."""
+        return (a[..., self.rows[name]], b) if name in self.cut else None
 
     def join(self, W1, W2, R, lead=()):
         """The ``(*lead, width)`` array of the parts' sums over the run's columns."""
