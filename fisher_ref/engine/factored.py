@@ -299,7 +299,8 @@ def last_level_fisher(cache, block, arrs, s, sl, gen, W, r):
 
 
 def last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w, C, r, starts):
-    r"""Every sum a default run adds at the last level (:func:`fisher_ref.engine.complete.last_level`,
+    r"""Every sum a default run adds at the last level
+    (:func:`fisher_ref.engine.complete.last_level`,
     :func:`fisher_ref.engine.parent_sums.level_sums` and the products the window cache would
     defer, :meth:`fisher_ref.engine.window_cache.WindowCache.defer`) for stream ``s`` over
     parents ``sl``, from the factors (module docstring): a dict for

@@ -20,7 +20,9 @@ every state that ends in it:
 Per-window arrays (``U`` windows; streams ``s`` as in :mod:`fisher_ref.engine.run`):
 
 - ``p``, ``q`` ``(U, V)``: the policy's and the sampler's next-token probabilities;
-- ``xi{c}`` ``(U, V, P)``: the score of every token under center ``c``;
+- ``xi{c}`` ``(U, V, P)``: the score of every token under center ``c`` (the MLP's run
+  that reads scores only by rows keeps instead their factors, ``FACTORS`` of
+  :mod:`fisher_ref.models.mlp_scores`, and forms the rows it reads, :meth:`WindowCache.scores`);
 - ``y{s}_{n}`` ``(U, P)``, ``n = 1..4`` (``1..2`` with ``moments=2``, all that
   ``exact(..., quantities="fisher")`` reads): :math:`\sum_a q_a \xi_a^n` under the
   distribution ``q`` stream ``s`` draws from: ``y{s}_1`` is :math:`E[\xi \mid s]`,
@@ -78,14 +80,13 @@ class WindowCache:
         P = len(range(P)[columns]) if self.columns is not None else P
         self.centers = list(dict.fromkeys(stream.center for stream in streams))
         self.shapes = {"p": (V,), "q": (V,)}
-        # the MLP keeps the factors of its scores and of the first three moments
-        # (engine/factored.py sums the last level from them); a fisher run of it (nothing
-        # read per token) forms the score rows it reads from them too (_FactoredScores),
-        # instead of keeping (V, P) arrays
+        # the MLP keeps the factors of its scores and of its first three moments (for
+        # engine/factored.py). A run that reads its scores only by rows (a fisher run, or a
+        # run whose last level is summed from the factors: not one whose first level is its
+        # last, max_len 1, whose deferred products read whole windows) keeps no (V, P)
+        # scores, and forms the rows it reads from the factors (_FactoredScores)
         self.has_factors = isinstance(task.model, MLPModel)
         self.factored_last = self.has_factors and factored_last
-        # a run whose last level is summed from the factors reads no (V, P) scores but by
-        # rows (the deferred products of a first level that is the last, max_len 1, do)
         self.factored = self.has_factors and (moments == 2 and not names or
                                               self.factored_last and task.max_len > 1)
         self.width, self.factor_names = P, []
@@ -239,8 +240,7 @@ class WindowCache:
         if isinstance(task.model, MLPModel):  # from the factors of its sensitivities
             return self._compute_mlp(Wu, lo, pu, qu)
         # a model without closed-form columns forms every parameter's j, then keeps these
-        wide = P if self.columns is None or isinstance(task.model, MLPModel) \
-            else task.model.num_params
+        wide = P if self.columns is None else task.model.num_params
         n_J, n = max(1, _J_ELEMENTS // (V * wide)), max(1, _CHUNK_ELEMENTS // (V * P))
         xi0 = a["xi" + str(self.centers[0])]  # j is written here, then centered in place
         for i in range(0, U, n_J):  # sensitivities of a batch of windows ...
