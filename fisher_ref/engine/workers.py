@@ -13,7 +13,8 @@ shared-memory block, freed once copied); shard 0 runs in the calling process mea
 (which would otherwise wait idle, and whose result then needs no pickling), and the
 caller merges them once. Shard 0 keeps the per-state and per-response records, the last
 shard forms the autodiff gradient. A worker (a process of ours alone) has glibc keep
-the memory its shards free for the next one. Workers are started with the ``spawn`` method, with the
+the memory its shards free for the next one. Workers are started with the ``spawn``
+method, with the
 BLAS thread counts set to 1 in their environment before they import numpy, and through
 ``threadpoolctl`` too; the caller's own BLAS is held to one thread by ``threadpoolctl``
 while it runs its shard. So ``N`` shards use ``N`` cores, not ``N`` times the BLAS
@@ -237,14 +238,15 @@ def _shard_in_worker(engine, task, shard, kw):
            if isinstance(v, np.ndarray) and v.nbytes >= SHARED_BYTES]
     if not big:
         return out
-    mem = shared_memory.SharedMemory(create=True, size=sum(v.nbytes for *_, v in big))
+    align = lambda n: -(-n // 64) * 64  # each array at a multiple of 64 bytes
+    mem = shared_memory.SharedMemory(create=True, size=sum(align(v.nbytes) for *_, v in big))
     index, at = [], 0
     try:
         for f, k, v in big:
             np.ndarray(v.shape, v.dtype, buffer=mem.buf, offset=at)[...] = v
             index.append((f, k, at, v.shape, v.dtype.str))
             getattr(out, f)[k] = None
-            at += v.nbytes
+            at += align(v.nbytes)
     except BaseException:
         mem.close()
         mem.unlink()
@@ -306,6 +308,7 @@ def run_shards(engine, task, n, kw, progress=False, by="shard"):
                 out[0] = engine(task, **{by: (0, n)}, **kw)
         except BaseException:
             _discard()  # nothing of a failed run is kept, nor left running
+            _free(futures)
             raise
         bar.update(1)
         for f in as_completed(futures):
@@ -314,10 +317,12 @@ def run_shards(engine, task, n, kw, progress=False, by="shard"):
                 out[i] = _unpack(f.result())
             except BrokenProcessPool as e:
                 _discard()
+                _free(futures)
                 raise RuntimeError(f"the worker process of shard {i} of {n} died ({e}); no "
                                    "result is returned for a partial run") from e
             except Exception as e:  # noqa: BLE001 (whatever the shard raised, named)
                 _discard()
+                _free(futures)
                 raise RuntimeError(f"shard {i} of {n} failed in its worker process: "
                                    f"{type(e).__name__}: {e}; no result is returned for a "
                                    "partial run") from e
@@ -325,6 +330,17 @@ def run_shards(engine, task, n, kw, progress=False, by="shard"):
     finally:
         bar.close()
     return out
+
+
+def _free(futures):
+    """Free the shared memory of the results that came back but will not be read (a run
+    that failed)."""
+    for f in futures:
+        try:
+            if f.done() and not f.cancelled() and f.exception() is None:
+                _unpack(f.result())
+        except Exception:  # noqa: BLE001 (the run's own error is the one raised)
+            pass
 
 
 def _discard():

@@ -249,3 +249,21 @@ def test_workers_with_tables_past_the_shared_size_give_the_single_run():
     # the worker's half of a per-window table is past the size sent through shared memory
     half = exact(task, param_shard=(1, 2), progress=False, keep_states=True)
     assert half.window_tables["token_fisher"].nbytes >= workers_mod.SHARED_BYTES
+
+
+def test_a_failed_run_frees_the_shared_memory_of_results_that_came_back(monkeypatch):
+    """A result a failed run will not read is unpacked only to free its block."""
+    from concurrent.futures import Future
+    from multiprocessing import shared_memory
+    task = load_config("default")
+    monkeypatch.setattr(workers_mod, "SHARED_BYTES", 1)
+    sent = workers_mod._shard_in_worker(exact, task, {"param_shard": (1, 2)},
+                                        dict(progress=False, keep_states=True))
+    name = sent.shared[0]
+    done, failed, pending = Future(), Future(), Future()
+    done.set_result(sent)
+    failed.set_exception(ValueError("shard 2"))
+    workers_mod._free({done: 1, failed: 2, pending: 3})
+    with pytest.raises(FileNotFoundError):
+        shared_memory.SharedMemory(name=name)
+    assert not hasattr(sent, "shared")
