@@ -140,9 +140,8 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 def _keep_freed_memory():
     """In a worker process (ours alone), have glibc keep freed memory for the next shard
     instead of returning it to the system and faulting it in again (a shard's arrays of
-    the same sizes come and go; on the development machine the fresh pages cost a
-    worker tens of milliseconds per v16 shard). Peak memory is unchanged; other C
-    libraries are left as they are."""
+    the same sizes come and go; scripts/alloc_effects.py measures what the fresh pages
+    cost a run). Peak memory is unchanged; other C libraries are left as they are."""
     import ctypes
     import ctypes.util
     try:
@@ -221,8 +220,9 @@ def _submit(ex, engine, task, n, kw, by):
     return {ex.submit(_shard_in_worker, engine, task, {by: (i, n)}, kw): i for i in range(1, n)}
 
 
-#: Arrays of a worker's result at least this large come back through shared memory: a
-#: pipe carries 12 MiB in about 40 ms on the development machine, a copy in about 3.
+#: Arrays of a worker's result at least this large come back through shared memory: on
+#: the development machine 12 MiB took 47 ms through the result pipe and 16 ms through
+#: shared memory, written, named and copied out (scripts/ipc_cost.py).
 SHARED_BYTES = 2 ** 20
 _FIELDS = ("window_tables", "states", "sequences")  # the ShardResult dicts that grow
 
