@@ -74,9 +74,7 @@ class _Factors:
                 jE[u, :, pos] = 0.0
         self.jE = jE
         self.eye = np.eye(V)
-        u, pos = np.nonzero(~self.dup)  # the (window, position) pairs that own a row
-        self._at = (u[:, None], pos[:, None], np.arange(d)[None, :],
-                    windows[u, pos][:, None] * d + np.arange(d)[None, :])  # cols (m, d)
+        self.spec = spec
 
     def centered(self, c):
         r"""``(gc, Ec, D)`` at center ``c (U, V)``: :math:`\hat g` ``(U, V, H)``, the
@@ -89,10 +87,13 @@ class _Factors:
 
     def scatter_E(self, x, out):
         """The ``E`` block ``out (U, ..., (V+1) d)`` of the by-position rows
-        ``x (U, ..., k, d)``: zero off the window's tokens."""
-        u, pos, r, cols = self._at
-        out[...] = 0.0
-        out[u, ..., cols] = x[u, ..., pos, r]  # (m, d, ...) both sides
+        ``x (U, ..., k, d)`` (:func:`scatter_E` of each row, with its window's)."""
+        U, k = self.windows.shape
+        lead = x.shape[1:-2]
+        n = int(np.prod(lead, dtype=np.int64))
+        rep = lambda w: np.repeat(w, n, axis=0)  # (U n, k): each row's window
+        out[...] = scatter_E(self.spec, x.reshape(U * n, -1), rep(self.windows),
+                             rep(self.dup)).reshape(out.shape)
 
 
 def _fill(blocks, lo, hi, out, writers):
