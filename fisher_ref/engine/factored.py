@@ -119,41 +119,54 @@ class Layout:
         return out
 
 
+def _group_product(a, b, w):
+    r"""Per group ``g``: :math:`\sum_{b \in g} w_b\,a_b \otimes b_b` ``(n, m, l)`` of factors
+    ``a (n, k or 1, m)``, ``b (n, k, l)`` and weights ``w (n, k)``. A factor of one row per
+    group (``k = 1``: the same for every parent of ``g``, as the grandparent's window's are)
+    comes out of the sum: :math:`a_g \otimes \sum_b w_b\,b_b`."""
+    if a.shape[1] == 1:
+        return a[:, 0, :, None] * np.einsum("nk,nkl->nl", w, b)[:, None, :]
+    return np.matmul((a * w[:, :, None]).transpose(0, 2, 1), b)
+
+
 def wsum(lay, terms):
     r""":math:`\sum_j \mathrm{coef}_j \sum_b c_{j,b}\,x_{j,b}` ``(P,)`` of ``terms``
-    ``[(coef, cv (n, k), Rows)]``: per block, one matrix product per term."""
+    ``[(coef, cv (n, k), Rows)]``: per block, one matrix product per term (over the groups
+    where a factor is one per group)."""
     W1 = W2 = R = 0.0
     for coef, cv, x in terms:
-        w = (coef * cv).ravel()
+        w = coef * cv
         for name in ("W1", "W2"):
             if not lay.has(name):
                 continue
             a, b = getattr(x, name)
-            part = (a.reshape(len(w), -1) * w[:, None]).T @ b.reshape(len(w), -1)  # (m, l)
+            if a.shape[1] == 1:  # a_g (x) sum_b w_b b_b, summed over groups
+                part = a[:, 0].T @ np.einsum("nk,nkl->nl", w, b)
+            else:
+                part = (a * w[:, :, None]).reshape(w.size, -1).T @ b.reshape(w.size, -1)
             if name == "W1":
                 W1 = W1 + part
             else:
                 W2 = W2 + part
-        R = R + w @ x.R.reshape(len(w), -1)
+        R = R + w.ravel() @ x.R.reshape(w.size, -1)
     return lay.join(W1, W2, R)
 
 
 def gsum(lay, terms):
     r""":math:`\sum_j \mathrm{coef}_j \sum_{b \in g} c_{j,b}\,x_{j,b}` for each group ``g``,
-    ``(n, P)``: per block, one batched matrix product per term."""
+    ``(n, P)``: per block, one batched matrix product per term (:func:`_group_product`)."""
     W1 = W2 = R = 0.0
     for coef, cv, x in terms:
         w = coef * cv  # (n, k)
         for name in ("W1", "W2"):
             if not lay.has(name):
                 continue
-            a, b = getattr(x, name)
-            part = np.matmul((a * w[:, :, None]).transpose(0, 2, 1), b)  # (n, m, l)
+            part = _group_product(*getattr(x, name), w)  # (n, m, l)
             if name == "W1":
                 W1 = W1 + part
             else:
                 W2 = W2 + part
-        R = R + np.matmul(w[:, None, :], x.R)[:, 0]
+        R = R + np.einsum("nk,nkr->nr", w, x.R)
     return lay.join(W1, W2, R, (len(cv),))
 
 
@@ -187,10 +200,18 @@ def groups(runs, B):
 
 class LastLevel:
     r"""One stream's last-level parents ``sl`` of a block, in factored form and in groups
-    (one per grandparent): the scores of their last tokens :math:`\xi_b` and its powers
-    (:meth:`pow`), the moments :math:`y_l` of their own windows (:meth:`y`), the
-    grandparents' running sums ``Hg (n, P)``; :meth:`hsum` and :meth:`total` expand the
-    sums over the parents' running sums :math:`H_b = H_g + \xi_b`."""
+    (one per grandparent), and the sums of one term over them.
+
+    Rows by ``(l, Y)`` (:meth:`rows`): :math:`\xi_b^l \odot Y_b`, with :math:`\xi_b` the
+    score of a parent's last token and ``Y`` the name of a row of its own: ``"y1"``..``"y3"``
+    the moments :math:`y_l` of its window (:meth:`y`), or one given to :meth:`name`. The
+    grandparent's window is the same for every parent of a group, so the factors of
+    :math:`\xi_b` from that window (``e`` on ``W1``, ``hid`` on ``W2``) are held once per
+    group and come out of the group's sums (:func:`_group_product`). Weights by name
+    (:meth:`weight`). The sums of one term over the parents, per group (:meth:`gsum`) or in
+    all (:meth:`wsum`), are kept: a term several quantities share is summed once.
+    :meth:`hsum` and :meth:`total` expand the sums over the parents' running sums
+    :math:`H_b = H_g + \xi_b`, with the grandparents' ``Hg (n, P)``."""
 
     def __init__(self, cache, block, arrs, s, sl, gen):
         spec, a = cache.task.model.spec, cache.arrays
@@ -201,17 +222,19 @@ class LastLevel:
         runs = np.flatnonzero(np.r_[True, src[1:] != src[:-1]])  # parents of one grandparent
         self.runs, self.gsrc = runs, src[runs]  # the grandparents' rows in the parents' arrays
         self.idx, self.valid = groups(runs, len(src))
-        self.Hg = np.take(block.parents[0][s], self.gsrc, axis=0, mode="clip")  # (n, P)
+        self._H = {1: np.take(block.parents[0][s], self.gsrc, axis=0, mode="clip")}  # (n, P)
         g = lambda x: x[self.idx]  # (b, ...) -> (n, k, ...)
         u, tok = g(block.path_rows[sl, d - 1]), g(gen[sl, d - 1])  # (n, k) each
         self.own = g(arrs.rows[sl])
         gc = a[f"gc{i}"][u, tok]  # (n, k, H): ghat of each parent's last token
         D = np.eye(spec.vocab_size)[tok] - a[f"c{i}"][u]  # (n, k, V)
         E = self._E(a[f"Ec{i}"][u, tok], u) if lay.has("E") else None
-        self._pow = [None, Rows(lay.pair("W1", a["e"][u], gc), lay.pair("W2", a["hid"][u], D),
-                                lay.rest(E, gc, D))]
+        ug = u[:, :1]  # (n, 1): the grandparent's window, one per group
+        self._rows = {(1, None): Rows(lay.pair("W1", a["e"][ug], gc),
+                                      lay.pair("W2", a["hid"][ug], D), lay.rest(E, gc, D))}
         e, hid = a["e"][self.own], a["hid"][self.own]
         self._own = [None, (e, hid), (e * e, hid * hid), (e * e * e, hid * hid * hid)]
+        self._w, self._sums = {}, {}
 
     def _E(self, Ec, u):
         """The ``E`` block ``(n, k, (V+1) d)`` of by-position rows ``Ec (n, k, k d)`` of
@@ -225,11 +248,32 @@ class LastLevel:
         """``c (b,)`` in groups, ``(n, k)``, 0 past a group's end."""
         return np.where(self.valid, c[self.idx], 0.0)
 
-    def pow(self, l):
-        r""":math:`\xi_b^l` as :class:`Rows` (``l >= 1``)."""
-        while len(self._pow) <= l:
-            self._pow.append(self._pow[-1] * self._pow[1])
-        return self._pow[l]
+    def weight(self, name, c):
+        """Name the weights ``c (b,)`` for :meth:`hsum`, :meth:`gsum` and :meth:`wsum`."""
+        self._w[name] = self.weights(c)
+
+    def name(self, name, rows):
+        """Name a parent's row ``rows`` (:class:`Rows`) for :meth:`rows` (``Y``)."""
+        self._rows[(0, name)] = rows
+
+    def Hg(self, k):
+        """The grandparents' :math:`H_g^k` ``(n, P)``."""
+        if k not in self._H:
+            self._H[k] = self.Hg(k - 1) * self._H[1]
+        return self._H[k]
+
+    def rows(self, l, Y=None):
+        r""":math:`\xi_b^l \odot Y_b` as :class:`Rows` (``Y`` a name, or ``None``: ``l >= 1``)."""
+        key = (l, Y)
+        if key not in self._rows:
+            if Y is None:
+                x = self.rows(l - 1) * self.rows(1)
+            elif l == 0:  # y1..y3: the moments of the parent's own window
+                x = self.y(int(Y[1:]))
+            else:
+                x = self.rows(l) * self.rows(0, Y)
+            self._rows[key] = x
+        return self._rows[key]
 
     def y(self, l):
         """:math:`y_l` of the parents' own windows (the stream's moments, ``l <= 3``), as
@@ -253,34 +297,47 @@ class LastLevel:
         return Rows(lay.pair("W1", a["e"][own], gz), lay.pair("W2", a["hid"][own], Dz),
                     lay.rest(E, gz, Dz))
 
+    def gsum(self, c, l, Y=None):
+        r""":math:`\sum_{b \in g} c_b\,\xi_b^l Y_b` for each group, ``(n, P)`` (kept)."""
+        key = ("g", c, l, Y)
+        if key not in self._sums:
+            self._sums[key] = gsum(self.lay, [(1.0, self._w[c], self.rows(l, Y))])
+        return self._sums[key]
+
+    def wsum(self, c, l, Y=None):
+        r""":math:`\sum_b c_b\,\xi_b^l Y_b` ``(P,)`` (kept; from the groups' sums when formed)."""
+        key = ("w", c, l, Y)
+        if key not in self._sums:
+            g = self._sums.get(("g", c, l, Y))
+            self._sums[key] = g.sum(axis=0) if g is not None else \
+                wsum(self.lay, [(1.0, self._w[c], self.rows(l, Y))])
+        return self._sums[key]
+
     def hsum(self, c, n, Y=None, coef=1.0):
-        r"""The terms of :math:`\mathrm{coef} \sum_b c_b\,H_b^n \odot Y_b` (``Y``
-        :class:`Rows`, or none) by the binomial theorem: :math:`\sum_l \binom{n}{l} \sum_g
-        H_g^{n-l} \odot \sum_{b \in g} c_b\,\xi_b^l Y_b`, as ``[(n - l, coef, cv, rows)]``
-        (``rows`` ``None`` for :math:`\xi^0 = 1` without ``Y``); :meth:`total` adds them."""
-        cv, out = self.weights(c), []
-        for l in range(n + 1):
-            x = self.pow(l) if l else None
-            x = Y if x is None else (x if Y is None else x * Y)
-            out.append((n - l, coef * math.comb(n, l), cv, x))
-        return out
+        r"""The terms of :math:`\mathrm{coef} \sum_b c_b\,H_b^n \odot Y_b` (``c`` a name of
+        :meth:`weight`, ``Y`` one of :meth:`rows` or none) by the binomial theorem:
+        :math:`\sum_l \binom{n}{l} \sum_g H_g^{n-l} \odot \sum_{b \in g} c_b\,\xi_b^l Y_b`,
+        as ``[(n - l, coef, c, l, Y)]``; :meth:`total` adds them."""
+        return [(n - l, coef * math.comb(n, l), c, l, Y) for l in range(n + 1)]
 
     def total(self, terms):
-        """The sum of :meth:`hsum`'s terms ``(P,)``: the terms of one power of ``H_g`` at
-        once."""
-        total, Hk = 0.0, None
-        for k in range(max(t[0] for t in terms) + 1):
-            Hk = None if k == 0 else (self.Hg if k == 1 else Hk * self.Hg)
-            rows = [(coef, cv, x) for kk, coef, cv, x in terms if kk == k and x is not None]
-            pure = [coef * cv.sum(axis=1) for kk, coef, cv, x in terms if kk == k and x is None]
+        """The sum of :meth:`hsum`'s terms ``(P,)``: per power ``k`` of ``H_g``, the groups'
+        sums of its terms at once (those without ``H_g`` last, from the groups' sums where
+        formed)."""
+        total = 0.0
+        for k in sorted({t[0] for t in terms}, reverse=True):
+            rows = [(coef, c, l, Y) for kk, coef, c, l, Y in terms if kk == k and (l or Y)]
+            pure = [coef * self._w[c].sum(axis=1) for kk, coef, c, l, Y in terms
+                    if kk == k and not (l or Y)]  # (n,) each
             if k == 0:
-                total = total + (wsum(self.lay, rows) if rows else 0.0) + sum(
-                    p.sum() for p in pure)
+                total = total + sum(coef * self.wsum(c, l, Y) for coef, c, l, Y in rows) \
+                    + sum(p.sum() for p in pure)
                 continue
             if rows:
-                total = total + np.einsum("gp,gp->p", Hk, gsum(self.lay, rows))
+                S = sum(coef * self.gsum(c, l, Y) for coef, c, l, Y in rows)
+                total = total + np.einsum("gp,gp->p", self.Hg(k), S)
             if pure:
-                total = total + sum(pure) @ Hk
+                total = total + sum(pure) @ self.Hg(k)
         return total
 
 
@@ -294,8 +351,10 @@ def last_level_fisher(cache, block, arrs, s, sl, gen, W, r):
             parents' reach; ``gen``: the block's generated tokens ``(B, d)``.
     """
     L = LastLevel(cache, block, arrs, s, sl, gen)
-    return {"mass": W.sum(), "h": L.total(L.hsum(W, 1)),
-            "h2": L.total(L.hsum(W, 2) + L.hsum(r, 1, L.y(1), 2.0))}
+    L.weight("W", W)
+    L.weight("r", r)
+    return {"mass": W.sum(), "h2": L.total(L.hsum("W", 2) + L.hsum("r", 1, "y1", 2.0)),
+            "h": L.total(L.hsum("W", 1))}
 
 
 def last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w, C, r, starts):
@@ -314,39 +373,41 @@ def last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w, C, r, starts):
     """
     L = LastLevel(cache, block, arrs, s, sl, gen)
     wR = w * Rc
-    W, WR, WR2 = w.sum(axis=1), wR.sum(axis=1), (wR * Rc).sum(axis=1)
-    y1, y2, y3 = L.y(1), L.y(2), L.y(3)
-    Z = [L.products(C[:, j]) for j in range(2)]
-    ones = np.ones(len(W))
-    out = {"mass": W.sum(), "R": WR.sum()}
+    W = w.sum(axis=1)
+    for name, c in (("W", W), ("WR", wR.sum(axis=1)), ("WR2", (wR * Rc).sum(axis=1)),
+                    ("r", r), ("one", np.ones(len(W)))):
+        L.weight(name, c)
+    for j in range(2):
+        L.name(f"Z{j}", L.products(C[:, j]))
+    L.name("y2y2", L.rows(0, "y2") * L.rows(0, "y2"))
+    out = {"mass": W.sum(), "R": wR.sum()}
+    # h4 first: its groups' sums give several of the others' sums over all parents
     for name, terms in [
-            ("h", L.hsum(W, 1)), ("Rh", L.hsum(WR, 1)),
-            ("h2", L.hsum(W, 2) + L.hsum(r, 1, y1, 2.0)),
-            ("Rh2", L.hsum(WR, 2) + L.hsum(ones, 1, Z[0], 2.0)),
-            ("R2h2", L.hsum(WR2, 2) + L.hsum(ones, 1, Z[1], 2.0)),
-            ("h4", L.hsum(W, 4) + L.hsum(r, 3, y1, 4.0) + L.hsum(r, 2, y2, 6.0)
-             + L.hsum(r, 1, y3, 4.0))]:
+            ("h4", L.hsum("W", 4) + L.hsum("r", 3, "y1", 4.0) + L.hsum("r", 2, "y2", 6.0)
+             + L.hsum("r", 1, "y3", 4.0)),
+            ("h2", L.hsum("W", 2) + L.hsum("r", 1, "y1", 2.0)),
+            ("Rh2", L.hsum("WR", 2) + L.hsum("one", 1, "Z0", 2.0)),
+            ("R2h2", L.hsum("WR2", 2) + L.hsum("one", 1, "Z1", 2.0)),
+            ("h", L.hsum("W", 1)), ("Rh", L.hsum("WR", 1))]:
         out[name] = L.total(terms)
     if rho_w is not None:
-        out["is_h"] = L.total(L.hsum(rho_w.sum(axis=1), 1))
-        out["is_Rh"] = L.total(L.hsum((rho_w * Rc).sum(axis=1), 1))
-    # path sums g = G_g + m_b (m = y_2 of the parent's own window), expanded per grandparent
-    Gp = np.take(block.parents[1][s], L.gsrc, axis=0, mode="clip")  # (n, P)
-    Wv, rv, blocks = L.weights(W), L.weights(r), L.lay
-    out["g"] = segment_sum(W, L.runs) @ Gp + wsum(blocks, [(1.0, Wv, y2)])
-    out["g2"] = segment_sum(W, L.runs) @ (Gp * Gp) + wsum(blocks, [(1.0, Wv, y2 * y2)]) \
-        + 2 * np.einsum("gp,gp->p", Gp, gsum(blocks, [(1.0, Wv, y2)]))
+        L.weight("rho", rho_w.sum(axis=1))
+        L.weight("rhoR", (rho_w * Rc).sum(axis=1))
+        out["is_h"], out["is_Rh"] = L.total(L.hsum("rho", 1)), L.total(L.hsum("rhoR", 1))
     # cross terms: the parents' last slot d - 1 and the response's slot d here, the earlier
     # slots from the groups' sums (coarse_cross)
     d, P = len(starts), len(out["h"])
+    stack = None if d == 1 else np.stack([L.gsum("r", 0, "y1"), L.gsum("r", 0, "y2"),
+                                          L.gsum("W", 1), L.gsum("W", 2)], axis=1)
+    # path sums g = G_g + m_b (m = y_2 of the parent's own window), expanded per grandparent
+    Gp = np.take(block.parents[1][s], L.gsrc, axis=0, mode="clip")  # (n, P)
+    Wg = segment_sum(W, L.runs)
+    out["g2"] = Wg @ (Gp * Gp) + L.wsum("W", 0, "y2y2") \
+        + 2 * np.einsum("gp,gp->p", Gp, L.gsum("W", 0, "y2"))
+    out["g"] = Wg @ Gp + L.wsum("W", 0, "y2")
     c, c4 = np.zeros((d + 1, d + 1, P)), np.zeros((d + 1, d + 1, P))
-    xi, xi2 = L.pow(1), L.pow(2)
-    c[d - 1, d - 1], c4[d - 1, d - 1] = wsum(blocks, [(1.0, Wv, xi2)]), \
-        wsum(blocks, [(1.0, Wv, L.pow(4))])
-    c[d - 1, d], c4[d - 1, d] = wsum(blocks, [(1.0, rv, xi * y1)]), \
-        wsum(blocks, [(1.0, rv, xi2 * y2)])
-    stack = None if d == 1 else np.stack([gsum(blocks, [(1.0, v, x)]) for v, x in
-                                          [(rv, y1), (rv, y2), (Wv, xi), (Wv, xi2)]], axis=1)
+    c[d - 1, d - 1], c4[d - 1, d - 1] = L.wsum("W", 2), L.wsum("W", 4)
+    c[d - 1, d], c4[d - 1, d] = L.wsum("r", 1, "y1"), L.wsum("r", 2, "y2")
     hist_at = _history(arrs.xiT[s], block.path_rows[sl], gen[sl])
     out["cross"], out["cross4"] = coarse_cross(c, c4, stack, hist_at, W, starts)
     return out
@@ -376,7 +437,7 @@ def window_sums(cache, s, acc, powers, lo, hi):
         kw = spec.context
         E = scatter_E(spec, Ec.reshape(n * V, -1), a["win"][u].reshape(-1, kw),
                       a["dup"][u].reshape(-1, kw)).reshape(n, V, -1)
-    e, hid = a["e"][u], a["hid"][u]  # (n, V, kd), (n, V, H)
+    e, hid = a["e"][lo:hi, None], a["hid"][lo:hi, None]  # (n, 1, kd), (n, 1, H): per window
     xi = Rows(lay.pair("W1", e, gc), lay.pair("W2", hid, D), lay.rest(E, gc, D))
     out, x = np.empty((len(powers), lay.width)), xi
     for p in range(1, int(max(powers)) + 1):
