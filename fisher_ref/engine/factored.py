@@ -23,8 +23,9 @@ over parents of them is a small matrix product,
 :math:`\sum_b c_b\,(\alpha_b \otimes \beta_b) = \alpha^\top \mathrm{diag}(c)\,\beta`, per
 grandparent a batched one (:func:`wsum`, :func:`gsum`). So no ``(parents, P)`` array is
 formed, only ``(grandparents, P)`` ones: the same finite sums, regrouped (no identity of
-docs/theory.md §2.9 is used). The short blocks (``E``, ``b1``, ``b2``) are summed row by
-row. :func:`last_level_fisher` adds what ``quantities="fisher"`` needs, :func:`last_level_all`
+docs/theory.md §2.9 is used). A bias block (``b1``, ``b2``) is its weight block's second
+factor, so its sums are those of that factor; the ``E`` block is summed row by row.
+:func:`last_level_fisher` adds what ``quantities="fisher"`` needs, :func:`last_level_all`
 everything else a default run adds there (the reward sums, the fourth powers, the path sums,
 the cross terms and the products the window cache would otherwise defer).
 ``tests/engine/test_factored.py`` holds both to the dense route
@@ -44,21 +45,30 @@ __all__ = ["Rows", "Layout", "wsum", "gsum", "factors_last_level", "row_width", 
            "LastLevel", "last_level_fisher", "last_level_all", "window_sums"]
 
 
+#: The bias block whose columns are a block's second factor (:class:`Rows`).
+_BIAS = {"W1": "b1", "W2": "b2"}
+
+
 class Rows:
     r"""Per-parent rows ``(B, P)`` of the MLP, held by group (the parents of one
     grandparent along axis 1, padded to the largest group: ``(n, k, ...)``, see
     :func:`groups`) and by block: ``W1`` and ``W2`` as outer products
-    ``(a (n, k, m), b (n, k, l))`` (a row is :math:`a \otimes b`; ``None`` for a block
-    outside the run's parameters), the short blocks ``E``, ``b1``, ``b2`` side by side as
-    they are, ``R (n, k, r)`` (:class:`Layout`). Elementwise products keep the form;
-    :func:`wsum` and :func:`gsum` sum them over parents as small matrix products."""
+    ``(a (n, k, m), b (n, k, l))`` (a row is :math:`a \otimes b`), whose second factor is
+    also the row's bias block (``b1`` of ``W1``, ``b2`` of ``W2``: the scores and every
+    product of them hold :math:`\hat g` on both, and :math:`D` on both), so it is held
+    once; ``a`` is ``None`` when only the bias lies inside the run's parameters, the pair
+    ``None`` when neither does. ``E (n, k, r)``: the ``E`` block's columns inside the run's
+    (``None`` when none). Elementwise products keep the form; :func:`wsum` and
+    :func:`gsum` sum them over parents as small matrix products."""
 
-    def __init__(self, W1, W2, R):
-        self.W1, self.W2, self.R = W1, W2, R
+    def __init__(self, W1, W2, E):
+        self.W1, self.W2, self.E = W1, W2, E
 
     def __mul__(self, o):
-        pair = lambda x, y: None if x is None else (x[0] * y[0], x[1] * y[1])
-        return Rows(pair(self.W1, o.W1), pair(self.W2, o.W2), self.R * o.R)
+        def pair(x, y):
+            return None if x is None else (None if x[0] is None else x[0] * y[0], x[1] * y[1])
+        return Rows(pair(self.W1, o.W1), pair(self.W2, o.W2),
+                    None if self.E is None else self.E * o.E)
 
 
 class Layout:
@@ -66,14 +76,13 @@ class Layout:
     ``0..P``, all by default): for each block the columns inside them
     (``cut[name] = (within the block, within the run's)``, absent when none; for ``W1``
     and ``W2``, within the rows ``rows[name]`` of the block as ``(m, l)`` that hold them,
-    so that a slice costs its share of the block); ``R`` the columns of ``E``, ``b1``,
-    ``b2`` inside them, side by side (:meth:`rest`)."""
+    so that a slice costs its share of the block)."""
 
     def __init__(self, spec, columns=None):
         blocks = mlp_blocks(spec)
         lo, hi, _ = (columns or slice(None)).indices(blocks[-1][2])
         inner_width = {"W1": spec.hidden, "W2": spec.vocab_size}  # l of a row (m, l)
-        self.width, self.cut, self.rows, out = hi - lo, {}, {}, []
+        self.width, self.cut, self.rows = hi - lo, {}, {}
         for name, start, stop in blocks:
             a, b = max(start, lo), min(stop, hi)
             if a >= b:
@@ -84,90 +93,87 @@ class Layout:
                 m0, m1 = inner.start // l, (inner.stop - 1) // l + 1
                 self.rows[name] = slice(m0, m1)
                 inner = slice(inner.start - m0 * l, inner.stop - m0 * l)
-            else:
-                out.append(np.arange(a - lo, b - lo))
             self.cut[name] = (inner, outer)
-        self.R = np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
     def has(self, name):
         return name in self.cut
 
-    def rest(self, E, b1, b2, E_cut=None):
-        """``R (..., r)``: the columns of each short block inside the run's, from the whole
-        blocks ``E``, ``b1``, ``b2`` (``(..., block)``; ``E_cut``: ``E``'s columns inside
-        the run's, already cut)."""
-        parts = []
-        for name, x in (("E", E), ("b1", b1), ("b2", b2)):
-            if name in self.cut:
-                parts.append(E_cut if name == "E" and E_cut is not None
-                             else x[..., self.cut[name][0]])
-        return np.concatenate(parts, axis=-1) if parts else np.zeros(b1.shape[:-1] + (0,))
-
     def pair(self, name, a, b):
-        """The outer-product part of block ``name``: its rows ``a`` cut to those that hold the
-        run's columns (``None`` when it holds none)."""
-        return (a[..., self.rows[name]], b) if name in self.cut else None
+        """The outer-product part of block ``name`` (``W1`` or ``W2``) and of its bias:
+        ``(a, b)``, its rows ``a`` cut to those that hold the run's columns (``None`` when
+        the block holds none); ``None`` when neither the block nor its bias holds any."""
+        if not (name in self.cut or _BIAS[name] in self.cut):
+            return None
+        return (a[..., self.rows[name]] if name in self.cut else None, b)
 
-    def join(self, W1, W2, R, lead=()):
-        """The ``(*lead, width)`` array of the parts' sums over the run's columns."""
+    def E(self, E=None, E_cut=None):
+        """The ``E`` part: the columns of the whole block ``E (..., (V+1) d)`` inside the
+        run's (or ``E_cut``, already cut); ``None`` when it holds none."""
+        if "E" not in self.cut:
+            return None
+        return E_cut if E_cut is not None else E[..., self.cut["E"][0]]
+
+    def join(self, parts, lead=()):
+        """The ``(*lead, width)`` array of the parts' sums over the run's columns, from
+        ``parts``: ``W1``, ``W2`` ``(*lead, m, l)``, ``b1``, ``b2`` ``(*lead, l)`` (whole
+        blocks' rows) and ``E`` ``(*lead, r)`` (cut)."""
         out = np.empty(lead + (self.width,))
-        for name, x in (("W1", W1), ("W2", W2)):
-            if name in self.cut:
-                inner, outer = self.cut[name]
+        for name, (inner, outer) in self.cut.items():
+            x = parts[name]
+            if name == "E":
+                out[..., outer] = x
+            else:
                 out[..., outer] = x.reshape(lead + (-1,))[..., inner]
-        out[..., self.R] = R
         return out
 
 
-def _group_product(a, b, w):
-    r"""Per group ``g``: :math:`\sum_{b \in g} w_b\,a_b \otimes b_b` ``(n, m, l)`` of factors
-    ``a (n, k or 1, m)``, ``b (n, k, l)`` and weights ``w (n, k)``. A factor of one row per
-    group (``k = 1``: the same for every parent of ``g``, as the grandparent's window's are)
-    comes out of the sum: :math:`a_g \otimes \sum_b w_b\,b_b`."""
-    if a.shape[1] == 1:
-        return a[:, 0, :, None] * np.einsum("nk,nkl->nl", w, b)[:, None, :]
-    return np.matmul((a * w[:, :, None]).transpose(0, 2, 1), b)
+def _sums(lay, terms, grouped):
+    r""":math:`\sum_j \mathrm{coef}_j \sum_b c_{j,b}\,x_{j,b}` of ``terms``
+    ``[(coef, cv (n, k), Rows)]`` over every parent (``(P,)``) or per group ``g``
+    (``grouped``: ``(n, P)``): per block, one matrix product per term. A factor of one row
+    per group (``k = 1``: the same for every parent of ``g``, as the grandparent's window's
+    are) comes out of the sum, :math:`a_g \otimes \sum_{b \in g} w_b\,b_b`, and that sum
+    is the bias block's."""
+    acc = {}
+
+    def add(name, v):
+        acc[name] = acc[name] + v if name in acc else v
+
+    for coef, cv, x in terms:
+        w = coef * cv  # (n, k)
+        for name in ("W1", "W2"):
+            p = getattr(x, name)
+            if p is None:
+                continue
+            (a, b), bias = p, _BIAS[name] in lay.cut
+            bw = np.einsum("nk,nkl->nl", w, b) \
+                if bias or a is None or a.shape[1] == 1 else None  # (n, l)
+            if a is not None:
+                if a.shape[1] == 1:  # a_g (x) sum_b w_b b_b
+                    part = a[:, 0, :, None] * bw[:, None, :] if grouped else a[:, 0].T @ bw
+                elif grouped:  # (n, m, l)
+                    part = np.matmul((a * w[:, :, None]).transpose(0, 2, 1), b)
+                else:
+                    part = (a * w[:, :, None]).reshape(w.size, -1).T @ b.reshape(w.size, -1)
+                add(name, part)
+            if bias:
+                add(_BIAS[name], bw if grouped else bw.sum(axis=0))
+        if x.E is not None:
+            add("E", np.einsum("nk,nkr->nr", w, x.E) if grouped
+                else w.ravel() @ x.E.reshape(w.size, -1))
+    return lay.join(acc, (len(terms[0][1]),) if grouped else ())
 
 
 def wsum(lay, terms):
     r""":math:`\sum_j \mathrm{coef}_j \sum_b c_{j,b}\,x_{j,b}` ``(P,)`` of ``terms``
-    ``[(coef, cv (n, k), Rows)]``: per block, one matrix product per term (over the groups
-    where a factor is one per group)."""
-    W1 = W2 = R = 0.0
-    for coef, cv, x in terms:
-        w = coef * cv
-        for name in ("W1", "W2"):
-            if not lay.has(name):
-                continue
-            a, b = getattr(x, name)
-            if a.shape[1] == 1:  # a_g (x) sum_b w_b b_b, summed over groups
-                part = a[:, 0].T @ np.einsum("nk,nkl->nl", w, b)
-            else:
-                part = (a * w[:, :, None]).reshape(w.size, -1).T @ b.reshape(w.size, -1)
-            if name == "W1":
-                W1 = W1 + part
-            else:
-                W2 = W2 + part
-        R = R + w.ravel() @ x.R.reshape(w.size, -1)
-    return lay.join(W1, W2, R)
+    ``[(coef, cv (n, k), Rows)]`` (:func:`_sums`)."""
+    return _sums(lay, terms, False)
 
 
 def gsum(lay, terms):
     r""":math:`\sum_j \mathrm{coef}_j \sum_{b \in g} c_{j,b}\,x_{j,b}` for each group ``g``,
-    ``(n, P)``: per block, one batched matrix product per term (:func:`_group_product`)."""
-    W1 = W2 = R = 0.0
-    for coef, cv, x in terms:
-        w = coef * cv  # (n, k)
-        for name in ("W1", "W2"):
-            if not lay.has(name):
-                continue
-            part = _group_product(*getattr(x, name), w)  # (n, m, l)
-            if name == "W1":
-                W1 = W1 + part
-            else:
-                W2 = W2 + part
-        R = R + np.einsum("nk,nkr->nr", w, x.R)
-    return lay.join(W1, W2, R, (len(cv),))
+    ``(n, P)`` (:func:`_sums`)."""
+    return _sums(lay, terms, True)
 
 
 def factors_last_level(task):
@@ -184,7 +190,9 @@ def row_width(spec, columns=None):
     (every parameter: 273 parents of medium, 115 of v16)."""
     lay = Layout(spec, columns)
     kd, H, V = spec.context * spec.embed_dim, spec.hidden, spec.vocab_size
-    width = lay.R.size + (kd + H) * lay.has("W1") + (H + V) * lay.has("W2")
+    E = lay.cut["E"][1] if lay.has("E") else slice(0, 0)
+    width = (E.stop - E.start) + kd * lay.has("W1") + H * (lay.has("W1") or lay.has("b1")) \
+        + H * lay.has("W2") + V * (lay.has("W2") or lay.has("b2"))
     return 16 * max(width, 1)
 
 
@@ -207,7 +215,7 @@ class LastLevel:
     the moments :math:`y_l` of its window (:meth:`y`), or one given to :meth:`name`. The
     grandparent's window is the same for every parent of a group, so the factors of
     :math:`\xi_b` from that window (``e`` on ``W1``, ``hid`` on ``W2``) are held once per
-    group and come out of the group's sums (:func:`_group_product`). Weights by name
+    group and come out of the group's sums (:func:`_sums`). Weights by name
     (:meth:`weight`). The sums of one term over the parents, per group (:meth:`gsum`) or in
     all (:meth:`wsum`), are kept: a term several quantities share is summed once.
     :meth:`hsum` and :meth:`total` expand the sums over the parents' running sums
@@ -231,7 +239,7 @@ class LastLevel:
         E = self._E(a[f"Ec{i}"][u, tok], u) if lay.has("E") else None
         ug = u[:, :1]  # (n, 1): the grandparent's window, one per group
         self._rows = {(1, None): Rows(lay.pair("W1", a["e"][ug], gc),
-                                      lay.pair("W2", a["hid"][ug], D), lay.rest(E, gc, D))}
+                                      lay.pair("W2", a["hid"][ug], D), lay.E(E))}
         e, hid = a["e"][self.own], a["hid"][self.own]
         self._own = [None, (e, hid), (e * e, hid * hid), (e * e * e, hid * hid * hid)]
         self._w, self._sums = {}, {}
@@ -282,7 +290,7 @@ class LastLevel:
         G, Dw = a[f"mG{s}_{l}"][own], a[f"mD{s}_{l}"][own]
         el, hl = self._own[l]
         E = a[f"y{s}_{l}"][own, lay.cut["E"][1]] if lay.has("E") else None  # the moments'
-        return Rows(lay.pair("W1", el, G), lay.pair("W2", hl, Dw), lay.rest(None, G, Dw, E))
+        return Rows(lay.pair("W1", el, G), lay.pair("W2", hl, Dw), lay.E(E_cut=E))
 
     def products(self, C):
         r""":math:`Z_b = \sum_a C_{b,a}\,\xi_{\text{own}_b, a}` of weights ``C (b, V)``, the
@@ -295,7 +303,7 @@ class LastLevel:
         E = self._E(np.einsum("nkv,nkvm->nkm", Cg, a[f"Ec{i}"][own]), own) \
             if lay.has("E") else None
         return Rows(lay.pair("W1", a["e"][own], gz), lay.pair("W2", a["hid"][own], Dz),
-                    lay.rest(E, gz, Dz))
+                    lay.E(E))
 
     def gsum(self, c, l, Y=None):
         r""":math:`\sum_{b \in g} c_b\,\xi_b^l Y_b` for each group, ``(n, P)`` (kept)."""
@@ -438,7 +446,7 @@ def window_sums(cache, s, acc, powers, lo, hi):
         E = scatter_E(spec, Ec.reshape(n * V, -1), a["win"][u].reshape(-1, kw),
                       a["dup"][u].reshape(-1, kw)).reshape(n, V, -1)
     e, hid = a["e"][lo:hi, None], a["hid"][lo:hi, None]  # (n, 1, kd), (n, 1, H): per window
-    xi = Rows(lay.pair("W1", e, gc), lay.pair("W2", hid, D), lay.rest(E, gc, D))
+    xi = Rows(lay.pair("W1", e, gc), lay.pair("W2", hid, D), lay.E(E))
     out, x = np.empty((len(powers), lay.width)), xi
     for p in range(1, int(max(powers)) + 1):
         if p > 1:
