@@ -24,7 +24,8 @@ over parents of them is a small matrix product,
 grandparent a batched one (:func:`wsum`, :func:`gsum`). So no ``(parents, P)`` array is
 formed, only ``(grandparents, P)`` ones: the same finite sums, regrouped (no identity of
 docs/theory.md §2.9 is used). A bias block (``b1``, ``b2``) is its weight block's second
-factor, so its sums are those of that factor; the ``E`` block is summed row by row.
+factor, so its sums are those of that factor; the ``E`` block is held by slot, only
+its rows of the tokens a group's rows read (:class:`Slots`).
 :func:`last_level_fisher` adds what ``quantities="fisher"`` needs, :func:`last_level_all`
 everything else a default run adds there (the reward sums, the fourth powers, the path sums,
 the cross terms and the products the window cache would otherwise defer).
@@ -39,9 +40,9 @@ import numpy as np
 
 from fisher_ref.engine.parent_sums import coarse_cross, segment_sum
 from fisher_ref.models.mlp import MLPModel
-from fisher_ref.models.mlp_scores import mlp_blocks, scatter_E
+from fisher_ref.models.mlp_scores import mlp_blocks
 
-__all__ = ["Rows", "Layout", "wsum", "gsum", "factors_last_level", "row_width", "groups",
+__all__ = ["Rows", "Slots", "Layout", "wsum", "gsum", "factors_last_level", "row_width", "groups",
            "LastLevel", "last_level_fisher", "last_level_all", "window_sums"]
 
 
@@ -57,18 +58,89 @@ class Rows:
     also the row's bias block (``b1`` of ``W1``, ``b2`` of ``W2``: the scores and every
     product of them hold :math:`\hat g` on both, and :math:`D` on both), so it is held
     once; ``a`` is ``None`` when only the bias lies inside the run's parameters, the pair
-    ``None`` when neither does. ``E (n, k, r)``: the ``E`` block's columns inside the run's
-    (``None`` when none). Elementwise products keep the form; :func:`wsum` and
-    :func:`gsum` sum them over parents as small matrix products."""
+    ``None`` when neither does. ``E (n, k, K, d)``: the ``E`` block by slot (:class:`Slots`
+    ``slots``; ``None`` when the block lies outside the run's parameters). Elementwise
+    products keep the form; :func:`wsum` and :func:`gsum` sum them over parents as small
+    matrix products."""
 
-    def __init__(self, W1, W2, E):
-        self.W1, self.W2, self.E = W1, W2, E
+    def __init__(self, W1, W2, E, slots=None):
+        self.W1, self.W2, self.E, self.slots = W1, W2, E, slots
 
     def __mul__(self, o):
         def pair(x, y):
             return None if x is None else (None if x[0] is None else x[0] * y[0], x[1] * y[1])
         return Rows(pair(self.W1, o.W1), pair(self.W2, o.W2),
-                    None if self.E is None else self.E * o.E)
+                    None if self.E is None else self.E * o.E, self.slots)
+
+
+class Slots:
+    r"""The ``E`` block of a group's rows by slot: the rows of ``E`` they can be nonzero on,
+    ``K`` slots of ``d`` columns (a row ``(K, d)``), instead of the whole block's
+    ``(V + 1) d`` columns. Slots ``0..k-1`` are the group's, the tokens of a window every row
+    of the group reads (the grandparent's, or in :func:`window_sums` the window's own);
+    with ``last``, slot ``k`` is each row's own (a parent's last token). A token that fills
+    several slots holds its value in the first of them only, 0 in the others in every row
+    (:meth:`group`, :meth:`own`), so that an elementwise product of rows by slot is the
+    product of their whole blocks; :meth:`sum` places a group's sum in the block.
+
+    Args:
+        lay: the run's :class:`Layout`; ``spec``: the MLP's.
+        win, dup: ``(n, k)`` each group's window (tokens ``0..V``) and where a token is
+            earlier in it too (:data:`fisher_ref.models.mlp_scores.FACTORS`).
+        last: ``(n, m)`` each row's last token (the window of its own scores is the
+            group's shifted by one: ``win[1:]`` then ``last``), or ``None``.
+        valid: ``(n, m)`` the rows that hold a parent (:func:`groups`).
+    """
+
+    def __init__(self, lay, spec, win, dup, last=None, valid=None):
+        n, k = win.shape
+        V1, d = spec.vocab_size + 1, spec.embed_dim
+        self.cut, self.k, self.d, self.n = lay.cut["E"][0], k, d, n
+        self.spare = n * V1  # the row of the placed block that takes the slots holding 0
+        at = np.arange(n)[:, None] * V1
+        self.at_group = np.where(dup, self.spare, at + win).ravel()  # (n k,)
+        self.at_last, self.merge = None, []
+        if last is not None:
+            taken = (last[:, :, None] == win[:, None, :]).any(axis=2) | ~valid  # (n, m)
+            self.at_last = np.where(taken, self.spare, at + last).ravel()  # (n m,)
+            placed = self.at_last[self.at_last != self.spare]
+            if len(np.unique(placed)) != len(placed):
+                raise RuntimeError("two parents of one grandparent end in the same token")
+            # the slots of a row's own window (1..k) whose token is the group's slot 0's
+            own = np.concatenate([np.broadcast_to(win[:, None, 1:], last.shape + (k - 1,)),
+                                  last[:, :, None]], axis=2)  # (n, m, k): slots 1..k
+            self.merge = [(j + 1, m) for j, m in enumerate(np.moveaxis(
+                own == win[:, None, :1], 2, 0)) if m.any()]
+        self.K = k + (last is not None)
+
+    def group(self, x):
+        """``x (n, m, k d)``: rows by position of the group's window, by slot."""
+        x = x.reshape(x.shape[:2] + (self.k, self.d))
+        if self.K == self.k:
+            return x
+        out = np.zeros(x.shape[:2] + (self.K, self.d))
+        out[:, :, :self.k] = x
+        return out
+
+    def own(self, x):
+        """``x (n, m, k d)``: rows by position of each row's own window (slots ``1..k``),
+        by slot (a token of slot 0 moved there)."""
+        out = np.zeros(x.shape[:2] + (self.K, self.d))
+        out[:, :, 1:] = x.reshape(x.shape[:2] + (self.k, self.d))
+        for j, m in self.merge:
+            out[m, 0] += out[m, j]
+            out[m, j] = 0.0
+        return out
+
+    def sum(self, w, x):
+        r""":math:`\sum_{b \in g} w_b x_b` ``(n, r)`` of rows by slot ``x (n, m, K, d)``:
+        the ``E`` block's columns inside the run's, for each group."""
+        d, k = self.d, self.k
+        out = np.zeros((self.spare + 1, d))
+        out[self.at_group] = np.einsum("nm,nmjd->njd", w, x[:, :, :k]).reshape(-1, d)
+        if self.at_last is not None:
+            out[self.at_last] = (w[:, :, None] * x[:, :, k]).reshape(-1, d)
+        return out[:-1].reshape(self.n, -1)[:, self.cut]
 
 
 class Layout:
@@ -105,13 +177,6 @@ class Layout:
         if not (name in self.cut or _BIAS[name] in self.cut):
             return None
         return (a[..., self.rows[name]] if name in self.cut else None, b)
-
-    def E(self, E=None, E_cut=None):
-        """The ``E`` part: the columns of the whole block ``E (..., (V+1) d)`` inside the
-        run's (or ``E_cut``, already cut); ``None`` when it holds none."""
-        if "E" not in self.cut:
-            return None
-        return E_cut if E_cut is not None else E[..., self.cut["E"][0]]
 
     def join(self, parts, lead=()):
         """The ``(*lead, width)`` array of the parts' sums over the run's columns, from
@@ -159,8 +224,8 @@ def _sums(lay, terms, grouped):
             if bias:
                 add(_BIAS[name], bw if grouped else bw.sum(axis=0))
         if x.E is not None:
-            add("E", np.einsum("nk,nkr->nr", w, x.E) if grouped
-                else w.ravel() @ x.E.reshape(w.size, -1))
+            E = x.slots.sum(w, x.E)  # (n, r)
+            add("E", E if grouped else E.sum(axis=0))
     return lay.join(acc, (len(terms[0][1]),) if grouped else ())
 
 
@@ -190,8 +255,8 @@ def row_width(spec, columns=None):
     (every parameter: 273 parents of medium, 115 of v16)."""
     lay = Layout(spec, columns)
     kd, H, V = spec.context * spec.embed_dim, spec.hidden, spec.vocab_size
-    E = lay.cut["E"][1] if lay.has("E") else slice(0, 0)
-    width = (E.stop - E.start) + kd * lay.has("W1") + H * (lay.has("W1") or lay.has("b1")) \
+    width = (kd + spec.embed_dim) * lay.has("E") + kd * lay.has("W1") \
+        + H * (lay.has("W1") or lay.has("b1")) \
         + H * lay.has("W2") + V * (lay.has("W2") or lay.has("b2"))
     return 16 * max(width, 1)
 
@@ -236,21 +301,18 @@ class LastLevel:
         self.own = g(arrs.rows[sl])
         gc = a[f"gc{i}"][u, tok]  # (n, k, H): ghat of each parent's last token
         D = np.eye(spec.vocab_size)[tok] - a[f"c{i}"][u]  # (n, k, V)
-        E = self._E(a[f"Ec{i}"][u, tok], u) if lay.has("E") else None
         ug = u[:, :1]  # (n, 1): the grandparent's window, one per group
+        self.slots = E = None
+        if lay.has("E"):
+            win = a["win"][u[:, 0]].astype(np.int64)  # (n, kw)
+            self.slots = Slots(lay, spec, win, a["dup"][u[:, 0]] > 0,
+                               a["win"][self.own][:, :, -1].astype(np.int64), self.valid)
+            E = self.slots.group(a[f"Ec{i}"][u, tok])
         self._rows = {(1, None): Rows(lay.pair("W1", a["e"][ug], gc),
-                                      lay.pair("W2", a["hid"][ug], D), lay.E(E))}
+                                      lay.pair("W2", a["hid"][ug], D), E, self.slots)}
         e, hid = a["e"][self.own], a["hid"][self.own]
         self._own = [None, (e, hid), (e * e, hid * hid), (e * e * e, hid * hid * hid)]
         self._w, self._sums = {}, {}
-
-    def _E(self, Ec, u):
-        """The ``E`` block ``(n, k, (V+1) d)`` of by-position rows ``Ec (n, k, k d)`` of
-        windows at cache rows ``u (n, k)``."""
-        a, kw = self.a, self.spec.context
-        E = scatter_E(self.spec, Ec.reshape(-1, Ec.shape[2]), a["win"][u].reshape(-1, kw),
-                      a["dup"][u].reshape(-1, kw))
-        return E.reshape(u.shape + E.shape[1:])
 
     def weights(self, c):
         """``c (b,)`` in groups, ``(n, k)``, 0 past a group's end."""
@@ -289,8 +351,8 @@ class LastLevel:
         a, s, own, lay = self.a, self.s, self.own, self.lay
         G, Dw = a[f"mG{s}_{l}"][own], a[f"mD{s}_{l}"][own]
         el, hl = self._own[l]
-        E = a[f"y{s}_{l}"][own, lay.cut["E"][1]] if lay.has("E") else None  # the moments'
-        return Rows(lay.pair("W1", el, G), lay.pair("W2", hl, Dw), lay.E(E_cut=E))
+        E = self.slots.own(a[f"mE{s}_{l}"][own]) if lay.has("E") else None
+        return Rows(lay.pair("W1", el, G), lay.pair("W2", hl, Dw), E, self.slots)
 
     def products(self, C):
         r""":math:`Z_b = \sum_a C_{b,a}\,\xi_{\text{own}_b, a}` of weights ``C (b, V)``, the
@@ -300,10 +362,10 @@ class LastLevel:
         gz = np.einsum("nkv,nkvh->nkh", Cg, a[f"gc{i}"][own])
         Dz = Cg - Cg.sum(axis=2, keepdims=True) * a[f"c{i}"][own]  # sum_a C_a ([c = a] - c_c)
         lay = self.lay
-        E = self._E(np.einsum("nkv,nkvm->nkm", Cg, a[f"Ec{i}"][own]), own) \
+        E = self.slots.own(np.einsum("nkv,nkvm->nkm", Cg, a[f"Ec{i}"][own])) \
             if lay.has("E") else None
         return Rows(lay.pair("W1", a["e"][own], gz), lay.pair("W2", a["hid"][own], Dz),
-                    lay.E(E))
+                    E, self.slots)
 
     def gsum(self, c, l, Y=None):
         r""":math:`\sum_{b \in g} c_b\,\xi_b^l Y_b` for each group, ``(n, P)`` (kept)."""
@@ -435,18 +497,15 @@ def window_sums(cache, s, acc, powers, lo, hi):
     scores of every (window, token) pair as :class:`Rows`, one group per window."""
     a, spec = cache.arrays, cache.task.model.spec
     i = cache.centers.index(cache.streams[s].center)
-    lay, n, V = Layout(spec, cache.columns), hi - lo, spec.vocab_size
-    u = np.repeat(np.arange(lo, hi), V).reshape(n, V)  # (n, V): the window of each pair
+    lay, V = Layout(spec, cache.columns), spec.vocab_size
     gc = a[f"gc{i}"][lo:hi]  # (n, V, H)
     D = np.eye(V)[None] - a[f"c{i}"][lo:hi][:, None, :]  # (n, V, V)
-    E = None
+    slots = E = None
     if lay.has("E"):
-        Ec = a[f"Ec{i}"][lo:hi]  # (n, V, k d)
-        kw = spec.context
-        E = scatter_E(spec, Ec.reshape(n * V, -1), a["win"][u].reshape(-1, kw),
-                      a["dup"][u].reshape(-1, kw)).reshape(n, V, -1)
+        slots = Slots(lay, spec, a["win"][lo:hi].astype(np.int64), a["dup"][lo:hi] > 0)
+        E = slots.group(a[f"Ec{i}"][lo:hi])  # (n, V, k, d)
     e, hid = a["e"][lo:hi, None], a["hid"][lo:hi, None]  # (n, 1, kd), (n, 1, H): per window
-    xi = Rows(lay.pair("W1", e, gc), lay.pair("W2", hid, D), lay.E(E))
+    xi = Rows(lay.pair("W1", e, gc), lay.pair("W2", hid, D), E, slots)
     out, x = np.empty((len(powers), lay.width)), xi
     for p in range(1, int(max(powers)) + 1):
         if p > 1:

@@ -94,7 +94,8 @@ class WindowCache:
             fs = factor_shapes(task.model.spec)
             self.factor_names = list(FACTORS[:4]) + [f"{n}{i}" for n in FACTORS[4:]
                                                      for i in range(len(self.centers))]
-            self.factor_names += [f"{n}{s}_{l}" for n in ("mG", "mD") for s in range(len(streams))
+            self.factor_names += [f"{n}{s}_{l}" for n in ("mG", "mD", "mE")
+                                  for s in range(len(streams))
                                   for l in range(1, min(moments, 3) + 1)]
             self.shapes.update({n: fs[n.rstrip("0123456789_")] for n in self.factor_names})
         if not self.factored:

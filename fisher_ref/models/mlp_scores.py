@@ -143,9 +143,10 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
         columns: a slice of ``0..P``: only those parameters (``P`` becomes its length).
         factors: ``{name: array}`` to write the factors the scores are formed from into
             (:data:`FACTORS`; center ``i``'s with the suffix ``i``), for
-            :func:`mlp_score_rows`; with ``mG{j}_{l}``, ``mD{j}_{l}`` also those of moment
-            ``l`` of request ``j``: :math:`y_l = e^l \otimes` ``mG`` on ``W1`` (``mG`` on
-            ``b1``) and :math:`\mathrm{hid}^l \otimes` ``mD`` on ``W2`` (``mD`` on ``b2``).
+            :func:`mlp_score_rows`; with ``mG{j}_{l}``, ``mD{j}_{l}``, ``mE{j}_{l}`` also
+            those of moment ``l`` of request ``j``: :math:`y_l = e^l \otimes` ``mG`` on
+            ``W1`` (``mG`` on ``b1``), :math:`\mathrm{hid}^l \otimes` ``mD`` on ``W2``
+            (``mD`` on ``b2``) and ``mE`` ``(k d,)`` on ``E`` by window position (as ``Ec``).
 
     Returns:
         ``(xi, ys, unif)``: the scores of each center (``None`` with ``out=False``), the
@@ -186,9 +187,10 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
                 gl, El, Dl, el, hl = gl * gc, El * Ec, Dl * D, el * e, hl * hid
             G = np.matmul(w[:, None, :], gl)[:, 0]  # (U, H): sum_a w_a ghat^l
             Dw = np.matmul(w[:, None, :], Dl)[:, 0]  # (U, V): sum_a w_a D^l, token by token
+            Ew = np.einsum("ua,uakd->ukd", w, El)  # (U, k, d)
             if factors is not None and f"mG{j}_{l + 1}" in factors:
                 factors[f"mG{j}_{l + 1}"][...], factors[f"mD{j}_{l + 1}"][...] = G, Dw
-            Ew = np.einsum("ua,uakd->ukd", w, El)  # (U, k, d)
+                factors[f"mE{j}_{l + 1}"][...] = Ew.reshape(U, -1)
             _fill(blocks, lo, hi, yl, {
                 "E": lambda v, Ew=Ew: f.scatter_E(Ew, v),
                 "W1": lambda v, el=el, G=G: _outer(el, G, v), "b1": _copy(G),
@@ -222,7 +224,7 @@ def factor_shapes(spec):
     without their suffix)."""
     V, k, d, H = spec.vocab_size, spec.context, spec.embed_dim, spec.hidden
     return {"e": (k * d,), "hid": (H,), "win": (k,), "dup": (k,), "gc": (V, H), "c": (V,),
-            "Ec": (V, k * d), "mG": (H,), "mD": (V,)}
+            "Ec": (V, k * d), "mG": (H,), "mD": (V,), "mE": (k * d,)}
 
 
 def _write_factors(f, centers, cent, out):
