@@ -178,67 +178,69 @@ class Layout:
             return None
         return (a[..., self.rows[name]] if name in self.cut else None, b)
 
-    def join(self, parts, lead=()):
-        """The ``(*lead, width)`` array of the parts' sums over the run's columns, from
-        ``parts``: ``W1``, ``W2`` ``(*lead, m, l)``, ``b1``, ``b2`` ``(*lead, l)`` (whole
-        blocks' rows) and ``E`` ``(*lead, r)`` (cut)."""
-        out = np.empty(lead + (self.width,))
-        for name, (inner, outer) in self.cut.items():
-            x = parts[name]
-            if name == "E":
-                out[..., outer] = x
-            else:
-                out[..., outer] = x.reshape(lead + (-1,))[..., inner]
-        return out
+    def part(self, out, name, shape):
+        """Where block ``name``'s sum ``shape (*lead, m, l)`` goes: a view of
+        ``out (*lead, width)`` when the run holds every entry of its rows (written there),
+        else a scratch array (placed by :meth:`place`)."""
+        inner, outer = self.cut[name]
+        if inner.start == 0 and inner.stop == shape[-2] * shape[-1]:
+            return out[..., outer].reshape(shape)  # a view: splits the last axis
+        return np.empty(shape)
+
+    def place(self, out, name, x):
+        """Write the run's columns of block ``name``'s sum ``x`` (``(*lead, m, l)``, rows as
+        :meth:`pair` cut them, or a bias ``(*lead, l)``) into ``out (*lead, width)``,
+        unless :meth:`part` wrote them there."""
+        inner, outer = self.cut[name]
+        if not np.may_share_memory(x, out):
+            out[..., outer] = x.reshape(out.shape[:-1] + (-1,))[..., inner]
 
 
-def _sums(lay, terms, grouped):
-    r""":math:`\sum_j \mathrm{coef}_j \sum_b c_{j,b}\,x_{j,b}` of ``terms``
-    ``[(coef, cv (n, k), Rows)]`` over every parent (``(P,)``) or per group ``g``
-    (``grouped``: ``(n, P)``): per block, one matrix product per term. A factor of one row
-    per group (``k = 1``: the same for every parent of ``g``, as the grandparent's window's
-    are) comes out of the sum, :math:`a_g \otimes \sum_{b \in g} w_b\,b_b`, and that sum
-    is the bias block's."""
-    acc = {}
-
-    def add(name, v):
-        acc[name] = acc[name] + v if name in acc else v
-
-    for coef, cv, x in terms:
-        w = coef * cv  # (n, k)
-        for name in ("W1", "W2"):
-            p = getattr(x, name)
-            if p is None:
-                continue
-            (a, b), bias = p, _BIAS[name] in lay.cut
-            bw = np.einsum("nk,nkl->nl", w, b) \
-                if bias or a is None or a.shape[1] == 1 else None  # (n, l)
-            if a is not None:
-                if a.shape[1] == 1:  # a_g (x) sum_b w_b b_b
-                    part = a[:, 0, :, None] * bw[:, None, :] if grouped else a[:, 0].T @ bw
-                elif grouped:  # (n, m, l)
-                    part = np.matmul((a * w[:, :, None]).transpose(0, 2, 1), b)
+def _sums(lay, w, x, grouped):
+    r""":math:`\sum_b w_b\,x_b` of the weights ``w (n, k)`` and :class:`Rows` ``x`` over
+    every parent (``(P,)``) or per group ``g`` (``grouped``: ``(n, P)``): per block, one
+    matrix product, written in place. A factor of one row per group (``k = 1``: the same
+    for every parent of ``g``, as the grandparent's window's are) comes out of the sum,
+    :math:`a_g \otimes \sum_{b \in g} w_b\,b_b`, and that sum is the bias block's."""
+    lead = (len(w),) if grouped else ()
+    out = np.empty(lead + (lay.width,))
+    for name in ("W1", "W2"):
+        p = getattr(x, name)
+        if p is None:
+            continue
+        (a, b), bias = p, _BIAS[name] in lay.cut
+        bw = np.einsum("nk,nkl->nl", w, b) \
+            if bias or a is None or a.shape[1] == 1 else None  # (n, l)
+        if a is not None:
+            dst = lay.part(out, name, lead + (a.shape[2], b.shape[2]))
+            if a.shape[1] == 1:  # a_g (x) sum_b w_b b_b
+                if grouped:
+                    np.multiply(a[:, 0, :, None], bw[:, None, :], out=dst)
                 else:
-                    part = (a * w[:, :, None]).reshape(w.size, -1).T @ b.reshape(w.size, -1)
-                add(name, part)
-            if bias:
-                add(_BIAS[name], bw if grouped else bw.sum(axis=0))
-        if x.E is not None:
-            E = x.slots.sum(w, x.E)  # (n, r)
-            add("E", E if grouped else E.sum(axis=0))
-    return lay.join(acc, (len(terms[0][1]),) if grouped else ())
+                    np.matmul(a[:, 0].T, bw, out=dst)
+            elif grouped:  # (n, m, l)
+                np.matmul((a * w[:, :, None]).transpose(0, 2, 1), b, out=dst)
+            else:
+                np.matmul((a * w[:, :, None]).reshape(w.size, -1).T, b.reshape(w.size, -1),
+                          out=dst)
+            lay.place(out, name, dst)
+        if bias:
+            lay.place(out, _BIAS[name], bw if grouped else bw.sum(axis=0))
+    if x.E is not None:
+        E = x.slots.sum(w, x.E)  # (n, r)
+        out[..., lay.cut["E"][1]] = E if grouped else E.sum(axis=0)
+    return out
 
 
-def wsum(lay, terms):
-    r""":math:`\sum_j \mathrm{coef}_j \sum_b c_{j,b}\,x_{j,b}` ``(P,)`` of ``terms``
-    ``[(coef, cv (n, k), Rows)]`` (:func:`_sums`)."""
-    return _sums(lay, terms, False)
+def wsum(lay, w, x):
+    r""":math:`\sum_b w_b\,x_b` ``(P,)`` of weights ``w (n, k)`` and :class:`Rows` ``x``
+    (:func:`_sums`)."""
+    return _sums(lay, w, x, False)
 
 
-def gsum(lay, terms):
-    r""":math:`\sum_j \mathrm{coef}_j \sum_{b \in g} c_{j,b}\,x_{j,b}` for each group ``g``,
-    ``(n, P)`` (:func:`_sums`)."""
-    return _sums(lay, terms, True)
+def gsum(lay, w, x):
+    r""":math:`\sum_{b \in g} w_b\,x_b` for each group ``g``, ``(n, P)`` (:func:`_sums`)."""
+    return _sums(lay, w, x, True)
 
 
 def factors_last_level(task):
@@ -371,7 +373,7 @@ class LastLevel:
         r""":math:`\sum_{b \in g} c_b\,\xi_b^l Y_b` for each group, ``(n, P)`` (kept)."""
         key = ("g", c, l, Y)
         if key not in self._sums:
-            self._sums[key] = gsum(self.lay, [(1.0, self._w[c], self.rows(l, Y))])
+            self._sums[key] = gsum(self.lay, self._w[c], self.rows(l, Y))
         return self._sums[key]
 
     def wsum(self, c, l, Y=None):
@@ -380,7 +382,7 @@ class LastLevel:
         if key not in self._sums:
             g = self._sums.get(("g", c, l, Y))
             self._sums[key] = g.sum(axis=0) if g is not None else \
-                wsum(self.lay, [(1.0, self._w[c], self.rows(l, Y))])
+                wsum(self.lay, self._w[c], self.rows(l, Y))
         return self._sums[key]
 
     def hsum(self, c, n, Y=None, coef=1.0):
@@ -511,5 +513,5 @@ def window_sums(cache, s, acc, powers, lo, hi):
         if p > 1:
             x = x * xi
         for j in np.flatnonzero(powers == p):
-            out[j] = wsum(lay, [(1.0, acc[:, j, :], x)])
+            out[j] = wsum(lay, acc[:, j, :], x)
     return out
