@@ -385,6 +385,13 @@ class LastLevel:
                 wsum(self.lay, self._w[c], self.rows(l, Y))
         return self._sums[key]
 
+    def hgsum(self, k, c, l, Y=None):
+        r""":math:`\sum_g H_g^k \odot \sum_{b \in g} c_b\,\xi_b^l Y_b` ``(P,)`` (kept)."""
+        key = ("h", k, c, l, Y)
+        if key not in self._sums:
+            self._sums[key] = np.einsum("gp,gp->p", self.Hg(k), self.gsum(c, l, Y))
+        return self._sums[key]
+
     def hsum(self, c, n, Y=None, coef=1.0):
         r"""The terms of :math:`\mathrm{coef} \sum_b c_b\,H_b^n \odot Y_b` (``c`` a name of
         :meth:`weight`, ``Y`` one of :meth:`rows` or none) by the binomial theorem:
@@ -405,9 +412,8 @@ class LastLevel:
                 total = total + sum(coef * self.wsum(c, l, Y) for coef, c, l, Y in rows) \
                     + sum(p.sum() for p in pure)
                 continue
-            if rows:
-                S = sum(coef * self.gsum(c, l, Y) for coef, c, l, Y in rows)
-                total = total + np.einsum("gp,gp->p", self.Hg(k), S)
+            for coef, c, l, Y in rows:  # a contraction per term: shared by several sums
+                total = total + coef * self.hgsum(k, c, l, Y)
             if pure:
                 total = total + sum(pure) @ self.Hg(k)
         return total
