@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 
-from fisher_ref.engine.parent_sums import coarse_cross, segment_sum
+from fisher_ref.engine.parent_sums import coarse_cross, cross_stack, segment_sum
 from fisher_ref.models.mlp import MLPModel
 from fisher_ref.models.mlp_scores import mlp_blocks
 
@@ -475,8 +475,12 @@ def last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w, C, r, starts):
     # cross terms: the parents' last slot d - 1 and the response's slot d here, the earlier
     # slots from the groups' sums (coarse_cross)
     d, P = len(starts), len(out["h"])
-    stack = None if d == 1 else np.stack([L.gsum("r", 0, "y1"), L.gsum("r", 0, "y2"),
-                                          L.gsum("W", 1), L.gsum("W", 2)], axis=1)
+    stack = None
+    if d > 1:
+        stack = cross_stack(len(L.runs), d, P)
+        for j, (cv, l, Y) in enumerate((("r", 0, "y1"), ("r", 0, "y2"), ("W", 1, None),
+                                        ("W", 2, None))):
+            stack[:, j] = L.gsum(cv, l, Y)
     # path sums g = G_g + m_b (m = y_2 of the parent's own window), expanded per grandparent
     Gp = np.take(block.parents[1][s], L.gsrc, axis=0, mode="clip")  # (n, P)
     Wg = segment_sum(W, L.runs)

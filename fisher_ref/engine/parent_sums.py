@@ -44,7 +44,7 @@ import numpy as np
 from scipy import sparse
 
 __all__ = ["parent_powers", "window_products", "prefix_starts", "segment_sum", "history_cross",
-           "coarse_cross", "level_sums", "fisher_sums", "held_products"]
+           "cross_stack", "coarse_cross", "level_sums", "fisher_sums", "held_products"]
 
 
 def parent_powers(a, s, xi, rows, K, r, w, n=4):
@@ -182,30 +182,39 @@ def history_cross(hist_at, W, X1, X2, starts):
     stack = None
     if d > 1:  # coarser runs: the sums over each run, slots t = d, d-1, then each coarser one
         pos = np.searchsorted(starts[d - 1], starts[d - 2])
-        stack = np.empty((len(pos), 4, P))  # (n, 4, P)
+        stack = cross_stack(len(pos), d, P)
         for i, (x, wx) in enumerate([(X1, None), (X2, None), (h, Wd), (h2, Wd)]):
             stack[:, i] = segment_sum(x, pos, wx)
     return coarse_cross(c, c4, stack, hist_at, W, starts)
 
 
+def cross_stack(n, d, P):
+    """The ``stack`` of :func:`coarse_cross` for ``n`` runs of parents at depth ``d``,
+    ``(n, 2 d + 2, P)``: the caller fills its first four columns; the others are room for
+    the earlier slots' (written there, not copied on)."""
+    return np.empty((n, 2 * d + 2, P))
+
+
 def coarse_cross(c, c4, stack, hist_at, W, starts):
     r"""The cross terms of :func:`history_cross` with an earlier slot ``L < d - 1``, from
-    ``stack (n, 4, P)``: over each run of parents sharing their first ``d - 1`` generated
-    tokens, :math:`\sum X_1`, :math:`\sum X_2`, :math:`\sum W \xi_{d-1}` and
-    :math:`\sum W \xi_{d-1}^2` (``None`` when ``d = 1``); then ``c``, ``c4`` made symmetric.
-    Returns ``(c, c4)``."""
+    ``stack`` (:func:`cross_stack`) whose first four columns hold, over each run of parents
+    sharing their first ``d - 1`` generated tokens, :math:`\sum X_1`, :math:`\sum X_2`,
+    :math:`\sum W \xi_{d-1}` and :math:`\sum W \xi_{d-1}^2` (``None`` when ``d = 1``);
+    then ``c``, ``c4`` made symmetric. Returns ``(c, c4)``."""
     d = len(starts)
     if d > 1:
-        ts = [d, d - 1]
+        ts, m = [d, d - 1], 4  # the slots of the stack's filled columns, and their number
         for L in range(d - 2, -1, -1):
             h = hist_at(L, starts[L])  # (n_L, P)
-            v1 = segment_sum(W, starts[L])[:, None] * h
-            stack = np.concatenate([stack, np.stack([v1, v1 * h], axis=1)], axis=1)
-            ts.append(L)
-            c[L, ts] = np.einsum("gp,gmp->mp", h, stack[:, 0::2])
-            c4[L, ts] = np.einsum("gp,gmp->mp", h * h, stack[:, 1::2])
-            if L:
-                stack = segment_sum(stack, np.searchsorted(starts[L], starts[L - 1]))
+            np.multiply(segment_sum(W, starts[L])[:, None], h, out=stack[:, m])
+            np.multiply(stack[:, m], h, out=stack[:, m + 1])
+            ts, m = ts + [L], m + 2
+            c[L, ts] = np.einsum("gp,gmp->mp", h, stack[:, 0:m:2])
+            c4[L, ts] = np.einsum("gp,gmp->mp", h * h, stack[:, 1:m:2])
+            if L:  # the runs one level up: the filled columns summed, with room again
+                up = segment_sum(stack[:, :m], np.searchsorted(starts[L], starts[L - 1]))
+                stack = cross_stack(len(up), d, stack.shape[2])
+                stack[:, :m] = up
     for u in range(d):
         c[u + 1:d, u], c4[u + 1:d, u] = c[u, u + 1:d], c4[u, u + 1:d]
     c[d, :d], c4[d, :d] = c[:d, d], c4[:d, d]
