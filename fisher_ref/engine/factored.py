@@ -209,7 +209,7 @@ def _sums(lay, w, x, grouped):
         if p is None:
             continue
         (a, b), bias = p, _BIAS[name] in lay.cut
-        bw = np.einsum("nk,nkl->nl", w, b) \
+        bw = np.matmul(w[:, None, :], b)[:, 0] \
             if bias or a is None or a.shape[1] == 1 else None  # (n, l)
         if a is not None:
             dst = lay.part(out, name, lead + (a.shape[2], b.shape[2]))
@@ -357,17 +357,17 @@ class LastLevel:
         return Rows(lay.pair("W1", el, G), lay.pair("W2", hl, Dw), E, self.slots)
 
     def products(self, C):
-        r""":math:`Z_b = \sum_a C_{b,a}\,\xi_{\text{own}_b, a}` of weights ``C (b, V)``, the
-        scores of the parents' own windows, as :class:`Rows`."""
-        a, i, own = self.a, self.i, self.own
-        Cg = C[self.idx]  # (n, k, V)
-        gz = np.einsum("nkv,nkvh->nkh", Cg, a[f"gc{i}"][own])
-        Dz = Cg - Cg.sum(axis=2, keepdims=True) * a[f"c{i}"][own]  # sum_a C_a ([c = a] - c_c)
-        lay = self.lay
-        E = self.slots.own(np.einsum("nkv,nkvm->nkm", Cg, a[f"Ec{i}"][own])) \
-            if lay.has("E") else None
-        return Rows(lay.pair("W1", a["e"][own], gz), lay.pair("W2", a["hid"][own], Dz),
-                    E, self.slots)
+        r""":math:`Z_{b,j} = \sum_a C_{b,j,a}\,\xi_{\text{own}_b, a}` of weights
+        ``C (b, m, V)``, the scores of the parents' own windows: ``m`` :class:`Rows`."""
+        a, i, own, lay = self.a, self.i, self.own, self.lay
+        Cg = C[self.idx]  # (n, k, m, V)
+        gz = np.matmul(Cg, a[f"gc{i}"][own])  # (n, k, m, H)
+        Dz = Cg - Cg.sum(axis=3, keepdims=True) * a[f"c{i}"][own][:, :, None]  # ([c = a] - c_c)
+        Ez = np.matmul(Cg, a[f"Ec{i}"][own]) if lay.has("E") else None  # (n, k, m, k d)
+        e, hid = a["e"][own], a["hid"][own]
+        return [Rows(lay.pair("W1", e, gz[:, :, j]), lay.pair("W2", hid, Dz[:, :, j]),
+                     None if Ez is None else self.slots.own(Ez[:, :, j]), self.slots)
+                for j in range(C.shape[1])]
 
     def gsum(self, c, l, Y=None):
         r""":math:`\sum_{b \in g} c_b\,\xi_b^l Y_b` for each group, ``(n, P)`` (kept)."""
@@ -455,8 +455,8 @@ def last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w, C, r, starts):
     for name, c in (("W", W), ("WR", wR.sum(axis=1)), ("WR2", (wR * Rc).sum(axis=1)),
                     ("r", r), ("one", np.ones(len(W)))):
         L.weight(name, c)
-    for j in range(2):
-        L.name(f"Z{j}", L.products(C[:, j]))
+    for j, Z in enumerate(L.products(C)):
+        L.name(f"Z{j}", Z)
     L.name("y2y2", L.rows(0, "y2") * L.rows(0, "y2"))
     out = {"mass": W.sum(), "R": wR.sum()}
     # h4 first: its groups' sums give several of the others' sums over all parents
