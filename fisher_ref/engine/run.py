@@ -24,6 +24,7 @@ Streams (see docs/theory.md): ``"policy"`` — drawn from ``p``, centered at
 from __future__ import annotations
 
 from collections import namedtuple
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -194,12 +195,18 @@ def response_places(task, prompt, resp):
         prompt: ``(M,)`` prompt index; ``resp``: ``(M, T)`` tokens, ``-1`` past the end.
     """
     V, T, eos = task.model.vocab_size, task.max_len, task.model.eos
-    # S[t]: responses under a state with t tokens (a subtree of T - t tokens; 1 at t = T)
-    S = np.array([count_states(V, T - t, eos)[1] for t in range(T)] + [1], dtype=np.int64)
+    S = np.array(_subtree_responses(V, T, eos), dtype=np.int64)
     a, t = resp, np.arange(T)[None, :]  # (M, T)
     opens = eos & (t < T - 1)  # EOS ends the response; the other tokens open subtrees
     below = np.where(opens, np.where(a >= 1, 1 + (a - 1) * S[t + 1], 0), a * S[t + 1])
     return prompt * S[0] + np.where(a >= 0, below, 0).sum(axis=1)
+
+
+@lru_cache(maxsize=64)
+def _subtree_responses(V, T, eos):
+    """``S[t]``, ``t = 0..T``: the responses under a state with ``t`` generated tokens (a
+    subtree of ``T - t`` tokens; 1 at ``t = T``), for :func:`response_places`."""
+    return tuple(count_states(V, T - t, eos)[1] for t in range(T)) + (1,)
 
 
 def children(task, block, idx, arrs):
