@@ -24,7 +24,8 @@ Per-window arrays (``U`` windows; streams ``s`` as in :mod:`fisher_ref.engine.ru
   that reads scores only by rows keeps instead their factors, ``FACTORS`` of
   :mod:`fisher_ref.models.mlp_scores`, and forms the rows it reads, :meth:`WindowCache.scores`);
 - ``y{s}_{n}`` ``(U, P)``, ``n = 1..4`` (``1..2`` with ``moments=2``, all that
-  ``exact(..., quantities="fisher")`` reads): :math:`\sum_a q_a \xi_a^n` under the
+  ``exact(..., quantities="fisher")`` reads; no ``y{s}_3`` in a factored run, which reads
+  it by its factors): :math:`\sum_a q_a \xi_a^n` under the
   distribution ``q`` stream ``s`` draws from: ``y{s}_1`` is :math:`E[\xi \mid s]`,
   ``y{s}_2`` the token moment :math:`m = \sum_a q_a (j_a - c)^2`;
 - ``uniform`` ``(U, P)`` when states are kept: :math:`\frac1V\sum_a (j_a - \bar j^{\,unif})^2`.
@@ -73,7 +74,7 @@ class WindowCache:
     def __init__(self, task, streams, keep_states, budget, names, expected=64,
                  defer_bytes=DEFAULT_BUDGETS.defer_bytes, kept=None, moments=4,
                  dense_keys=DEFAULT_BUDGETS.dense_keys, columns=None, factored_last=False):
-        self.task, self.streams, self.keep = task, streams, keep_states
+        self.task, self.streams, self.keep, self.moments = task, streams, keep_states, moments
         self.kept, self.by_id = dict(kept or {}), {}
         V, P = task.model.vocab_size, task.model.num_params
         self.columns = None if columns is None or range(P)[columns] == range(P) else columns
@@ -100,8 +101,9 @@ class WindowCache:
             self.shapes.update({n: fs[n.rstrip("0123456789_")] for n in self.factor_names})
         if not self.factored:
             self.shapes.update({f"xi{c}": (V, P) for c in self.centers})
-        for s in range(len(streams)):
-            self.shapes.update({f"y{s}_{n}": (P,) for n in range(1, moments + 1)})
+        for s in range(len(streams)):  # (a factored run reads y_3 only by its factors)
+            self.shapes.update({f"y{s}_{n}": (P,) for n in range(1, moments + 1)
+                                if not (self.factored and n == 3)})
         if keep_states:
             self.shapes["uniform"] = (P,)
         self.names = {s: [name for name, _ in v] for s, v in names.items()}
@@ -273,7 +275,8 @@ class WindowCache:
             centers = [dist[c] if c in dist else topk_weights(dist["q"], c)
                        for c in self.centers]
             requests = [(dist[st.drawn_from], self.centers.index(st.center),
-                         [a[f"y{s}_{n}"][r] for n in range(1, 5) if f"y{s}_{n}" in a])
+                         [a[f"y{s}_{n}"][r] if f"y{s}_{n}" in a else None
+                          for n in range(1, self.moments + 1)])
                         for s, st in enumerate(self.streams)]
             factors = {n: a[n][r] for n in self.factor_names}
             with np.errstate(invalid="ignore", over="ignore"):  # checked just below

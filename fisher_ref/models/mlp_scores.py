@@ -135,7 +135,8 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
         moments: ``[(w, i, y), ...]``: the moments
             :math:`y_l = \sum_a w_a (\xi^{(c_i)}_a)^l`, ``l = 1..n``, of the ``(U, V)``
             distribution ``w`` about center ``centers[i]``, written into ``y``, ``n``
-            arrays ``(U, P)`` (or an int ``n``: allocated).
+            arrays ``(U, P)`` (or an int ``n``: allocated; ``None`` for a moment whose
+            factors alone are wanted).
         uniform: a ``(U, P)`` array (or ``True``: allocated) to write
             :math:`\frac1V \sum_a (j_a - \frac1V\sum_b j_b)^2` into; ``None``: not formed.
         out: ``[(U, V, P), ...]``, one array per center to write its scores into (allocated
@@ -191,6 +192,8 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
             if factors is not None and f"mG{j}_{l + 1}" in factors:
                 factors[f"mG{j}_{l + 1}"][...], factors[f"mD{j}_{l + 1}"][...] = G, Dw
                 factors[f"mE{j}_{l + 1}"][...] = Ew.reshape(U, -1)
+            if yl is None:  # only its factors asked for
+                continue
             _fill(blocks, lo, hi, yl, {
                 "E": lambda v, Ew=Ew: f.scatter_E(Ew, v),
                 "W1": lambda v, el=el, G=G: _outer(el, G, v), "b1": _copy(G),
