@@ -35,6 +35,7 @@ the cross terms and the products the window cache would otherwise defer).
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 
@@ -196,38 +197,47 @@ class Layout:
             out[..., outer] = x.reshape(out.shape[:-1] + (-1,))[..., inner]
 
 
-def _sums(lay, w, x, grouped):
-    r""":math:`\sum_b w_b\,x_b` of the weights ``w (n, k)`` and :class:`Rows` ``x`` over
+def _sums(lay, terms, grouped):
+    r""":math:`\sum_j \sum_b w_{j,b}\,x_{j,b}` of terms ``[(w (n, k), Rows x), ...]`` over
     every parent (``(P,)``) or per group ``g`` (``grouped``: ``(n, P)``): per block, one
-    matrix product, written in place. A factor of one row per group (``k = 1``: the same
-    for every parent of ``g``, as the grandparent's window's are) comes out of the sum,
-    :math:`a_g \otimes \sum_{b \in g} w_b\,b_b`, and that sum is the bias block's."""
-    lead = (len(w),) if grouped else ()
+    matrix product over every term's factors side by side, written in place. A factor of
+    one row per group (``k = 1``: the same for every parent of ``g``, as the grandparent's
+    window's are) comes out of the sum, :math:`a_g \otimes \sum_{b \in g} w_b\,b_b`, and
+    that sum is the bias block's."""
+    lead = (len(terms[0][0]),) if grouped else ()
     out = np.empty(lead + (lay.width,))
     for name in ("W1", "W2"):
-        p = getattr(x, name)
-        if p is None:
+        if getattr(terms[0][1], name) is None:
             continue
-        (a, b), bias = p, _BIAS[name] in lay.cut
-        bw = np.matmul(w[:, None, :], b)[:, 0] \
-            if bias or a is None or a.shape[1] == 1 else None  # (n, l)
-        if a is not None:
-            dst = lay.part(out, name, lead + (a.shape[2], b.shape[2]))
-            if a.shape[1] == 1:  # a_g (x) sum_b w_b b_b
+        bias, A, B, bsum = _BIAS[name] in lay.cut, [], [], 0.0
+        for w, x in terms:
+            a, b = getattr(x, name)
+            bw = np.matmul(w[:, None, :], b)[:, 0] \
+                if bias or a is None or a.shape[1] == 1 else None  # (n, l)
+            if bias:
+                bsum = bsum + bw
+            if a is not None:  # a_g (x) sum_b w_b b_b for a factor one per group
+                A.append(a if a.shape[1] == 1 else a * w[:, :, None])
+                B.append(bw[:, None] if a.shape[1] == 1 else b)
+        if A:
+            dst = lay.part(out, name, lead + (A[0].shape[2], B[0].shape[2]))
+            if len(A) == 1 and A[0].shape[1] == 1:  # an outer product per group
                 if grouped:
-                    np.multiply(a[:, 0, :, None], bw[:, None, :], out=dst)
+                    np.multiply(A[0][:, 0, :, None], B[0], out=dst)
                 else:
-                    np.matmul(a[:, 0].T, bw, out=dst)
-            elif grouped:  # (n, m, l)
-                np.matmul((a * w[:, :, None]).transpose(0, 2, 1), b, out=dst)
+                    np.matmul(A[0][:, 0].T, B[0][:, 0], out=dst)
             else:
-                np.matmul((a * w[:, :, None]).reshape(w.size, -1).T, b.reshape(w.size, -1),
-                          out=dst)
+                a, b = (A[0], B[0]) if len(A) == 1 else \
+                    (np.concatenate(A, axis=1), np.concatenate(B, axis=1))
+                if grouped:  # (n, m, l)
+                    np.matmul(a.transpose(0, 2, 1), b, out=dst)
+                else:
+                    np.matmul(a.reshape(-1, a.shape[2]).T, b.reshape(-1, b.shape[2]), out=dst)
             lay.place(out, name, dst)
         if bias:
-            lay.place(out, _BIAS[name], bw if grouped else bw.sum(axis=0))
-    if x.E is not None:
-        E = x.slots.sum(w, x.E)  # (n, r)
+            lay.place(out, _BIAS[name], bsum if grouped else bsum.sum(axis=0))
+    if terms[0][1].E is not None:
+        E = sum(x.slots.sum(w, x.E) for w, x in terms)  # (n, r)
         out[..., lay.cut["E"][1]] = E if grouped else E.sum(axis=0)
     return out
 
@@ -235,12 +245,13 @@ def _sums(lay, w, x, grouped):
 def wsum(lay, w, x):
     r""":math:`\sum_b w_b\,x_b` ``(P,)`` of weights ``w (n, k)`` and :class:`Rows` ``x``
     (:func:`_sums`)."""
-    return _sums(lay, w, x, False)
+    return _sums(lay, [(w, x)], False)
 
 
-def gsum(lay, w, x):
-    r""":math:`\sum_{b \in g} w_b\,x_b` for each group ``g``, ``(n, P)`` (:func:`_sums`)."""
-    return _sums(lay, w, x, True)
+def gsum(lay, w, x, more=()):
+    r""":math:`\sum_{b \in g} w_b\,x_b` for each group ``g``, ``(n, P)``, plus the same
+    sums of the terms ``more`` ``[(w, x), ...]`` (:func:`_sums`)."""
+    return _sums(lay, [(w, x), *more], True)
 
 
 def factors_last_level(task):
@@ -399,10 +410,12 @@ class LastLevel:
         as ``[(n - l, coef, c, l, Y)]``; :meth:`total` adds them."""
         return [(n - l, coef * math.comb(n, l), c, l, Y) for l in range(n + 1)]
 
-    def total(self, terms):
+    def total(self, terms, once=frozenset()):
         """The sum of :meth:`hsum`'s terms ``(P,)``: per power ``k`` of ``H_g``, the groups'
-        sums of its terms at once (those without ``H_g`` last, from the groups' sums where
-        formed)."""
+        sums of its terms contracted with ``H_g^k`` (those without ``H_g`` last, from the
+        groups' sums where formed). The terms ``(c, l, Y)`` in ``once`` (no other sum reads
+        theirs) are summed together, one matrix product per block and one contraction for
+        all of them, and not kept."""
         total = 0.0
         for k in sorted({t[0] for t in terms}, reverse=True):
             rows = [(coef, c, l, Y) for kk, coef, c, l, Y in terms if kk == k and (l or Y)]
@@ -412,8 +425,14 @@ class LastLevel:
                 total = total + sum(coef * self.wsum(c, l, Y) for coef, c, l, Y in rows) \
                     + sum(p.sum() for p in pure)
                 continue
+            fused = [(coef * self._w[c], self.rows(l, Y)) for coef, c, l, Y in rows
+                     if (c, l, Y) in once]
             for coef, c, l, Y in rows:  # a contraction per term: shared by several sums
-                total = total + coef * self.hgsum(k, c, l, Y)
+                if (c, l, Y) not in once:
+                    total = total + coef * self.hgsum(k, c, l, Y)
+            if fused:
+                total = total + np.einsum("gp,gp->p", self.Hg(k),
+                                          gsum(self.lay, *fused[0], more=fused[1:]))
             if pure:
                 total = total + sum(pure) @ self.Hg(k)
         return total
@@ -460,14 +479,23 @@ def last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w, C, r, starts):
     L.name("y2y2", L.rows(0, "y2") * L.rows(0, "y2"))
     out = {"mass": W.sum(), "R": wR.sum()}
     # h4 first: its groups' sums give several of the others' sums over all parents
-    for name, terms in [
-            ("h4", L.hsum("W", 4) + L.hsum("r", 3, "y1", 4.0) + L.hsum("r", 2, "y2", 6.0)
+    sums = [("h4", L.hsum("W", 4) + L.hsum("r", 3, "y1", 4.0) + L.hsum("r", 2, "y2", 6.0)
              + L.hsum("r", 1, "y3", 4.0)),
             ("h2", L.hsum("W", 2) + L.hsum("r", 1, "y1", 2.0)),
             ("Rh2", L.hsum("WR", 2) + L.hsum("one", 1, "Z0", 2.0)),
             ("R2h2", L.hsum("WR2", 2) + L.hsum("one", 1, "Z1", 2.0)),
-            ("h", L.hsum("W", 1)), ("Rh", L.hsum("WR", 1))]:
-        out[name] = L.total(terms)
+            ("h", L.hsum("W", 1)), ("Rh", L.hsum("WR", 1))]
+    # the groups' sums read once (by one term of one sum) need not be kept: those of the
+    # terms with H_g, less those the cross terms and path sums read below and those whose
+    # sums over all parents are read (formed from the groups' where kept; a sum missed
+    # here is only formed again from the factors, the same numbers)
+    reads = Counter((c, l, Y) for _, terms in sums for k, _, c, l, Y in terms if l or Y)
+    reads.update([("r", 0, "y1"), ("r", 0, "y2"), ("W", 1, None), ("W", 2, None),
+                  ("W", 0, "y2"), ("W", 4, None), ("r", 1, "y1"), ("r", 2, "y2")])
+    once = frozenset((c, l, Y) for _, terms in sums for k, _, c, l, Y in terms
+                     if k and reads[c, l, Y] == 1)
+    for name, terms in sums:
+        out[name] = L.total(terms, once)
     if rho_w is not None:
         L.weight("rho", rho_w.sum(axis=1))
         L.weight("rhoR", (rho_w * Rc).sum(axis=1))
