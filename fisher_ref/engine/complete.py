@@ -156,13 +156,14 @@ def _parent_sums(run, cache, block, arrs, gen, K, weights):
                 mom.add_sums(**sums)
                 continue
             H, G, hist_at = _sub_arrays(block, arrs, s, sl, gen)
-            X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w, 2 if full else 4)
+            x = None if full else xi[rows[:, None], K[None, :]]  # (b, k, P): read twice
+            X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w, 2 if full else 4, x)
             if full:  # sums without H and products with per-window arrays: later
                 Z = pure = None
                 cache.defer(s, rows, C, H, ("Rh2", "R2h2"), r[sl])
             else:
-                Z, pure = window_products(C, xi, rows, K), [x.sum(axis=0) for x in X[:2] + X[3:]]
-                X = X[:3]
+                Z = window_products(C, xi, rows, K, x)
+                pure, X = [y.sum(axis=0) for y in X[:2] + X[3:]], X[:3]
             mom.add_sums(**level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z, pure))
 
 

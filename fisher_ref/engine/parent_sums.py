@@ -47,7 +47,7 @@ __all__ = ["parent_powers", "window_products", "prefix_starts", "segment_sum", "
            "cross_stack", "coarse_cross", "level_sums", "fisher_sums", "held_products"]
 
 
-def parent_powers(a, s, xi, rows, K, r, w, n=4):
+def parent_powers(a, s, xi, rows, K, r, w, n=4, x=None):
     r""":math:`X_l = \sum_{a \in K} w_{g,a}\,\xi_{g,a}^{\,l}`, ``l = 1..n``: ``n`` arrays
     ``(B, P)``.
 
@@ -55,13 +55,19 @@ def parent_powers(a, s, xi, rows, K, r, w, n=4):
         a: the window cache's arrays; ``s`` the stream; ``xi`` its ``(n, V, P)`` scores.
         rows: ``(B,)`` cache row of each parent's window; ``K``: ``(k,)`` terminal tokens.
         r: ``(B,)`` parents' reach; ``w``: ``(B, k)`` the responses' weights.
+        x: the scores ``xi[rows[:, None], K[None, :]]`` ``(B, k, P)`` when formed already.
     """
     if len(K) == xi.shape[1]:  # every token ends a response: w = r q factorises
         out = [a[f"y{s}_{l}"][rows] for l in range(1, n + 1)]  # (B, P) each
-        for x in out:
-            x *= r[:, None]
+        for y in out:
+            y *= r[:, None]
         return out
-    x = xi[rows[:, None], K[None, :]]  # (B, k, P)
+    x = xi[rows[:, None], K[None, :]] if x is None else x  # (B, k, P)
+    if x.shape[1] == 1:  # one terminal token (EOS): w x^l by running products
+        out = [w[:, :1] * x[:, 0]]
+        for _ in range(n - 1):
+            out.append(out[-1] * x[:, 0])
+        return out
     x2 = x * x
     terms = [lambda: np.einsum("bk,bkp->bp", w, x), lambda: np.einsum("bk,bkp->bp", w, x2),
              lambda: np.einsum("bk,bkp,bkp->bp", w, x2, x),
@@ -69,19 +75,21 @@ def parent_powers(a, s, xi, rows, K, r, w, n=4):
     return [f() for f in terms[:n]]
 
 
-def window_products(C, xi, rows, K):
+def window_products(C, xi, rows, K, x=None):
     r""":math:`Z_{g,i} = \sum_{a \in K} C_{g,i,a}\,\xi_{g,a}`: ``(B, n, P)``.
 
     Args:
         C: ``(B, n, k)`` weights of each parent's responses.
         xi: ``(m, V, P)`` scores of the cached windows; ``rows``: ``(B,)``; ``K``: ``(k,)``.
+        x: the scores ``xi[rows[:, None], K[None, :]]`` ``(B, k, P)`` when formed already.
 
     With every token terminal, the parents are grouped by window and each group
     is one matrix product with its window's ``(V, P)`` scores.
     """
     B, n, k = C.shape
     if k != xi.shape[1]:
-        return np.einsum("bik,bkp->bip", C, xi[rows[:, None], K[None, :]])
+        x = xi[rows[:, None], K[None, :]] if x is None else x  # (B, k, P)
+        return C * x if k == 1 else np.einsum("bik,bkp->bip", C, x)
     Z = np.empty((B, n, xi.shape[2]))
     order = np.argsort(rows, kind="stable")  # (B,)
     srt = rows[order]
