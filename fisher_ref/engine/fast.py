@@ -163,7 +163,7 @@ def _accumulated(run):
 def _finish(run, cache):
     """Add what the window cache accumulated; a stream drawn from the policy has
     :math:`\rho = 1`, so its importance-weighted sums are its plain ones."""
-    cache.flush()
+    cache.flush(last=True)
     T = run.task.max_len
     for s, stream in enumerate(run.streams):
         name, wname = stream.name, stream.drawn_from
@@ -308,9 +308,9 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     result = run.finish()
     if shard is not None:
         if run.keep_states:
-            result.window_tables = {k: v[:cache.n_ids] for k, v in cache.by_id.items()}
+            result.window_tables = cache.kept_tables()
         return result
-    tables = {k: v[:cache.n_ids] for k, v in cache.by_id.items()} if run.keep_states else None
+    tables = cache.kept_tables() if run.keep_states else None
     if param_shard is not None:
         return param_shard_result(run, result, (i, n_shards), tables, keep)
     if run.keep_states:

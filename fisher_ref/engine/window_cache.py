@@ -64,8 +64,8 @@ class WindowCache:
         expected: how many distinct windows the run will likely see (first allocation).
         moments: the largest ``n`` of the sums ``y{s}_{n}`` computed (2 or 4).
         defer_bytes: parents' score sums held by :meth:`defer` before they are used.
-        kept: ``{key: array name}``: per-window arrays also kept for the whole run in
-            ``by_id[key]`` ``(ids, ...)``, row ``i`` the window of run-wide id ``i``.
+        kept: ``{key: array name}``: per-window arrays also kept for the whole run
+            (:meth:`kept_tables`).
         columns: the parameters (a slice of ``0..P``) whose arrays are formed; default all.
         factored_last: the run sums its last level from the factors of the MLP's scores
             (:mod:`fisher_ref.engine.factored`; :attr:`factored_last`).
@@ -75,7 +75,9 @@ class WindowCache:
                  defer_bytes=DEFAULT_BUDGETS.defer_bytes, kept=None, moments=4,
                  dense_keys=DEFAULT_BUDGETS.dense_keys, columns=None, factored_last=False):
         self.task, self.streams, self.keep, self.moments = task, streams, keep_states, moments
-        self.kept, self.by_id = dict(kept or {}), {}
+        # the kept arrays: read from the cache's own rows while row i holds the window of
+        # id i (a cache never emptied before the run's last flush), else copied by id
+        self.kept, self.by_id, self.by_rows = dict(kept or {}), {}, True
         V, P = task.model.vocab_size, task.model.num_params
         self.columns = None if columns is None or range(P)[columns] == range(P) else columns
         P = len(range(P)[columns]) if self.columns is not None else P
@@ -199,12 +201,28 @@ class WindowCache:
             self._compute(self.table[new], lo)
             self.row_of[new] = np.arange(lo, hi)
             self.n = hi
-            self._keep_by_id(new, lo, hi)
+            if self.by_rows and not (new[0] == lo and new[-1] == hi - 1):  # out of id order
+                self._by_id(np.arange(lo), 0, lo)
+            if not self.by_rows:
+                self._by_id(new, lo, hi)
         return self.row_of[ids]
 
-    def _keep_by_id(self, new, lo, hi):
+    def kept_tables(self):
+        """``{key: (ids, ...)}``: the kept per-window arrays (``kept``), row ``i`` the window
+        of run-wide id ``i``; after the run's last :meth:`flush`."""
+        if self.by_rows:
+            if not self.arrays:  # no window computed (a shard without states)
+                return {}
+            if self.kept and len(self.arrays[next(iter(self.kept.values()))]) < self.n_ids:
+                raise RuntimeError("a window id was given that no block computed (a bug)")
+            return {key: self.arrays[name][:self.n_ids] for key, name in self.kept.items()}
+        return {k: v[:self.n_ids] for k, v in self.by_id.items()}
+
+    def _by_id(self, new, lo, hi):
         """Copy the kept arrays of windows ``new`` (cache rows ``lo..hi``) into the tables
-        by run-wide id (:attr:`by_id`), which outlive the cache."""
+        by run-wide id (:attr:`by_id`), which outlive the cache; from now on every window's
+        is copied."""
+        self.by_rows = False
         for key, name in self.kept.items():
             table = self.by_id.get(key)
             if table is None or len(table) < self.n_ids:
@@ -415,8 +433,12 @@ class WindowCache:
             self.sums[s]["h2"] += 2 * ry[0]
             self.sums[s]["h4"] += 4 * ry[1]
 
-    def flush(self):
-        """Use every cached window's deferred and accumulated weights, then empty the cache."""
+    def flush(self, last=False):
+        """Use every cached window's deferred and accumulated weights, then empty the cache
+        (``last``: the run's last flush, which leaves the rows' arrays as they are, for
+        :meth:`kept_tables`)."""
+        if self.by_rows and not last and self.kept and self.n:  # rows about to be reused
+            self._by_id(np.arange(self.n), 0, self.n)
         self._products()
         for s, stream in enumerate(self.streams):
             if f"y{s}_1" not in self.arrays:  # nothing cached yet

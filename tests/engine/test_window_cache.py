@@ -195,3 +195,36 @@ def test_uniform_token_fisher_keeps_its_digits_under_a_confident_policy():
     assert fast.states["probs"].max() > 1 - 1e-7
     a, b = fast.states["uniform"], ref.states["uniform"]
     assert np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-300)) <= 1e-12
+
+
+@pytest.mark.parametrize("config", ["default", "tabular"])
+@pytest.mark.parametrize("budget", [2 ** 26, 1])
+def test_kept_tables_are_by_window_id_whatever_the_order_and_the_flushes(config, budget):
+    """The kept per-window arrays come back with row ``i`` the window of id ``i``: read from
+    the cache's own rows while they are in id order and never emptied, copied by id once
+    the rows are computed out of id order or the cache is emptied (``budget=1``: one
+    window at a time). Each row is held to the same window's array in a cache that
+    computes every window at once, in order. An MLP (``default``) and a tabular model."""
+    task = load_config(config)
+    kept = {"token_fisher": "y0_2", "uniform": "uniform", "score_mean": "y0_1"}
+    W = np.unique(windows_for([(), (1,), (1, 2), (0, 1), (2, 2, 0), (2, 1), (2,)],
+                              task.model.context, task.model.bos), axis=0)  # distinct
+    n = len(W)
+    assert n >= 4
+    ref = _cache(task, kept=kept)
+    ref_rows = ref.rows(ref.ids(W))
+    for order in ([slice(0, 2), slice(2, n)], [slice(2, n), slice(0, 2)],
+                  [slice(0, 1), slice(3, n), slice(1, 3)]):  # in order, then out of it
+        cache = _cache(task, budget=budget, kept=kept)
+        ids = cache.ids(W)  # ids 0..n-1 in order; rows computed batch by batch
+        for part in order:
+            cache.rows(ids[part])
+        cache.flush(last=True)
+        tables = cache.kept_tables()
+        in_order = [part.start for part in order] == sorted(part.start for part in order)
+        assert cache.by_rows == (budget > 1 and in_order)
+        m2 = np.abs(ref.arrays["y0_2"][ref_rows]).max()  # E[xi | s] is 0 under the policy:
+        for key, name in kept.items():  # its rows are judged on the scale of the scores
+            assert tables[key].shape[0] == len(W)
+            assert rel(tables[key][ids], ref.arrays[name][ref_rows],
+                       np.sqrt(m2) if key == "score_mean" else m2) <= RTOL, (key, order)
