@@ -189,7 +189,8 @@ class GatheredStates(Mapping):
 
     Args:
         arrays: ``{key: (N, ...) array}`` stored per state.
-        tables: ``{key: (U, ...) array}`` stored per window.
+        tables: ``{key: (U, ...) array}`` stored per window, or a list of ``(U, P_i)``
+            arrays, column blocks placed side by side (parameter shards' columns).
         window: ``(N,)`` row of each state's window in ``tables``.
 
     Example:
@@ -207,8 +208,16 @@ class GatheredStates(Mapping):
         if key not in self._arrays:
             if key not in self._tables:
                 raise KeyError(key)
-            self._arrays[key] = np.take(self._tables[key], self._window, axis=0)
-            del self._tables[key]
+            table = self._tables.pop(key)
+            if isinstance(table, list):  # column blocks: each gathered into its columns
+                out = np.empty((len(self._window), sum(t.shape[1] for t in table)))
+                at = 0
+                for t in table:
+                    out[:, at:at + t.shape[1]] = np.take(t, self._window, axis=0)
+                    at += t.shape[1]
+                self._arrays[key] = out
+            else:
+                self._arrays[key] = np.take(table, self._window, axis=0)
         return self._arrays[key]
 
     def __contains__(self, key):

@@ -75,7 +75,7 @@ def merge_params(task, parts):
                             head.quantities)
     if head.states is not None:
         states = dict(head.states)
-        tables = {k: np.concatenate([p.window_tables[k] for p in parts], axis=-1)
-                  for k in head.window_tables}
+        # each shard's columns side by side, placed when a state array is first read
+        tables = {k: [p.window_tables[k] for p in parts] for k in head.window_tables}
         out.states = GatheredStates(states, tables, states.pop("window"))
     return out
