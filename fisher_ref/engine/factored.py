@@ -489,9 +489,10 @@ def last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w, C, r, starts):
     # terms with H_g, less those the cross terms and path sums read below and those whose
     # sums over all parents are read (formed from the groups' where kept; a sum missed
     # here is only formed again from the factors, the same numbers)
+    stack_keys = (("r", 0, "y1"), ("r", 0, "y2"), ("W", 1, None), ("W", 2, None))
+    slot_keys = (("W", 2, None), ("W", 4, None), ("r", 1, "y1"), ("r", 2, "y2"))  # c, c4
     reads = Counter((c, l, Y) for _, terms in sums for k, _, c, l, Y in terms if l or Y)
-    reads.update([("r", 0, "y1"), ("r", 0, "y2"), ("W", 1, None), ("W", 2, None),
-                  ("W", 0, "y2"), ("W", 4, None), ("r", 1, "y1"), ("r", 2, "y2")])
+    reads.update(stack_keys + slot_keys + (("W", 0, "y2"),))
     once = frozenset((c, l, Y) for _, terms in sums for k, _, c, l, Y in terms
                      if k and reads[c, l, Y] == 1)
     for name, terms in sums:
@@ -506,9 +507,8 @@ def last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w, C, r, starts):
     stack = None
     if d > 1:
         stack = cross_stack(len(L.runs), d, P)
-        for j, (cv, l, Y) in enumerate((("r", 0, "y1"), ("r", 0, "y2"), ("W", 1, None),
-                                        ("W", 2, None))):
-            stack[:, j] = L.gsum(cv, l, Y)
+        for j, key in enumerate(stack_keys):
+            stack[:, j] = L.gsum(*key)
     # path sums g = G_g + m_b (m = y_2 of the parent's own window), expanded per grandparent
     Gp = np.take(block.parents[1][s], L.gsrc, axis=0, mode="clip")  # (n, P)
     Wg = segment_sum(W, L.runs)
@@ -516,8 +516,8 @@ def last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w, C, r, starts):
         + 2 * np.einsum("gp,gp->p", Gp, L.gsum("W", 0, "y2"))
     out["g"] = Wg @ Gp + L.wsum("W", 0, "y2")
     c, c4 = np.zeros((d + 1, d + 1, P)), np.zeros((d + 1, d + 1, P))
-    c[d - 1, d - 1], c4[d - 1, d - 1] = L.wsum("W", 2), L.wsum("W", 4)
-    c[d - 1, d], c4[d - 1, d] = L.wsum("r", 1, "y1"), L.wsum("r", 2, "y2")
+    (c[d - 1, d - 1], c4[d - 1, d - 1], c[d - 1, d], c4[d - 1, d]) = \
+        (L.wsum(*key) for key in slot_keys)
     hist_at = _history(arrs.xiT[s], block.path_rows[sl], gen[sl])
     out["cross"], out["cross4"] = coarse_cross(c, c4, stack, hist_at, W, starts)
     return out
