@@ -8,8 +8,9 @@ each compute the windows they share; that cut serves the Ray cluster, where what
 the network must be small). Only the MLP forms just its columns of the sensitivities;
 other models form all of a window's and keep their columns. Shards ``1..N-1`` run in
 ``N - 1`` worker processes, which send back their sums (arrays past
-:data:`SHARED_BYTES`, the per-window tables of a parameter shard, through one
-shared-memory block, freed once copied); shard 0 runs in the calling process meanwhile
+:data:`SHARED_BYTES`, the per-window tables of a parameter shard, through a
+shared-memory block that each worker keeps and writes again run after run, the caller
+copying the arrays out); shard 0 runs in the calling process meanwhile
 (which would otherwise wait idle, and whose result then needs no pickling), and the
 caller merges them once. Shard 0 keeps the per-state and per-response records, the last
 shard forms the autodiff gradient. A worker (a process of ours alone) has glibc keep
@@ -39,6 +40,7 @@ import multiprocessing
 import os
 import pickle
 import sys
+import threading
 import tracemalloc
 import types
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -61,6 +63,10 @@ BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
                     "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 _POOL = {}  # {"n": workers, "executor": ProcessPoolExecutor}
+#: One run at a time on the kept pool (calls from several threads wait their turn): a
+#: worker reuses its shared-memory block of the run before, which the caller has copied
+#: out by then. ``count``: the runs started, each run's number.
+_RUNS = {"lock": threading.Lock(), "count": 0}
 
 
 def available_cores():
@@ -184,6 +190,7 @@ def shutdown():
     _POOL.clear()
     if ex is not None:
         ex.shutdown(wait=True, cancel_futures=True)
+    _close_attached()
 
 
 atexit.register(shutdown)
@@ -216,8 +223,9 @@ def _without_main():
         sys.modules["__main__"] = main
 
 
-def _submit(ex, engine, task, n, kw, by):
-    return {ex.submit(_shard_in_worker, engine, task, {by: (i, n)}, kw): i for i in range(1, n)}
+def _submit(ex, engine, task, n, kw, by, run):
+    return {ex.submit(_shard_in_worker, engine, task, {by: (i, n)}, kw, run): i
+            for i in range(1, n)}
 
 
 #: Arrays of a worker's result at least this large come back through shared memory: on
@@ -226,12 +234,65 @@ def _submit(ex, engine, task, n, kw, by):
 SHARED_BYTES = 2 ** 20
 _FIELDS = ("window_tables", "states", "sequences")  # the ShardResult dicts that grow
 
+# A worker's shared-memory blocks, kept from run to run: a fresh block's pages cost far
+# more to come by than to write (12 MiB: about 12 ms fresh against under 1 ms into a
+# block written before, scripts/ipc_cost.py). ``mem[j]`` holds the ``j``-th result the
+# worker sends in one run (one, unless it runs more than one shard of that run), reused by
+# the next run: the caller has copied every result of a run out before it starts the next
+# (:data:`_RUNS`). In the caller, the blocks it has mapped, by the worker and slot they
+# come from.
+_BLOCKS = {"run": None, "used": 0, "mem": []}
+_ATTACHED = {}  # {(pid, j): SharedMemory}
 
-def _shard_in_worker(engine, task, shard, kw):
-    """In a worker: the shard's result, its large arrays moved to one shared-memory block
-    (``result.shared``: ``(name, [(field, key, offset, shape, dtype), ...])``) that the
-    caller copies out and frees (:func:`_unpack`)."""
+
+def _drop(mem):
+    """A block given up: its name removed (unless the caller did already) and unmapped."""
+    try:
+        mem.unlink()
+    except FileNotFoundError:  # the caller removed the name when it mapped the block
+        pass
+    mem.close()
+
+
+def _drop_blocks():
+    """At a worker's exit: its blocks given up (the caller's mappings keep theirs alive)."""
+    for mem in _BLOCKS["mem"]:
+        if mem is not None:
+            _drop(mem)
+    _BLOCKS["mem"] = []
+
+
+def _block(run, size):
+    """A shared-memory block of at least ``size`` bytes for this worker's next result in
+    run ``run``, and its slot: the block the same slot held in an earlier run when it is
+    as large and no more than 4 times larger; else a new one (``run=None``: always new,
+    in a slot of its own)."""
     from multiprocessing import shared_memory
+    st = _BLOCKS
+    if run is None:
+        return shared_memory.SharedMemory(create=True, size=size), None
+    if st["run"] != run:
+        st["run"], st["used"] = run, 0
+        if not st["mem"]:
+            atexit.register(_drop_blocks)
+    j, st["used"] = st["used"], st["used"] + 1
+    mems = st["mem"]
+    if j == len(mems):
+        mems.append(None)
+    if mems[j] is not None and not size <= mems[j].size <= 4 * size:
+        _drop(mems[j])
+        mems[j] = None
+    if mems[j] is None:
+        mems[j] = shared_memory.SharedMemory(create=True, size=size)
+    return mems[j], j
+
+
+def _shard_in_worker(engine, task, shard, kw, run=None):
+    """In a worker: the shard's result, its large arrays moved to a shared-memory block
+    (``result.shared``: ``(name, slot, [(field, key, offset, shape, dtype), ...])``) that
+    the caller copies out (:func:`_unpack`). ``run``: the caller's number of the run, under
+    which the worker reuses its block of an earlier run (``None``: a block of its own,
+    freed by the caller)."""
     import numpy as np
     out = engine(task, **shard, **kw)
     big = [(f, k, v) for f in _FIELDS for k, v in (getattr(out, f, None) or {}).items()
@@ -239,7 +300,7 @@ def _shard_in_worker(engine, task, shard, kw):
     if not big:
         return out
     align = lambda n: -(-n // 64) * 64  # each array at a multiple of 64 bytes
-    mem = shared_memory.SharedMemory(create=True, size=sum(align(v.nbytes) for *_, v in big))
+    mem, j = _block(run, sum(align(v.nbytes) for *_, v in big))
     index, at = [], 0
     try:
         for f, k, v in big:
@@ -248,33 +309,55 @@ def _shard_in_worker(engine, task, shard, kw):
             getattr(out, f)[k] = None
             at += align(v.nbytes)
     except BaseException:
-        mem.close()
-        mem.unlink()
+        if j is None:
+            _drop(mem)
         raise
-    out.shared = (mem.name, index)
-    mem.close()  # the caller unlinks it once copied
+    out.shared = (mem.name, None if j is None else (os.getpid(), j), index)
+    if j is None:
+        mem.close()  # the caller removes it once copied
     return out
 
 
 def _unpack(out):
     """The arrays a worker left in shared memory (:func:`_shard_in_worker`), copied into
-    the result; the block freed, whatever happens."""
+    the result. A block of its own is freed; a kept block is mapped once (its name removed
+    at once: the worker's mapping and this one hold it, and it goes with the last of them),
+    and this mapping is dropped when the worker's slot holds another block, or at
+    :func:`shutdown`."""
     shared = getattr(out, "shared", None)
     if shared is None:
         return out
     from multiprocessing import shared_memory
     import numpy as np
-    name, index = shared
-    mem = shared_memory.SharedMemory(name=name)
+    name, slot, index = shared
+    mem = _ATTACHED.get(slot) if slot is not None else None
+    if mem is None or mem.name != name:
+        if mem is not None:
+            mem.close()
+        mem = shared_memory.SharedMemory(name=name)
+        try:
+            mem.unlink()
+        except BaseException:
+            mem.close()
+            raise
+        if slot is not None:
+            _ATTACHED[slot] = mem
     try:
         for f, k, at, shape, dtype in index:
             getattr(out, f)[k] = np.ndarray(shape, np.dtype(dtype), buffer=mem.buf,
                                             offset=at).copy()
     finally:
-        mem.close()
-        mem.unlink()
+        if slot is None:
+            mem.close()
     del out.shared
     return out
+
+
+def _close_attached():
+    """The caller's mappings of the workers' blocks dropped (their pool ended)."""
+    for mem in _ATTACHED.values():
+        mem.close()
+    _ATTACHED.clear()
 
 
 def run_shards(engine, task, n, kw, progress=False, by="shard"):
@@ -294,12 +377,19 @@ def run_shards(engine, task, n, kw, progress=False, by="shard"):
     if why:
         raise ValueError(f"workers > 1 sends the task to worker processes, but {why}; or "
                          "use workers=1")
+    with _RUNS["lock"]:
+        _RUNS["count"] += 1
+        return _run(engine, task, n, kw, progress, by, _RUNS["count"])
+
+
+def _run(engine, task, n, kw, progress, by, run):
+    """:func:`run_shards` for run number ``run``, the pool held by it alone."""
     with _one_blas_thread(), _without_main():  # processes start on submit, so set up
         try:
-            futures = _submit(_executor(n - 1), engine, task, n, kw, by)
+            futures = _submit(_executor(n - 1), engine, task, n, kw, by, run)
         except BrokenProcessPool:  # the kept pool broke since its last run: start afresh
             shutdown()
-            futures = _submit(_executor(n - 1), engine, task, n, kw, by)
+            futures = _submit(_executor(n - 1), engine, task, n, kw, by, run)
     out, bar = [None] * n, Progress(n, f"exact enumeration, shards of {n} workers",
                                     enabled=progress)
     try:
@@ -341,12 +431,14 @@ def _free(futures):
                 _unpack(f.result())
         except Exception:  # noqa: BLE001 (the run's own error is the one raised)
             pass
+    _close_attached()  # the pool is gone: its blocks too
 
 
 def _discard():
     """End the kept pool now, its running shards included (their results are not wanted)."""
     ex = _POOL.pop("executor", None)
     _POOL.clear()
+    _close_attached()
     if ex is None:
         return
     for proc in list((getattr(ex, "_processes", None) or {}).values()):

@@ -222,7 +222,8 @@ def test_large_arrays_of_a_worker_come_back_through_shared_memory(monkeypatch):
     monkeypatch.setattr(workers_mod, "SHARED_BYTES", 1)  # every array, in this process
     direct = exact(task, param_shard=(0, 2), **kw)
     sent = workers_mod._shard_in_worker(exact, task, {"param_shard": (0, 2)}, kw)
-    name, index = sent.shared
+    name, slot, index = sent.shared
+    assert slot is None  # no run number: a block of its own, freed once copied
     assert {f for f, *_ in index} == {"window_tables", "states", "sequences"}
     assert all(getattr(sent, f)[k] is None for f, k, *_ in index)
     got = workers_mod._unpack(sent)
@@ -237,6 +238,80 @@ def test_large_arrays_of_a_worker_come_back_through_shared_memory(monkeypatch):
     small = workers_mod._shard_in_worker(exact, task, {"param_shard": (1, 2)},
                                          dict(kw, keep_states=False))
     assert not hasattr(small, "shared")  # nothing kept, nothing to share
+
+
+def test_a_worker_keeps_its_block_from_run_to_run(monkeypatch):
+    """Under a run number a worker writes its result into the block it used in the run
+    before (same slot, same name), a second result in one run into another slot, and a
+    result too large (or over 4 times too small) for its slot into a new block. The caller
+    maps each block once and removes its name at once: nothing is left in /dev/shm."""
+    import numpy as np
+    from multiprocessing import shared_memory
+    monkeypatch.setattr(workers_mod, "_BLOCKS", {"run": None, "used": 0, "mem": []})
+    monkeypatch.setattr(workers_mod, "_ATTACHED", {})
+    monkeypatch.setattr(workers_mod, "SHARED_BYTES", 1)
+    small, large = load_config("default"), load_config("offpolicy_stale")
+    kw = dict(progress=False, keep_states=True)
+    want = {name: exact(t, param_shard=(0, 2), **kw)
+            for name, t in (("small", small), ("large", large))}
+    send = lambda task, run: workers_mod._shard_in_worker(exact, task,
+                                                          {"param_shard": (0, 2)}, kw, run)
+
+    def same(got, want):
+        for f in ("window_tables", "states", "sequences"):
+            a, b = getattr(got, f), getattr(want, f)
+            assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in b), f
+        return True
+
+    try:
+        first, second = send(small, 1), send(small, 1)  # two results of run 1
+        again = send(small, 2)
+        slots = [r.shared[1] for r in (first, second, again)]
+        assert slots[0] == (os.getpid(), 0) and slots[1] == (os.getpid(), 1)
+        assert slots[2] == slots[0]
+        name = first.shared[0]
+        assert again.shared[0] == name != second.shared[0]
+        for r in (first, second):
+            workers_mod._unpack(r)
+        with pytest.raises(FileNotFoundError):  # the caller removed the name when it mapped
+            shared_memory.SharedMemory(name=name)
+        assert same(workers_mod._unpack(again), want["small"])
+        size = workers_mod._BLOCKS["mem"][0].size
+        for run, need, kept in ((3, size, True), (4, size // 4, True), (5, size // 4 - 1, False),
+                                (6, size + 1, False)):
+            mem, j = workers_mod._block(run, need)
+            assert j == 0 and (mem.name == name) == kept and mem.size >= need, (run, need)
+            name = mem.name
+        other = send(large, 7)  # written into slot 0's block of run 6, or a new one
+        other_name, slot, _ = other.shared
+        assert slot == slots[0]
+        assert same(workers_mod._unpack(other), want["large"])
+        assert workers_mod._ATTACHED[slot].name == other_name  # mapped anew when it changed
+        assert set(workers_mod._ATTACHED) == {slots[0], slots[1]}
+    finally:
+        workers_mod._drop_blocks()
+        workers_mod._close_attached()
+    assert workers_mod._ATTACHED == {} and workers_mod._BLOCKS["mem"] == []
+
+
+def test_kept_pool_runs_leave_no_shared_memory_behind():
+    """Two runs of v16 on the kept pool: the second maps the block of the first (one
+    mapping per worker slot, the same name), nothing is named in /dev/shm meanwhile, and
+    shutdown drops the mappings."""
+    import glob
+    task = load_scale_config("v16")
+    before = set(glob.glob("/dev/shm/psm_*"))
+    single = exact(task, workers=1, progress=False)
+    runs, names = [], []
+    for _ in range(2):
+        runs.append(exact(task, workers=2, progress=False))
+        names.append({s: m.name for s, m in workers_mod._ATTACHED.items()})
+        assert set(glob.glob("/dev/shm/psm_*")) <= before
+    assert names[0] and names[0] == names[1]
+    for r in runs:
+        assert max(merged_errors(r, single).values()) <= RTOL
+    workers_mod.shutdown()
+    assert workers_mod._ATTACHED == {}
 
 
 def test_workers_with_tables_past_the_shared_size_give_the_single_run():
