@@ -41,10 +41,11 @@ import numpy as np
 
 from fisher_ref.engine.parent_sums import coarse_cross, cross_stack, segment_sum
 from fisher_ref.models.mlp import MLPModel
-from fisher_ref.models.mlp_scores import mlp_blocks
+from fisher_ref.models.mlp_scores import family_cuts, mlp_blocks
 
-__all__ = ["Rows", "Slots", "Layout", "wsum", "gsum", "factors_last_level", "row_width", "groups",
-           "LastLevel", "last_level_fisher", "last_level_all", "window_sums"]
+__all__ = ["Rows", "Slots", "Layout", "wsum", "gsum", "factors_last_level", "shard_cuts",
+           "row_width", "groups", "LastLevel", "last_level_fisher", "last_level_all",
+           "window_sums"]
 
 
 #: The bias block whose columns are a block's second factor (:class:`Rows`).
@@ -258,6 +259,14 @@ def factors_last_level(task):
     """Whether the last level of a run of ``task`` is summed here (the MLP's; over a slice of
     its parameters too, ``param_shard``: only the blocks inside it)."""
     return isinstance(task.model, MLPModel)
+
+
+def shard_cuts(task):
+    """Where parameter shards of ``task`` are best cut
+    (:func:`fisher_ref.engine.param_shards.param_columns`): between the MLP's factor
+    families (:func:`fisher_ref.models.mlp_scores.family_cuts`); nowhere in particular for
+    other models, whose windows' sensitivities are formed whole in every shard."""
+    return family_cuts(task.model.spec) if factors_last_level(task) else ()
 
 
 def row_width(spec, columns=None):

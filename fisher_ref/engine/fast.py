@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from fisher_ref.engine.complete import complete, complete_fisher
-from fisher_ref.engine.factored import factors_last_level
+from fisher_ref.engine.factored import factors_last_level, shard_cuts
 from fisher_ref.engine.plan import (DEFAULT_BUDGETS, DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS,
                                     Budgets, EngineOptions)
 from fisher_ref.engine.reference import exact_reference
@@ -265,7 +265,7 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
             raise ValueError(f"param_shard=({i}, {n_shards}) cuts the model's "
                              f"{task.model.num_params} parameters into more slices than "
                              "there are parameters")
-        columns = param_columns(task.model.num_params, n_shards)[i]
+        columns = param_columns(task.model.num_params, n_shards, shard_cuts(task))[i]
     if shard is not None:  # a shard's result holds sums, its rows only when asked
         options = options.with_(**{k: False for k in ("keep_states", "keep_sequences")
                                    if getattr(options, k) == "auto"})

@@ -14,10 +14,23 @@ from fisher_ref.results import ExactResult, GatheredStates
 __all__ = ["param_columns", "param_shard_result", "merge_params"]
 
 
-def param_columns(P, n):
+def param_columns(P, n, cuts=()):
     """The ``n`` parameter slices of ``exact(task, param_shard=(i, n))``: consecutive,
-    as equal as whole parameters allow (the first ``P mod n`` one wider)."""
+    as equal as whole parameters allow (the first ``P mod n`` one wider), each bound moved
+    to the nearest of ``cuts`` within a quarter of a slice's width, where there is one.
+
+    ``cuts``: places where a cut saves work (:func:`fisher_ref.models.mlp_scores.family_cuts`
+    for the MLP: a slice that holds part of a block that shares its factors with its bias
+    forms those factors whole, so a slice cut inside ``W1``'s family and the next both pay
+    for them). A bound that would not stay between its neighbours stays where it was, so
+    every slice keeps at least one parameter."""
     bounds = [i * P // n for i in range(n + 1)]
+    reach = P / (4 * n)
+    for i in range(1, n):
+        near = [c for c in cuts
+                if abs(c - bounds[i]) <= reach and bounds[i - 1] < c < bounds[i + 1]]
+        if near:
+            bounds[i] = min(near, key=lambda c: (abs(c - bounds[i]), c))
     return [slice(bounds[i], bounds[i + 1]) for i in range(n)]
 
 

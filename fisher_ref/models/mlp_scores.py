@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["mlp_blocks", "mlp_window_arrays", "mlp_score_rows", "scatter_E", "FACTORS",
-           "factor_shapes"]
+__all__ = ["mlp_blocks", "family_cuts", "mlp_window_arrays", "mlp_score_rows", "scatter_E",
+           "FACTORS", "factor_shapes"]
 
 
 def mlp_blocks(spec):
@@ -44,6 +44,15 @@ def mlp_blocks(spec):
         out.append((name, at, at + n))
         at += n
     return out
+
+
+def family_cuts(spec):
+    r"""The bounds between the MLP's factor families in the flat layout: ``E``; ``W1`` with
+    ``b1`` (both read :math:`\hat g`); ``W2`` with ``b2`` (both read ``D``). A parameter
+    slice cut there forms only its own families' factors
+    (:func:`fisher_ref.engine.param_shards.param_columns`)."""
+    at = {name: stop for name, _, stop in mlp_blocks(spec)}
+    return (at["E"], at["b1"])
 
 
 class _Factors:

@@ -36,6 +36,7 @@ def test_parameter_shards_tile_the_parameters_and_refuse_mixing():
         assert cols[0].start == 0 and cols[-1].stop == P
         assert all(a.stop == b.start for a, b in zip(cols, cols[1:]))
         assert max(c.stop - c.start for c in cols) - min(c.stop - c.start for c in cols) <= 1
+    assert param_columns(4376, 2, ()) == param_columns(4376, 2)
     task = load_config("default")
     tree = [exact(task, progress=False, shard=(i, 2)) for i in range(2)]
     cols = [exact(task, progress=False, param_shard=(i, 2)) for i in range(2)]
@@ -49,6 +50,52 @@ def test_parameter_shards_tile_the_parameters_and_refuse_mixing():
         exact(task, progress=False, reference=True, param_shard=(0, 2))
     with pytest.raises(ValueError, match="shard must be a pair"):
         exact(task, progress=False, param_shard=(2, 2))
+
+
+def test_parameter_slices_move_to_a_cut_near_their_bound():
+    """A bound within P/(4n) of a cut moves to the nearest one (the lower one on a tie);
+    a cut farther away leaves it where it was."""
+    from fisher_ref.engine.shards import param_columns
+    assert param_columns(100, 2, (40,)) == [slice(0, 40), slice(40, 100)]  # 10 <= 12.5
+    assert param_columns(100, 2, (38,)) == [slice(0, 38), slice(38, 100)]  # 12 <= 12.5
+    assert param_columns(100, 2, (37,)) == [slice(0, 50), slice(50, 100)]  # 13 > 12.5
+    assert param_columns(100, 2, (60, 45)) == [slice(0, 45), slice(45, 100)]
+    assert param_columns(100, 2, (55, 45)) == [slice(0, 45), slice(45, 100)]
+    assert param_columns(100, 4, (20, 27, 76)) == [slice(0, 27), slice(27, 50),
+                                                   slice(50, 76), slice(76, 100)]
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=200)
+@given(st.integers(1, 5000), st.integers(1, 9), st.lists(st.integers(-5, 5005), max_size=6))
+def test_parameter_slices_with_cuts_tile_the_parameters(P, n, cuts):
+    """Whatever the cuts: consecutive, non-empty slices from 0 to P, each bound either the
+    even one or a cut within reach of it."""
+    from fisher_ref.engine.shards import param_columns
+    n = min(n, P)
+    cols, even = param_columns(P, n, cuts), param_columns(P, n)
+    assert len(cols) == n and cols[0].start == 0 and cols[-1].stop == P
+    assert all(a.stop == b.start for a, b in zip(cols, cols[1:]))
+    assert all(c.stop > c.start for c in cols)
+    for got, was in zip(cols[1:], even[1:]):
+        assert got.start == was.start or (got.start in cuts
+                                           and abs(got.start - was.start) <= P / (4 * n))
+
+
+def test_mlp_parameter_shards_are_cut_between_factor_families():
+    """For the MLP the slices of medium and v16 at n=2 meet at the end of b1, where W2's
+    family starts, and merged they give the single run; the GPT-2 has no cuts."""
+    from fisher_ref.engine.factored import shard_cuts
+    from fisher_ref.engine.shards import param_columns
+    from fisher_ref.models.mlp_scores import family_cuts, mlp_blocks
+    from fisher_ref.perf.scaling import load_scale_config
+    v16, medium = load_scale_config("v16"), load_scale_config("medium")
+    ends = {name: stop for name, _, stop in mlp_blocks(v16.model.spec)}
+    assert family_cuts(v16.model.spec) == (ends["E"], ends["b1"]) == (136, 2312)
+    assert param_columns(4376, 2, shard_cuts(v16)) == [slice(0, 2312), slice(2312, 4376)]
+    assert param_columns(1044, 2, shard_cuts(medium)) == [slice(0, 648), slice(648, 1044)]
+    assert shard_cuts(load_config("gpt2_small")) == ()
+    assert exact(medium, progress=False, param_shard=(1, 2)).columns == slice(648, 1044)
+    assert_merged_equal(medium, 2, "medium, cut at the end of b1", by="param_shard")
 
 
 def test_more_parameter_shards_than_parameters_are_refused():
