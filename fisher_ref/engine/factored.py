@@ -335,6 +335,7 @@ class LastLevel:
         e, hid = a["e"][self.own], a["hid"][self.own]
         self._own = [None, (e, hid), (e * e, hid * hid), (e * e * e, hid * hid * hid)]
         self._w, self._sums = {}, {}
+        self.theta_W2 = cache.task.model.unpack(cache.task.theta)["W2"]  # (H, V): products()
 
     def weights(self, c):
         """``c (b,)`` in groups, ``(n, k)``, 0 past a group's end."""
@@ -378,16 +379,29 @@ class LastLevel:
 
     def products(self, C):
         r""":math:`Z_{b,j} = \sum_a C_{b,j,a}\,\xi_{\text{own}_b, a}` of weights
-        ``C (b, m, V)``, the scores of the parents' own windows: ``m`` :class:`Rows`."""
+        ``C (b, m, V)``, the scores of the parents' own windows: ``m`` :class:`Rows`, each
+        block's factor formed only when the run holds the block or its bias. On ``W1``,
+        :math:`\hat g_{a,h} = (W2_{h,a} - \sum_c c_c W2_{h,c})(1 - \mathrm{hid}_h^2)`, so
+        :math:`\sum_a C_a \hat g_{a,h} = (1 - \mathrm{hid}_h^2) \sum_a (C_a - c_a \sum_{a'}
+        C_{a'}) W2_{h,a}`, ``W2``'s factor summed with ``C``: one matrix product with ``W2``,
+        not one per parent with its window's ``(V, H)`` factor."""
         a, i, own, lay = self.a, self.i, self.own, self.lay
         Cg = C[self.idx]  # (n, k, m, V)
-        gz = np.matmul(Cg, a[f"gc{i}"][own])  # (n, k, m, H)
-        Dz = Cg - Cg.sum(axis=3, keepdims=True) * a[f"c{i}"][own][:, :, None]  # ([c = a] - c_c)
-        Ez = np.matmul(Cg, a[f"Ec{i}"][own]) if lay.has("E") else None  # (n, k, m, k d)
+        n, k, m, V = Cg.shape
+        c = a[f"c{i}"][own]  # (n, k, V): each parent's window's center
+        Cs = Cg.sum(axis=3, keepdims=True)  # (n, k, m, 1)
         e, hid = a["e"][own], a["hid"][own]
-        return [Rows(lay.pair("W1", e, gz[:, :, j]), lay.pair("W2", hid, Dz[:, :, j]),
+        gz = Ez = None
+        Dz = Cg - Cs * c[:, :, None]  # (n, k, m, V): C summed with [c' = a] - c_c'
+        if lay.has("W1") or lay.has("b1"):  # sum_a Dz_a W2_{h,a}, times 1 - hid_h^2
+            gz = (Dz.reshape(-1, V) @ self.theta_W2.T).reshape(n, k, m, -1)
+            gz *= (1.0 - hid * hid)[:, :, None]  # (n, k, m, H)
+        if lay.has("E"):
+            Ez = np.matmul(Cg, a[f"Ec{i}"][own])  # (n, k, m, k d)
+        return [Rows(None if gz is None else lay.pair("W1", e, gz[:, :, j]),
+                     lay.pair("W2", hid, Dz[:, :, j]),
                      None if Ez is None else self.slots.own(Ez[:, :, j]), self.slots)
-                for j in range(C.shape[1])]
+                for j in range(m)]
 
     def gsum(self, c, l, Y=None):
         r""":math:`\sum_{b \in g} c_b\,\xi_b^l Y_b` for each group, ``(n, P)`` (kept)."""
