@@ -134,14 +134,17 @@ class Slots:
             out[m, j] = 0.0
         return out
 
-    def sum(self, w, x):
-        r""":math:`\sum_{b \in g} w_b x_b` ``(n, r)`` of rows by slot ``x (n, m, K, d)``:
-        the ``E`` block's columns inside the run's, for each group."""
+    def sum(self, terms):
+        r""":math:`\sum_{(w, x)} \sum_{b \in g} w_b x_b` ``(n, r)`` of weights ``w (n, m)``
+        and rows by slot ``x (n, m, K, d)``: the ``E`` block's columns inside the run's, for
+        each group. The terms are summed by slot and placed in the block once (the slots of
+        a row hold distinct rows of the block, or the spare one)."""
         d, k = self.d, self.k
         out = np.zeros((self.spare + 1, d))
-        out[self.at_group] = np.einsum("nm,nmjd->njd", w, x[:, :, :k]).reshape(-1, d)
+        out[self.at_group] = sum(np.einsum("nm,nmjd->njd", w, x[:, :, :k])
+                                 for w, x in terms).reshape(-1, d)
         if self.at_last is not None:
-            out[self.at_last] = (w[:, :, None] * x[:, :, k]).reshape(-1, d)
+            out[self.at_last] = sum(w[:, :, None] * x[:, :, k] for w, x in terms).reshape(-1, d)
         return out[:-1].reshape(self.n, -1)[:, self.cut]
 
 
@@ -238,7 +241,10 @@ def _sums(lay, terms, grouped):
         if bias:
             lay.place(out, _BIAS[name], bsum if grouped else bsum.sum(axis=0))
     if terms[0][1].E is not None:
-        E = sum(x.slots.sum(w, x.E) for w, x in terms)  # (n, r)
+        by_slots = {}  # the terms of each Slots (one, as a rule), placed in its block once
+        for w, x in terms:
+            by_slots.setdefault(id(x.slots), (x.slots, []))[1].append((w, x.E))
+        E = sum(slots.sum(pairs) for slots, pairs in by_slots.values())  # (n, r)
         out[..., lay.cut["E"][1]] = E if grouped else E.sum(axis=0)
     return out
 
