@@ -41,7 +41,7 @@ import numpy as np
 
 from fisher_ref.engine.parent_sums import coarse_cross, cross_stack, segment_sum
 from fisher_ref.models.mlp import MLPModel
-from fisher_ref.models.mlp_scores import family_cuts, mlp_blocks
+from fisher_ref.models.mlp_scores import families, family_cuts, mlp_blocks
 
 __all__ = ["Rows", "Slots", "Layout", "wsum", "gsum", "factors_last_level", "shard_cuts",
            "row_width", "groups", "LastLevel", "last_level_fisher", "last_level_all",
@@ -153,13 +153,15 @@ class Layout:
     ``0..P``, all by default): for each block the columns inside them
     (``cut[name] = (within the block, within the run's)``, absent when none; for ``W1``
     and ``W2``, within the rows ``rows[name]`` of the block as ``(m, l)`` that hold them,
-    so that a slice costs its share of the block)."""
+    so that a slice costs its share of the block); ``families``, those of the factors the
+    run forms (:func:`fisher_ref.models.mlp_scores.families`)."""
 
     def __init__(self, spec, columns=None):
         blocks = mlp_blocks(spec)
         lo, hi, _ = (columns or slice(None)).indices(blocks[-1][2])
         inner_width = {"W1": spec.hidden, "W2": spec.vocab_size}  # l of a row (m, l)
         self.width, self.cut, self.rows = hi - lo, {}, {}
+        self.families = families(spec, slice(lo, hi))  # of the factors the run forms
         for name, start, stop in blocks:
             a, b = max(start, lo), min(stop, hi)
             if a >= b:
@@ -284,8 +286,8 @@ def row_width(spec, columns=None):
     lay = Layout(spec, columns)
     kd, H, V = spec.context * spec.embed_dim, spec.hidden, spec.vocab_size
     width = (kd + spec.embed_dim) * lay.has("E") + kd * lay.has("W1") \
-        + H * (lay.has("W1") or lay.has("b1")) \
-        + H * lay.has("W2") + V * (lay.has("W2") or lay.has("b2"))
+        + H * ("G" in lay.families) \
+        + H * lay.has("W2") + V * ("D" in lay.families)
     return 16 * max(width, 1)
 
 
@@ -327,8 +329,11 @@ class LastLevel:
         g = lambda x: x[self.idx]  # (b, ...) -> (n, k, ...)
         u, tok = g(block.path_rows[sl, d - 1]), g(gen[sl, d - 1])  # (n, k) each
         self.own = g(arrs.rows[sl])
-        gc = a[f"gc{i}"][u, tok]  # (n, k, H): ghat of each parent's last token
-        D = np.eye(spec.vocab_size)[tok] - a[f"c{i}"][u]  # (n, k, V)
+        gc = D = None  # ghat of each parent's last token (n, k, H); D (n, k, V)
+        if "G" in lay.families:
+            gc = a[f"gc{i}"][u, tok]
+        if "D" in lay.families:
+            D = np.eye(spec.vocab_size)[tok] - a[f"c{i}"][u]
         ug = u[:, :1]  # (n, 1): the grandparent's window, one per group
         self.slots = E = None
         if lay.has("E"):
@@ -378,7 +383,8 @@ class LastLevel:
         """:math:`y_l` of the parents' own windows (the stream's moments, ``l <= 3``), as
         :class:`Rows`."""
         a, s, own, lay = self.a, self.s, self.own, self.lay
-        G, Dw = a[f"mG{s}_{l}"][own], a[f"mD{s}_{l}"][own]
+        G = a[f"mG{s}_{l}"][own] if "G" in lay.families else None
+        Dw = a[f"mD{s}_{l}"][own] if "D" in lay.families else None
         el, hl = self._own[l]
         E = self.slots.own(a[f"mE{s}_{l}"][own]) if lay.has("E") else None
         return Rows(lay.pair("W1", el, G), lay.pair("W2", hl, Dw), E, self.slots)
@@ -399,7 +405,7 @@ class LastLevel:
         e, hid = a["e"][own], a["hid"][own]
         gz = Ez = None
         Dz = Cg - Cs * c[:, :, None]  # (n, k, m, V): C summed with [c' = a] - c_c'
-        if lay.has("W1") or lay.has("b1"):  # sum_a Dz_a W2_{h,a}, times 1 - hid_h^2
+        if "G" in lay.families:  # sum_a Dz_a W2_{h,a}, times 1 - hid_h^2
             gz = (Dz.reshape(-1, V) @ self.theta_W2.T).reshape(n, k, m, -1)
             gz *= (1.0 - hid * hid)[:, :, None]  # (n, k, m, H)
         if lay.has("E"):
@@ -567,8 +573,9 @@ def window_sums(cache, s, acc, powers, lo, hi):
     a, spec = cache.arrays, cache.task.model.spec
     i = cache.centers.index(cache.streams[s].center)
     lay, V = Layout(spec, cache.columns), spec.vocab_size
-    gc = a[f"gc{i}"][lo:hi]  # (n, V, H)
-    D = np.eye(V)[None] - a[f"c{i}"][lo:hi][:, None, :]  # (n, V, V)
+    gc = a[f"gc{i}"][lo:hi] if "G" in lay.families else None  # (n, V, H)
+    D = np.eye(V)[None] - a[f"c{i}"][lo:hi][:, None, :] \
+        if "D" in lay.families else None  # (n, V, V)
     slots = E = None
     if lay.has("E"):
         slots = Slots(lay, spec, a["win"][lo:hi].astype(np.int64), a["dup"][lo:hi] > 0)

@@ -39,7 +39,8 @@ from fisher_ref.engine.factored import row_width, window_sums
 from fisher_ref.engine.parent_sums import held_products
 from fisher_ref.engine.run import model_probs
 from fisher_ref.models.mlp import MLPModel
-from fisher_ref.models.mlp_scores import FACTORS, factor_shapes, mlp_score_rows, mlp_window_arrays
+from fisher_ref.models.mlp_scores import (factor_names, factor_shapes, mlp_score_rows,
+                                          mlp_window_arrays)
 from fisher_ref.models.sensitivities import sensitivities
 from fisher_ref.numerics import topk_weights
 
@@ -94,12 +95,9 @@ class WindowCache:
                                               self.factored_last and task.max_len > 1)
         self.width, self.factor_names = P, []
         if self.has_factors:
-            fs = factor_shapes(task.model.spec)
-            self.factor_names = list(FACTORS[:4]) + [f"{n}{i}" for n in FACTORS[4:]
-                                                     for i in range(len(self.centers))]
-            self.factor_names += [f"{n}{s}_{l}" for n in ("mG", "mD", "mE")
-                                  for s in range(len(streams))
-                                  for l in range(1, min(moments, 3) + 1)]
+            fs = factor_shapes(task.model.spec)  # those of the families in the columns
+            self.factor_names = factor_names(task.model.spec, len(self.centers), len(streams),
+                                             min(moments, 3), self.columns)
             self.shapes.update({n: fs[n.rstrip("0123456789_")] for n in self.factor_names})
         if not self.factored:
             self.shapes.update({f"xi{c}": (V, P) for c in self.centers})
@@ -514,6 +512,7 @@ class _FactoredScores:
         r, t = rows.ravel(), tokens.ravel()
         a, i = self.cache.arrays, self.i
         fac = {"e": a["e"][r], "hid": a["hid"][r], "win": a["win"][r], "dup": a["dup"][r],
-               "gc": a[f"gc{i}"][r, t], "c": a[f"c{i}"][r], "Ec": a[f"Ec{i}"][r, t]}
+               "c": a[f"c{i}"][r]}
+        fac.update({n: a[f"{n}{i}"][r, t] for n in ("gc", "Ec") if f"{n}{i}" in a})
         out = mlp_score_rows(self.cache.task.model.spec, fac, t, self.cache.columns)
         return out.reshape(rows.shape + out.shape[-1:])

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["mlp_blocks", "family_cuts", "mlp_window_arrays", "mlp_score_rows", "scatter_E",
-           "FACTORS", "factor_shapes"]
+__all__ = ["mlp_blocks", "family_cuts", "families", "mlp_window_arrays", "mlp_score_rows",
+           "scatter_E", "FACTORS", "factor_shapes", "factor_names"]
 
 
 def mlp_blocks(spec):
@@ -55,27 +55,45 @@ def family_cuts(spec):
     return (at["E"], at["b1"])
 
 
+#: The factor family of each block: ``"E"``; ``"G"`` (:math:`\hat g`: ``W1`` and ``b1``);
+#: ``"D"`` (``W2`` and ``b2``).
+_FAMILY = {"E": "E", "W1": "G", "b1": "G", "W2": "D", "b2": "D"}
+
+
+def families(spec, columns=None):
+    """The factor families (``"E"``, ``"G"``, ``"D"``, :func:`family_cuts`) with a block
+    inside the parameters ``columns`` (a slice of ``0..P``; all by default): the factors a
+    run over them forms and reads (:func:`mlp_window_arrays`, :func:`mlp_score_rows`)."""
+    blocks = mlp_blocks(spec)
+    lo, hi, _ = (columns or slice(None)).indices(blocks[-1][2])
+    return frozenset(_FAMILY[name] for name, start, stop in blocks
+                     if max(start, lo) < min(stop, hi))
+
+
 class _Factors:
     r"""The per-window factors of the MLP's sensitivities, tokens first: ``e (U, kd)``,
     ``hid (U, H)``, ``gT (U, V, H)`` (:math:`g_{h,a}` at ``[u, a, h]``), and the ``E``
     block by window position, ``jE (U, V, k, d)``: row ``windows[u, pos]`` of :math:`E`
     gets ``jE[u, :, pos]``, the positions of a token already earlier in the window added to
     its first (``dup[u, pos]``, their own rows zero), so every other row of the block is
-    zero."""
+    zero. Only the factors of the families ``fam`` (:func:`families`) are formed:
+    ``gT`` with ``"E"`` or ``"G"``, ``jE`` with ``"E"`` (else ``None``)."""
 
-    def __init__(self, model, theta, windows):
+    def __init__(self, model, theta, windows, fam=frozenset("EGD")):
         spec = model.spec
         V, k, d = spec.vocab_size, spec.context, spec.embed_dim
         p = model.unpack(theta)
         self.e, self.hid = model.hidden(theta, windows)  # (U, kd), (U, H)
         U = windows.shape[0]
-        self.gT = p["W2"].T[None] * (1.0 - self.hid ** 2)[:, None, :]  # (U, V, H)
-        # (U, V, k, d): sum_h g_{h,a} W1_{pos d + r, h}
-        jE = np.matmul(self.gT, p["W1"].T).reshape(U, V, k, d)
+        self.fam, self.gT, jE = fam, None, None
+        if fam & {"E", "G"}:
+            self.gT = p["W2"].T[None] * (1.0 - self.hid ** 2)[:, None, :]  # (U, V, H)
+        if "E" in fam:  # (U, V, k, d): sum_h g_{h,a} W1_{pos d + r, h}
+            jE = np.matmul(self.gT, p["W1"].T).reshape(U, V, k, d)
         self.windows, self.V, self.d = windows, V, d
         same = windows[:, :, None] == windows[:, None, :]  # (U, k, k)
         self.dup = (same & np.tri(k, k, -1, dtype=bool).T[None]).any(axis=1)  # (U, k)
-        if self.dup.any():
+        if jE is not None and self.dup.any():
             first = np.argmax(same, axis=1)  # (U, k): the token's first position
             for pos in range(1, k):
                 u = np.flatnonzero(self.dup[:, pos])
@@ -88,10 +106,11 @@ class _Factors:
     def centered(self, c):
         r"""``(gc, Ec, D)`` at center ``c (U, V)``: :math:`\hat g` ``(U, V, H)``, the
         centered ``E`` block by position ``(U, V, k, d)`` and :math:`D = [c' = a] - c_{c'}`
-        ``(U, V, V)`` (``[u, a, c']``)."""
-        gc = self.gT - np.matmul(c[:, None, :], self.gT)  # (U, V, H)
-        Ec = self.jE - np.einsum("ua,uakd->ukd", c, self.jE)[:, None]
-        D = self.eye[None] - c[:, None, :]
+        ``(U, V, V)`` (``[u, a, c']``); ``None`` for each outside the families formed."""
+        fam = self.fam
+        gc = self.gT - np.matmul(c[:, None, :], self.gT) if "G" in fam else None  # (U, V, H)
+        Ec = self.jE - np.einsum("ua,uakd->ukd", c, self.jE)[:, None] if "E" in fam else None
+        D = self.eye[None] - c[:, None, :] if "D" in fam else None
         return gc, Ec, D
 
     def scatter_E(self, x, out):
@@ -157,6 +176,10 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
             those of moment ``l`` of request ``j``: :math:`y_l = e^l \otimes` ``mG`` on
             ``W1`` (``mG`` on ``b1``), :math:`\mathrm{hid}^l \otimes` ``mD`` on ``W2``
             (``mD`` on ``b2``) and ``mE`` ``(k d,)`` on ``E`` by window position (as ``Ec``).
+            Only the factors of the families inside ``columns`` are formed
+            (:func:`factor_names`; a ``ValueError`` names any other asked for), and so read
+            by a run over them: a parameter shard cut at :func:`family_cuts` forms
+            none of the other shards' factors.
 
     Returns:
         ``(xi, ys, unif)``: the scores of each center (``None`` with ``out=False``), the
@@ -167,10 +190,16 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
     if step != 1:
         raise ValueError(f"columns must be a slice of consecutive parameters, got {columns!r}")
     U, V, width = windows.shape[0], model.spec.vocab_size, hi - lo
-    f = _Factors(model, theta, windows)
+    fam = families(model.spec, slice(lo, hi))  # the factors of the other blocks: not formed
+    f = _Factors(model, theta, windows, fam)
     e, hid = f.e, f.hid
     cent = [f.centered(c) for c in centers]
     if factors is not None:
+        outside = sorted(n for n in factors if _OWN.get(n.rstrip("0123456789_"), "") not in
+                         fam | {""})
+        if outside:
+            raise ValueError(f"factors {outside} are not formed for the parameters "
+                             f"{lo}..{hi} (their blocks lie outside them)")
         _write_factors(f, centers, cent, factors)
     xi = [np.empty((U, V, width)) for _ in centers] if out is None else out
     for (gc, Ec, D), o in zip(cent, xi or ()):
@@ -191,16 +220,22 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
     for j, (w, i, y) in enumerate(moments):
         gc, Ec, D = cent[i]
         y = [np.empty((U, width)) for _ in range(y)] if isinstance(y, int) else y
-        gl, El, Dl, el, hl = gc, Ec, D, e, hid
+        base = {n: x for n, x in (("G", gc), ("E", Ec), ("D", D)) if x is not None}
+        pw, el, hl = dict(base), e, hid  # power l + 1 of each formed family's factor
+        G = Dw = Ew = None
         for l, yl in enumerate(y):
             if l:  # the next power of each factor
-                gl, El, Dl, el, hl = gl * gc, El * Ec, Dl * D, el * e, hl * hid
-            G = np.matmul(w[:, None, :], gl)[:, 0]  # (U, H): sum_a w_a ghat^l
-            Dw = np.matmul(w[:, None, :], Dl)[:, 0]  # (U, V): sum_a w_a D^l, token by token
-            Ew = np.einsum("ua,uakd->ukd", w, El)  # (U, k, d)
-            if factors is not None and f"mG{j}_{l + 1}" in factors:
-                factors[f"mG{j}_{l + 1}"][...], factors[f"mD{j}_{l + 1}"][...] = G, Dw
-                factors[f"mE{j}_{l + 1}"][...] = Ew.reshape(U, -1)
+                pw = {n: x * base[n] for n, x in pw.items()}
+                el, hl = el * e, hl * hid
+            if "G" in fam:
+                G = np.matmul(w[:, None, :], pw["G"])[:, 0]  # (U, H): sum_a w_a ghat^l
+            if "D" in fam:  # (U, V): sum_a w_a D^l, token by token
+                Dw = np.matmul(w[:, None, :], pw["D"])[:, 0]
+            if "E" in fam:
+                Ew = np.einsum("ua,uakd->ukd", w, pw["E"])  # (U, k, d)
+            for name, x in (("mG", G), ("mD", Dw), ("mE", Ew)):
+                if factors is not None and f"{name}{j}_{l + 1}" in factors:
+                    factors[f"{name}{j}_{l + 1}"][...] = x.reshape(U, -1)
             if yl is None:  # only its factors asked for
                 continue
             _fill(blocks, lo, hi, yl, {
@@ -211,14 +246,19 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
     unif = None
     if uniform is not None:  # about the uniform mean: the same for every center
         unif = np.empty((U, width)) if uniform is True else uniform
-        dev_g = f.gT - f.gT.mean(axis=1, keepdims=True)  # (U, V, H)
-        Gu = (dev_g * dev_g).mean(axis=1)  # (U, H)
-        dev_E = f.jE - f.jE.mean(axis=1, keepdims=True)  # (U, V, k, d)
-        D0 = f.eye - 1.0 / V  # (V, V): [c' = a] - 1/V
-        Du = np.broadcast_to((D0 * D0).mean(axis=0), (U, V))
+        Gu = Du = None
+        if "G" in fam:
+            dev_g = f.gT - f.gT.mean(axis=1, keepdims=True)  # (U, V, H)
+            Gu = (dev_g * dev_g).mean(axis=1)  # (U, H)
+        if "D" in fam:
+            D0 = f.eye - 1.0 / V  # (V, V): [c' = a] - 1/V
+            Du = np.broadcast_to((D0 * D0).mean(axis=0), (U, V))
+
+        def w_E(v):
+            dev_E = f.jE - f.jE.mean(axis=1, keepdims=True)  # (U, V, k, d)
+            f.scatter_E((dev_E * dev_E).mean(axis=1), v)
         _fill(blocks, lo, hi, unif, {
-            "E": lambda v: f.scatter_E((dev_E * dev_E).mean(axis=1), v),
-            "W1": lambda v: _outer(e * e, Gu, v), "b1": _copy(Gu),
+            "E": w_E, "W1": lambda v: _outer(e * e, Gu, v), "b1": _copy(Gu),
             "W2": lambda v: _outer(hid * hid, Du, v), "b2": _copy(Du)})
     return xi or None, ys, unif
 
@@ -239,13 +279,33 @@ def factor_shapes(spec):
             "Ec": (V, k * d), "mG": (H,), "mD": (V,), "mE": (k * d,)}
 
 
+#: The family of each factor that belongs to one (:func:`families`); the others
+#: (``e``, ``hid``, ``win``, ``dup``, ``c``) every run keeps.
+_OWN = {"gc": "G", "Ec": "E", "mG": "G", "mD": "D", "mE": "E"}
+
+
+def factor_names(spec, n_centers, n_streams, moments, columns=None):
+    """The names of the factors a run over the parameters ``columns`` keeps per window
+    (:data:`FACTORS` and the moments' ``mG``, ``mD``, ``mE`` of ``l = 1..moments``), for
+    ``n_centers`` centers and ``n_streams`` streams: those of the families inside the
+    columns only (:func:`families`)."""
+    fam = families(spec, columns)
+    keep = lambda n: _OWN.get(n, "") in fam | {""}
+    return list(FACTORS[:4]) + \
+        [f"{n}{i}" for n in FACTORS[4:] if keep(n) for i in range(n_centers)] + \
+        [f"{n}{s}_{l}" for n in ("mG", "mD", "mE") if keep(n)
+         for s in range(n_streams) for l in range(1, moments + 1)]
+
+
 def _write_factors(f, centers, cent, out):
     U = f.e.shape[0]
     out["e"][...], out["hid"][...] = f.e, f.hid
     out["win"][...], out["dup"][...] = f.windows, f.dup
     for i, (c, (gc, Ec, _)) in enumerate(zip(centers, cent)):
-        out[f"gc{i}"][...], out[f"c{i}"][...] = gc, c
-        out[f"Ec{i}"][...] = Ec.reshape(U, Ec.shape[1], -1)
+        out[f"c{i}"][...] = c
+        for name, x in ((f"gc{i}", gc), (f"Ec{i}", Ec)):
+            if name in out:
+                out[name][...] = x.reshape(U, x.shape[1], -1)
 
 
 def scatter_E(spec, Ec, win, dup):
@@ -269,7 +329,8 @@ def mlp_score_rows(spec, fac, tokens, columns=None):
         fac: the factors of each pair's window (:data:`FACTORS`, one center's, without
             its suffix), ``gc`` and ``Ec`` at the pair's token: ``e (n, kd)``,
             ``hid (n, H)``, ``win (n, k)``, ``dup (n, k)``, ``gc (n, H)``, ``c (n, V)``,
-            ``Ec (n, k d)``.
+            ``Ec (n, k d)``; ``gc`` and ``Ec`` only where their family lies inside
+            ``columns`` (:func:`factor_names`).
         tokens: ``(n,)`` the pairs' tokens.
         columns: a slice of ``0..P``: only those parameters.
     """
@@ -277,10 +338,11 @@ def mlp_score_rows(spec, fac, tokens, columns=None):
     lo, hi, _ = (slice(None) if columns is None else columns).indices(blocks[-1][2])
     n, V = len(tokens), spec.vocab_size
     D = np.eye(V)[tokens] - fac["c"]  # (n, V): [c' = a] - c_{c'}
-    gc = fac["gc"]
     out = np.empty((n, hi - lo))
-    _fill(blocks, lo, hi, out, {"E": _copy(scatter_E(spec, fac["Ec"], fac["win"], fac["dup"])),
-                                "W1": lambda v: _outer(fac["e"], gc, v),
-                                "b1": _copy(gc), "W2": lambda v: _outer(fac["hid"], D, v),
-                                "b2": _copy(D)})
+
+    def w_E(v):
+        v[...] = scatter_E(spec, fac["Ec"], fac["win"], fac["dup"])
+    _fill(blocks, lo, hi, out, {"E": w_E, "W1": lambda v: _outer(fac["e"], fac["gc"], v),
+                                "b1": lambda v: _copy(fac["gc"])(v),
+                                "W2": lambda v: _outer(fac["hid"], D, v), "b2": _copy(D)})
     return out

@@ -98,6 +98,31 @@ def test_mlp_parameter_shards_are_cut_between_factor_families():
     assert_merged_equal(medium, 2, "medium, cut at the end of b1", by="param_shard")
 
 
+def test_a_parameter_shard_keeps_only_its_families_factors(monkeypatch):
+    """medium cut at n=2: the second shard (W2 and b2) keeps no factor of E's or W1's
+    family (ghat, the centered E block, their moments) in its window cache, the first no
+    moment of D; both keep the factors every run reads."""
+    from fisher_ref.engine import fast
+    from fisher_ref.perf.scaling import load_scale_config
+    caches = []
+
+    class Recorded(fast.WindowCache):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            caches.append(self)
+    monkeypatch.setattr(fast, "WindowCache", Recorded)
+    medium = load_scale_config("medium")
+    held = []
+    for i in range(2):
+        exact(medium, progress=False, param_shard=(i, 2))
+        held.append({n.rstrip("0123456789_") for n in caches[-1].arrays})
+    exact(medium, progress=False)
+    whole = {n.rstrip("0123456789_") for n in caches[-1].arrays}
+    assert {"gc", "Ec", "mG", "mE", "mD", "c", "e", "hid"} <= whole
+    assert not held[1] & {"gc", "Ec", "mG", "mE"} and {"mD", "c", "hid"} <= held[1]
+    assert "mD" not in held[0] and {"gc", "Ec", "mG", "mE", "c"} <= held[0]
+
+
 def test_more_parameter_shards_than_parameters_are_refused():
     task = load_config("tabular")
     P = task.model.num_params

@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from fisher_ref.models.base import ModelSpec
 from fisher_ref.models.mlp import MLPModel
-from fisher_ref.models.mlp_scores import mlp_blocks, mlp_window_arrays
+from fisher_ref.models.mlp_scores import (factor_names, factor_shapes, families, mlp_blocks,
+                                          mlp_score_rows, mlp_window_arrays)
 from fisher_ref.models.sensitivities import mlp_sensitivities
 from fisher_ref.numerics import softmax, topk_weights
 
@@ -83,3 +84,40 @@ def test_blocks_tile_the_parameters():
     sizes = {name: stop - start for name, start, stop in blocks}
     assert {name: MLPModel(spec).unpack(np.zeros(blocks[-1][2]))[name].size
             for name in sizes} == sizes
+
+
+def test_a_slice_of_the_parameters_forms_only_its_families_factors():
+    """A slice inside W2's family (a parameter shard cut at family_cuts) forms and reads no
+    factor of E's or W1's (gc, Ec, mG, mE): the factors it does form still give the dense
+    scores (mlp_score_rows), and a factor asked for outside the slice is refused by name."""
+    spec = ModelSpec(vocab_size=5, context=2, embed_dim=3, hidden=4)
+    model = MLPModel(spec)
+    at = {name: (start, stop) for name, start, stop in mlp_blocks(spec)}
+    W2_family = slice(at["W2"][0], at["b2"][1])
+    assert families(spec) == {"E", "G", "D"}
+    assert families(spec, slice(at["W1"][0], at["b1"][1])) == {"G"}
+    assert families(spec, W2_family) == {"D"}
+    assert families(spec, slice(at["b1"][1] - 1, at["b1"][1] + 1)) == {"G", "D"}
+    assert families(spec, slice(0, 1)) == {"E"}
+    names = factor_names(spec, 2, 1, 3, W2_family)
+    assert names == ["e", "hid", "win", "dup", "c0", "c1", "mD0_1", "mD0_2", "mD0_3"]
+    assert set(factor_names(spec, 2, 1, 3)) >= {"gc0", "Ec1", "mG0_3", "mE0_1", "mD0_2"}
+
+    rng = np.random.default_rng(3)
+    theta = rng.standard_normal(model.num_params)
+    windows = np.array([[5, 1], [2, 2], [0, 3]])
+    p, q = softmax(rng.standard_normal((3, 5))), softmax(rng.standard_normal((3, 5)))
+    shapes = factor_shapes(spec)
+    fac = {n: np.full((3,) + shapes[n.rstrip("0123456789_")], np.nan) for n in names}
+    mlp_window_arrays(model, theta, windows, [p, q], [(q, 0, [None] * 3)], out=False,
+                      columns=W2_family, factors=fac)
+    assert all(np.isfinite(x).all() for x in fac.values())
+    tokens = np.array([4, 0, 2])
+    rows = {n: fac[n] for n in ("e", "hid", "win", "dup")} | {"c": fac["c1"]}
+    got = mlp_score_rows(spec, rows, tokens, W2_family)
+    dense = _dense(model, theta, windows, q, W2_family)[1][np.arange(3), tokens]
+    _close(got, dense)
+    with pytest.raises(ValueError, match="gc0"):
+        mlp_window_arrays(model, theta, windows, [p], [(q, 0, [None] * 3)], out=False,
+                          columns=W2_family,
+                          factors={"gc0": np.empty((3, 5, 4)), **{n: fac[n] for n in names}})
