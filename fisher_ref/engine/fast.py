@@ -271,8 +271,8 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
                                    if getattr(options, k) == "auto"})
     run = Run(task, options, shard=shard, budgets=budgets, columns=columns)
     keep = (run.keep_states, run.keep_sequences)  # as planned: the same in every shard
-    if param_shard is not None and i > 0:  # shard 0 keeps the rows without parameters
-        run.records, run.keep_sequences = False, False
+    if param_shard is not None and i < n_shards - 1:  # the last keeps the rows without
+        run.records, run.keep_sequences = False, False  # parameters (in the caller)
     V, k, fisher = task.model.vocab_size, task.model.context, run.quantities == "fisher"
     cache = WindowCache(task, run.streams, run.keep_states, budgets.window_cache_bytes,
                         {} if fisher else _accumulated(run), moments=2 if fisher else 4,
@@ -283,9 +283,9 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
                         dense_keys=budgets.dense_keys,
                         kept=_kept_by_window(task) if run.keep_states else None,
                         columns=run.columns, factored_last=factors_last_level(task))
-    # the autodiff gradient: in the last parameter shard (its result is small to send; shard
-    # 0, in the caller, keeps the records), else wherever the records are kept
-    autodiff = i == n_shards - 1 if param_shard is not None else run.records
+    # the autodiff gradient: wherever the records are kept (the last parameter shard, which
+    # runs in the caller and holds the lightest family of the MLP's factors)
+    autodiff = run.records
     batch = _AutodiffBatch(task, cache, budgets.autodiff_rows, enabled=autodiff)
 
     def block_arrays(block):

@@ -38,7 +38,7 @@ def param_shard_result(run, result, shard, tables, keep):
     """The :class:`ShardResult` of a parameter shard: ``run`` (a finished
     :class:`fisher_ref.engine.run.Run` over the parameters ``run.columns``) and its
     ``result``; the per-state records and per-response arrays (which do not depend on the
-    parameters; shard 0 only; the last shard forms the autodiff gradient) and ``tables``, the
+    parameters; the last shard only, which forms the autodiff gradient too) and ``tables``, the
     per-window arrays of its parameters, when kept; ``keep``: the run's planned
     ``(keep_states, keep_sequences)``, the same in every shard of it."""
     key = (task_key(run.task), repr(run.streams), run.quantities, bool(keep[0]), bool(keep[1]),
@@ -59,9 +59,9 @@ def merge_params(task, parts):
     """Parameter shards (sorted) into one result: every parameter-indexed sum is its
     shard's columns, placed side by side; the sums that hold no parameter (probability
     mass, rewards, their spread) are the same in every shard and are taken from the first;
-    the per-state and per-response rows are the first's, the autodiff gradient the last's
-    (the shard that formed it)."""
-    P, T, head = task.model.num_params, task.max_len, parts[0]
+    the per-state and per-response rows and the autodiff gradient are the last's (the shard
+    that formed them)."""
+    P, T, head, last = task.model.num_params, task.max_len, parts[0], parts[-1]
     cols = [p.columns for p in parts]
     if cols[0].start != 0 or cols[-1].stop != P or any(
             a.stop != b.start for a, b in zip(cols, cols[1:])):
@@ -83,11 +83,11 @@ def merge_params(task, parts):
             setattr(m, field, value)
         results[name] = finish_fisher(m) if head.quantities == "fisher" else \
             finish_stream(m, task.baseline)
-    seqs = head.sequences if head.quantities == "all" else None
-    out = ExactResult.build(task, head.cost, results, parts[-1].grad_ad, None, seqs,
+    seqs = last.sequences if head.quantities == "all" else None
+    out = ExactResult.build(task, head.cost, results, last.grad_ad, None, seqs,
                             head.quantities)
-    if head.states is not None:
-        states = dict(head.states)
+    if last.states is not None:
+        states = dict(last.states)
         # each shard's columns side by side, placed when a state array is first read
         tables = {k: [p.window_tables[k] for p in parts] for k in head.window_tables}
         out.states = GatheredStates(states, tables, states.pop("window"))

@@ -6,14 +6,15 @@ sum the engine forms per parameter is that parameter's alone, so the slices spli
 work per window and per state instead of repeating it (subtrees, ``shard=(i, N)``, would
 each compute the windows they share; that cut serves the Ray cluster, where what crosses
 the network must be small). Only the MLP forms just its columns of the sensitivities;
-other models form all of a window's and keep their columns. Shards ``1..N-1`` run in
+other models form all of a window's and keep their columns. Shards ``0..N-2`` run in
 ``N - 1`` worker processes, which send back their sums (arrays past
 :data:`SHARED_BYTES`, the per-window tables of a parameter shard, through a
 shared-memory block that each worker keeps and writes again run after run, the caller
-copying the arrays out); shard 0 runs in the calling process meanwhile
+copying the arrays out); the last shard runs in the calling process meanwhile
 (which would otherwise wait idle, and whose result then needs no pickling), and the
-caller merges them once. Shard 0 keeps the per-state and per-response records, the last
-shard forms the autodiff gradient. A worker (a process of ours alone) has glibc keep
+caller merges them once. The last shard keeps the per-state and per-response records
+and forms the autodiff gradient, so none of them is sent; for the MLP it holds ``W2``'s
+family, whose factors cost least per parameter. A worker (a process of ours alone) has glibc keep
 the memory its shards free for the next one. Workers are started with the ``spawn``
 method, with the
 BLAS thread counts set to 1 in their environment before they import numpy, and through
@@ -22,8 +23,8 @@ while it runs its shard. So ``N`` shards use ``N`` cores, not ``N`` times the BL
 threads. The pool is kept for the next call of the same size (starting a process and
 importing numpy costs about a second), and ended at exit.
 
-Because shard 0 runs in the calling process, a reward or model that ends its process
-ends the caller's (as with ``workers=1``), and one that raises there raises as it would
+Because the last shard runs in the calling process, a reward or model that ends its
+process ends the caller's (as with ``workers=1``), and one that raises there raises as it would
 with ``workers=1``; in a worker, either is a ``RuntimeError`` that names the shard. A
 failed run ends the pool, the other shards still running with it.
 
@@ -223,9 +224,16 @@ def _without_main():
         sys.modules["__main__"] = main
 
 
+def _here(n, by):
+    """The shard of ``n`` the calling process runs: the last parameter shard (which keeps
+    the per-state and per-response records, :func:`fisher_ref.engine.fast.exact`, so they
+    need no sending), else shard 0."""
+    return n - 1 if by == "param_shard" else 0
+
+
 def _submit(ex, engine, task, n, kw, by, run):
     return {ex.submit(_shard_in_worker, engine, task, {by: (i, n)}, kw, run): i
-            for i in range(1, n)}
+            for i in range(n) if i != _here(n, by)}
 
 
 #: Arrays of a worker's result at least this large come back through shared memory: on
@@ -362,10 +370,10 @@ def _close_attached():
 
 def run_shards(engine, task, n, kw, progress=False, by="shard"):
     """``[engine(task, shard=(i, n), **kw) for i in range(n)]`` (the keyword ``by``:
-    ``"shard"`` or ``"param_shard"``): shard 0 in this process, shards ``1..n-1`` in
-    ``n - 1`` worker processes, one each (``engine``: a module-level function, such as
-    :func:`fisher_ref.exact`); with ``progress``, a bar of the shards done on stderr once
-    the run exceeds 2 s.
+    ``"shard"`` or ``"param_shard"``): one in this process (shard 0; the last parameter
+    shard, which keeps the records), the others in ``n - 1`` worker processes, one each
+    (``engine``: a module-level function, such as :func:`fisher_ref.exact`); with
+    ``progress``, a bar of the shards done on stderr once the run exceeds 2 s.
 
     Raises:
         ValueError: the task cannot be sent to a worker (:func:`unsendable` says why).
@@ -394,8 +402,9 @@ def _run(engine, task, n, kw, progress, by, run):
                                     enabled=progress)
     try:
         try:
+            here = _here(n, by)
             with threadpool_limits(1):  # the workers' cores are busy: one thread here too
-                out[0] = engine(task, **{by: (0, n)}, **kw)
+                out[here] = engine(task, **{by: (here, n)}, **kw)
         except BaseException:
             _discard()  # nothing of a failed run is kept, nor left running
             _free(futures)

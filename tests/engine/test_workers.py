@@ -1,5 +1,5 @@
 """The shards of one exact run in local worker processes (fisher_ref.engine.workers):
-the same result as one process, one BLAS thread each, shard 0 in the calling process,
+the same result as one process, one BLAS thread each, one shard in the calling process,
 'auto' sized by the cost, the cores and the memory limit, a dead worker named by its
 shard, a broken kept pool replaced, and tasks the workers cannot receive refused."""
 import os
@@ -64,19 +64,29 @@ def _where(task, shard, **kw):
     return shard, os.getpid(), sorted({p["num_threads"] for p in threadpool_info()})
 
 
-def test_shard_zero_runs_here_and_the_others_in_workers():
-    """The calling process runs shard 0 itself (one BLAS thread meanwhile) while n - 1
-    workers run the rest; a pool of n - 1 processes is kept."""
+def _where_params(task, param_shard, **kw):
+    return _where(task, param_shard)
+
+
+def test_one_shard_runs_here_and_the_others_in_workers():
+    """The calling process runs one shard itself (one BLAS thread meanwhile) while n - 1
+    workers run the rest: shard 0 of subtree shards, the last of parameter shards (the
+    one that keeps the records); a pool of n - 1 processes is kept."""
     out = workers_mod.run_shards(_where, load_config("default"), 3, {})
     assert [o[0] for o in out] == [(0, 3), (1, 3), (2, 3)]
     assert out[0][1] == os.getpid() and os.getpid() not in (out[1][1], out[2][1])
     assert all(o[2] == [1] for o in out), out
     assert workers_mod._POOL["n"] == 2
+    out = workers_mod.run_shards(_where_params, load_config("default"), 3, {},
+                                 by="param_shard")
+    assert [o[0] for o in out] == [(0, 3), (1, 3), (2, 3)]
+    assert out[2][1] == os.getpid() and os.getpid() not in (out[0][1], out[1][1])
+    assert all(o[2] == [1] for o in out), out
 
 
 def _die(prompt, response):
-    """A reward that ends the process it runs in, when that is a worker (shard 0 runs in
-    the calling process, as with workers=1)."""
+    """A reward that ends the process it runs in, when that is a worker (the last
+    parameter shard runs in the calling process, as with workers=1)."""
     import multiprocessing
     if multiprocessing.parent_process() is not None:
         os._exit(3)
@@ -85,7 +95,7 @@ def _die(prompt, response):
 
 def test_a_dead_worker_is_an_error_naming_its_shard():
     task = load_config("default").with_(reward=FunctionReward(_die))
-    with pytest.raises(RuntimeError, match=r"shard 1 of 2"):
+    with pytest.raises(RuntimeError, match=r"shard 0 of 2"):
         exact(task, progress=False, workers=2)
     # the next run starts a fresh pool
     good = load_config("default")
@@ -172,7 +182,7 @@ def test_a_broken_kept_pool_is_replaced():
 
 
 def _raise_in_worker(prompt, response):
-    """A reward that raises in a worker process (shard 0, in the caller, is spared)."""
+    """A reward that raises in a worker process (the caller's shard is spared)."""
     import multiprocessing
     if multiprocessing.parent_process() is not None:
         raise ArithmeticError("boom in the worker")
@@ -191,7 +201,7 @@ def _raise_here(prompt, response):
 
 def test_a_shard_raising_in_a_worker_is_an_error_naming_it_and_ends_the_pool():
     task = load_config("default").with_(reward=FunctionReward(_raise_in_worker))
-    with pytest.raises(RuntimeError, match=r"shard 1 of 2 failed in its worker process: "
+    with pytest.raises(RuntimeError, match=r"shard 0 of 2 failed in its worker process: "
                                            r"ArithmeticError: boom in the worker"):
         exact(task, progress=False, workers=2)
     assert "executor" not in workers_mod._POOL  # ended, not kept with a shard running
@@ -220,8 +230,8 @@ def test_large_arrays_of_a_worker_come_back_through_shared_memory(monkeypatch):
     task = load_config("offpolicy_stale")
     kw = dict(progress=False, topk=(1, 2), keep_states=True)
     monkeypatch.setattr(workers_mod, "SHARED_BYTES", 1)  # every array, in this process
-    direct = exact(task, param_shard=(0, 2), **kw)
-    sent = workers_mod._shard_in_worker(exact, task, {"param_shard": (0, 2)}, kw)
+    direct = exact(task, param_shard=(1, 2), **kw)  # the last: it keeps the records
+    sent = workers_mod._shard_in_worker(exact, task, {"param_shard": (1, 2)}, kw)
     name, slot, index = sent.shared
     assert slot is None  # no run number: a block of its own, freed once copied
     assert {f for f, *_ in index} == {"window_tables", "states", "sequences"}
@@ -235,7 +245,7 @@ def test_large_arrays_of_a_worker_come_back_through_shared_memory(monkeypatch):
             assert np.array_equal(a[k], b[k]) and a[k].dtype == b[k].dtype, (f, k)
     with pytest.raises(FileNotFoundError):  # freed by _unpack
         shared_memory.SharedMemory(name=name)
-    small = workers_mod._shard_in_worker(exact, task, {"param_shard": (1, 2)},
+    small = workers_mod._shard_in_worker(exact, task, {"param_shard": (0, 2)},
                                          dict(kw, keep_states=False))
     assert not hasattr(small, "shared")  # nothing kept, nothing to share
 
@@ -252,10 +262,10 @@ def test_a_worker_keeps_its_block_from_run_to_run(monkeypatch):
     monkeypatch.setattr(workers_mod, "SHARED_BYTES", 1)
     small, large = load_config("default"), load_config("offpolicy_stale")
     kw = dict(progress=False, keep_states=True)
-    want = {name: exact(t, param_shard=(0, 2), **kw)
+    want = {name: exact(t, param_shard=(1, 2), **kw)  # the last shard: it keeps the records
             for name, t in (("small", small), ("large", large))}
     send = lambda task, run: workers_mod._shard_in_worker(exact, task,
-                                                          {"param_shard": (0, 2)}, kw, run)
+                                                          {"param_shard": (1, 2)}, kw, run)
 
     def same(got, want):
         for f in ("window_tables", "states", "sequences"):
