@@ -8,7 +8,10 @@ timed by wall clock; the speed-up is the ratio of the medians (and of the best
 times). The parent process is held to one BLAS thread too (threadpoolctl, or the
 variables before numpy is imported), so both sides use one thread per process.
 Prints the machine, the commit and whether the results agree at 1e-12, the same split
-in CPU seconds, and how many windows' arrays the whole run and each subtree shard compute.
+in CPU seconds, and how many windows' arrays the whole run and each subtree shard compute;
+last, the machine's own ceiling: a fixed kernel that reads no fisher_ref code, alone and
+as two copies side by side (on a machine whose two cores are shared with other load, two
+copies of anything run slower than one).
 """
 import argparse
 import os
@@ -55,6 +58,33 @@ def _windows(task, kw):
     finally:
         window_cache.WindowCache._compute = compute
     return seen[0]
+
+
+def _kernel(_=None):
+    """A fixed piece of CPU work that reads no fisher_ref code: small matrix products and
+    elementwise passes over arrays a core's cache holds, in a Python loop. Returns its
+    wall time."""
+    rng = np.random.default_rng(0)
+    a, b = rng.random((48, 48)), rng.random((48, 48))
+    t0 = time.perf_counter()
+    for _ in range(6000):
+        c = a @ b
+        a = np.tanh(c * 1e-3)
+    return time.perf_counter() - t0
+
+
+def _machine_pairs(repeats):
+    """The machine's own ceiling: the kernel alone in a worker process, and two copies of
+    it side by side in two (the slower of the two), alternating; ``(solo, pair)`` medians.
+    With two free cores the pair takes as long as one alone."""
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        pool.map(_kernel, range(2))  # warm both processes
+        solo, pair = [], []
+        for _ in range(repeats):
+            solo.append(pool.apply(_kernel))
+            pair.append(max(pool.map(_kernel, range(2), chunksize=1)))
+    return float(np.median(solo)), float(np.median(pair))
 
 
 def _timed(task, workers):
@@ -109,8 +139,12 @@ def main(argv=None):
           f"shards (shard=(i, n)) " + ", ".join(str(_windows(task, {"shard": (i, args.workers)}))
                                                 for i in range(args.workers)) +
           "; parameter shards: every window, each for its columns only")
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
     shutdown()
+    solo, pair = _machine_pairs(args.repeats)
+    print(f"the machine itself: a fixed kernel of numpy products took {solo:.3f} s alone and "
+          f"{pair:.3f} s as two copies side by side (medians of {args.repeats}); two copies of "
+          f"any work run here at most {2 * solo / pair:.2f}x as fast as one after another")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 
 
