@@ -142,8 +142,8 @@ def main(argv=None):
     shutdown()
     solo, pair = _machine_pairs(args.repeats)
     print(f"the machine itself: a fixed kernel of numpy products took {solo:.3f} s alone and "
-          f"{pair:.3f} s as two copies side by side (medians of {args.repeats}); two copies of "
-          f"any work run here at most {2 * solo / pair:.2f}x as fast as one after another")
+          f"{pair:.3f} s as two copies side by side (medians of {args.repeats}): two copies of "
+          f"such work ran {2 * solo / pair:.2f}x as fast as one after another (an indication of load, not a bound)")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 

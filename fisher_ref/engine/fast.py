@@ -284,7 +284,7 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
                         kept=_kept_by_window(task) if run.keep_states else None,
                         columns=run.columns, factored_last=factors_last_level(task))
     # the autodiff gradient: wherever the records are kept (the last parameter shard, which
-    # runs in the caller and holds the lightest family of the MLP's factors)
+    # workers=N runs in the caller)
     autodiff = run.records
     batch = _AutodiffBatch(task, cache, budgets.autodiff_rows, enabled=autodiff)
 

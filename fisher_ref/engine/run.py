@@ -246,7 +246,7 @@ class Run:
         self.P = len(range(P)[self.columns])
         self.moments = {stream.name: Moments(self.P, T) for stream in self.streams}
         # the rows that hold no parameter (per-state records, per-response arrays, the
-        # autodiff gradient): a parameter shard other than the first leaves them to it
+        # autodiff gradient): a parameter shard other than the last leaves them to it
         self.records = True
         # shard (i, n): walk only its subtrees; every shard takes the same r0 (one more
         # call of the reward per shard)

@@ -210,8 +210,8 @@ def test_a_shard_raising_in_a_worker_is_an_error_naming_it_and_ends_the_pool():
                          exact(good, progress=False, workers=1))["policy.sequence_fisher"] <= RTOL
 
 
-def test_shard_zero_failing_ends_the_workers_still_running():
-    """Shard 0 raises in the caller while shard 1 still runs in its worker: the error is
+def test_the_callers_shard_failing_ends_the_workers_still_running():
+    """The caller's shard (the last) raises while shard 0 still runs in its worker: the error is
     the caller's own (as with workers=1), and the running worker is ended with the pool."""
     task = load_config("default").with_(reward=FunctionReward(_raise_here))
     with pytest.raises(ArithmeticError, match="boom in the caller"):
@@ -332,7 +332,7 @@ def test_workers_with_tables_past_the_shared_size_give_the_single_run():
     errs = merged_errors(par, single)
     assert max(errs.values()) <= RTOL, errs
     # the worker's half of a per-window table is past the size sent through shared memory
-    half = exact(task, param_shard=(1, 2), progress=False, keep_states=True)
+    half = exact(task, param_shard=(0, 2), progress=False, keep_states=True)
     assert half.window_tables["token_fisher"].nbytes >= workers_mod.SHARED_BYTES
 
 
