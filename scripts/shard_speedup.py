@@ -143,7 +143,8 @@ def main(argv=None):
     solo, pair = _machine_pairs(args.repeats)
     print(f"the machine itself: a fixed kernel of numpy products took {solo:.3f} s alone and "
           f"{pair:.3f} s as two copies side by side (medians of {args.repeats}): two copies of "
-          f"such work ran {2 * solo / pair:.2f}x as fast as one after another (an indication of load, not a bound)")
+          f"such work ran {2 * solo / pair:.2f}x as fast as one after another "
+          "(an indication of the machine's load, not a bound)")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -14,8 +14,9 @@ copying the arrays out); the last shard runs in the calling process meanwhile
 (which would otherwise wait idle, and whose result then needs no pickling), and the
 caller merges them once. The last shard keeps the per-state and per-response records
 and forms the autodiff gradient, so none of them is sent; for the MLP it holds ``W2``'s
-family, whose factors cost least per parameter. A worker (a process of ours alone) has glibc keep
-the memory its shards free for the next one. Workers are started with the ``spawn``
+family (when the cut at the end of ``b1`` is within reach), whose factors cost least per
+parameter. (Subtree shards: shard 0 runs in the caller.) A worker (a process of ours
+alone) has glibc keep the memory its shards free for the next one. Workers are started with the ``spawn``
 method, with the
 BLAS thread counts set to 1 in their environment before they import numpy, and through
 ``threadpoolctl`` too; the caller's own BLAS is held to one thread by ``threadpoolctl``
@@ -24,8 +25,8 @@ threads. The pool is kept for the next call of the same size (starting a process
 importing numpy costs about a second), and ended at exit.
 
 Because the last shard runs in the calling process, a reward or model that ends its
-process ends the caller's (as with ``workers=1``), and one that raises there raises as it would
-with ``workers=1``; in a worker, either is a ``RuntimeError`` that names the shard. A
+process ends the caller's (as with ``workers=1``), and one that raises there raises as
+it would with ``workers=1``; in a worker, either is a ``RuntimeError`` that names the shard. A
 failed run ends the pool, the other shards still running with it.
 
 ``workers="auto"`` takes the cores this process may use, and 1 (no process at all)

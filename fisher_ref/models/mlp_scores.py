@@ -178,8 +178,9 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
             (``mD`` on ``b2``) and ``mE`` ``(k d,)`` on ``E`` by window position (as ``Ec``).
             Only the factors of the families inside ``columns`` are formed
             (:func:`factor_names`; a ``ValueError`` names any other asked for), and so read
-            by a run over them: a parameter shard cut at :func:`family_cuts` forms
-            none of the other shards' factors.
+            by a run over them: a parameter shard cut at :func:`family_cuts` forms no
+            ``gc``, ``Ec`` or moment factor of another shard's families (``gT`` is formed
+            for ``E`` and for ``W1``'s family alike, ``e``, ``hid`` and ``c`` in every run).
 
     Returns:
         ``(xi, ys, unif)``: the scores of each center (``None`` with ``out=False``), the
@@ -195,8 +196,7 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
     e, hid = f.e, f.hid
     cent = [f.centered(c) for c in centers]
     if factors is not None:
-        outside = sorted(n for n in factors if _OWN.get(n.rstrip("0123456789_"), "") not in
-                         fam | {""})
+        outside = sorted(n for n in factors if not _formed(n, fam))
         if outside:
             raise ValueError(f"factors {outside} are not formed for the parameters "
                              f"{lo}..{hi} (their blocks lie outside them)")
@@ -284,16 +284,21 @@ def factor_shapes(spec):
 _OWN = {"gc": "G", "Ec": "E", "mG": "G", "mD": "D", "mE": "E"}
 
 
+def _formed(name, fam):
+    """Whether the factor ``name`` (with or without its center, stream and power suffix)
+    is formed by a run over the families ``fam``."""
+    return _OWN.get(name.rstrip("0123456789_"), "") in fam | {""}
+
+
 def factor_names(spec, n_centers, n_streams, moments, columns=None):
     """The names of the factors a run over the parameters ``columns`` keeps per window
     (:data:`FACTORS` and the moments' ``mG``, ``mD``, ``mE`` of ``l = 1..moments``), for
     ``n_centers`` centers and ``n_streams`` streams: those of the families inside the
     columns only (:func:`families`)."""
     fam = families(spec, columns)
-    keep = lambda n: _OWN.get(n, "") in fam | {""}
     return list(FACTORS[:4]) + \
-        [f"{n}{i}" for n in FACTORS[4:] if keep(n) for i in range(n_centers)] + \
-        [f"{n}{s}_{l}" for n in ("mG", "mD", "mE") if keep(n)
+        [f"{n}{i}" for n in FACTORS[4:] if _formed(n, fam) for i in range(n_centers)] + \
+        [f"{n}{s}_{l}" for n in ("mG", "mD", "mE") if _formed(n, fam)
          for s in range(n_streams) for l in range(1, moments + 1)]
 
 
