@@ -74,6 +74,10 @@ def merge_params(task, parts):
                 raise ShardError(f"parameter shards {head.shard} and {p.shard} disagree on "
                                  f"the probability mass or reference reward of stream "
                                  f"{name!r}: they did not walk the same tree")
+    kept_states, kept_seqs = head.key[3], head.key[4] and head.quantities == "all"
+    if (kept_states and last.states is None) or (kept_seqs and last.sequences is None):
+        raise ShardError(f"parameter shard {last.shard} holds no per-state or per-response "
+                         f"records, which its run kept: it did not run as the last shard")
     results = {}
     for stream in head.streams:
         name, m = stream.name, Moments(P, T)

@@ -146,3 +146,26 @@ def test_parameter_shards_of_different_walks_are_refused():
     parts[1].moments["policy"]["mass"] *= 1.5
     with pytest.raises(ShardError, match="did not walk the same tree"):
         merge(task, parts)
+
+
+def test_only_the_last_parameter_shard_carries_the_records():
+    """Shards before the last (what workers run) send their sums and their own columns'
+    window arrays, and no per-state or per-response record; a merge whose last shard holds
+    none of the records its run kept is refused, not returned without them."""
+    import numpy as np
+    task = load_config("default")
+    parts = [exact(task, progress=False, param_shard=(i, 3), keep_states=True,
+                   keep_sequences=True) for i in range(3)]
+    for p in parts[:-1]:
+        assert p.states is None and p.sequences is None
+        assert not np.any(p.grad_ad)
+        assert p.window_tables and all(v.shape[-1] == p.columns.stop - p.columns.start
+                                       for v in p.window_tables.values())
+    assert parts[-1].states is not None and parts[-1].sequences is not None
+    assert np.any(parts[-1].grad_ad)
+    merge(task, parts)
+    for field in ("states", "sequences"):
+        bad = [parts[0], parts[1], parts[2]]
+        bad[-1] = type(parts[2])(**{**vars(parts[2]), field: None})
+        with pytest.raises(ShardError, match="did not run as the last shard"):
+            merge(task, bad)
