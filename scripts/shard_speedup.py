@@ -10,8 +10,8 @@ variables before numpy is imported), so both sides use one thread per process.
 Prints the machine, the commit and whether the results agree at 1e-12, the same split
 in CPU seconds, and how many windows' arrays the whole run and each subtree shard compute;
 last, the machine's own ceiling: a fixed kernel that reads no fisher_ref code, alone and
-as two copies side by side (on a machine whose two cores are shared with other load, two
-copies of anything run slower than one).
+as N copies side by side (on a machine whose cores are shared with other load, N copies
+of anything run slower than one).
 """
 import argparse
 import os
@@ -73,18 +73,23 @@ def _kernel(_=None):
     return time.perf_counter() - t0
 
 
-def _machine_pairs(repeats):
-    """The machine's own ceiling: the kernel alone in a worker process, and two copies of
-    it side by side in two (the slower of the two), alternating; ``(solo, pair)`` medians.
-    With two free cores the pair takes as long as one alone."""
+def _machine_pairs(repeats, n):
+    """The machine's own ceiling: the kernel alone in a worker process, and ``n`` copies of
+    it side by side in ``n``, alternating, each timed from this process (the pool's
+    hand-offs included, as they are in ``exact(task, workers=n)``); ``(solo, together)``
+    medians. With ``n`` free cores the copies together take as long as one alone."""
     import multiprocessing
-    with multiprocessing.get_context("spawn").Pool(2) as pool:
-        pool.map(_kernel, range(2))  # warm both processes
-        solo, pair = [], []
+    with multiprocessing.get_context("spawn").Pool(n) as pool:
+        pool.map(_kernel, range(n))  # warm every process
+        solo, together = [], []
         for _ in range(repeats):
-            solo.append(pool.apply(_kernel))
-            pair.append(max(pool.map(_kernel, range(2), chunksize=1)))
-    return float(np.median(solo)), float(np.median(pair))
+            t0 = time.perf_counter()
+            pool.apply(_kernel)
+            solo.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            pool.map(_kernel, range(n), chunksize=1)
+            together.append(time.perf_counter() - t0)
+    return float(np.median(solo)), float(np.median(together))
 
 
 def _timed(task, workers):
@@ -140,11 +145,12 @@ def main(argv=None):
                                                 for i in range(args.workers)) +
           "; parameter shards: every window, each for its columns only")
     shutdown()
-    solo, pair = _machine_pairs(args.repeats)
+    n = args.workers
+    solo, together = _machine_pairs(args.repeats, n)
     print(f"the machine itself: a fixed kernel of numpy products took {solo:.3f} s alone and "
-          f"{pair:.3f} s as two copies side by side (medians of {args.repeats}): two copies of "
-          f"such work ran {2 * solo / pair:.2f}x as fast as one after another "
-          "(an indication of the machine's load, not a bound)")
+          f"{together:.3f} s as {n} copies side by side (medians of {args.repeats}, timed from "
+          f"this process): {n} copies of such work ran {n * solo / together:.2f}x as fast as "
+          "one after another (an indication of the machine's load, not a bound)")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 
