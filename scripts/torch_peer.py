@@ -38,10 +38,17 @@ twice: with every quantity (the default), and with ``quantities="fisher"``, whic
 computes what the peer computes (and E[h^2] of every stream, the uniform-reference
 Fisher and E[xi|s] per state besides)::
 
-    python scripts/torch_peer.py [--repeats 5] [--tasks medium v16] [--old PATH]
+    python scripts/torch_peer.py [--repeats 5] [--tasks medium v16] [--keep-memory]
 
-``--old PATH`` adds a column for the ``fisher_ref`` package of another checkout
-(imported under another name) — how the README's "before" numbers were taken.
+Each row is followed by what each side cost the kernel: its minor page faults and system
+seconds per run (medians). With glibc's default settings a large freed block goes back to
+the system, so every run touches fresh pages again; a page fault costs microseconds on a
+virtual machine, and a side that allocates large arrays pays for it on every run.
+``--keep-memory`` runs the script again with ``MALLOC_MMAP_THRESHOLD_`` and
+``MALLOC_TRIM_THRESHOLD_`` set (``fisher_ref.perf.bench.KEEP_MEMORY``; glibc reads them at
+start, other C libraries ignore them), so that freed memory is kept and reused between
+runs: the two conditions bracket a run in a fresh process (every page fresh) and a run in
+a process that has run before.
 """
 from __future__ import annotations
 
@@ -265,16 +272,11 @@ def _threads():
         f"{k}={v}" for k, v in blas.items())
 
 
-def _import_old(path):
-    """The ``fisher_ref`` package of another checkout, imported as ``fisher_ref_old``."""
-    import importlib.util
-    init = os.path.join(path, "fisher_ref", "__init__.py")
-    spec = importlib.util.spec_from_file_location(
-        "fisher_ref_old", init, submodule_search_locations=[os.path.dirname(init)])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["fisher_ref_old"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+def _memory_condition(keep):
+    kept = all(os.environ.get(k) == v for k, v in keep.items())
+    return ("freed memory kept and reused between runs (" +
+            ", ".join(f"{k}={v}" for k, v in keep.items()) + ")") if kept else \
+        "the C library's default (glibc hands large freed blocks back to the system)"
 
 
 def main(argv=None):
@@ -286,15 +288,23 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="fisher_ref exact against the torch peer")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tasks", nargs="+", default=["medium", "v16"])
-    ap.add_argument("--old", help="a checkout whose fisher_ref to time as well")
+    ap.add_argument("--keep-memory", action="store_true",
+                    help="rerun with glibc told to keep freed memory (module docstring)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root))
+    from fisher_ref.perf.bench import KEEP_MEMORY  # the harness's, not the peer's
+    if args.keep_memory and not all(os.environ.get(k) == v for k, v in KEEP_MEMORY.items()):
+        import subprocess  # glibc reads the variables at start: run again with them set
+        return subprocess.call([sys.executable, __file__] + list(sys.argv[1:] if argv is None
+                                                                 else argv),
+                               env={**os.environ, **KEEP_MEMORY})
+    import resource
+    torch.set_num_threads(1)
     from fisher_ref import exact, task_from_json
-    old = _import_old(args.old) if args.old else None
     print(f"threads: {_threads()}; load average before: {os.getloadavg()}")
-    cols = (["old exact"] if old else []) + ["exact", "exact fisher", "peer", "peer per h"]
+    print(f"memory: {_memory_condition(KEEP_MEMORY)}")
+    cols = ["exact", "exact fisher", "peer", "peer per h"]
     print("| task | P | " + " | ".join(f"{c} median (min) s" for c in cols) +
           " | exact / peer, wall | exact / peer, CPU | exact fisher / peer, wall | "
           "exact fisher / peer, CPU | exact fisher / peer per h, wall |")
@@ -310,17 +320,20 @@ def main(argv=None):
                                               quantities="fisher").states["token_fisher"],
                 "peer": lambda: peer_exact(spec),  # expanded per parent: the faster
                 "peer per h": lambda: peer_exact(spec, expand=False)}  # issue 9's method
-        if old:
-            runs["old exact"] = lambda: old.exact(old.task_from_json(spec), progress=False)
         wall, cpu = {c: [] for c in cols}, {c: [] for c in cols}
+        faults, sys_s = {c: [] for c in cols}, {c: [] for c in cols}
         for c in cols:  # warm-up, not timed: imports, torch.func's first trace, allocator
             runs[c]()
         for _ in range(args.repeats):  # interleaved: each repeat runs every side once
             for c in cols:
+                r0 = resource.getrusage(resource.RUSAGE_SELF)
                 t0, c0 = time.perf_counter(), time.process_time()
                 runs[c]()
                 wall[c].append(time.perf_counter() - t0)
                 cpu[c].append(time.process_time() - c0)
+                r1 = resource.getrusage(resource.RUSAGE_SELF)
+                faults[c].append(r1.ru_minflt - r0.ru_minflt)
+                sys_s[c].append(r1.ru_stime - r0.ru_stime)
         med = {c: float(np.median(v)) for c, v in wall.items()}
         cmed = {c: float(np.median(v)) for c, v in cpu.items()}
         P = peer_theta(spec["model"]).size
@@ -330,9 +343,9 @@ def main(argv=None):
             f" | {med['exact fisher'] / med['peer']:.2f}"
             f" | {cmed['exact fisher'] / cmed['peer']:.2f}"
             f" | {med['exact fisher'] / med['peer per h']:.2f} |", flush=True)
-        if old:
-            print(f"  old / new exact: wall {med['old exact'] / med['exact']:.1f}x, "
-                  f"CPU {cmed['old exact'] / cmed['exact']:.1f}x")
+        print(f"  {name}, per run (medians): " + "; ".join(
+            f"{c} {np.median(faults[c]):,.0f} page faults, {np.median(sys_s[c]):.3f} s in the "
+            "kernel" for c in cols), flush=True)
     print(f"load average after: {os.getloadavg()}")
 
 

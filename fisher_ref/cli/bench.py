@@ -13,8 +13,8 @@ __all__ = ["add_arguments", "run", "scaling_main"]
 
 
 def add_arguments(parser):
-    """``--repeats``, ``--device``, ``--threads``, ``--in-process``, ``--no-peer``, ``--json``,
-    ``--scaling``."""
+    """``--repeats``, ``--device``, ``--threads``, ``--in-process``, ``--keep-memory``,
+    ``--no-peer``, ``--json``, ``--scaling``."""
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                         help=f"timed runs of each measurement (default {DEFAULT_REPEATS})")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
@@ -24,6 +24,10 @@ def add_arguments(parser):
                         help=f"threads of every side (default {DEFAULT_THREADS}; 0: unpinned)")
     parser.add_argument("--in-process", action="store_true",
                         help="time in this process instead of one process per measurement")
+    parser.add_argument("--keep-memory", action="store_true",
+                        help="start each side's process with glibc told to keep freed memory "
+                             "and reuse it (fisher_ref.perf.bench.KEEP_MEMORY); default: "
+                             "the C library's own settings")
     parser.add_argument("--no-peer", action="store_true",
                         help="leave out scripts/torch_peer.py even when it exists")
     parser.add_argument("--json", default=None, metavar="FILE",
@@ -57,7 +61,7 @@ def run(args):
         raise ValueError(str(exc)) from None
     names = measurements(args.device, task, peer=not args.no_peer)
     res = bench(task, repeats=args.repeats, names=names, threads=args.threads,
-                isolate=False if args.in_process else None)
+                isolate=False if args.in_process else None, keep_memory=args.keep_memory)
     if args.json:  # the temporary file exists only while the timings are written
         with atomic_output(args.json, "--json file") as tmp, open(tmp, "w") as fh:
             json.dump(res, fh, indent=1)

@@ -25,7 +25,16 @@ torch 20-50x slower). Each is warmed up once; then the measurements run in turn,
 average is recorded before every round. Reported: median and minimum wall time of each,
 the ratios ``median(fisher_ref) / median(other)`` and of the minima (below 1:
 fisher_ref is faster), the like-for-like ratio of the peer, and per measurement its torch threads, its BLAS threads
-(threadpoolctl's report) and its peak RSS.
+(threadpoolctl's report), its peak RSS, and what each run cost in the kernel: minor page
+faults and system seconds (``getrusage``; not counted on a system without it).
+
+Memory. With glibc's default settings large freed blocks go back to the system, so every
+run faults its pages in afresh, and a page fault costs microseconds on a virtual machine: a
+side that allocates large arrays pays that on every run. ``keep_memory=True`` starts every
+measurement's process with :data:`KEEP_MEMORY` (glibc's ``MALLOC_MMAP_THRESHOLD_`` and
+``MALLOC_TRIM_THRESHOLD_``), so that freed memory stays in the process and is reused: the
+two conditions bracket a run in a fresh process and one in a process that has run before,
+and the ratio can differ between them (docs/performance/speed.md).
 ``isolate=False`` times in this process instead (threads pinned with
 ``torch.set_num_threads`` and threadpoolctl), for tasks that cannot be
 sent to another process (a Python callable reward).
@@ -46,7 +55,7 @@ from fisher_ref.engine.workers import environment
 
 
 __all__ = ["MEASUREMENTS", "WORK", "LIKE_FOR_LIKE", "DEFAULT_REPEATS", "DEFAULT_THREADS", "PEER_SCRIPT",
-           "measurements", "time_call", "bench", "format_table", "thread_report"]
+           "KEEP_MEMORY", "measurements", "time_call", "bench", "format_table", "thread_report"]
 
 DEFAULT_REPEATS = 5
 DEFAULT_THREADS = 1
@@ -66,6 +75,9 @@ WORK = {
                          "the token Fisher per state formed (the uniform Fisher and E[xi|s] "
                          "kept per window)",
 }
+#: glibc's settings of ``bench(keep_memory=True)``, read when a process starts: no freed
+#: block is handed back to the system (an mmap threshold of 1 GiB, no trimming)
+KEEP_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(2 ** 30), "MALLOC_TRIM_THRESHOLD_": str(2 ** 62)}
 #: For a measurement that does less than fisher_ref, the fisher_ref measurement doing the
 #: same work: ``ratio_like[name] = median(LIKE_FOR_LIKE[name]) / median(name)``.
 LIKE_FOR_LIKE = {"torch_peer": "fisher_ref_fisher"}
@@ -149,9 +161,31 @@ def measurements(device=None, task=None, peer=True):
 
 def time_call(fn):
     """Wall time of one call of ``fn`` in seconds (``time.perf_counter``)."""
+    return _timed_call(fn)[0]
+
+
+def _kernel_counts():
+    """``(minor page faults, system seconds)`` of this process so far; ``None`` without
+    ``getrusage``."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return None
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_minflt, r.ru_stime
+
+
+def _timed_call(fn):
+    """``(wall seconds, minor page faults, system seconds)`` of one call of ``fn`` (the
+    last two ``None`` where the system does not count them)."""
+    k0 = _kernel_counts()
     t0 = time.perf_counter()
     fn()
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    k1 = _kernel_counts()
+    if k0 is None or k1 is None:
+        return wall, None, None
+    return wall, k1[0] - k0[0], k1[1] - k0[1]
 
 
 def thread_report():
@@ -181,8 +215,9 @@ def _worker(conn, name, task_bytes, threads):
         fn()  # warm-up: imports, allocator, kernels
         conn.send(("ready", None))
         while conn.recv() == "run":
-            conn.send(("time", time_call(fn)))
-        conn.send(("done", dict(thread_report(), max_rss_bytes=_max_rss_bytes())))
+            conn.send(("time", _timed_call(fn)))
+        conn.send(("done", dict(thread_report(), max_rss_bytes=_max_rss_bytes(),
+                                malloc={k: os.environ.get(k) for k in KEEP_MEMORY})))
     except Exception as exc:  # reported to the parent, which raises
         import traceback
         conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
@@ -191,11 +226,12 @@ def _worker(conn, name, task_bytes, threads):
 class _Process:
     """A measurement in a spawned process whose thread variables are set before start."""
 
-    def __init__(self, name, task_bytes, threads):
+    def __init__(self, name, task_bytes, threads, keep_memory=False):
         import multiprocessing as mp
         ctx = mp.get_context("spawn")
         self.name, (self.conn, child) = name, ctx.Pipe()
-        with environment({v: str(threads) for v in THREAD_VARS} if threads else {}):
+        env = {v: str(threads) for v in THREAD_VARS} if threads else {}
+        with environment({**env, **(KEEP_MEMORY if keep_memory else {})}):
             self.proc = ctx.Process(target=_worker, args=(child, name, task_bytes, threads),
                                     daemon=True)
             self.proc.start()
@@ -232,10 +268,11 @@ class _InProcess:
         self.fn()  # warm-up
 
     def __call__(self):
-        return time_call(self.fn)
+        return _timed_call(self.fn)
 
     def finish(self):
-        return dict(thread_report(), max_rss_bytes=None)
+        return dict(thread_report(), max_rss_bytes=None,
+                    malloc={k: os.environ.get(k) for k in KEEP_MEMORY})
 
     def close(self):
         pass
@@ -257,6 +294,21 @@ def _pinned_here(threads):
         torch.set_num_threads(old)
 
 
+def _check_keep_memory(keep_memory, isolate):
+    if not isinstance(keep_memory, bool):
+        raise ValueError(f"keep_memory must be True or False, got {keep_memory!r}")
+    if not keep_memory:
+        return
+    import platform
+    libc = platform.libc_ver()[0]
+    if libc != "glibc":
+        raise ValueError(f"keep_memory=True sets glibc's malloc variables, and this Python "
+                         f"runs on {libc or 'another C library'}")
+    if isolate is False:
+        raise ValueError("keep_memory=True needs one process per measurement (glibc reads "
+                         "its malloc variables when a process starts), not isolate=False")
+
+
 def _check_args(repeats, threads, names):
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
@@ -269,7 +321,8 @@ def _check_args(repeats, threads, names):
         raise ValueError(f"unknown measurements {unknown}; known: {sorted(MEASUREMENTS)}")
 
 
-def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, isolate=None):
+def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, isolate=None,
+          keep_memory=False):
     """Time the measurements side by side, interleaved, ``repeats`` rounds.
 
     Args:
@@ -278,36 +331,48 @@ def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, is
         names: measurement names (default :func:`measurements`).
         threads: thread count of every side (0: leave the settings as they are).
         isolate: one process per measurement (default: when the task can be pickled).
+        keep_memory: start each measurement's process with :data:`KEEP_MEMORY`, so that
+            freed memory is kept and reused from run to run (glibc only, and one process
+            per measurement: module docstring).
 
     Returns:
         dict: ``task``, ``repeats``, ``n_states``, ``n_responses``, ``num_params``,
         ``threads``, ``isolated``, ``times`` {name: [s, ...]}, ``median``, ``min``,
         ``ratio`` and ``ratio_min`` {name: fisher_ref / name}, ``ratio_like`` and
         ``ratio_like_min`` {name: LIKE_FOR_LIKE[name] / name}, ``loadavg`` (1, 5, 15-minute
-        load before each round and at the end), ``env`` {name: threads and peak RSS},
-        ``work`` {name: what it computes}.
+        load before each round and at the end), ``env`` {name: threads, peak RSS and the
+        malloc variables its process saw}, ``work`` {name: what it computes},
+        ``keep_memory``, ``kernel`` {name: {"page_faults": [...], "seconds": [...]}} per
+        round (``None`` entries where the system does not count them).
     """
     from fisher_ref.engine.plan import estimate_cost
     names = measurements(task=task) if names is None else list(names)
     _check_args(repeats, threads, names)
+    _check_keep_memory(keep_memory, isolate)
     try:
         task_bytes = pickle.dumps(task)
     except Exception as exc:
-        if isolate:
-            raise ValueError(f"isolate=True needs a task that can be pickled: {exc}") from None
+        if isolate or keep_memory:
+            raise ValueError(f"{'isolate' if isolate else 'keep_memory'}=True needs a task "
+                             f"that can be pickled: {exc}") from None
         task_bytes, isolate = None, False
     isolate = True if isolate is None else isolate
     runs, times, loadavg = {}, {n: [] for n in names}, []
+    kernel = {n: {"page_faults": [], "seconds": []} for n in names}
     with contextlib.ExitStack() as stack:
         if not isolate:
             stack.enter_context(_pinned_here(threads))
         try:
             for n in names:
-                runs[n] = _Process(n, task_bytes, threads) if isolate else _InProcess(n, task)
+                runs[n] = _Process(n, task_bytes, threads, keep_memory) if isolate else \
+                    _InProcess(n, task)
             for _ in range(repeats):
                 loadavg.append(list(os.getloadavg()))
                 for n in names:
-                    times[n].append(runs[n]())
+                    wall, faults, seconds = runs[n]()
+                    times[n].append(wall)
+                    kernel[n]["page_faults"].append(faults)
+                    kernel[n]["seconds"].append(seconds)
             loadavg.append(list(os.getloadavg()))
             env = {n: r.finish() for n, r in runs.items()}
         finally:
@@ -328,7 +393,7 @@ def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, is
             "ratio_like": {n: median[m] / median[n] for n, m in like.items()},
             "ratio_like_min": {n: minimum[m] / minimum[n] for n, m in like.items()},
             "loadavg": loadavg, "env": env, "work": {n: WORK[n] for n in names},
-            "machine": _machine()}
+            "machine": _machine(), "keep_memory": keep_memory, "kernel": kernel}
 
 
 def _machine():
@@ -343,18 +408,25 @@ def format_table(res):
              f"{res['n_responses']:,} responses, P={res['num_params']:,}), "
              f"{res['repeats']} interleaved repeats, threads={res['threads'] or 'unpinned'}, "
              f"{'one process per measurement' if res['isolated'] else 'in-process'}; "
-             f"{res['machine']}; 1-min load average {min(loads):.2f}-{max(loads):.2f}",
+             f"{res['machine']}; 1-min load average {min(loads):.2f}-{max(loads):.2f}; "
+             f"memory: {'freed memory kept (KEEP_MEMORY)' if res.get('keep_memory') else 'the C library default'}",
              f"{'measurement':<20} {'median s':>9} {'min s':>9} {'ref/this':>9} "
-             f"{'ref/this(min)':>13} {'torch thr':>9} {'peak RSS MiB':>12}", "-" * 87]
+             f"{'ref/this(min)':>13} {'torch thr':>9} {'peak RSS MiB':>12} "
+             f"{'faults/run':>10} {'kernel s':>8}", "-" * 107]
     for n, med in res["median"].items():
         e = res["env"].get(n, {})
         r, rm = res["ratio"].get(n), res["ratio_min"].get(n)
         rss = e.get("max_rss_bytes")
+        k = res.get("kernel", {}).get(n, {})
+        faults = [x for x in k.get("page_faults", []) if x is not None]
+        secs = [x for x in k.get("seconds", []) if x is not None]
         lines.append(f"{n:<20} {med:>9.4f} {res['min'][n]:>9.4f} "
                      f"{('%.3f' % r) if r is not None else '-':>9} "
                      f"{('%.3f' % rm) if rm is not None else '-':>13} "
                      f"{str(e.get('torch_threads')):>9} "
-                     f"{('%.0f' % (rss / 2 ** 20)) if rss else '-':>12}")
+                     f"{('%.0f' % (rss / 2 ** 20)) if rss else '-':>12} "
+                     f"{('%.0f' % statistics.median(faults)) if faults else '-':>10} "
+                     f"{('%.3f' % statistics.median(secs)) if secs else '-':>8}")
     for n, r in res["ratio"].items():
         lines.append(f"ratio fisher_ref/{n} = {r:.3f} (medians; "
                      f"{'fisher_ref faster' if r < 1 else 'fisher_ref slower'})")

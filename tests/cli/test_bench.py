@@ -23,6 +23,13 @@ def test_cli_bench_prints_ratio_and_writes_json(tmp_path, capsys):
     data = json.loads(path.read_text())
     assert data["task"] == "default" and data["ratio"]["torch_cpu_float64"] > 0
     assert data["threads"] == 1 and "torch_cpu_float64" in data["env"]
+    assert not data["keep_memory"] and len(data["kernel"]["fisher_ref"]["page_faults"]) == 1
+    rc = main(["bench", "--config", "default", "--repeats", "1", "--device", "cpu",
+               "--no-peer", "--keep-memory"])
+    assert rc == 0 and "memory: freed memory kept" in capsys.readouterr().out
+    assert main(["bench", "--config", "default", "--repeats", "1", "--no-peer",
+                 "--keep-memory", "--in-process"]) == 2
+    assert "needs one process per measurement" in capsys.readouterr().err
 
 
 def test_main_writes_csv_markdown_and_plot(tmp_path, capsys):

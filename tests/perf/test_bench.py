@@ -82,6 +82,42 @@ def test_numpy_sides_run_without_torch():
     assert all(res["env"][n]["torch_threads"] is None for n in res["env"])
 
 
+def test_each_run_counts_its_page_faults_and_kept_memory_reaches_each_process():
+    """Every round records each side's minor page faults and kernel seconds; with
+    keep_memory the processes start with glibc's variables set, and a side that allocates
+    tens of MB per run (medium) stops faulting its pages in again on every run."""
+    import os
+    from fisher_ref.perf.scaling import load_scale_config
+    task = load_scale_config("medium")
+    plain = bench(task, repeats=3, names=["fisher_ref"], threads=1)
+    kept = bench(task, repeats=3, names=["fisher_ref"], threads=1, keep_memory=True)
+    for res in (plain, kept):
+        k = res["kernel"]["fisher_ref"]
+        assert len(k["page_faults"]) == len(k["seconds"]) == 3
+        assert all(isinstance(x, int) and x >= 0 for x in k["page_faults"])
+        assert all(x >= 0 for x in k["seconds"])
+        assert "faults/run" in format_table(res)
+    assert not plain["keep_memory"] and kept["keep_memory"]
+    assert kept["env"]["fisher_ref"]["malloc"] == fb.KEEP_MEMORY
+    assert plain["env"]["fisher_ref"]["malloc"] == {k: os.environ.get(k) for k in fb.KEEP_MEMORY}
+    assert "freed memory kept" in format_table(kept)
+    # kept: once the heap has grown to the run's peak (a round or two) no page is fresh
+    # (0-3 faults here); plain: 3,300-7,100 a run (three runs of this test, 9 rounds each)
+    faults = [min(r["kernel"]["fisher_ref"]["page_faults"]) for r in (plain, kept)]
+    assert faults[1] * 10 < faults[0], faults
+
+
+def test_keep_memory_needs_a_process_per_side():
+    with pytest.raises(ValueError, match="needs one process per measurement"):
+        bench(load_config("no_eos"), repeats=1, names=["fisher_ref"], isolate=False,
+              keep_memory=True)
+    with pytest.raises(ValueError, match="keep_memory must be True or False"):
+        bench(load_config("no_eos"), repeats=1, names=["fisher_ref"], keep_memory="yes")
+    task = load_config("no_eos").with_(reward=FunctionReward(lambda p, r: float(len(r))))
+    with pytest.raises(ValueError, match="keep_memory=True needs a task that can be pickled"):
+        bench(task, repeats=1, names=["fisher_ref"], keep_memory=True)
+
+
 def test_measurements_are_functions_of_the_task():
     assert {"fisher_ref", "torch_cpu_float64", "torch_cuda_float64", "torch_peer"} <= \
         set(MEASUREMENTS)
