@@ -148,6 +148,26 @@ def bench_table(records):
     return "\n".join(lines)
 
 
+def kernel_table(records):
+    """Markdown table of what each side of bench records cost the kernel per run: median
+    minor page faults and system seconds (records that hold them)."""
+    import statistics
+    records = [(p, r) for p, r in records if "kernel" in r]
+    sides = [s for s in SIDE_NAMES if any(s in r["kernel"] for _, r in records)]
+    head = ["task"] + [f"{SIDE_NAMES[s]}: faults, kernel s" for s in sides]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in records:
+        cells = [r["task"]]
+        for s in sides:
+            k = r["kernel"].get(s, {})
+            f = [x for x in k.get("page_faults", []) if x is not None]
+            t = [x for x in k.get("seconds", []) if x is not None]
+            cells.append(f"{statistics.median(f):,.0f}, {statistics.median(t):.3f}"
+                         if f and t else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def scaling_rows():
     """The rows of ``docs/scaling.csv`` as dicts of numbers."""
     import csv

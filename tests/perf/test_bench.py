@@ -102,7 +102,7 @@ def test_each_run_counts_its_page_faults_and_kept_memory_reaches_each_process():
     assert plain["env"]["fisher_ref"]["malloc"] == {k: os.environ.get(k) for k in fb.KEEP_MEMORY}
     assert "freed memory kept" in format_table(kept)
     # kept: once the heap has grown to the run's peak (a round or two) no page is fresh
-    # (0-3 faults here); plain: 3,300-7,100 a run (three runs of this test, 9 rounds each)
+    # (0-3 faults here); plain: 3,300-7,100 a run (three trials of 3 rounds each)
     faults = [min(r["kernel"]["fisher_ref"]["page_faults"]) for r in (plain, kept)]
     assert faults[1] * 10 < faults[0], faults
 
