@@ -1,0 +1,87 @@
+"""The first exact() run of a fresh process, with glibc's default malloc settings and with
+freed memory kept (:data:`fisher_ref.perf.bench.KEEP_MEMORY`), by turns.
+
+    python scripts/fresh_run.py [--tasks medium v16] [--repeats 5] [--json FILE]
+
+Each repeat starts one new process per condition (one BLAS thread); the process runs a tiny
+shipped task first (imports and code paths warm, little memory touched), then times one
+``exact(task, workers=1)`` and reports its wall, user and kernel seconds, minor page faults
+and peak RSS. Prints the medians per task and condition; ``--json FILE`` writes them with
+the commit and the machine.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fisher_ref.perf.bench import KEEP_MEMORY  # noqa: E402
+from fisher_ref.perf.scaling import git_commit  # noqa: E402
+
+CHILD = r"""
+import os, sys, time, json, resource
+sys.path.insert(0, sys.argv[2])
+from fisher_ref import load_config
+from fisher_ref.engine.fast import exact
+from fisher_ref.perf.scaling import load_scale_config
+exact(load_config("default"), progress=False)
+task = load_scale_config(sys.argv[1])
+r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+exact(task, progress=False, workers=1)
+wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"wall": wall, "user": r1.ru_utime - r0.ru_utime,
+                  "kernel": r1.ru_stime - r0.ru_stime, "faults": r1.ru_minflt - r0.ru_minflt,
+                  "max_rss_mib": r1.ru_maxrss / 1024}))
+"""
+
+
+def _one(task, keep):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
+    for k in KEEP_MEMORY:
+        env.pop(k, None)
+    if keep:
+        env.update(KEEP_MEMORY)
+    out = subprocess.run([sys.executable, "-c", CHILD, task, str(ROOT)], env=env,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", nargs="+", default=["medium", "v16"])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    libc = " ".join(platform.libc_ver())
+    print(f"machine: {machine}, {libc}; commit {git_commit(ROOT)}")
+    rows = []
+    for task in args.tasks:
+        runs = {"default": [], "kept": []}
+        for i in range(args.repeats):  # by turns, the order alternating
+            for cond in (("default", "kept") if i % 2 == 0 else ("kept", "default")):
+                runs[cond].append(_one(task, cond == "kept"))
+        for cond, rs in runs.items():
+            med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+            rows.append({"task": task, "memory": cond, "repeats": len(rs), **med})
+            print(f"{task} {cond:>7}: wall {med['wall']:.3f} s (user {med['user']:.3f}, kernel "
+                  f"{med['kernel']:.3f}), {med['faults']:,.0f} page faults, peak RSS "
+                  f"{med['max_rss_mib']:.0f} MiB (medians of {len(rs)})", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"commit": git_commit(ROOT), "machine": f"{machine}, {libc}", "keep_memory": KEEP_MEMORY,
+             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+             "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
