@@ -1,11 +1,12 @@
 """The first exact() run of a fresh process, with glibc's default malloc settings and with
 freed memory kept (:data:`fisher_ref.perf.bench.KEEP_MEMORY`), by turns.
 
-    python scripts/fresh_run.py [--tasks medium v16] [--repeats 5] [--json FILE]
+    python scripts/fresh_run.py [--tasks medium v16] [--repeats 5] [--peer] [--json FILE]
 
-Each repeat starts one new process per condition (one BLAS thread); the process runs a tiny
-shipped task first (imports and code paths warm, little memory touched), then times one
-``exact(task, workers=1)`` and reports its wall, user and kernel seconds, minor page faults
+Each repeat starts one new process per side and condition (one BLAS thread, one torch
+thread); the process runs the tiny default config first (imports and code paths warm,
+little memory touched), then times one ``exact(task, workers=1)`` (with ``--peer``, also
+one ``peer_exact`` of ``scripts/torch_peer.py``, in processes of its own) and reports its wall, user and kernel seconds, minor page faults
 and peak RSS. Prints the medians per task and condition; ``--json FILE`` writes them with
 the commit and the machine.
 """
@@ -27,14 +28,28 @@ from fisher_ref.perf.scaling import git_commit  # noqa: E402
 
 CHILD = r"""
 import os, sys, time, json, resource
-sys.path.insert(0, sys.argv[2])
+side, name, root = sys.argv[1], sys.argv[2], sys.argv[3]
+sys.path.insert(0, root)
 from fisher_ref import load_config
 from fisher_ref.engine.fast import exact
 from fisher_ref.perf.scaling import load_scale_config
-exact(load_config("default"), progress=False)
-task = load_scale_config(sys.argv[1])
+if side == "peer":
+    import importlib.util
+    import torch
+    torch.set_num_threads(1)
+    spec = importlib.util.spec_from_file_location("torch_peer", root + "/scripts/torch_peer.py")
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    read = lambda path: json.loads(open(path).read())
+    peer.peer_exact(read(root + "/fisher_ref/configs/default.json"))  # warm: a tiny task
+    task = read(root + "/fisher_ref/configs/scale/" + name + ".json")
+    run = lambda: peer.peer_exact(task)
+else:
+    exact(load_config("default"), progress=False)  # warm: a tiny task
+    task = load_scale_config(name)
+    run = lambda: exact(task, progress=False, workers=1)
 r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-exact(task, progress=False, workers=1)
+run()
 wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"wall": wall, "user": r1.ru_utime - r0.ru_utime,
                   "kernel": r1.ru_stime - r0.ru_stime, "faults": r1.ru_minflt - r0.ru_minflt,
@@ -42,14 +57,14 @@ print(json.dumps({"wall": wall, "user": r1.ru_utime - r0.ru_utime,
 """
 
 
-def _one(task, keep):
+def _one(side, task, keep):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1"}
     for k in KEEP_MEMORY:
         env.pop(k, None)
     if keep:
         env.update(KEEP_MEMORY)
-    out = subprocess.run([sys.executable, "-c", CHILD, task, str(ROOT)], env=env,
+    out = subprocess.run([sys.executable, "-c", CHILD, side, task, str(ROOT)], env=env,
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -59,20 +74,24 @@ def main(argv=None):
     ap.add_argument("--tasks", nargs="+", default=["medium", "v16"])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--peer", action="store_true",
+                    help="also the torch peer (scripts/torch_peer.py), its first run likewise")
     args = ap.parse_args(argv)
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     libc = " ".join(platform.libc_ver())
     print(f"machine: {machine}, {libc}; commit {git_commit(ROOT)}")
     rows = []
+    sides = ["exact"] + (["peer"] if args.peer else [])
     for task in args.tasks:
-        runs = {"default": [], "kept": []}
+        cases = [(side, cond) for side in sides for cond in ("default", "kept")]
+        runs = {c: [] for c in cases}
         for i in range(args.repeats):  # by turns, the order alternating
-            for cond in (("default", "kept") if i % 2 == 0 else ("kept", "default")):
-                runs[cond].append(_one(task, cond == "kept"))
-        for cond, rs in runs.items():
+            for c in (cases if i % 2 == 0 else cases[::-1]):
+                runs[c].append(_one(c[0], task, c[1] == "kept"))
+        for (side, cond), rs in runs.items():
             med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-            rows.append({"task": task, "memory": cond, "repeats": len(rs), **med})
-            print(f"{task} {cond:>7}: wall {med['wall']:.3f} s (user {med['user']:.3f}, kernel "
+            rows.append({"task": task, "side": side, "memory": cond, "repeats": len(rs), **med})
+            print(f"{task} {side} {cond:>7}: wall {med['wall']:.3f} s (user {med['user']:.3f}, kernel "
                   f"{med['kernel']:.3f}), {med['faults']:,.0f} page faults, peak RSS "
                   f"{med['max_rss_mib']:.0f} MiB (medians of {len(rs)})", flush=True)
     if args.json:
