@@ -184,3 +184,10 @@ def test_files_named_on_the_pages_exist():
     missing = [f"{_name(page)}: {name}" for page in _pages() if page.name != "CONTRIBUTING.md"
                for name, path in _named_files(page) if not _in_checkout(path)]
     assert not missing, "pages name files that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_malloc_settings_the_guide_gives_are_the_ones_bench_uses():
+    """docs/guide/exact.md spells out KEEP_MEMORY's variables for users to set by hand."""
+    from fisher_ref.perf.bench import KEEP_MEMORY
+    text = (ROOT / "docs" / "guide" / "exact.md").read_text()
+    assert all(f"{k}={v}" in text for k, v in KEEP_MEMORY.items()), KEEP_MEMORY
