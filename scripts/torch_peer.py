@@ -39,6 +39,7 @@ computes what the peer computes (and E[h^2] of every stream, the uniform-referen
 Fisher and E[xi|s] per state besides)::
 
     python scripts/torch_peer.py [--repeats 5] [--tasks medium v16] [--keep-memory]
+                                 [--sub-elements N]
 
 Each row is followed by what each side cost the kernel: its minor page faults and system
 seconds per run (medians). With glibc's default settings a large freed block goes back to
@@ -290,6 +291,8 @@ def main(argv=None):
     ap.add_argument("--tasks", nargs="+", default=["medium", "v16"])
     ap.add_argument("--keep-memory", action="store_true",
                     help="rerun with glibc told to keep freed memory (module docstring)")
+    ap.add_argument("--sub-elements", type=int, default=None, metavar="N",
+                    help="exact's Budgets.sub_elements (default: the engine's own)")
     args = ap.parse_args(argv)
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root))
@@ -302,8 +305,12 @@ def main(argv=None):
     import resource
     torch.set_num_threads(1)
     from fisher_ref import exact, task_from_json
+    from fisher_ref.engine.plan import DEFAULT_BUDGETS, Budgets
+    budgets = DEFAULT_BUDGETS if args.sub_elements is None else \
+        Budgets(sub_elements=args.sub_elements)
     print(f"threads: {_threads()}; load average before: {os.getloadavg()}")
-    print(f"memory: {_memory_condition(KEEP_MEMORY)}")
+    print(f"memory: {_memory_condition(KEEP_MEMORY)}; exact's sub-block budget: "
+          f"{budgets.sub_elements:,} elements")
     cols = ["exact", "exact fisher", "peer", "peer per h"]
     print("| task | P | " + " | ".join(f"{c} median (min) s" for c in cols) +
           " | exact / peer, wall | exact / peer, CPU | exact fisher / peer, wall | "
@@ -313,11 +320,12 @@ def main(argv=None):
         spec = json.loads((root / "fisher_ref/configs/scale" / f"{name}.json").read_text())
         # the same outputs formed: the peer returns its token Fisher per state, exact
         # keeps its per-state arrays per window until read (ExactResult.gathered)
-        runs = {"exact": lambda: exact(task_from_json(spec), progress=False,
-                                       workers=1).states["token_fisher"],
+        runs = {"exact": lambda: exact(task_from_json(spec), progress=False, workers=1,
+                                       budgets=budgets).states["token_fisher"],
                 # the peer's work: F, E[h], token Fisher sums and per-state arrays only
                 "exact fisher": lambda: exact(task_from_json(spec), progress=False, workers=1,
-                                              quantities="fisher").states["token_fisher"],
+                                              quantities="fisher",
+                                              budgets=budgets).states["token_fisher"],
                 "peer": lambda: peer_exact(spec),  # expanded per parent: the faster
                 "peer per h": lambda: peer_exact(spec, expand=False)}  # issue 9's method
         wall, cpu = {c: [] for c in cols}, {c: [] for c in cols}
