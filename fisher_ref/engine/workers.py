@@ -127,10 +127,15 @@ def _one_blas_thread():
 
 @contextmanager
 def environment(values):
-    """The environment variables ``values`` (a dict of strings) set inside the block and
-    restored after it, as they were (a variable that was unset is unset again)."""
+    """The environment variables ``values`` (a dict of strings; ``None``: unset) set inside
+    the block and restored after it, as they were (a variable that was unset is unset
+    again)."""
     old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     try:
         yield
     finally:

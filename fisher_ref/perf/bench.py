@@ -231,7 +231,10 @@ class _Process:
         ctx = mp.get_context("spawn")
         self.name, (self.conn, child) = name, ctx.Pipe()
         env = {v: str(threads) for v in THREAD_VARS} if threads else {}
-        with environment({**env, **(KEEP_MEMORY if keep_memory else {})}):
+        # without keep_memory, the C library's defaults even where this process has the
+        # variables set
+        kept = KEEP_MEMORY if keep_memory else dict.fromkeys(KEEP_MEMORY)
+        with environment({**env, **kept}):
             self.proc = ctx.Process(target=_worker, args=(child, name, task_bytes, threads),
                                     daemon=True)
             self.proc.start()
