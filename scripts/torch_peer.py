@@ -273,10 +273,14 @@ def _threads():
         f"{k}={v}" for k, v in blas.items())
 
 
+def _memory_kept(keep):
+    """Whether this process started with every variable of ``keep`` set to its value."""
+    return all(os.environ.get(k) == v for k, v in keep.items())
+
+
 def _memory_condition(keep):
-    kept = all(os.environ.get(k) == v for k, v in keep.items())
     return ("freed memory kept and reused between runs (" +
-            ", ".join(f"{k}={v}" for k, v in keep.items()) + ")") if kept else \
+            ", ".join(f"{k}={v}" for k, v in keep.items()) + ")") if _memory_kept(keep) else \
         "the C library's default (glibc hands large freed blocks back to the system)"
 
 
@@ -294,10 +298,12 @@ def main(argv=None):
     ap.add_argument("--sub-elements", type=int, default=None, metavar="N",
                     help="exact's Budgets.sub_elements (default: the engine's own)")
     args = ap.parse_args(argv)
+    if args.sub_elements is not None and args.sub_elements < 1:
+        ap.error(f"--sub-elements must be a positive integer, got {args.sub_elements}")
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root))
     from fisher_ref.perf.bench import KEEP_MEMORY  # the harness's, not the peer's
-    if args.keep_memory and not all(os.environ.get(k) == v for k, v in KEEP_MEMORY.items()):
+    if args.keep_memory and not _memory_kept(KEEP_MEMORY):
         import subprocess  # glibc reads the variables at start: run again with them set
         return subprocess.call([sys.executable, __file__] + list(sys.argv[1:] if argv is None
                                                                  else argv),
