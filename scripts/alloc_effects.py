@@ -1,8 +1,7 @@
 """What fresh memory costs ``exact``: one thread, a scale task (v16 by default), timed
 alone and right after the independent torch peer (``scripts/torch_peer.py``) ran in the
 same process, with the minor page faults and system time of one run; then the same in a
-process whose glibc keeps freed memory (``MALLOC_MMAP_THRESHOLD_``,
-``MALLOC_TRIM_THRESHOLD_``), so that later runs reuse pages instead of faulting in new ones.
+process whose glibc keeps freed memory (``fisher_ref.perf.bench.KEEP_MEMORY``), so that later runs reuse pages instead of faulting in new ones.
 
 Usage: python scripts/alloc_effects.py [--config v16] [--repeats 5]
 """
@@ -15,7 +14,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KEEP = {"MALLOC_MMAP_THRESHOLD_": str(2 ** 30), "MALLOC_TRIM_THRESHOLD_": str(2 ** 36)}
+sys.path.insert(0, str(ROOT))
+
+from fisher_ref.perf.bench import KEEP_MEMORY, THREAD_VARS  # noqa: E402  the harness's
 
 
 def _child(config, repeats, after_peer):
@@ -52,19 +53,23 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be a positive integer, got {args.repeats}")
     if args.child:
         print(json.dumps(_child(args.config, args.repeats, args.child[1] == "peer")))
         return 0
-    sys.path.insert(0, str(ROOT))
     from fisher_ref.perf.scaling import git_commit
     print(f"commit {git_commit()}; {args.config}; {args.repeats} runs each; one thread")
     for malloc in ("default", "keep"):
         for mode in ("alone", "peer"):
-            env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-                       MKL_NUM_THREADS="1", **(KEEP if malloc == "keep" else {}))
+            env = {k: v for k, v in os.environ.items() if k not in KEEP_MEMORY}
+            env.update(dict.fromkeys(THREAD_VARS, "1"), **(KEEP_MEMORY if malloc == "keep"
+                                                           else {}))
             out = subprocess.run([sys.executable, __file__, "--config", args.config,
                                   "--repeats", str(args.repeats), "--child", malloc, mode],
-                                 env=env, capture_output=True, text=True, check=True)
+                                 env=env, capture_output=True, text=True)
+            if out.returncode:
+                sys.exit(f"the {malloc}/{mode} process failed:\n{out.stderr}")
             r = json.loads(out.stdout.strip().splitlines()[-1])
             print(f"glibc {malloc:7s} exact {'after the peer' if mode == 'peer' else 'alone':14s}: "
                   f"median {r['median_s']:.3f} s (best {r['min_s']:.3f}); minor faults "

@@ -4,8 +4,9 @@ freed memory kept (:data:`fisher_ref.perf.bench.KEEP_MEMORY`), by turns.
     python scripts/fresh_run.py [--tasks medium v16] [--repeats 5] [--peer] [--json FILE]
 
 Each repeat starts one new process per side and condition (one BLAS thread, one torch
-thread); the process runs the tiny default config first (imports and code paths warm,
-little memory touched), then times one ``exact(task, workers=1)`` (with ``--peer``, also
+thread; a process started alike first checks that the allocator keeps, or hands back, a
+freed block as the condition says); the process runs the tiny default config first
+(imports and code paths warm, little memory touched), then times one ``exact(task, workers=1)`` (with ``--peer``, also
 one ``peer_exact`` of ``scripts/torch_peer.py``, in processes of its own) and reports its wall, user and kernel seconds, minor page faults
 and peak RSS. Prints the medians per task and condition; ``--json FILE`` writes them with
 the commit and the machine.
@@ -23,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fisher_ref.perf.bench import KEEP_MEMORY  # noqa: E402
+from fisher_ref.perf.bench import KEEP_MEMORY, THREAD_VARS  # noqa: E402
 from fisher_ref.perf.scaling import git_commit  # noqa: E402
 
 CHILD = r"""
@@ -57,22 +58,50 @@ print(json.dumps({"wall": wall, "user": r1.ru_utime - r0.ru_utime,
 """
 
 
-def _one(side, task, keep):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1"}
+def _env(keep):
+    env = {**os.environ, **dict.fromkeys(THREAD_VARS, "1")}
     for k in KEEP_MEMORY:
         env.pop(k, None)
     if keep:
         env.update(KEEP_MEMORY)
-    out = subprocess.run([sys.executable, "-c", CHILD, side, task, str(ROOT)], env=env,
-                         capture_output=True, text=True, check=True)
+    return env
+
+
+def _check_condition(keep):
+    """A process started as the condition's are must keep (or hand back) a freed block as
+    the condition says (:func:`fisher_ref.perf.memory.freed_memory_reused`, in a process
+    of its own: in a timed one, the probe's freed block would be memory the run reuses)."""
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); from fisher_ref.perf.memory "
+             "import freed_memory_reused; print(freed_memory_reused())")
+    out = subprocess.run([sys.executable, "-c", probe, str(ROOT)], env=_env(keep),
+                         capture_output=True, text=True)
+    if out.returncode or out.stdout.strip() != str(keep):
+        raise SystemExit(f"a process started for {'kept' if keep else 'default'} memory: "
+                         f"a freed 64 MiB block reused: {out.stdout.strip() or out.stderr} "
+                         f"({' '.join(platform.libc_ver())}); its runs would be recorded "
+                         f"under the wrong condition")
+
+
+def _one(side, task, keep):
+    """One fresh process's first run; a failure shows the process's own message."""
+    out = subprocess.run([sys.executable, "-c", CHILD, side, task, str(ROOT)],
+                         env=_env(keep), capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"{side} on {task} failed (exit {out.returncode}):\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _positive(text):
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", nargs="+", default=["medium", "v16"])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=_positive, default=5)
     ap.add_argument("--json", default=None)
     ap.add_argument("--peer", action="store_true",
                     help="also the torch peer (scripts/torch_peer.py), its first run likewise")
@@ -80,6 +109,8 @@ def main(argv=None):
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     libc = " ".join(platform.libc_ver())
     print(f"machine: {machine}, {libc}; commit {git_commit(ROOT)}")
+    for keep in (False, True):
+        _check_condition(keep)
     rows = []
     sides = ["exact"] + (["peer"] if args.peer else [])
     for task in args.tasks:

@@ -298,6 +298,8 @@ def main(argv=None):
     ap.add_argument("--sub-elements", type=int, default=None, metavar="N",
                     help="exact's Budgets.sub_elements (default: the engine's own)")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be a positive integer, got {args.repeats}")
     if args.sub_elements is not None and args.sub_elements < 1:
         ap.error(f"--sub-elements must be a positive integer, got {args.sub_elements}")
     root = Path(__file__).resolve().parents[1]
@@ -309,14 +311,21 @@ def main(argv=None):
                                                                  else argv),
                                env={**os.environ, **KEEP_MEMORY})
     import resource
+    from fisher_ref.perf.memory import freed_memory_reused
+    reused = freed_memory_reused()  # before any run leaves freed blocks behind
+    if _memory_kept(KEEP_MEMORY) and reused is not True:
+        sys.exit(f"the malloc variables are set, but a freed 64 MiB block was not reused "
+                 f"({' '.join(__import__('platform').libc_ver())}): this C library does not "
+                 f"keep freed memory so, and the runs would not measure that condition")
     torch.set_num_threads(1)
     from fisher_ref import exact, task_from_json
     from fisher_ref.engine.plan import DEFAULT_BUDGETS, Budgets
     budgets = DEFAULT_BUDGETS if args.sub_elements is None else \
         Budgets(sub_elements=args.sub_elements)
     print(f"threads: {_threads()}; load average before: {os.getloadavg()}")
-    print(f"memory: {_memory_condition(KEEP_MEMORY)}; exact's sub-block budget: "
-          f"{budgets.sub_elements:,} elements")
+    print(f"memory: {_memory_condition(KEEP_MEMORY)}; a freed 64 MiB block "
+          f"{ {True: 'reused', False: 'handed back', None: 'not told'}[reused]} at start; "
+          f"exact's sub-block budget: {budgets.sub_elements:,} elements")
     cols = ["exact", "exact fisher", "peer", "peer per h"]
     print("| task | P | " + " | ".join(f"{c} median (min) s" for c in cols) +
           " | exact / peer, wall | exact / peer, CPU | exact fisher / peer, wall | "

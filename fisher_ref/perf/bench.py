@@ -205,9 +205,18 @@ def _max_rss_bytes():
     return peak_rss_bytes()
 
 
-def _worker(conn, name, task_bytes, threads):
-    """A measurement's own process: build, warm up, then time one call per ``"run"``."""
+def _worker(conn, name, task_bytes, threads, keep_memory=False):
+    """A measurement's own process: check the memory condition, build, warm up, then time
+    one call per ``"run"``."""
     try:
+        from fisher_ref.perf.memory import freed_memory_reused
+        reused = freed_memory_reused()  # before any work leaves freed blocks behind
+        if keep_memory and reused is not True:
+            import platform
+            raise RuntimeError(
+                f"keep_memory=True, but this process's allocator did not reuse a freed 64 MiB "
+                f"block ({'; '.join(f'{k}={os.environ.get(k)}' for k in KEEP_MEMORY)}; "
+                f"{' '.join(platform.libc_ver())}): its runs would not measure kept memory")
         if threads and name not in NUMPY_SIDES:  # the numpy sides never load torch
             import torch
             torch.set_num_threads(threads)
@@ -217,7 +226,8 @@ def _worker(conn, name, task_bytes, threads):
         while conn.recv() == "run":
             conn.send(("time", _timed_call(fn)))
         conn.send(("done", dict(thread_report(), max_rss_bytes=_max_rss_bytes(),
-                                malloc={k: os.environ.get(k) for k in KEEP_MEMORY})))
+                                malloc={k: os.environ.get(k) for k in KEEP_MEMORY},
+                                freed_memory_reused=reused)))
     except Exception as exc:  # reported to the parent, which raises
         import traceback
         conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
@@ -235,7 +245,8 @@ class _Process:
         # variables set
         kept = KEEP_MEMORY if keep_memory else dict.fromkeys(KEEP_MEMORY)
         with environment({**env, **kept}):
-            self.proc = ctx.Process(target=_worker, args=(child, name, task_bytes, threads),
+            self.proc = ctx.Process(target=_worker,
+                                    args=(child, name, task_bytes, threads, keep_memory),
                                     daemon=True)
             self.proc.start()
         self._expect("ready")
@@ -273,9 +284,10 @@ class _InProcess:
     def __call__(self):
         return _timed_call(self.fn)
 
-    def finish(self):
+    def finish(self):  # freed blocks of earlier work may be about: not probed here
         return dict(thread_report(), max_rss_bytes=None,
-                    malloc={k: os.environ.get(k) for k in KEEP_MEMORY})
+                    malloc={k: os.environ.get(k) for k in KEEP_MEMORY},
+                    freed_memory_reused=None)
 
     def close(self):
         pass
@@ -343,8 +355,10 @@ def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, is
         ``threads``, ``isolated``, ``times`` {name: [s, ...]}, ``median``, ``min``,
         ``ratio`` and ``ratio_min`` {name: fisher_ref / name}, ``ratio_like`` and
         ``ratio_like_min`` {name: LIKE_FOR_LIKE[name] / name}, ``loadavg`` (1, 5, 15-minute
-        load before each round and at the end), ``env`` {name: threads, peak RSS and the
-        malloc variables its process saw}, ``work`` {name: what it computes},
+        load before each round and at the end), ``env`` {name: threads, peak RSS, the
+        malloc variables its process saw and ``freed_memory_reused``
+        (:func:`fisher_ref.perf.memory.freed_memory_reused` at its start; ``None``
+        in-process)}, ``work`` {name: what it computes},
         ``keep_memory``, ``kernel`` {name: {"page_faults": [...], "seconds": [...]}} per
         round (``None`` entries where the system does not count them).
     """
@@ -401,7 +415,9 @@ def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, is
 
 def _machine():
     import platform
-    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    libc = " ".join(platform.libc_ver()).strip() or "C library unknown"
+    return (f"{platform.machine()}, {os.cpu_count()} cores, Python "
+            f"{platform.python_version()}, {libc}")
 
 
 def format_table(res):
@@ -437,9 +453,14 @@ def format_table(res):
         m = LIKE_FOR_LIKE[n]
         lines.append(f"ratio {m}/{n} = {r:.3f} (medians; minima {res['ratio_like_min'][n]:.3f};"
                      f" the same work; {'fisher_ref faster' if r < 1 else 'fisher_ref slower'})")
+    reused = {True: "reused", False: "handed back", None: "not probed"}
     for n, e in res["env"].items():
-        lines.append(f"{n}: BLAS threads ({e['blas_source']}) {e['blas']}; computes "
-                     f"{res['work'][n]}")
+        kept = e.get("freed_memory_reused")
+        lines.append(f"{n}: BLAS threads ({e['blas_source']}) {e['blas']}; a freed 64 MiB "
+                     f"block {reused[kept]} at start; computes {res['work'][n]}")
+        if kept is True and not res.get("keep_memory"):
+            lines.append(f"note: {n}'s allocator kept freed memory though the C library's "
+                         f"default was asked for (another allocator, or MALLOC_* tunables?)")
     return "\n".join(lines)
 
 

@@ -129,11 +129,18 @@ def engine_speedup(task, repeats=3):
 
 
 def git_commit(cwd=None):
-    """The short hash of the checkout's HEAD, or ``"unknown"`` outside a git checkout."""
+    """The short hash of the checkout's HEAD, with ``+dirty`` when a tracked file differs
+    from it (the numbers were then measured on code no commit holds), or ``"unknown"``
+    outside a git checkout."""
     import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
+                              cwd=cwd).stdout.strip()
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True, cwd=cwd).stdout.strip()
+        head = git("rev-parse", "--short", "HEAD")
+        return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no")
+                       else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 

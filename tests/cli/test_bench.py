@@ -2,6 +2,7 @@
 --json file, and --scaling DIR, which runs the scaling sweep into DIR. Wall times are
 never asserted."""
 import json
+import platform
 
 import pytest
 
@@ -24,6 +25,12 @@ def test_cli_bench_prints_ratio_and_writes_json(tmp_path, capsys):
     assert data["task"] == "default" and data["ratio"]["torch_cpu_float64"] > 0
     assert data["threads"] == 1 and "torch_cpu_float64" in data["env"]
     assert not data["keep_memory"] and len(data["kernel"]["fisher_ref"]["page_faults"]) == 1
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc variables")
+def test_cli_bench_keep_memory(capsys):
+    pytest.importorskip("torch", reason="bench times the torch engine (the torch extra)")
     rc = main(["bench", "--config", "default", "--repeats", "1", "--device", "cpu",
                "--no-peer", "--keep-memory"])
     assert rc == 0 and "memory: freed memory kept" in capsys.readouterr().out

@@ -1,5 +1,7 @@
 """The side-by-side benchmark (fisher_ref.perf.bench); wall times are never asserted. Its
 command line is tested in tests/cli/test_bench.py."""
+import platform
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="bench times the torch engine (the torch extra)")
@@ -10,6 +12,9 @@ from fisher_ref.perf.bench import MEASUREMENTS, bench, format_table, measurement
 from fisher_ref.rewards import FunctionReward  # noqa: E402
 
 pytestmark = pytest.mark.torch
+#: keep_memory sets glibc's malloc variables; elsewhere bench refuses it (tested below)
+glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc",
+                                reason="keep_memory sets glibc's malloc variables")
 
 
 def test_bench_isolates_each_side_with_pinned_threads_and_reports_them():
@@ -82,6 +87,7 @@ def test_numpy_sides_run_without_torch():
     assert all(res["env"][n]["torch_threads"] is None for n in res["env"])
 
 
+@glibc_only
 def test_each_run_counts_its_page_faults_and_kept_memory_reaches_each_process(monkeypatch):
     """Every round records each side's minor page faults and kernel seconds; with
     keep_memory the processes start with glibc's variables set, and a side that allocates
@@ -103,13 +109,29 @@ def test_each_run_counts_its_page_faults_and_kept_memory_reaches_each_process(mo
     assert kept["env"]["fisher_ref"]["malloc"] == fb.KEEP_MEMORY
     assert plain["env"]["fisher_ref"]["malloc"] == dict.fromkeys(fb.KEEP_MEMORY)
     assert "freed memory kept" in format_table(kept)
+    # each process probed its allocator before its work: kept reuses a freed block
+    assert kept["env"]["fisher_ref"]["freed_memory_reused"] is True
+    assert plain["env"]["fisher_ref"]["freed_memory_reused"] is False
+    assert "block reused at start" in format_table(kept)
+    assert "block handed back at start" in format_table(plain)
     # kept: once the heap has grown to the run's peak (a round or two) no page is fresh
     # (0-3 faults here); plain: 3,300-7,100 a run (three trials of 3 rounds each)
     faults = [min(r["kernel"]["fisher_ref"]["page_faults"]) for r in (plain, kept)]
     assert faults[1] * 10 < faults[0], faults
 
 
-def test_keep_memory_needs_a_process_per_side():
+@glibc_only
+def test_keep_memory_that_the_allocator_ignores_is_an_error(monkeypatch):
+    """A glibc that refuses the mmap threshold (some cap it at 32 MiB) hands freed blocks
+    back even with the variables set; the run must not be recorded as kept memory. A
+    threshold of 1 MiB stands in for a refused one: the probe's 64 MiB block lies above it."""
+    monkeypatch.setattr(fb, "KEEP_MEMORY", {"MALLOC_MMAP_THRESHOLD_": str(2 ** 20),
+                                            "MALLOC_TRIM_THRESHOLD_": str(2 ** 62)})
+    with pytest.raises(RuntimeError, match="did not reuse a freed 64 MiB block"):
+        bench(load_config("no_eos"), repeats=1, names=["fisher_ref"], keep_memory=True)
+
+
+def test_keep_memory_needs_a_process_per_side(monkeypatch):
     with pytest.raises(ValueError, match="needs one process per measurement"):
         bench(load_config("no_eos"), repeats=1, names=["fisher_ref"], isolate=False,
               keep_memory=True)
@@ -118,6 +140,9 @@ def test_keep_memory_needs_a_process_per_side():
     task = load_config("no_eos").with_(reward=FunctionReward(lambda p, r: float(len(r))))
     with pytest.raises(ValueError, match="keep_memory=True needs a task that can be pickled"):
         bench(task, repeats=1, names=["fisher_ref"], keep_memory=True)
+    monkeypatch.setattr(platform, "libc_ver", lambda *a, **k: ("", ""))  # musl, macOS
+    with pytest.raises(ValueError, match="runs on another C library"):
+        bench(load_config("no_eos"), repeats=1, names=["fisher_ref"], keep_memory=True)
 
 
 def test_measurements_are_functions_of_the_task():

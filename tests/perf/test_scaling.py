@@ -4,6 +4,7 @@ Only correctness and bookkeeping are tested here; speed is left to ``bench``
 (no wall-time assertions).
 """
 import csv
+import os
 
 import numpy as np
 import pytest
@@ -78,3 +79,27 @@ def test_peak_memory_grows_with_chunk_not_with_the_tree():
     assert big["n_states"] >= 5 * small["n_states"]
     assert big["peak_bytes"] < 1.6 * small["peak_bytes"], (small, big)
     assert np.isfinite(big["seconds"])
+
+
+def test_git_commit_says_when_the_checkout_differs_from_its_commit(tmp_path):
+    """A record made from uncommitted changes must not name a commit as if it held them."""
+    import shutil
+    import subprocess
+    from fisher_ref.perf.scaling import git_commit
+    if shutil.which("git") is None:
+        pytest.skip("no git on this machine")
+    assert git_commit(tmp_path) == "unknown"  # not a checkout
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    run = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, env=env,  # noqa: E731
+                                    capture_output=True)
+    run("init", "-q")
+    (tmp_path / "f.txt").write_text("a\n")
+    run("add", "f.txt")
+    run("commit", "-q", "-m", "one")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, text=True,
+                          capture_output=True, check=True).stdout.strip()
+    (tmp_path / "new.txt").write_text("untracked\n")  # untracked files are not the code run
+    assert git_commit(tmp_path) == head
+    (tmp_path / "f.txt").write_text("b\n")
+    assert git_commit(tmp_path) == head + "+dirty"
