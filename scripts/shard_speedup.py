@@ -9,8 +9,9 @@ times). The parent process is held to one BLAS thread too (threadpoolctl, or the
 variables before numpy is imported), so both sides use one thread per process.
 Prints the machine, the commit and whether the results agree at 1e-12, the same split
 in CPU seconds, and how many windows' arrays the whole run and each subtree shard compute;
-last, the machine's own ceiling: a fixed kernel that reads no fisher_ref code, alone and
-as N copies side by side (on a machine whose cores are shared with other load, N copies
+last, the machine's own ceiling: a fixed kernel that reads no fisher_ref code, alone in
+this process and as N copies side by side (N - 1 in worker processes, one here, as the
+shards run) (on a machine whose cores are shared with other load, N copies
 of anything run slower than one).
 """
 import argparse
@@ -74,20 +75,24 @@ def _kernel(_=None):
 
 
 def _machine_pairs(repeats, n):
-    """The machine's own ceiling: the kernel alone in a worker process, and ``n`` copies of
-    it side by side in ``n``, alternating, each timed from this process (the pool's
-    hand-offs included, as they are in ``exact(task, workers=n)``); ``(solo, together)``
-    medians. With ``n`` free cores the copies together take as long as one alone."""
+    """The machine's own ceiling, laid out as ``exact(task, workers=n)`` lays out its
+    shards: the kernel alone in this process (as ``workers=1`` runs), and ``n`` copies side
+    by side, ``n - 1`` in worker processes and one in this process meanwhile (the pool's
+    hand-offs included), alternating; ``(solo, together)`` medians, timed from this
+    process. With ``n`` free cores the copies together take as long as one alone."""
     import multiprocessing
-    with multiprocessing.get_context("spawn").Pool(n) as pool:
-        pool.map(_kernel, range(n))  # warm every process
+    with multiprocessing.get_context("spawn").Pool(max(n - 1, 1)) as pool:
+        pool.map(_kernel, range(n - 1))  # warm every worker
+        _kernel()  # and this process
         solo, together = [], []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            pool.apply(_kernel)
+            _kernel()
             solo.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            pool.map(_kernel, range(n), chunksize=1)
+            others = pool.map_async(_kernel, range(n - 1), chunksize=1)
+            _kernel()
+            others.get()
             together.append(time.perf_counter() - t0)
     return float(np.median(solo)), float(np.median(together))
 
@@ -104,6 +109,9 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
+    if args.workers < 2 or args.repeats < 1:
+        ap.error(f"--workers must be at least 2 and --repeats at least 1, got "
+                 f"{args.workers} and {args.repeats}")
     task = _load(args.config)
     print(f"machine: {platform.machine()} {platform.processor() or ''}, "
           f"{available_cores()} cores available; python {platform.python_version()}, "
