@@ -297,7 +297,12 @@ def main(argv=None):
                     help="rerun with glibc told to keep freed memory (module docstring)")
     ap.add_argument("--sub-elements", type=int, default=None, metavar="N",
                     help="exact's Budgets.sub_elements (default: the engine's own)")
+    ap.add_argument("--json", default=None, metavar="FILE",
+                    help="also write every timing, the medians and ratios, the commit, the "
+                         "machine and the memory condition to FILE (not overwritten)")
     args = ap.parse_args(argv)
+    if args.json and Path(args.json).exists():
+        ap.error(f"--json {args.json} exists; it is not overwritten")
     if args.repeats < 1:
         ap.error(f"--repeats must be a positive integer, got {args.repeats}")
     if args.sub_elements is not None and args.sub_elements < 1:
@@ -322,6 +327,10 @@ def main(argv=None):
     from fisher_ref.engine.plan import DEFAULT_BUDGETS, Budgets
     budgets = DEFAULT_BUDGETS if args.sub_elements is None else \
         Budgets(sub_elements=args.sub_elements)
+    record = {"commit": None, "machine": None, "threads": _threads(),
+              "memory": _memory_condition(KEEP_MEMORY), "memory_kept": _memory_kept(KEEP_MEMORY),
+              "freed_memory_reused": reused, "sub_elements": budgets.sub_elements,
+              "repeats": args.repeats, "loadavg": [list(os.getloadavg())], "tasks": {}}
     print(f"threads: {_threads()}; load average before: {os.getloadavg()}")
     print(f"memory: {_memory_condition(KEEP_MEMORY)}; a freed 64 MiB block "
           f"{ {True: 'reused', False: 'handed back', None: 'not told'}[reused]} at start; "
@@ -369,7 +378,25 @@ def main(argv=None):
         print(f"  {name}, per run (medians): " + "; ".join(
             f"{c} {np.median(faults[c]):,.0f} page faults, {np.median(sys_s[c]):.3f} s in the "
             "kernel" for c in cols), flush=True)
+        record["tasks"][name] = {
+            "num_params": int(P), "wall": wall, "cpu": cpu, "page_faults": faults,
+            "kernel_s": sys_s, "median": med,
+            "ratio": {"exact / peer": med["exact"] / med["peer"],
+                      "exact fisher / peer": med["exact fisher"] / med["peer"],
+                      "exact / peer, CPU": cmed["exact"] / cmed["peer"],
+                      "exact fisher / peer, CPU": cmed["exact fisher"] / cmed["peer"]}}
     print(f"load average after: {os.getloadavg()}")
+    if args.json:
+        import datetime
+        import platform
+        from fisher_ref.perf.scaling import git_commit, machine
+        record["loadavg"].append(list(os.getloadavg()))
+        record.update(commit=git_commit(root), machine=f"{machine()}, torch {torch.__version__}, "
+                      f"{' '.join(platform.libc_ver())}", date=datetime.datetime.now(
+                          datetime.timezone.utc).isoformat(timespec="seconds"))
+        with open(args.json, "x") as fh:
+            json.dump(record, fh, indent=1)
+            fh.write("\n")
 
 
 if __name__ == "__main__":

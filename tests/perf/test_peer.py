@@ -117,3 +117,23 @@ def test_peer_matches_fisher_ref_on_random_task_files(V, eos, k, d, H, seed, sca
             "reward": {"name": "count", "token": 0}}
     assert_peer_matches(spec)
     assert_peer_matches(spec, expand=False)
+
+
+def test_timing_script_writes_a_record_and_refuses_to_overwrite_it(tmp_path, capsys):
+    """``torch_peer.py --json`` writes what the speed page quotes: timings per side, ratios,
+    the commit and the memory condition. Wall times are not asserted."""
+    path = tmp_path / "peer.json"
+    assert torch_peer.main(["--tasks", "medium", "--repeats", "1", "--json", str(path)]) is None
+    rec = json.loads(path.read_text())
+    t = rec["tasks"]["medium"]
+    assert rec["repeats"] == 1 and rec["memory_kept"] is False and rec["commit"]
+    assert t["num_params"] == 1044 and set(t["median"]) == {"exact", "exact fisher", "peer",
+                                                            "peer per h"}
+    assert t["ratio"]["exact / peer"] == t["median"]["exact"] / t["median"]["peer"]
+    assert all(len(v) == 1 for v in t["wall"].values())
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        torch_peer.main(["--tasks", "medium", "--json", str(path)])
+    assert exc.value.code == 2 and "not overwritten" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        torch_peer.main(["--repeats", "0"])
