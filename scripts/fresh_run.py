@@ -108,7 +108,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     libc = " ".join(platform.libc_ver())
-    print(f"machine: {machine}, {libc}; commit {git_commit(ROOT)}")
+    commit = git_commit(ROOT)  # the code the processes run, whatever changes meanwhile
+    print(f"machine: {machine}, {libc}; commit {commit}")
     for keep in (False, True):
         _check_condition(keep)
     rows = []
@@ -127,7 +128,7 @@ def main(argv=None):
                   f"{med['max_rss_mib']:.0f} MiB (medians of {len(rs)})", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"commit": git_commit(ROOT), "machine": f"{machine}, {libc}", "keep_memory": KEEP_MEMORY,
+            {"commit": commit, "machine": f"{machine}, {libc}", "keep_memory": KEEP_MEMORY,
              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              "rows": rows}, indent=1) + "\n")
     return 0

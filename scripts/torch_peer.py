@@ -327,7 +327,9 @@ def main(argv=None):
     from fisher_ref.engine.plan import DEFAULT_BUDGETS, Budgets
     budgets = DEFAULT_BUDGETS if args.sub_elements is None else \
         Budgets(sub_elements=args.sub_elements)
-    record = {"commit": None, "machine": None, "threads": _threads(),
+    from fisher_ref.perf.scaling import git_commit, machine
+    # the code this process runs is the checkout's now, whatever changes during the runs
+    record = {"commit": git_commit(root), "machine": None, "threads": _threads(),
               "memory": _memory_condition(KEEP_MEMORY), "memory_kept": _memory_kept(KEEP_MEMORY),
               "freed_memory_reused": reused, "sub_elements": budgets.sub_elements,
               "repeats": args.repeats, "loadavg": [list(os.getloadavg())], "tasks": {}}
@@ -389,9 +391,8 @@ def main(argv=None):
     if args.json:
         import datetime
         import platform
-        from fisher_ref.perf.scaling import git_commit, machine
         record["loadavg"].append(list(os.getloadavg()))
-        record.update(commit=git_commit(root), machine=f"{machine()}, torch {torch.__version__}, "
+        record.update(machine=f"{machine()}, torch {torch.__version__}, "
                       f"{' '.join(platform.libc_ver())}", date=datetime.datetime.now(
                           datetime.timezone.utc).isoformat(timespec="seconds"))
         with open(args.json, "x") as fh:

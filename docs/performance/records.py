@@ -154,7 +154,7 @@ def kernel_table(records):
     import statistics
     records = [(p, r) for p, r in records if "kernel" in r]
     sides = [s for s in SIDE_NAMES if any(s in r["kernel"] for _, r in records)]
-    head = ["task"] + [f"{SIDE_NAMES[s]}: faults, kernel s" for s in sides]
+    head = ["task"] + [f"{SIDE_NAMES[s]}, per run" for s in sides]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, r in records:
         cells = [r["task"]]
@@ -162,10 +162,63 @@ def kernel_table(records):
             k = r["kernel"].get(s, {})
             f = [x for x in k.get("page_faults", []) if x is not None]
             t = [x for x in k.get("seconds", []) if x is not None]
-            cells.append(f"{statistics.median(f):,.0f}, {statistics.median(t):.3f}"
-                         if f and t else "-")
+            cells.append(f"{statistics.median(f):,.0f} page faults, "
+                         f"{statistics.median(t):.3f} s in the kernel" if f and t else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def fresh_table(path="bench/fresh/fresh_run.json"):
+    """Markdown table of ``scripts/fresh_run.py --json``: the first run in a fresh process,
+    exact against the peer, per task and memory condition (medians), with what each run
+    cost the kernel and its peak memory; ``None`` when the record is not there."""
+    if not (DOCS / path).exists():
+        return None
+    fr = load(path)
+    rows = {(r["task"], r["side"], r["memory"]): r for r in fr["rows"]}
+    lines = ["| task | memory | exact (s) | peer (s) | exact / peer | exact, per run | "
+             "peer, per run |", "|---|---|---|---|---|---|---|"]
+
+    def cost(r):
+        return (f"{r['faults']:,.0f} page faults, {r['kernel']:.3f} s in the kernel, peak "
+                f"RSS {r['max_rss_mib']:.0f} MiB")
+    for task in dict.fromkeys(r["task"] for r in fr["rows"]):
+        for mem in ("default", "kept"):
+            e, q = rows.get((task, "exact", mem)), rows.get((task, "peer", mem))
+            if e and q:
+                lines.append(f"| {task} | {mem} | {e['wall']:.3f} | {q['wall']:.3f} | "
+                             f"{e['wall'] / q['wall']:.2f} | {cost(e)} | {cost(q)} |")
+    return (f"{provenance(path, fr)} {fr['date'][:10]}; medians of {fr['rows'][0]['repeats']} "
+            "processes per side and condition.\n\n" + "\n".join(lines))
+
+
+def peer_table(folder="bench/peer"):
+    """Markdown table of ``scripts/torch_peer.py --json`` records (one process, by turns):
+    exact / peer for every quantity and like for like, per task, memory condition and
+    sub-block budget, with each record's provenance; ``None`` when there are none."""
+    paths = sorted((DOCS / folder).glob("*.json"))
+    if not paths:
+        return None
+    recs = [(p.relative_to(DOCS).as_posix(), json.loads(p.read_text())) for p in paths]
+    recs.sort(key=lambda pr: (pr[1]["memory_kept"], pr[1]["sub_elements"]))
+    tasks = list(dict.fromkeys(t for _, r in recs for t in r["tasks"]))
+    head = ["memory", "sub-block budget"] + [f"{t}: {what}" for t in tasks
+                                             for what in ("every quantity", "like for like")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    notes = []
+    for path, r in recs:
+        cells = ["kept" if r["memory_kept"] else "C library default",
+                 f"2**{r['sub_elements'].bit_length() - 1}" if r["sub_elements"] &
+                 (r["sub_elements"] - 1) == 0 else f"{r['sub_elements']:,}"]
+        for t in tasks:
+            ratio = r["tasks"].get(t, {}).get("ratio")
+            cells += [f"{ratio['exact / peer']:.2f}", f"{ratio['exact fisher / peer']:.2f}"] \
+                if ratio else ["-", "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+        loads = [row[0] for row in r["loadavg"]]
+        notes.append(f"{provenance(path, r)} {r['date'][:10]}, {r['repeats']} repeats, load "
+                     f"{min(loads):.1f}–{max(loads):.1f}")
+    return "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes)
 
 
 def scaling_rows():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from fisher_ref.cli._common import task_from_args
@@ -60,8 +61,12 @@ def run(args):
     except NotImplementedError as exc:
         raise ValueError(str(exc)) from None
     names = measurements(args.device, task, peer=not args.no_peer)
-    res = bench(task, repeats=args.repeats, names=names, threads=args.threads,
-                isolate=False if args.in_process else None, keep_memory=args.keep_memory)
+    try:
+        res = bench(task, repeats=args.repeats, names=names, threads=args.threads,
+                    isolate=False if args.in_process else None, keep_memory=args.keep_memory)
+    except RuntimeError as exc:  # a measurement's process failed, or its allocator ignored
+        print(f"error: {exc}", file=sys.stderr)  # --keep-memory: no timings to report
+        return 1
     if args.json:  # the temporary file exists only while the timings are written
         with atomic_output(args.json, "--json file") as tmp, open(tmp, "w") as fh:
             json.dump(res, fh, indent=1)

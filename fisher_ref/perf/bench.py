@@ -34,7 +34,10 @@ side that allocates large arrays pays that on every run. ``keep_memory=True`` st
 measurement's process with :data:`KEEP_MEMORY` (glibc's ``MALLOC_MMAP_THRESHOLD_`` and
 ``MALLOC_TRIM_THRESHOLD_``), so that freed memory stays in the process and is reused: the
 two conditions bracket a run in a fresh process and one in a process that has run before,
-and the ratio can differ between them (docs/performance/speed.md).
+and the ratio can differ between them (docs/performance/speed.md). Every measurement's
+process first probes its allocator (:func:`fisher_ref.perf.memory.freed_memory_reused`,
+recorded in ``env``); with ``keep_memory=True``, a process whose C library did not keep the
+freed block (a glibc that refuses the threshold) is an error, not a run recorded as kept.
 ``isolate=False`` times in this process instead (threads pinned with
 ``torch.set_num_threads`` and threadpoolctl), for tasks that cannot be
 sent to another process (a Python callable reward).

@@ -39,6 +39,21 @@ def test_cli_bench_keep_memory(capsys):
     assert "needs one process per measurement" in capsys.readouterr().err
 
 
+@pytest.mark.torch
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc variables")
+def test_cli_bench_keep_memory_the_allocator_ignores_exits_1(monkeypatch, capsys):
+    """A C library that does not keep freed memory with the settings: an error message and
+    exit 1, no table (a 1 MiB threshold stands in for a refused one)."""
+    pytest.importorskip("torch", reason="bench times the torch engine (the torch extra)")
+    import fisher_ref.perf.bench as fb
+    monkeypatch.setattr(fb, "KEEP_MEMORY", {"MALLOC_MMAP_THRESHOLD_": str(2 ** 20),
+                                            "MALLOC_TRIM_THRESHOLD_": str(2 ** 62)})
+    assert main(["bench", "--config", "default", "--repeats", "1", "--device", "cpu",
+                 "--no-peer", "--keep-memory"]) == 1
+    out = capsys.readouterr()
+    assert "did not reuse a freed 64 MiB block" in out.err and "ratio" not in out.out
+
+
 def test_main_writes_csv_markdown_and_plot(tmp_path, capsys):
     assert main(["bench", "--scaling", str(tmp_path), "--quick"]) == 0
     assert {p.name for p in tmp_path.iterdir()} == {"scaling.csv", "scaling.md", "scaling.png"}
