@@ -188,7 +188,7 @@ def fresh_table(path="bench/fresh/fresh_run.json"):
             if e and q:
                 lines.append(f"| {task} | {mem} | {e['wall']:.3f} | {q['wall']:.3f} | "
                              f"{e['wall'] / q['wall']:.2f} | {cost(e)} | {cost(q)} |")
-    return (f"{provenance(path, fr)} {fr['date'][:10]}; medians of {fr['rows'][0]['repeats']} "
+    return (f"{provenance(path, fr)[:-1]}; {fr['date'][:10]}; medians of {fr['rows'][0]['repeats']} "
             "processes per side and condition.\n\n" + "\n".join(lines))
 
 
@@ -216,8 +216,8 @@ def peer_table(folder="bench/peer"):
                 if ratio else ["-", "-"]
         lines.append("| " + " | ".join(cells) + " |")
         loads = [row[0] for row in r["loadavg"]]
-        notes.append(f"{provenance(path, r)} {r['date'][:10]}, {r['repeats']} repeats, load "
-                     f"{min(loads):.1f}–{max(loads):.1f}")
+        notes.append(f"{provenance(path, r)[:-1]}; {r['date'][:10]}, {r['repeats']} repeats, "
+                     f"1-minute load {min(loads):.1f}–{max(loads):.1f}.")
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes)
 
 
