@@ -1,13 +1,14 @@
 """What fresh memory costs ``exact``: one thread, a scale task (v16 by default), timed
 alone and right after the independent torch peer (``scripts/torch_peer.py``) ran in the
 same process, with the minor page faults and system time of one run; then the same in a
-process whose glibc keeps freed memory (``fisher_ref.perf.bench.KEEP_MEMORY``), so that later runs reuse pages instead of faulting in new ones.
+process whose glibc keeps freed memory (``fisher_ref.perf.bench.KEEP_MEMORY``), so that
+later runs reuse pages instead of faulting in new ones. Each condition is first checked
+with an allocator probe in a process started alike.
 
 Usage: python scripts/alloc_effects.py [--config v16] [--repeats 5]
 """
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -16,7 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fisher_ref.perf.bench import KEEP_MEMORY, THREAD_VARS  # noqa: E402  the harness's
+from fisher_ref.perf.bench import condition_env  # noqa: E402  the harness's conditions
+from fisher_ref.perf.memory import (MemoryConditionError, check_memory_condition,  # noqa: E402
+                                    probe_process)
 
 
 def _child(config, repeats, after_peer):
@@ -62,9 +65,11 @@ def main(argv=None):
     print(f"commit {git_commit()}; {args.config}; {args.repeats} runs each; one thread")
     for malloc in ("default", "keep"):
         for mode in ("alone", "peer"):
-            env = {k: v for k, v in os.environ.items() if k not in KEEP_MEMORY}
-            env.update(dict.fromkeys(THREAD_VARS, "1"), **(KEEP_MEMORY if malloc == "keep"
-                                                           else {}))
+            env = condition_env(malloc == "keep")
+            try:
+                check_memory_condition(malloc == "keep", probe_process(env), "alloc_effects.py")
+            except MemoryConditionError as exc:
+                sys.exit(str(exc))
             out = subprocess.run([sys.executable, __file__, "--config", args.config,
                                   "--repeats", str(args.repeats), "--child", malloc, mode],
                                  env=env, capture_output=True, text=True)

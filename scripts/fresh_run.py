@@ -24,7 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fisher_ref.perf.bench import KEEP_MEMORY, THREAD_VARS  # noqa: E402
+from fisher_ref.perf.bench import KEEP_MEMORY, condition_env  # noqa: E402
+from fisher_ref.perf.memory import (MemoryConditionError, check_memory_condition,  # noqa: E402
+                                    probe_process)
 from fisher_ref.perf.scaling import git_commit  # noqa: E402
 
 CHILD = r"""
@@ -58,60 +60,43 @@ print(json.dumps({"wall": wall, "user": r1.ru_utime - r0.ru_utime,
 """
 
 
-def _env(keep):
-    env = {**os.environ, **dict.fromkeys(THREAD_VARS, "1")}
-    for k in KEEP_MEMORY:
-        env.pop(k, None)
-    if keep:
-        env.update(KEEP_MEMORY)
-    return env
-
-
 def _check_condition(keep):
     """A process started as the condition's are must keep (or hand back) a freed block as
-    the condition says (:func:`fisher_ref.perf.memory.freed_memory_reused`, in a process
-    of its own: in a timed one, the probe's freed block would be memory the run reuses)."""
-    probe = ("import sys; sys.path.insert(0, sys.argv[1]); from fisher_ref.perf.memory "
-             "import freed_memory_reused; print(freed_memory_reused())")
-    out = subprocess.run([sys.executable, "-c", probe, str(ROOT)], env=_env(keep),
-                         capture_output=True, text=True)
-    if out.returncode or out.stdout.strip() != str(keep):
-        raise SystemExit(f"a process started for {'kept' if keep else 'default'} memory: "
-                         f"a freed 64 MiB block reused: {out.stdout.strip() or out.stderr} "
-                         f"({' '.join(platform.libc_ver())}); its runs would be recorded "
-                         f"under the wrong condition")
+    the condition says (probed in a process of its own: in a timed one, the probe's freed
+    block would be memory the run reuses); returns the probe's answer."""
+    reused = probe_process(condition_env(keep))
+    try:
+        check_memory_condition(keep, reused, f"fresh_run's {'kept' if keep else 'default'} "
+                                             "condition")
+    except MemoryConditionError as exc:
+        raise SystemExit(str(exc)) from None
+    return reused
 
 
 def _one(side, task, keep):
     """One fresh process's first run; a failure shows the process's own message."""
     out = subprocess.run([sys.executable, "-c", CHILD, side, task, str(ROOT)],
-                         env=_env(keep), capture_output=True, text=True)
+                         env=condition_env(keep), capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(f"{side} on {task} failed (exit {out.returncode}):\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _positive(text):
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", nargs="+", default=["medium", "v16"])
-    ap.add_argument("--repeats", type=_positive, default=5)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", default=None)
     ap.add_argument("--peer", action="store_true",
                     help="also the torch peer (scripts/torch_peer.py), its first run likewise")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be a positive integer, got {args.repeats}")
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     libc = " ".join(platform.libc_ver())
     commit = git_commit(ROOT)  # the code the processes run, whatever changes meanwhile
     print(f"machine: {machine}, {libc}; commit {commit}")
-    for keep in (False, True):
-        _check_condition(keep)
+    probes = {"default" if not keep else "kept": _check_condition(keep) for keep in (False, True)}
     rows = []
     sides = ["exact"] + (["peer"] if args.peer else [])
     for task in args.tasks:
@@ -129,6 +114,7 @@ def main(argv=None):
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"commit": commit, "machine": f"{machine}, {libc}", "keep_memory": KEEP_MEMORY,
+             "freed_memory_reused": probes,
              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              "rows": rows}, indent=1) + "\n")
     return 0

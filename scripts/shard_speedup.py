@@ -81,8 +81,8 @@ def _machine_pairs(repeats, n):
     hand-offs included), alternating; ``(solo, together)`` medians, timed from this
     process. With ``n`` free cores the copies together take as long as one alone."""
     import multiprocessing
-    with multiprocessing.get_context("spawn").Pool(max(n - 1, 1)) as pool:
-        pool.map(_kernel, range(n - 1))  # warm every worker
+    with multiprocessing.get_context("spawn").Pool(n - 1) as pool:
+        pool.map(_kernel, range(n - 1), chunksize=1)  # warm the workers
         _kernel()  # and this process
         solo, together = [], []
         for _ in range(repeats):
@@ -109,9 +109,10 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
-    if args.workers < 2 or args.repeats < 1:
-        ap.error(f"--workers must be at least 2 and --repeats at least 1, got "
-                 f"{args.workers} and {args.repeats}")
+    if args.workers < 2:
+        ap.error(f"--workers must be at least 2, got {args.workers}")
+    if args.repeats < 1:
+        ap.error(f"--repeats must be a positive integer, got {args.repeats}")
     task = _load(args.config)
     print(f"machine: {platform.machine()} {platform.processor() or ''}, "
           f"{available_cores()} cores available; python {platform.python_version()}, "

@@ -316,12 +316,13 @@ def main(argv=None):
                                                                  else argv),
                                env={**os.environ, **KEEP_MEMORY})
     import resource
-    from fisher_ref.perf.memory import freed_memory_reused
-    reused = freed_memory_reused()  # before any run leaves freed blocks behind
-    if _memory_kept(KEEP_MEMORY) and reused is not True:
-        sys.exit(f"the malloc variables are set, but a freed 64 MiB block was not reused "
-                 f"({' '.join(__import__('platform').libc_ver())}): this C library does not "
-                 f"keep freed memory so, and the runs would not measure that condition")
+    from fisher_ref.perf.memory import (MEMORY_LABELS, MemoryConditionError,
+                                        check_memory_condition, probe_process)
+    reused = probe_process()  # a process started as this one was: this one's peak untouched
+    try:
+        check_memory_condition(_memory_kept(KEEP_MEMORY), reused, "torch_peer.py")
+    except MemoryConditionError as exc:
+        sys.exit(str(exc))
     torch.set_num_threads(1)
     from fisher_ref import exact, task_from_json
     from fisher_ref.engine.plan import DEFAULT_BUDGETS, Budgets
@@ -335,7 +336,7 @@ def main(argv=None):
               "repeats": args.repeats, "loadavg": [list(os.getloadavg())], "tasks": {}}
     print(f"threads: {_threads()}; load average before: {os.getloadavg()}")
     print(f"memory: {_memory_condition(KEEP_MEMORY)}; a freed 64 MiB block "
-          f"{ {True: 'reused', False: 'handed back', None: 'not told'}[reused]} at start; "
+          f"{MEMORY_LABELS[reused]} in a process started alike; "
           f"exact's sub-block budget: {budgets.sub_elements:,} elements")
     cols = ["exact", "exact fisher", "peer", "peer per h"]
     print("| task | P | " + " | ".join(f"{c} median (min) s" for c in cols) +

@@ -14,7 +14,6 @@ differs), ``numpy``, ``torch`` and ``date``. Shipped configs and the scale confi
 import argparse
 import datetime
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,15 +22,11 @@ sys.path.insert(0, str(ROOT))
 
 from fisher_ref import list_configs, load_config  # noqa: E402
 from fisher_ref.perf.bench import bench  # noqa: E402
-from fisher_ref.perf.scaling import load_scale_config  # noqa: E402
+from fisher_ref.perf.scaling import git_commit, load_scale_config  # noqa: E402
 
 
 def _commit():
-    run = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True,
-                                    text=True).stdout.strip()
-    head = run("rev-parse", "HEAD")
-    dirty = run("status", "--porcelain", "--untracked-files=no", "--", "fisher_ref", "scripts")
-    return head + ("+dirty" if dirty else "")
+    return git_commit(ROOT, short=False)
 
 
 def main(argv=None):

@@ -34,11 +34,12 @@ def git(*args):
 
 
 def head():
-    """The commit this checkout is at, with ``+ uncommitted changes`` when the package
-    differs from it."""
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "fisher_ref")
-    return commit + (" + uncommitted changes" if dirty else "")
+    """The commit this checkout is at, with ``+ uncommitted changes`` when its code differs
+    from it (:func:`fisher_ref.perf.scaling.git_commit`)."""
+    from fisher_ref.perf.scaling import git_commit
+    commit = git_commit(ROOT)
+    return commit.removesuffix("+dirty") + (" + uncommitted changes"
+                                            if commit.endswith("+dirty") else "")
 
 
 def committed_in(path):
@@ -54,7 +55,8 @@ def provenance(path, record=None):
     machine = record.get("machine")
     parts = []
     if commit:
-        short = commit[:9] + (" + uncommitted changes" if commit.endswith("+dirty") else "")
+        short = commit.removesuffix("+dirty")[:9] + (
+            " + uncommitted changes" if commit.endswith("+dirty") else "")
         parts.append(f"measured at commit `{short}`")
     else:
         c = committed_in(path)
@@ -194,16 +196,17 @@ def fresh_table(path="bench/fresh/fresh_run.json"):
 
 def peer_table(folder="bench/peer"):
     """Markdown table of ``scripts/torch_peer.py --json`` records (one process, by turns):
-    exact / peer for every quantity and like for like, per task, memory condition and
-    sub-block budget, with each record's provenance; ``None`` when there are none."""
+    exact / peer for every quantity and like for like (fisher only), and the medians of
+    exact and the peer, per task, memory condition and sub-block budget, with each record's
+    provenance; ``None`` when there are none."""
     paths = sorted((DOCS / folder).glob("*.json"))
     if not paths:
         return None
     recs = [(p.relative_to(DOCS).as_posix(), json.loads(p.read_text())) for p in paths]
     recs.sort(key=lambda pr: (pr[1]["memory_kept"], pr[1]["sub_elements"]))
     tasks = list(dict.fromkeys(t for _, r in recs for t in r["tasks"]))
-    head = ["memory", "sub-block budget"] + [f"{t}: {what}" for t in tasks
-                                             for what in ("every quantity", "like for like")]
+    head = ["memory", "sub-block budget"] + [f"{t}: {what}" for t in tasks for what in (
+        "exact / peer", "fisher only / peer", "medians")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     notes = []
     for path, r in recs:
@@ -211,9 +214,11 @@ def peer_table(folder="bench/peer"):
                  f"2**{r['sub_elements'].bit_length() - 1}" if r["sub_elements"] &
                  (r["sub_elements"] - 1) == 0 else f"{r['sub_elements']:,}"]
         for t in tasks:
-            ratio = r["tasks"].get(t, {}).get("ratio")
-            cells += [f"{ratio['exact / peer']:.2f}", f"{ratio['exact fisher / peer']:.2f}"] \
-                if ratio else ["-", "-"]
+            rec = r["tasks"].get(t)
+            cells += [f"{rec['ratio']['exact / peer']:.2f}",
+                      f"{rec['ratio']['exact fisher / peer']:.2f}",
+                      f"exact {rec['median']['exact']:.3f} s, peer {rec['median']['peer']:.3f} s"] \
+                if rec else ["-", "-", "-"]
         lines.append("| " + " | ".join(cells) + " |")
         loads = [row[0] for row in r["loadavg"]]
         notes.append(f"{provenance(path, r)[:-1]}; {r['date'][:10]}, {r['repeats']} repeats, "

@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 from fisher_ref.cli._common import task_from_args
-from fisher_ref.perf.bench import (DEFAULT_REPEATS, DEFAULT_THREADS, bench, format_table,
-                                   measurements)
+from fisher_ref.perf.bench import (DEFAULT_REPEATS, DEFAULT_THREADS, MeasurementFailed, bench,
+                                   format_table, measurements)
+from fisher_ref.perf.memory import MemoryConditionError
 
 __all__ = ["add_arguments", "run", "scaling_main"]
 
@@ -46,7 +47,8 @@ def add_arguments(parser):
 
 def run(args):
     """Print the timing table and the ratios (or, with ``--scaling``, the scaling table);
-    exit code 0, 2 on bad input."""
+    exit code 0; 2 on bad input; 1 when a measurement's process fails or the allocator
+    does not follow the memory condition (no timings to report)."""
     from fisher_ref.fileio import atomic_output
     if getattr(args, "scaling", None):
         import importlib.util
@@ -64,8 +66,8 @@ def run(args):
     try:
         res = bench(task, repeats=args.repeats, names=names, threads=args.threads,
                     isolate=False if args.in_process else None, keep_memory=args.keep_memory)
-    except RuntimeError as exc:  # a measurement's process failed, or its allocator ignored
-        print(f"error: {exc}", file=sys.stderr)  # --keep-memory: no timings to report
+    except (MeasurementFailed, MemoryConditionError) as exc:  # no timings to report
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     if args.json:  # the temporary file exists only while the timings are written
         with atomic_output(args.json, "--json file") as tmp, open(tmp, "w") as fh:

@@ -163,7 +163,7 @@ def _keep_freed_memory():
     except (OSError, AttributeError, TypeError):  # not glibc: nothing to set
         return
     mallopt(_M_TRIM_THRESHOLD, 2 ** 30)
-    mallopt(_M_MMAP_THRESHOLD, 2 ** 25)  # glibc's largest on 64 bits
+    mallopt(_M_MMAP_THRESHOLD, 2 ** 25)  # the most glibc's own dynamic threshold reaches
 
 
 def _init_worker():

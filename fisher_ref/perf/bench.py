@@ -34,10 +34,13 @@ side that allocates large arrays pays that on every run. ``keep_memory=True`` st
 measurement's process with :data:`KEEP_MEMORY` (glibc's ``MALLOC_MMAP_THRESHOLD_`` and
 ``MALLOC_TRIM_THRESHOLD_``), so that freed memory stays in the process and is reused: the
 two conditions bracket a run in a fresh process and one in a process that has run before,
-and the ratio can differ between them (docs/performance/speed.md). Every measurement's
-process first probes its allocator (:func:`fisher_ref.perf.memory.freed_memory_reused`,
-recorded in ``env``); with ``keep_memory=True``, a process whose C library did not keep the
-freed block (a glibc that refuses the threshold) is an error, not a run recorded as kept.
+and the ratio can differ between them (docs/performance/speed.md). Before the sides
+start, a process started as they are probes the allocator
+(:func:`fisher_ref.perf.memory.probe_process`, recorded as ``freed_memory_reused``): a
+condition the allocator does not follow (a glibc that refuses the threshold under
+``keep_memory=True``; ``MALLOC_*`` or ``GLIBC_TUNABLES`` settings that keep memory under
+the default) is a :class:`fisher_ref.perf.memory.MemoryConditionError`, not a record
+under the wrong condition.
 ``isolate=False`` times in this process instead (threads pinned with
 ``torch.set_num_threads`` and threadpoolctl), for tasks that cannot be
 sent to another process (a Python callable reward).
@@ -54,19 +57,20 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from fisher_ref.engine.workers import environment
+from fisher_ref.engine.workers import BLAS_THREAD_VARS, environment
+from fisher_ref.perf.memory import MEMORY_LABELS, check_memory_condition, probe_process
 
 
 __all__ = ["MEASUREMENTS", "WORK", "LIKE_FOR_LIKE", "DEFAULT_REPEATS", "DEFAULT_THREADS", "PEER_SCRIPT",
-           "KEEP_MEMORY", "measurements", "time_call", "bench", "format_table", "thread_report"]
+           "KEEP_MEMORY", "THREAD_VARS", "MeasurementFailed", "memory_vars", "condition_env",
+           "measurements", "time_call", "bench", "format_table", "thread_report"]
 
 DEFAULT_REPEATS = 5
 DEFAULT_THREADS = 1
 REFERENCE = "fisher_ref"
 # the independent torch peer of a source checkout (``--peer PATH`` names another)
 PEER_SCRIPT = Path(str(resources.files("fisher_ref"))).parent / "scripts" / "torch_peer.py"
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+THREAD_VARS = BLAS_THREAD_VARS  # set to ``threads`` in every side's process
 WORK = {
     "fisher_ref": "every quantity: all streams, E[h^4], cross terms and their 4th moments, "
                   "exact variances, autodiff gradient, per-state and per-response arrays",
@@ -208,18 +212,9 @@ def _max_rss_bytes():
     return peak_rss_bytes()
 
 
-def _worker(conn, name, task_bytes, threads, keep_memory=False):
-    """A measurement's own process: check the memory condition, build, warm up, then time
-    one call per ``"run"``."""
+def _worker(conn, name, task_bytes, threads):
+    """A measurement's own process: build, warm up, then time one call per ``"run"``."""
     try:
-        from fisher_ref.perf.memory import freed_memory_reused
-        reused = freed_memory_reused()  # before any work leaves freed blocks behind
-        if keep_memory and reused is not True:
-            import platform
-            raise RuntimeError(
-                f"keep_memory=True, but this process's allocator did not reuse a freed 64 MiB "
-                f"block ({'; '.join(f'{k}={os.environ.get(k)}' for k in KEEP_MEMORY)}; "
-                f"{' '.join(platform.libc_ver())}): its runs would not measure kept memory")
         if threads and name not in NUMPY_SIDES:  # the numpy sides never load torch
             import torch
             torch.set_num_threads(threads)
@@ -229,11 +224,36 @@ def _worker(conn, name, task_bytes, threads, keep_memory=False):
         while conn.recv() == "run":
             conn.send(("time", _timed_call(fn)))
         conn.send(("done", dict(thread_report(), max_rss_bytes=_max_rss_bytes(),
-                                malloc={k: os.environ.get(k) for k in KEEP_MEMORY},
-                                freed_memory_reused=reused)))
+                                malloc={k: os.environ.get(k) for k in KEEP_MEMORY})))
     except Exception as exc:  # reported to the parent, which raises
         import traceback
         conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+class MeasurementFailed(RuntimeError):
+    """A measurement's process raised, or ended without an answer (killed, crashed)."""
+
+
+def memory_vars(keep):
+    """The malloc variables of a memory condition, for
+    :func:`fisher_ref.engine.workers.environment`: :data:`KEEP_MEMORY`'s values, or each
+    unset (``None``) for the C library's default even where this process has them set."""
+    return dict(KEEP_MEMORY) if keep else dict.fromkeys(KEEP_MEMORY)
+
+
+def condition_env(keep, threads=1):
+    """A whole environment for a new process in a memory condition: this process's, the
+    malloc variables set or unset (:func:`memory_vars`), and the BLAS thread variables at
+    ``threads`` (left as they are when ``threads`` is 0)."""
+    env = dict(os.environ)
+    change = {**(dict.fromkeys(THREAD_VARS, str(threads)) if threads else {}),
+              **memory_vars(keep)}
+    for k, v in change.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
 
 
 class _Process:
@@ -244,21 +264,24 @@ class _Process:
         ctx = mp.get_context("spawn")
         self.name, (self.conn, child) = name, ctx.Pipe()
         env = {v: str(threads) for v in THREAD_VARS} if threads else {}
-        # without keep_memory, the C library's defaults even where this process has the
-        # variables set
-        kept = KEEP_MEMORY if keep_memory else dict.fromkeys(KEEP_MEMORY)
-        with environment({**env, **kept}):
-            self.proc = ctx.Process(target=_worker,
-                                    args=(child, name, task_bytes, threads, keep_memory),
+        with environment({**env, **memory_vars(keep_memory)}):
+            self.proc = ctx.Process(target=_worker, args=(child, name, task_bytes, threads),
                                     daemon=True)
             self.proc.start()
+        child.close()  # the child's end lives in the child: its exit ends our recv()
         self._expect("ready")
 
     def _expect(self, kind):
-        got, value = self.conn.recv()
+        try:
+            got, value = self.conn.recv()
+        except (EOFError, OSError):  # the process ended without a word: killed, crashed
+            self.close()
+            raise MeasurementFailed(f"measurement {self.name!r}: its process ended without "
+                                    f"an answer (exit code {self.proc.exitcode})") from None
         if got == "error":
             self.close()
-            raise RuntimeError(f"measurement {self.name!r} failed in its process: {value}")
+            raise MeasurementFailed(f"measurement {self.name!r} failed in its process: "
+                                    f"{value}")
         return value
 
     def __call__(self):
@@ -287,10 +310,9 @@ class _InProcess:
     def __call__(self):
         return _timed_call(self.fn)
 
-    def finish(self):  # freed blocks of earlier work may be about: not probed here
+    def finish(self):
         return dict(thread_report(), max_rss_bytes=None,
-                    malloc={k: os.environ.get(k) for k in KEEP_MEMORY},
-                    freed_memory_reused=None)
+                    malloc={k: os.environ.get(k) for k in KEEP_MEMORY})
 
     def close(self):
         pass
@@ -358,12 +380,17 @@ def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, is
         ``threads``, ``isolated``, ``times`` {name: [s, ...]}, ``median``, ``min``,
         ``ratio`` and ``ratio_min`` {name: fisher_ref / name}, ``ratio_like`` and
         ``ratio_like_min`` {name: LIKE_FOR_LIKE[name] / name}, ``loadavg`` (1, 5, 15-minute
-        load before each round and at the end), ``env`` {name: threads, peak RSS, the
-        malloc variables its process saw and ``freed_memory_reused``
-        (:func:`fisher_ref.perf.memory.freed_memory_reused` at its start; ``None``
-        in-process)}, ``work`` {name: what it computes},
-        ``keep_memory``, ``kernel`` {name: {"page_faults": [...], "seconds": [...]}} per
-        round (``None`` entries where the system does not count them).
+        load before each round and at the end), ``env`` {name: threads, peak RSS and the
+        malloc variables its process saw}, ``freed_memory_reused`` (the allocator probe),
+        ``work`` {name: what it computes}, ``keep_memory``, ``kernel`` {name:
+        {"page_faults": [...], "seconds": [...]}} per round (``None`` entries where the
+        system does not count them).
+
+    Raises:
+        ValueError: a bad argument (named).
+        fisher_ref.perf.memory.MemoryConditionError: the allocator does not follow the
+            memory condition asked for.
+        MeasurementFailed: a measurement's process raised or ended without an answer.
     """
     from fisher_ref.engine.plan import estimate_cost
     names = measurements(task=task) if names is None else list(names)
@@ -377,6 +404,11 @@ def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, is
                              f"that can be pickled: {exc}") from None
         task_bytes, isolate = None, False
     isolate = True if isolate is None else isolate
+    # what the sides' allocator does with freed memory, probed in a process started as
+    # theirs are (a probe in a side's own process would raise its peak RSS)
+    with environment(memory_vars(keep_memory) if isolate else {}):
+        reused = probe_process()
+    check_memory_condition(keep_memory, reused, "bench" + ("" if isolate else " in-process"))
     runs, times, loadavg = {}, {n: [] for n in names}, []
     kernel = {n: {"page_faults": [], "seconds": []} for n in names}
     with contextlib.ExitStack() as stack:
@@ -413,7 +445,8 @@ def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, is
             "ratio_like": {n: median[m] / median[n] for n, m in like.items()},
             "ratio_like_min": {n: minimum[m] / minimum[n] for n, m in like.items()},
             "loadavg": loadavg, "env": env, "work": {n: WORK[n] for n in names},
-            "machine": _machine(), "keep_memory": keep_memory, "kernel": kernel}
+            "machine": _machine(), "keep_memory": keep_memory, "kernel": kernel,
+            "freed_memory_reused": reused}
 
 
 def _machine():
@@ -456,14 +489,13 @@ def format_table(res):
         m = LIKE_FOR_LIKE[n]
         lines.append(f"ratio {m}/{n} = {r:.3f} (medians; minima {res['ratio_like_min'][n]:.3f};"
                      f" the same work; {'fisher_ref faster' if r < 1 else 'fisher_ref slower'})")
-    reused = {True: "reused", False: "handed back", None: "not probed"}
+    if "freed_memory_reused" in res:
+        lines.append(f"allocator probe: a freed 64 MiB block "
+                     f"{MEMORY_LABELS[res['freed_memory_reused']]} in a process started as "
+                     f"the sides are")
     for n, e in res["env"].items():
-        kept = e.get("freed_memory_reused")
-        lines.append(f"{n}: BLAS threads ({e['blas_source']}) {e['blas']}; a freed 64 MiB "
-                     f"block {reused[kept]} at start; computes {res['work'][n]}")
-        if kept is True and not res.get("keep_memory"):
-            lines.append(f"note: {n}'s allocator kept freed memory though the C library's "
-                         f"default was asked for (another allocator, or MALLOC_* tunables?)")
+        lines.append(f"{n}: BLAS threads ({e['blas_source']}) {e['blas']}; computes "
+                     f"{res['work'][n]}")
     return "\n".join(lines)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import resource
 import sys
 
-__all__ = ["peak_rss_bytes", "freed_memory_reused"]
+__all__ = ["peak_rss_bytes", "freed_memory_reused", "probe_process", "check_memory_condition",
+           "MemoryConditionError", "MEMORY_LABELS"]
 
 
 def peak_rss_bytes():
@@ -20,41 +21,109 @@ def peak_rss_bytes():
         >>> peak_rss_bytes() > 0
         True
     """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        pass
+    hwm = _status_bytes("VmHWM")
+    if hwm is not None:
+        return hwm
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
-def freed_memory_reused(nbytes=64 << 20):
-    """Whether this process's allocator hands a freed block of ``nbytes`` to the next
-    allocation of that size without the kernel faulting its pages in again: ``True`` or
-    ``False``, measured (two allocations of ``nbytes``, filled with ones, and their minor page
-    faults); ``None`` when the first allocation faulted too few pages to tell (it reused
-    memory freed earlier, or the system does not count faults).
 
-    glibc hands a block above its mmap threshold back to the system when it is freed, so
-    the answer is ``False`` with its default settings and ``True`` with
-    :data:`fisher_ref.perf.bench.KEEP_MEMORY` set when the process started; a glibc that
-    refuses so high a threshold answers ``False`` even then. The default size lies above
-    the highest threshold glibc accepts by ``mallopt`` (32 MiB on 64-bit systems). Run it
-    before a process's own work, which may leave freed blocks of that size behind.
+def _status_bytes(field):
+    """A size field of ``/proc/self/status`` (``VmHWM``, ``VmRSS``) in bytes, or ``None``
+    where the file does not give it (not Linux)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return None
+
+
+def _rss_bytes():
+    """This process's resident set size now, or ``None``."""
+    return _status_bytes("VmRSS")
+
+
+#: How :func:`freed_memory_reused`'s answers read in a report.
+MEMORY_LABELS = {True: "kept and reused", False: "handed back", None: "could not tell"}
+
+
+class MemoryConditionError(RuntimeError):
+    """A process's allocator did not do with freed memory what the measurement's memory
+    condition says (:func:`check_memory_condition`)."""
+
+
+def freed_memory_reused(nbytes=64 << 20):
+    """Whether this process's allocator keeps a freed block of ``nbytes`` resident and hands
+    it to the next allocation of that size: ``True`` or ``False``, measured by the resident
+    set size (a block filled with ones, freed, and allocated again: handed back, the
+    resident size drops by the block; kept and reused, it neither drops nor grows again),
+    so the answer does not depend on the page size or on huge pages; ``None`` when it
+    cannot tell (no ``/proc/self/status``, or a change between the two).
+
+    glibc hands a freed block back to the system when it was mapped on its own (above
+    the mmap threshold; glibc raises that threshold as blocks are freed, but never past
+    32 MiB on 64-bit systems, so the default size lies above it) or when the free memory at
+    the top of the heap passes the trim threshold. So the answer is ``False`` with glibc's
+    default settings and ``True`` with :data:`fisher_ref.perf.bench.KEEP_MEMORY` set when
+    the process started. The probe raises this process's peak RSS by the block: run it in
+    a process of its own (:func:`probe_process`), not in one whose peak is measured.
     """
     import numpy as np
-
-    def faults():
-        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        block = np.ones(nbytes // 8)
-        f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        del block
-        return f1 - f0
-
-    first, second = faults(), faults()
-    if first < 8:  # a huge page holds 2 MiB: 64 MiB fault at least 32 times when fresh
+    block = np.ones(nbytes // 8)
+    full = _rss_bytes()
+    del block
+    freed = _rss_bytes()
+    block = np.ones(nbytes // 8)
+    again = _rss_bytes()
+    del block
+    if None in (full, freed, again):
         return None
-    return 4 * second < first
+    if full - freed > nbytes // 2:
+        return False
+    if full - freed < nbytes // 8 and again - freed < nbytes // 8:
+        return True
+    return None
+
+
+def probe_process(env=None, nbytes=64 << 20):
+    """:func:`freed_memory_reused` in a new Python process with the environment ``env``
+    (this one's by default): what the allocator of any process started so does, with no
+    effect on this process's memory."""
+    import os
+    import subprocess
+    code = ("import sys; from fisher_ref.perf.memory import freed_memory_reused; "
+            f"print(freed_memory_reused({int(nbytes)}))")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120)
+    answers = {"True": True, "False": False, "None": None}
+    if out.returncode or out.stdout.strip() not in answers:
+        raise MemoryConditionError(f"the allocator probe failed (exit {out.returncode}): "
+                                   f"{out.stderr.strip()[-500:]}")
+    return answers[out.stdout.strip()]
+
+
+def check_memory_condition(keep, reused, what="the measurement"):
+    """Raise :class:`MemoryConditionError` unless the probe's answer ``reused``
+    (:func:`freed_memory_reused`) is the condition ``keep`` asks for: a run recorded as
+    kept memory must have kept it, and one recorded as the C library's default must not
+    have (``MALLOC_*`` variables or ``GLIBC_TUNABLES`` of its own can make it keep)."""
+    if reused is keep:
+        return
+    import platform
+    asked = "kept memory" if keep else "the C library's default"
+    happened = {True: "kept a freed 64 MiB block and reused it",
+                False: "handed a freed 64 MiB block back",
+                None: "gave the probe no clear answer (a freed 64 MiB block)"}[reused]
+    raise MemoryConditionError(
+        f"{what} asks for {asked}, but a process started alike {happened} "
+        f"({' '.join(platform.libc_ver()).strip() or 'C library unknown'}): its timings "
+        "would be recorded under the wrong condition" + (
+            "; this C library does not keep freed memory with these settings" if keep
+            else "; unset the MALLOC_* and GLIBC_TUNABLES settings that keep it"))

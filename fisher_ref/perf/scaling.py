@@ -128,19 +128,26 @@ def engine_speedup(task, repeats=3):
     return out
 
 
-def git_commit(cwd=None):
-    """The short hash of the checkout's HEAD, with ``+dirty`` when a tracked file differs
-    from it (the numbers were then measured on code no commit holds), or ``"unknown"``
-    outside a git checkout."""
+#: The paths whose changes make a measurement's code differ from its commit.
+CODE_PATHS = ("fisher_ref", "scripts")
+
+
+def git_commit(cwd=None, short=True):
+    """The hash of the checkout's HEAD (short by default), with ``+dirty`` when a tracked
+    file of the code (:data:`CODE_PATHS`) differs from it, so that the numbers were
+    measured on code no commit holds; ``"unknown"`` outside a git checkout. A record
+    written in ``docs/`` does not make the next one dirty."""
     import subprocess
 
     def git(*args):
         return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
                               cwd=cwd).stdout.strip()
     try:
-        head = git("rev-parse", "--short", "HEAD")
-        return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no")
-                       else "")
+        head = git("rev-parse", *(["--short"] if short else []), "HEAD")
+        top = git("rev-parse", "--show-toplevel")
+        dirty = git("-C", top, "status", "--porcelain", "--untracked-files=no", "--",
+                    *CODE_PATHS)
+        return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 

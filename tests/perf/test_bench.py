@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch", reason="bench times the torch engine (the t
 import fisher_ref.perf.bench as fb  # noqa: E402
 from fisher_ref import load_config  # noqa: E402
 from fisher_ref.perf.bench import MEASUREMENTS, bench, format_table, measurements  # noqa: E402
+from fisher_ref.perf.memory import MemoryConditionError  # noqa: E402
 from fisher_ref.rewards import FunctionReward  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -109,11 +110,10 @@ def test_each_run_counts_its_page_faults_and_kept_memory_reaches_each_process(mo
     assert kept["env"]["fisher_ref"]["malloc"] == fb.KEEP_MEMORY
     assert plain["env"]["fisher_ref"]["malloc"] == dict.fromkeys(fb.KEEP_MEMORY)
     assert "freed memory kept" in format_table(kept)
-    # each process probed its allocator before its work: kept reuses a freed block
-    assert kept["env"]["fisher_ref"]["freed_memory_reused"] is True
-    assert plain["env"]["fisher_ref"]["freed_memory_reused"] is False
-    assert "block reused at start" in format_table(kept)
-    assert "block handed back at start" in format_table(plain)
+    # the allocator, probed in a process started as the sides are
+    assert kept["freed_memory_reused"] is True and plain["freed_memory_reused"] is False
+    assert "block kept and reused in a process started as" in format_table(kept)
+    assert "block handed back in a process started as" in format_table(plain)
     # kept: once the heap has grown to the run's peak (a round or two) no page is fresh
     # (0-3 faults here); plain: 3,300-7,100 a run (three trials of 3 rounds each)
     faults = [min(r["kernel"]["fisher_ref"]["page_faults"]) for r in (plain, kept)]
@@ -127,11 +127,45 @@ def test_keep_memory_that_the_allocator_ignores_is_an_error(monkeypatch):
     threshold of 1 MiB stands in for a refused one: the probe's 64 MiB block lies above it."""
     monkeypatch.setattr(fb, "KEEP_MEMORY", {"MALLOC_MMAP_THRESHOLD_": str(2 ** 20),
                                             "MALLOC_TRIM_THRESHOLD_": str(2 ** 62)})
-    with pytest.raises(RuntimeError, match="did not reuse a freed 64 MiB block"):
+    with pytest.raises(MemoryConditionError, match="asks for kept memory, but a process started "
+                                                   "alike handed a freed 64 MiB block back"):
         bench(load_config("no_eos"), repeats=1, names=["fisher_ref"], keep_memory=True)
 
 
-def test_keep_memory_needs_a_process_per_side(monkeypatch):
+@glibc_only
+def test_default_memory_that_the_environment_keeps_is_an_error(monkeypatch):
+    """A setting of the user's own (here MALLOC_TOP_PAD_: a gigabyte kept at the top of the
+    heap) makes the allocator keep freed memory: a run recorded as the C library's default
+    would have measured kept memory."""
+    import os
+    monkeypatch.setitem(os.environ, "MALLOC_TOP_PAD_", str(2 ** 30))
+    with pytest.raises(MemoryConditionError, match="asks for the C library's default, but a "
+                                                   "process started alike kept a freed 64 MiB"):
+        bench(load_config("no_eos"), repeats=1, names=["fisher_ref"])
+    with pytest.raises(MemoryConditionError, match="bench in-process asks for"):
+        bench(load_config("no_eos"), repeats=1, names=["fisher_ref"], isolate=False)
+
+
+def test_the_probe_leaves_the_sides_peak_memory_alone():
+    """The allocator probe touches 64 MiB twice: it runs in a process of its own, so a
+    side's peak RSS is what its own work needs (measured alike in a child: within 32 MiB)."""
+    import subprocess
+    import sys
+    child = ("from fisher_ref import load_config\n"
+             "from fisher_ref.perf.bench import MEASUREMENTS\n"
+             "from fisher_ref.perf.memory import peak_rss_bytes\n"
+             "fn = MEASUREMENTS['fisher_ref'](load_config('no_eos'))\n"
+             "fn(); fn(); fn()\n"
+             "print(peak_rss_bytes())\n")
+    own = int(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                             check=True, timeout=300).stdout.split()[-1])
+    res = bench(load_config("no_eos"), repeats=2, names=["fisher_ref"])
+    assert res["env"]["fisher_ref"]["max_rss_bytes"] < own + 32 * 2 ** 20, (
+        res["env"]["fisher_ref"]["max_rss_bytes"], own)
+
+
+@glibc_only
+def test_keep_memory_needs_a_process_per_side():
     with pytest.raises(ValueError, match="needs one process per measurement"):
         bench(load_config("no_eos"), repeats=1, names=["fisher_ref"], isolate=False,
               keep_memory=True)
@@ -140,6 +174,10 @@ def test_keep_memory_needs_a_process_per_side(monkeypatch):
     task = load_config("no_eos").with_(reward=FunctionReward(lambda p, r: float(len(r))))
     with pytest.raises(ValueError, match="keep_memory=True needs a task that can be pickled"):
         bench(task, repeats=1, names=["fisher_ref"], keep_memory=True)
+
+
+
+def test_keep_memory_is_refused_on_another_c_library(monkeypatch):
     monkeypatch.setattr(platform, "libc_ver", lambda *a, **k: ("", ""))  # musl, macOS
     with pytest.raises(ValueError, match="runs on another C library"):
         bench(load_config("no_eos"), repeats=1, names=["fisher_ref"], keep_memory=True)
@@ -170,5 +208,19 @@ def test_bad_arguments_are_refused(kwargs, match):
 
 def test_failure_inside_a_measurement_process_is_reported():
     import pickle
-    with pytest.raises(RuntimeError, match="'fisher_ref' failed in its process"):
+    with pytest.raises(fb.MeasurementFailed, match="'fisher_ref' failed in its process"):
         fb._Process("fisher_ref", pickle.dumps(None), 1)  # exact(None) raises in the worker
+
+
+class _ExitOnLoad:
+    """Unpickled, it ends the process at once (as a crash or the OOM killer would)."""
+
+    def __reduce__(self):
+        import os
+        return os._exit, (3,)
+
+
+def test_a_measurement_process_that_dies_is_an_error_not_a_hang():
+    import pickle
+    with pytest.raises(fb.MeasurementFailed, match=r"ended without an answer \(exit code 3\)"):
+        fb._Process("fisher_ref", pickle.dumps(_ExitOnLoad()), 1)

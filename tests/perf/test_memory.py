@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from fisher_ref.perf.memory import freed_memory_reused, peak_rss_bytes
+from fisher_ref.perf.memory import (MemoryConditionError, check_memory_condition,
+                                    freed_memory_reused, peak_rss_bytes, probe_process)
 
 MiB = 2 ** 20
 CHILD = ("import numpy as np\n"
@@ -50,30 +51,35 @@ def test_a_child_reports_its_own_peak_not_its_parents():
     assert parent_peak >= big and child_before < 200 * MiB
 
 
-PROBE = "from fisher_ref.perf.memory import freed_memory_reused; print(freed_memory_reused())"
-
-
-def probe_in_child(malloc):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                         timeout=120, env={**env, **malloc})
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
-
-
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc variables")
 def test_the_probe_tells_kept_memory_from_memory_handed_back():
     """glibc's defaults hand a freed 64 MiB block back; KEEP_MEMORY keeps it; a threshold
-    below the block (as a glibc that caps it at 32 MiB leaves it), or no trim threshold,
-    hands it back again."""
+    below the block (as a glibc that refuses a higher one leaves it), or no trim
+    threshold, hands it back again; a large top pad keeps it."""
     from fisher_ref.perf.bench import KEEP_MEMORY
-    assert probe_in_child({}) == "False"
-    assert probe_in_child(KEEP_MEMORY) == "True"
-    assert probe_in_child({**KEEP_MEMORY, "MALLOC_MMAP_THRESHOLD_": str(32 * MiB)}) == "False"
-    assert probe_in_child({"MALLOC_MMAP_THRESHOLD_": KEEP_MEMORY["MALLOC_MMAP_THRESHOLD_"]}) \
-        == "False"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    assert probe_process(env) is False
+    assert probe_process({**env, **KEEP_MEMORY}) is True
+    assert probe_process({**env, **KEEP_MEMORY, "MALLOC_MMAP_THRESHOLD_": str(32 * MiB)}) \
+        is False
+    assert probe_process({**env, "MALLOC_MMAP_THRESHOLD_": KEEP_MEMORY[
+        "MALLOC_MMAP_THRESHOLD_"]}) is False
+    assert probe_process({**env, "MALLOC_TOP_PAD_": str(2 ** 30)}) is True
 
 
-def test_the_probe_answers_none_when_it_cannot_tell():
-    """A 16 KiB block spans at most five pages: fewer than the probe needs to tell."""
-    assert freed_memory_reused(16 * 1024) is None
+def test_the_condition_check_names_what_was_asked_and_what_happened():
+    check_memory_condition(True, True)
+    check_memory_condition(False, False)
+    with pytest.raises(MemoryConditionError, match="^x asks for kept memory, but a process "
+                                                   "started alike gave the probe no clear"):
+        check_memory_condition(True, None, "x")
+    with pytest.raises(MemoryConditionError, match="^y asks for the C library's default"):
+        check_memory_condition(False, True, "y")
+
+
+def test_the_probe_answers_none_where_it_cannot_read_the_resident_size(monkeypatch):
+    import fisher_ref.perf.memory as memory
+    monkeypatch.setattr(memory, "_rss_bytes", lambda: None)  # no /proc/self/status
+    assert freed_memory_reused() is None
+    with pytest.raises(MemoryConditionError, match="no clear answer"):
+        check_memory_condition(False, freed_memory_reused())

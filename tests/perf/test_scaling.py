@@ -81,25 +81,34 @@ def test_peak_memory_grows_with_chunk_not_with_the_tree():
     assert np.isfinite(big["seconds"])
 
 
-def test_git_commit_says_when_the_checkout_differs_from_its_commit(tmp_path):
+def test_git_commit_says_when_the_checkout_differs_from_its_commit(tmp_path, monkeypatch):
     """A record made from uncommitted changes must not name a commit as if it held them."""
     import shutil
     import subprocess
     from fisher_ref.perf.scaling import git_commit
     if shutil.which("git") is None:
         pytest.skip("no git on this machine")
-    assert git_commit(tmp_path) == "unknown"  # not a checkout
     env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+           "GIT_COMMITTER_EMAIL": "t@t", "PATH": os.environ["PATH"], "HOME": str(tmp_path),
+           "GIT_CEILING_DIRECTORIES": str(tmp_path.parent)}  # no checkout above tmp_path
+    for k in ("GIT_DIR", "GIT_WORK_TREE", "GIT_CEILING_DIRECTORIES"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert git_commit(tmp_path) == "unknown"  # not a checkout
     run = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, env=env,  # noqa: E731
                                     capture_output=True)
     run("init", "-q")
-    (tmp_path / "f.txt").write_text("a\n")
-    run("add", "f.txt")
+    (tmp_path / "fisher_ref").mkdir()
+    (tmp_path / "fisher_ref" / "f.py").write_text("a = 1\n")
+    (tmp_path / "notes.md").write_text("a record\n")
+    run("add", "fisher_ref/f.py", "notes.md")
     run("commit", "-q", "-m", "one")
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, text=True,
                           capture_output=True, check=True).stdout.strip()
     (tmp_path / "new.txt").write_text("untracked\n")  # untracked files are not the code run
     assert git_commit(tmp_path) == head
-    (tmp_path / "f.txt").write_text("b\n")
+    (tmp_path / "notes.md").write_text("a record written by the run\n")  # not the code
+    assert git_commit(tmp_path) == head
+    (tmp_path / "fisher_ref" / "f.py").write_text("a = 2\n")
     assert git_commit(tmp_path) == head + "+dirty"
+    assert git_commit(tmp_path / "fisher_ref", short=False).startswith(head)  # from below

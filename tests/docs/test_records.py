@@ -1,0 +1,59 @@
+"""The performance pages' record readers (docs/performance/records.py): the tables the
+speed page shows from torch_peer.py and fresh_run.py records, and the provenance line of a
+record measured on uncommitted code."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs" / "performance"))
+import records  # noqa: E402
+
+
+def _peer_record(kept, sub, commit, ratios):
+    return {"commit": commit, "machine": "test machine", "memory_kept": kept,
+            "sub_elements": sub, "repeats": 3, "date": "2026-12-03T00:00:00+00:00",
+            "loadavg": [[0.5, 0, 0], [0.7, 0, 0]],
+            "tasks": {"medium": {"median": {"exact": 0.04, "exact fisher": 0.01, "peer": 0.03,
+                                            "peer per h": 0.05},
+                                 "ratio": {"exact / peer": ratios[0],
+                                           "exact fisher / peer": ratios[1]}}}}
+
+
+@pytest.fixture
+def docs(tmp_path, monkeypatch):
+    monkeypatch.setattr(records, "DOCS", tmp_path)
+    (tmp_path / "bench" / "peer").mkdir(parents=True)
+    return tmp_path
+
+
+def test_peer_table_rows_by_condition_and_budget_with_provenance(docs):
+    for name, args in {"b": (True, 2 ** 20, "abc1234", (1.56, 0.5)),
+                       "a": (False, 2 ** 23, "abc1234+dirty", (0.9, 0.3))}.items():
+        (docs / "bench" / "peer" / f"{name}.json").write_text(
+            json.dumps(_peer_record(*args)))
+    table = records.peer_table()
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    assert rows[1].startswith("| C library default | 2**23 | 0.90 | 0.30 |")
+    assert rows[2].startswith("| kept | 2**20 | 1.56 | 0.50 |")
+    assert "exact 0.040 s, peer 0.030 s" in rows[2]
+    assert "measured at commit `abc1234` + uncommitted changes" not in table
+    assert "measured at commit `abc1234 + uncommitted changes`" in table
+    assert "1-minute load 0.5–0.7." in table
+
+
+def test_tables_are_none_without_records(docs):
+    assert records.peer_table() is None and records.fresh_table() is None
+
+
+def test_fresh_table_pairs_exact_with_the_peer(docs):
+    row = dict(repeats=7, user=0.1, kernel=0.01, faults=1000, max_rss_mib=80)
+    (docs / "bench" / "fresh").mkdir()
+    (docs / "bench" / "fresh" / "fresh_run.json").write_text(json.dumps(
+        {"commit": "abc1234", "machine": "m", "date": "2026-12-03T00:00:00+00:00", "rows": [
+            {"task": "medium", "side": "exact", "memory": "default", "wall": 0.1, **row},
+            {"task": "medium", "side": "peer", "memory": "default", "wall": 0.2, **row}]}))
+    table = records.fresh_table()
+    assert "| medium | default | 0.100 | 0.200 | 0.50 |" in table
+    assert "medians of 7 processes" in table
