@@ -7,8 +7,8 @@ Writes ``docs/bench/<task>.json`` (with ``--keep-memory``, ``docs/bench/kept/<ta
 every side's process started with glibc told to keep freed memory,
 :data:`fisher_ref.perf.bench.KEEP_MEMORY`): the dict :func:`fisher_ref.perf.bench.bench`
 returns (one process per side, one thread each, interleaved repeats, medians and minima, the
-load average, page faults and kernel seconds per run), plus ``commit`` (``git rev-parse HEAD``, with ``+dirty`` when the working tree
-differs), ``numpy``, ``torch`` and ``date``. Shipped configs and the scale configs of
+load average, page faults and kernel seconds per run), plus ``commit`` (``git rev-parse HEAD``, with ``+dirty`` when the code differs from it:
+:func:`fisher_ref.perf.scaling.git_commit`), ``numpy``, ``torch`` and ``date``. Shipped configs and the scale configs of
 ``fisher_ref/configs/scale/`` (``medium``, ``v16``) are accepted by name.
 """
 import argparse
