@@ -303,6 +303,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.json and Path(args.json).exists():
         ap.error(f"--json {args.json} exists; it is not overwritten")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        ap.error(f"--json {args.json}: the directory does not exist")
     if args.repeats < 1:
         ap.error(f"--repeats must be a positive integer, got {args.repeats}")
     if args.sub_elements is not None and args.sub_elements < 1:

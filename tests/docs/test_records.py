@@ -1,14 +1,16 @@
 """The performance pages' record readers (docs/performance/records.py): the tables the
 speed page shows from torch_peer.py and fresh_run.py records, and the provenance line of a
 record measured on uncommitted code."""
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs" / "performance"))
-import records  # noqa: E402
+_spec = importlib.util.spec_from_file_location(
+    "records", Path(__file__).resolve().parents[2] / "docs" / "performance" / "records.py")
+records = importlib.util.module_from_spec(_spec)  # by path: no folder put on sys.path
+_spec.loader.exec_module(records)
 
 
 def _peer_record(kept, sub, commit, ratios):

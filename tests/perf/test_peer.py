@@ -137,3 +137,6 @@ def test_timing_script_writes_a_record_and_refuses_to_overwrite_it(tmp_path, cap
     assert exc.value.code == 2 and "not overwritten" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         torch_peer.main(["--repeats", "0"])
+    with pytest.raises(SystemExit) as exc:
+        torch_peer.main(["--json", str(tmp_path / "no such dir" / "peer.json")])
+    assert exc.value.code == 2 and "the directory does not exist" in capsys.readouterr().err
