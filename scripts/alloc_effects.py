@@ -67,7 +67,8 @@ def main(argv=None):
         for mode in ("alone", "peer"):
             env = condition_env(malloc == "keep")
             try:
-                check_memory_condition(malloc == "keep", probe_process(env), "alloc_effects.py")
+                check_memory_condition(malloc == "keep", probe_process(env),
+                                       "alloc_effects.py", env)
             except MemoryConditionError as exc:
                 sys.exit(str(exc))
             out = subprocess.run([sys.executable, __file__, "--config", args.config,

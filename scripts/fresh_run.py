@@ -64,10 +64,11 @@ def _check_condition(keep):
     """A process started as the condition's are must keep (or hand back) a freed block as
     the condition says (probed in a process of its own: in a timed one, the probe's freed
     block would be memory the run reuses); returns the probe's answer."""
-    reused = probe_process(condition_env(keep))
+    env = condition_env(keep)
+    reused = probe_process(env)
     try:
         check_memory_condition(keep, reused, f"fresh_run's {'kept' if keep else 'default'} "
-                                             "condition")
+                                             "condition", env)
     except MemoryConditionError as exc:
         raise SystemExit(str(exc)) from None
     return reused

@@ -319,10 +319,12 @@ def main(argv=None):
                                env={**os.environ, **KEEP_MEMORY})
     import resource
     from fisher_ref.perf.memory import (MEMORY_LABELS, MemoryConditionError,
-                                        check_memory_condition, probe_process)
+                                        check_memory_condition, probe_process,
+                                        startup_environ)
     reused = probe_process()  # a process started as this one was: this one's peak untouched
     try:
-        check_memory_condition(_memory_kept(KEEP_MEMORY), reused, "torch_peer.py")
+        check_memory_condition(_memory_kept(KEEP_MEMORY), reused, "torch_peer.py",
+                               startup_environ())
     except MemoryConditionError as exc:
         sys.exit(str(exc))
     torch.set_num_threads(1)

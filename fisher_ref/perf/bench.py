@@ -58,7 +58,8 @@ from importlib import resources
 from pathlib import Path
 
 from fisher_ref.engine.workers import BLAS_THREAD_VARS, environment
-from fisher_ref.perf.memory import MEMORY_LABELS, check_memory_condition, probe_process
+from fisher_ref.perf.memory import (MEMORY_LABELS, check_memory_condition, probe_process,
+                                    startup_environ)
 
 
 __all__ = ["MEASUREMENTS", "WORK", "LIKE_FOR_LIKE", "DEFAULT_REPEATS", "DEFAULT_THREADS", "PEER_SCRIPT",
@@ -271,13 +272,25 @@ class _Process:
         child.close()  # the child's end lives in the child: its exit ends our recv()
         self._expect("ready")
 
+    def _ended(self):
+        self.close()
+        code = self.proc.exitcode
+        how = f"killed by signal {-code}" if code is not None and code < 0 else \
+            f"exit code {code}"
+        return MeasurementFailed(f"measurement {self.name!r}: its process ended without an "
+                                 f"answer ({how})")
+
+    def _send(self, message):
+        try:
+            self.conn.send(message)
+        except (BrokenPipeError, OSError):  # the process is gone
+            raise self._ended() from None
+
     def _expect(self, kind):
         try:
             got, value = self.conn.recv()
         except (EOFError, OSError):  # the process ended without a word: killed, crashed
-            self.close()
-            raise MeasurementFailed(f"measurement {self.name!r}: its process ended without "
-                                    f"an answer (exit code {self.proc.exitcode})") from None
+            raise self._ended() from None
         if got == "error":
             self.close()
             raise MeasurementFailed(f"measurement {self.name!r} failed in its process: "
@@ -285,11 +298,11 @@ class _Process:
         return value
 
     def __call__(self):
-        self.conn.send("run")
+        self._send("run")
         return self._expect("time")
 
     def finish(self):
-        self.conn.send("stop")
+        self._send("stop")
         info = self._expect("done")
         self.close()
         return info
@@ -405,10 +418,12 @@ def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, is
         task_bytes, isolate = None, False
     isolate = True if isolate is None else isolate
     # what the sides' allocator does with freed memory, probed in a process started as
-    # theirs are (a probe in a side's own process would raise its peak RSS)
-    with environment(memory_vars(keep_memory) if isolate else {}):
-        reused = probe_process()
-    check_memory_condition(keep_memory, reused, "bench" + ("" if isolate else " in-process"))
+    # theirs are (a probe in a side's own process would raise its peak RSS); in-process,
+    # as this one started (glibc read its settings then, whatever os.environ says now)
+    env = condition_env(keep_memory, threads) if isolate else startup_environ()
+    reused = probe_process(env)
+    check_memory_condition(keep_memory, reused, "bench" + ("" if isolate else " in-process"),
+                           env)
     runs, times, loadavg = {}, {n: [] for n in names}, []
     kernel = {n: {"page_faults": [], "seconds": []} for n in names}
     with contextlib.ExitStack() as stack:
@@ -492,7 +507,7 @@ def format_table(res):
     if "freed_memory_reused" in res:
         lines.append(f"allocator probe: a freed 64 MiB block "
                      f"{MEMORY_LABELS[res['freed_memory_reused']]} in a process started as "
-                     f"the sides are")
+                     + ("the sides are" if res["isolated"] else "this one was"))
     for n, e in res["env"].items():
         lines.append(f"{n}: BLAS threads ({e['blas_source']}) {e['blas']}; computes "
                      f"{res['work'][n]}")

@@ -5,7 +5,7 @@ import resource
 import sys
 
 __all__ = ["peak_rss_bytes", "freed_memory_reused", "probe_process", "check_memory_condition",
-           "MemoryConditionError", "MEMORY_LABELS"]
+           "startup_environ", "MemoryConditionError", "MEMORY_LABELS"]
 
 
 def peak_rss_bytes():
@@ -26,7 +26,6 @@ def peak_rss_bytes():
         return hwm
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
-
 
 
 def _status_bytes(field):
@@ -89,41 +88,71 @@ def freed_memory_reused(nbytes=64 << 20):
     return None
 
 
-def probe_process(env=None, nbytes=64 << 20):
-    """:func:`freed_memory_reused` in a new Python process with the environment ``env``
-    (this one's by default): what the allocator of any process started so does, with no
-    effect on this process's memory."""
+def startup_environ():
+    """The environment this process started with (``/proc/self/environ``), which is what
+    glibc read its malloc settings from; ``os.environ`` where the file is not there."""
     import os
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            items = [kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv]
+        return {k.decode(errors="surrogateescape"): v.decode(errors="surrogateescape")
+                for k, v in items}
+    except OSError:
+        return dict(os.environ)
+
+
+def probe_process(env=None, nbytes=64 << 20, timeout=120):
+    """:func:`freed_memory_reused` in a new Python process with the environment ``env``
+    (this process's as it started, :func:`startup_environ`, by default): what the allocator
+    of any process started so does, with no effect on this process's memory. This file runs
+    by its path, so the answer comes from this code whatever the working directory holds.
+
+    Raises:
+        MemoryConditionError: the probe did not run to an answer (its output is quoted).
+    """
     import subprocess
-    code = ("import sys; from fisher_ref.perf.memory import freed_memory_reused; "
-            f"print(freed_memory_reused({int(nbytes)}))")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ if env is None else env)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=120)
+    code = ("import runpy, sys; sys.path.pop(0); "
+            "print(runpy.run_path(sys.argv[1])['freed_memory_reused'](int(sys.argv[2])))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code, __file__, str(int(nbytes))],
+                             env=startup_environ() if env is None else dict(env),
+                             capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise MemoryConditionError(f"the allocator probe did not answer within {timeout} s; "
+                                   "the memory condition is not known") from None
+    lines = out.stdout.strip().splitlines()
     answers = {"True": True, "False": False, "None": None}
-    if out.returncode or out.stdout.strip() not in answers:
-        raise MemoryConditionError(f"the allocator probe failed (exit {out.returncode}): "
-                                   f"{out.stderr.strip()[-500:]}")
-    return answers[out.stdout.strip()]
+    if out.returncode or not lines or lines[-1] not in answers:
+        raise MemoryConditionError(
+            f"the allocator probe did not run to an answer (exit {out.returncode}); its "
+            f"output: {out.stdout.strip()[-300:]!r}; its errors: {out.stderr.strip()[-500:]!r}")
+    return answers[lines[-1]]
 
 
-def check_memory_condition(keep, reused, what="the measurement"):
+def check_memory_condition(keep, reused, what="the measurement", env=None):
     """Raise :class:`MemoryConditionError` unless the probe's answer ``reused``
-    (:func:`freed_memory_reused`) is the condition ``keep`` asks for: a run recorded as
-    kept memory must have kept it, and one recorded as the C library's default must not
-    have (``MALLOC_*`` variables or ``GLIBC_TUNABLES`` of its own can make it keep)."""
-    if reused is keep:
+    (:func:`freed_memory_reused`) agrees with the condition ``keep``: a run recorded as kept
+    memory must have kept it, and one recorded as the C library's default must not have
+    (``MALLOC_*`` variables, ``GLIBC_TUNABLES`` or another allocator preloaded can make it
+    keep). Under the default, a probe that cannot tell (``None``: no ``/proc``) passes;
+    under kept memory it does not. ``env``: the environment the probed process had, whose
+    allocator settings the message names."""
+    if reused is keep or (reused is None and not keep):
         return
+    import os
     import platform
     asked = "kept memory" if keep else "the C library's default"
     happened = {True: "kept a freed 64 MiB block and reused it",
                 False: "handed a freed 64 MiB block back",
                 None: "gave the probe no clear answer (a freed 64 MiB block)"}[reused]
+    env = os.environ if env is None else env
+    found = {k: v for k, v in env.items()
+             if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES", "LD_PRELOAD")}
+    settings = ", ".join(f"{k}={v}" for k, v in sorted(found.items())) or "none"
     raise MemoryConditionError(
         f"{what} asks for {asked}, but a process started alike {happened} "
-        f"({' '.join(platform.libc_ver()).strip() or 'C library unknown'}): its timings "
-        "would be recorded under the wrong condition" + (
+        f"({' '.join(platform.libc_ver()).strip() or 'C library unknown'}; allocator "
+        f"settings in its environment: {settings}): its timings would be recorded under the "
+        "wrong condition" + (
             "; this C library does not keep freed memory with these settings" if keep
-            else "; unset the MALLOC_* and GLIBC_TUNABLES settings that keep it"))
+            else "; unset the settings that keep it, or preload no other allocator"))

@@ -133,20 +133,21 @@ CODE_PATHS = ("fisher_ref", "scripts")
 
 
 def git_commit(cwd=None, short=True):
-    """The hash of the checkout's HEAD (short by default), with ``+dirty`` when a tracked
-    file of the code (:data:`CODE_PATHS`) differs from it, so that the numbers were
-    measured on code no commit holds; ``"unknown"`` outside a git checkout. A record
+    """The hash of the checkout's HEAD (short by default), with ``+dirty`` when a file of
+    the code (:data:`CODE_PATHS`, under ``cwd``: the checkout this package was imported
+    from by default) differs from it or is new and not yet committed, so that the numbers
+    were measured on code no commit holds; ``"unknown"`` outside a git checkout. A record
     written in ``docs/`` does not make the next one dirty."""
     import subprocess
+    from pathlib import Path
+    cwd = Path(__file__).resolve().parents[2] if cwd is None else cwd
 
     def git(*args):
         return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
                               cwd=cwd).stdout.strip()
     try:
         head = git("rev-parse", *(["--short"] if short else []), "HEAD")
-        top = git("rev-parse", "--show-toplevel")
-        dirty = git("-C", top, "status", "--porcelain", "--untracked-files=no", "--",
-                    *CODE_PATHS)
+        dirty = git("status", "--porcelain", "--", *CODE_PATHS)  # relative to cwd
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

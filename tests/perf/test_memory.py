@@ -70,11 +70,14 @@ def test_the_probe_tells_kept_memory_from_memory_handed_back():
 def test_the_condition_check_names_what_was_asked_and_what_happened():
     check_memory_condition(True, True)
     check_memory_condition(False, False)
+    check_memory_condition(False, None)  # cannot tell (no /proc): the default stands
     with pytest.raises(MemoryConditionError, match="^x asks for kept memory, but a process "
                                                    "started alike gave the probe no clear"):
         check_memory_condition(True, None, "x")
-    with pytest.raises(MemoryConditionError, match="^y asks for the C library's default"):
-        check_memory_condition(False, True, "y")
+    with pytest.raises(MemoryConditionError, match="^y asks for the C library's default.*"
+                                                   "settings in its environment: "
+                                                   "MALLOC_TOP_PAD_=1"):
+        check_memory_condition(False, True, "y", {"MALLOC_TOP_PAD_": "1", "HOME": "/"})
 
 
 def test_the_probe_answers_none_where_it_cannot_read_the_resident_size(monkeypatch):
@@ -82,4 +85,22 @@ def test_the_probe_answers_none_where_it_cannot_read_the_resident_size(monkeypat
     monkeypatch.setattr(memory, "_rss_bytes", lambda: None)  # no /proc/self/status
     assert freed_memory_reused() is None
     with pytest.raises(MemoryConditionError, match="no clear answer"):
-        check_memory_condition(False, freed_memory_reused())
+        check_memory_condition(True, freed_memory_reused())
+
+
+def test_the_probe_runs_this_code_whatever_the_working_directory_holds(tmp_path, monkeypatch):
+    """A fisher_ref package in the working directory (another checkout) is not what the
+    probe imports: it runs this file by its path."""
+    fake = tmp_path / "fisher_ref" / "perf"
+    fake.mkdir(parents=True)
+    for d in (tmp_path / "fisher_ref", fake):
+        (d / "__init__.py").write_text("")
+    (fake / "memory.py").write_text("def freed_memory_reused(n):\n    return 'fake'\n")
+    monkeypatch.chdir(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    assert probe_process(env) in (False, None)  # this file's answer, never the fake's
+
+
+def test_a_probe_that_cannot_answer_says_why():
+    with pytest.raises(MemoryConditionError, match="did not run to an answer.*its errors"):
+        probe_process({"PATH": os.environ.get("PATH", ""), "PYTHONHOME": "/nonexistent"})

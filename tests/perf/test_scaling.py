@@ -109,6 +109,11 @@ def test_git_commit_says_when_the_checkout_differs_from_its_commit(tmp_path, mon
     assert git_commit(tmp_path) == head
     (tmp_path / "notes.md").write_text("a record written by the run\n")  # not the code
     assert git_commit(tmp_path) == head
+    (tmp_path / "fisher_ref" / "g.py").write_text("b = 1\n")  # new code, not yet added
+    assert git_commit(tmp_path) == head + "+dirty"
+    (tmp_path / "fisher_ref" / "g.py").unlink()
     (tmp_path / "fisher_ref" / "f.py").write_text("a = 2\n")
     assert git_commit(tmp_path) == head + "+dirty"
-    assert git_commit(tmp_path / "fisher_ref", short=False).startswith(head)  # from below
+    full = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, text=True,
+                          capture_output=True, check=True).stdout.strip()
+    assert git_commit(tmp_path, short=False) == full + "+dirty" and len(full) == 40
