@@ -14,8 +14,6 @@ the commit and the machine.
 import argparse
 import datetime
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from fisher_ref.perf.bench import KEEP_MEMORY, condition_env  # noqa: E402
 from fisher_ref.perf.memory import (MemoryConditionError, check_memory_condition,  # noqa: E402
                                     probe_process)
-from fisher_ref.perf.scaling import git_commit  # noqa: E402
+from fisher_ref.perf.scaling import git_commit, machine  # noqa: E402
 
 CHILD = r"""
 import os, sys, time, json, resource
@@ -93,10 +91,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be a positive integer, got {args.repeats}")
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    libc = " ".join(platform.libc_ver())
+    if args.json and Path(args.json).exists():
+        ap.error(f"--json {args.json} exists; it is not overwritten")
     commit = git_commit(ROOT)  # the code the processes run, whatever changes meanwhile
-    print(f"machine: {machine}, {libc}; commit {commit}")
+    print(f"machine: {machine()}; commit {commit}")
     probes = {"default" if not keep else "kept": _check_condition(keep) for keep in (False, True)}
     rows = []
     sides = ["exact"] + (["peer"] if args.peer else [])
@@ -113,11 +111,12 @@ def main(argv=None):
                   f"{med['kernel']:.3f}), {med['faults']:,.0f} page faults, peak RSS "
                   f"{med['max_rss_mib']:.0f} MiB (medians of {len(rs)})", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"commit": commit, "machine": f"{machine}, {libc}", "keep_memory": KEEP_MEMORY,
-             "freed_memory_reused": probes,
-             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-             "rows": rows}, indent=1) + "\n")
+        with open(args.json, "x") as fh:  # checked above: never over a record
+            fh.write(json.dumps(
+                {"commit": commit, "machine": machine(), "keep_memory": KEEP_MEMORY,
+                 "freed_memory_reused": probes, "rows": rows,
+                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                     timespec="seconds")}, indent=1) + "\n")
     return 0
 
 

@@ -311,12 +311,12 @@ def main(argv=None):
         ap.error(f"--sub-elements must be a positive integer, got {args.sub_elements}")
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root))
-    from fisher_ref.perf.bench import KEEP_MEMORY  # the harness's, not the peer's
+    from fisher_ref.perf.bench import KEEP_MEMORY, condition_env  # the harness's
     if args.keep_memory and not _memory_kept(KEEP_MEMORY):
         import subprocess  # glibc reads the variables at start: run again with them set
         return subprocess.call([sys.executable, __file__] + list(sys.argv[1:] if argv is None
                                                                  else argv),
-                               env={**os.environ, **KEEP_MEMORY})
+                               env=condition_env(True, threads=0))
     import resource
     from fisher_ref.perf.memory import (MEMORY_LABELS, MemoryConditionError,
                                         check_memory_condition, probe_process,
@@ -395,10 +395,8 @@ def main(argv=None):
     print(f"load average after: {os.getloadavg()}")
     if args.json:
         import datetime
-        import platform
         record["loadavg"].append(list(os.getloadavg()))
-        record.update(machine=f"{machine()}, torch {torch.__version__}, "
-                      f"{' '.join(platform.libc_ver())}", date=datetime.datetime.now(
+        record.update(machine=f"{machine()}, torch {torch.__version__}", date=datetime.datetime.now(
                           datetime.timezone.utc).isoformat(timespec="seconds"))
         with open(args.json, "x") as fh:
             json.dump(record, fh, indent=1)

@@ -465,10 +465,8 @@ def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, is
 
 
 def _machine():
-    import platform
-    libc = " ".join(platform.libc_ver()).strip() or "C library unknown"
-    return (f"{platform.machine()}, {os.cpu_count()} cores, Python "
-            f"{platform.python_version()}, {libc}")
+    from fisher_ref.perf.scaling import machine
+    return machine()
 
 
 def format_table(res):

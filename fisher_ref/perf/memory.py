@@ -139,13 +139,12 @@ def check_memory_condition(keep, reused, what="the measurement", env=None):
     allocator settings the message names."""
     if reused is keep or (reused is None and not keep):
         return
-    import os
     import platform
     asked = "kept memory" if keep else "the C library's default"
     happened = {True: "kept a freed 64 MiB block and reused it",
                 False: "handed a freed 64 MiB block back",
                 None: "gave the probe no clear answer (a freed 64 MiB block)"}[reused]
-    env = os.environ if env is None else env
+    env = startup_environ() if env is None else env
     found = {k: v for k, v in env.items()
              if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES", "LD_PRELOAD")}
     settings = ", ".join(f"{k}={v}" for k, v in sorted(found.items())) or "none"

@@ -154,10 +154,12 @@ def git_commit(cwd=None, short=True):
 
 
 def machine():
-    """One line naming the machine the numbers were measured on."""
+    """One line naming the machine the numbers were measured on (its C library too: the
+    memory conditions of the benchmarks are glibc's)."""
     import os
+    libc = " ".join(platform.libc_ver()).strip() or "C library unknown"
     return (f"{platform.machine()} CPU, {os.cpu_count()} cores, Python "
-            f"{platform.python_version()}, numpy {np.__version__}")
+            f"{platform.python_version()}, numpy {np.__version__}, {libc}")
 
 
 def write_table(rows, csv_path, md_path=None):
