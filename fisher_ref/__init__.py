@@ -22,6 +22,7 @@ _WHERE = {
     "engine.plan": ("EnumerationTooLarge", "estimate_cost"),
     "checks.conformance": ("check_token_fisher",),
     "engine.fast": ("exact",),
+    "engine.workers": ("keep_freed_memory",),
     "golden.export": ("export_golden",),
     "golden.format": ("GoldenFileError", "load_golden"),
     "golden.check": ("compare_golden", "compare_to_golden"),
@@ -50,7 +51,7 @@ __all__ = [
     "token_fisher", "token_fisher_pairwise", "uniform_token_fisher", "__version__",
     "sample", "estimate", "MCResult", "Estimate", "bonferroni_z", "check_monte_carlo",
     "CheckRow", "export_golden", "load_golden", "compare_golden", "compare_to_golden",
-    "GoldenFileError", "check_token_fisher",
+    "GoldenFileError", "check_token_fisher", "keep_freed_memory",
 ]
 
 

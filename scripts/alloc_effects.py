@@ -2,8 +2,9 @@
 alone and right after the independent torch peer (``scripts/torch_peer.py``) ran in the
 same process, with the minor page faults and system time of one run; then the same in a
 process whose glibc keeps freed memory (``fisher_ref.perf.bench.KEEP_MEMORY``), so that
-later runs reuse pages instead of faulting in new ones. Each condition is first checked
-with an allocator probe in a process started alike.
+later runs reuse pages instead of faulting in new ones; then in a process started with
+glibc's defaults that calls ``fisher_ref.keep_freed_memory()`` first. Each condition is
+first checked with an allocator probe in a process started alike.
 
 Usage: python scripts/alloc_effects.py [--config v16] [--repeats 5]
 """
@@ -22,15 +23,17 @@ from fisher_ref.perf.memory import (MemoryConditionError, check_memory_condition
                                     probe_process)
 
 
-def _child(config, repeats, after_peer):
+def _child(config, repeats, after_peer, call):
     import resource
 
     import numpy as np
     import torch
     torch.set_num_threads(1)
     sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-    from fisher_ref import exact, task_from_json
+    from fisher_ref import exact, keep_freed_memory, task_from_json
     from torch_peer import peer_exact
+    if call and not keep_freed_memory():
+        raise SystemExit("keep_freed_memory() did not take: this C library is not glibc")
     spec = json.loads((ROOT / "fisher_ref/configs/scale" / f"{config}.json").read_text())
 
     def run():
@@ -59,11 +62,13 @@ def main(argv=None):
     if args.repeats < 1:
         ap.error(f"--repeats must be a positive integer, got {args.repeats}")
     if args.child:
-        print(json.dumps(_child(args.config, args.repeats, args.child[1] == "peer")))
+        print(json.dumps(_child(args.config, args.repeats, args.child[1] == "peer",
+                                args.child[0] == "call")))
         return 0
-    from fisher_ref.perf.scaling import git_commit
-    print(f"commit {git_commit()}; {args.config}; {args.repeats} runs each; one thread")
-    for malloc in ("default", "keep"):
+    from fisher_ref.perf.scaling import git_commit, machine
+    print(f"commit {git_commit()}; {machine()}")
+    print(f"{args.config}; {args.repeats} runs each; one thread")
+    for malloc in ("default", "keep", "call"):
         for mode in ("alone", "peer"):
             env = condition_env(malloc == "keep")
             try:
@@ -77,7 +82,8 @@ def main(argv=None):
             if out.returncode:
                 sys.exit(f"the {malloc}/{mode} process failed:\n{out.stderr}")
             r = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"glibc {malloc:7s} exact {'after the peer' if mode == 'peer' else 'alone':14s}: "
+            label = "keep_freed_memory()" if malloc == "call" else f"glibc {malloc}"
+            print(f"{label:19s} exact {'after the peer' if mode == 'peer' else 'alone':14s}: "
                   f"median {r['median_s']:.3f} s (best {r['min_s']:.3f}); minor faults "
                   f"{r['minor_faults']:,}; system time {r['sys_s']:.3f} s")
     return 0

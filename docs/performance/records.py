@@ -194,6 +194,17 @@ def fresh_table(path="bench/fresh/fresh_run.json"):
             "processes per side and condition.\n\n" + "\n".join(lines))
 
 
+def alloc_outputs(folder="bench/alloc"):
+    """The saved outputs of ``scripts/alloc_effects.py`` (one ``<config>.txt`` per task,
+    its first line the commit and machine), each as a code block under its task's name;
+    ``None`` when there are none."""
+    paths = sorted((DOCS / folder).glob("*.txt"))
+    if not paths:
+        return None
+    return "\n\n".join(f"**{p.stem}** (`{p.relative_to(DOCS)}`):\n\n```text\n"
+                        f"{p.read_text().strip()}\n```" for p in paths)
+
+
 def peer_table(folder="bench/peer"):
     """Markdown table of ``scripts/torch_peer.py --json`` records (one process, by turns):
     exact / peer for every quantity and like for like (fisher only), and the medians of

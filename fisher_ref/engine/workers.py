@@ -55,8 +55,8 @@ from fisher_ref._progress import Progress
 from fisher_ref.engine.run import plan
 
 __all__ = ["AUTO_MIN_SECONDS", "BLAS_THREAD_VARS", "SHARED_BYTES", "available_cores",
-           "check_workers", "local_workers", "unsendable", "resolve_workers", "run_shards",
-           "shutdown"]
+           "check_workers", "keep_freed_memory", "kept_in_process", "local_workers",
+           "unsendable", "resolve_workers", "run_shards", "shutdown"]
 
 #: ``workers="auto"`` stays in this process below this many estimated seconds on one core.
 AUTO_MIN_SECONDS = 10.0
@@ -146,29 +146,76 @@ def environment(values):
                 os.environ[k] = v
 
 
-#: glibc's ``mallopt`` parameters (malloc.h): a worker keeps the memory its shards free.
+#: glibc's ``mallopt`` parameters (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: What :func:`keep_freed_memory` set in this process: ``(max_block, max_kept)``, or ``None``.
+_KEPT = None
 
 
-def _keep_freed_memory():
-    """In a worker process (ours alone), have glibc keep freed memory for the next shard
-    instead of returning it to the system and faulting it in again (a shard's arrays of
-    the same sizes come and go; scripts/alloc_effects.py measures what the fresh pages
-    cost a run). Peak memory is unchanged; other C libraries are left as they are."""
+def keep_freed_memory(max_block=1 << 30, max_kept=(1 << 31) - 1):
+    """Have this process's C library keep the memory it frees, for the next allocation,
+    instead of handing it back to the system and faulting fresh pages in again.
+
+    With glibc's default settings, memory freed at the end of a run goes back to the
+    system (a block above the mmap threshold at once, the top of the heap past the trim
+    threshold), so every run of ``exact`` in one process pays again for the pages of its
+    temporaries (on the medium scale config, about 7,500 page faults a run). After this
+    call, blocks up to ``max_block`` bytes come from the heap and up to ``max_kept`` bytes
+    of free memory at its top stay there. Peak memory is unchanged, but the process keeps
+    its peak until it exits. It is glibc's ``mallopt`` (``M_MMAP_THRESHOLD``,
+    ``M_TRIM_THRESHOLD``), set for the whole process and not undone: call it at the start
+    of a long-lived process that runs ``exact`` many times (a notebook, a sweep), not in a
+    library. The same effect as starting Python with the variables of
+    :data:`fisher_ref.perf.bench.KEEP_MEMORY`. A worker of ``exact(task, workers=N)`` (a
+    process of ours alone) calls it with ``max_block=2**25, max_kept=2**30``.
+
+    Args:
+        max_block, max_kept: bytes, each an int in ``1..2**31 - 1`` (``mallopt`` takes a
+            C ``int``).
+
+    Returns:
+        ``True`` when the C library took both settings; ``False`` when it is not glibc (no
+        ``mallopt``) or refused one (then nothing is recorded as set, though a setting it
+        took stays).
+
+    Raises:
+        ValueError: ``max_block`` or ``max_kept`` is not an int in ``1..2**31 - 1``.
+
+    Example:
+        >>> import fisher_ref
+        >>> fisher_ref.keep_freed_memory()  # doctest: +SKIP
+        True
+    """
+    global _KEPT
+    for name, v in (("max_block", max_block), ("max_kept", max_kept)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v < 1 << 31:
+            raise ValueError(f"keep_freed_memory: {name} must be an int in 1..2**31 - 1 "
+                             f"(bytes, a C int), got {v!r}")
     import ctypes
     import ctypes.util
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     except (OSError, AttributeError, TypeError):  # not glibc: nothing to set
-        return
-    mallopt(_M_TRIM_THRESHOLD, 2 ** 30)
-    mallopt(_M_MMAP_THRESHOLD, 2 ** 25)  # the most glibc's own dynamic threshold reaches
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    took = [mallopt(_M_TRIM_THRESHOLD, max_kept), mallopt(_M_MMAP_THRESHOLD, max_block)]
+    if took != [1, 1]:
+        return False
+    _KEPT = (max_block, max_kept)
+    return True
+
+
+def kept_in_process():
+    """What :func:`keep_freed_memory` set in this process, ``(max_block, max_kept)``, or
+    ``None`` when it has not run (or did not take): a measurement in this process of the C
+    library's default memory would be recorded under the wrong condition."""
+    return _KEPT
 
 
 def _init_worker():
     threadpool_limits(1)  # the variables already hold BLAS to one thread; this too
-    _keep_freed_memory()
+    keep_freed_memory(max_block=1 << 25, max_kept=1 << 30)  # the most glibc's own
+    # dynamic mmap threshold reaches: a shard's arrays of the same sizes come and go
 
 
 def _healthy(ex):

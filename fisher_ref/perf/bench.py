@@ -57,7 +57,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from fisher_ref.engine.workers import BLAS_THREAD_VARS, environment
+from fisher_ref.engine.workers import BLAS_THREAD_VARS, environment, kept_in_process
 from fisher_ref.perf.memory import (MEMORY_LABELS, check_memory_condition, probe_process,
                                     startup_environ)
 
@@ -422,8 +422,11 @@ def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, is
     # as this one started (glibc read its settings then, whatever os.environ says now)
     env = condition_env(keep_memory, threads) if isolate else startup_environ()
     reused = probe_process(env)
+    kept_here = None if isolate else kept_in_process()  # keep_freed_memory() ran here
+    if kept_here is not None:
+        reused = True  # this process keeps freed memory, whatever it started with
     check_memory_condition(keep_memory, reused, "bench" + ("" if isolate else " in-process"),
-                           env)
+                           env, kept_here)
     runs, times, loadavg = {}, {n: [] for n in names}, []
     kernel = {n: {"page_faults": [], "seconds": []} for n in names}
     with contextlib.ExitStack() as stack:

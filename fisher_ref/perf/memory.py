@@ -129,7 +129,7 @@ def probe_process(env=None, nbytes=64 << 20, timeout=120):
     return answers[lines[-1]]
 
 
-def check_memory_condition(keep, reused, what="the measurement", env=None):
+def check_memory_condition(keep, reused, what="the measurement", env=None, kept_here=None):
     """Raise :class:`MemoryConditionError` unless the probe's answer ``reused``
     (:func:`freed_memory_reused`) agrees with the condition ``keep``: a run recorded as kept
     memory must have kept it, and one recorded as the C library's default must not have
@@ -144,14 +144,21 @@ def check_memory_condition(keep, reused, what="the measurement", env=None):
     happened = {True: "kept a freed 64 MiB block and reused it",
                 False: "handed a freed 64 MiB block back",
                 None: "gave the probe no clear answer (a freed 64 MiB block)"}[reused]
+    if kept_here is not None:
+        happened = "keeps freed memory"
     env = startup_environ() if env is None else env
     found = {k: v for k, v in env.items()
              if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES", "LD_PRELOAD")}
     settings = ", ".join(f"{k}={v}" for k, v in sorted(found.items())) or "none"
+    if kept_here is not None:
+        settings += (f"; keep_freed_memory(max_block={kept_here[0]}, max_kept={kept_here[1]}) "
+                     "called in this process")
     raise MemoryConditionError(
-        f"{what} asks for {asked}, but a process started alike {happened} "
+        f"{what} asks for {asked}, but "
+        f"{'this process' if kept_here is not None else 'a process started alike'} {happened} "
         f"({' '.join(platform.libc_ver()).strip() or 'C library unknown'}; allocator "
         f"settings in its environment: {settings}): its timings would be recorded under the "
         "wrong condition" + (
             "; this C library does not keep freed memory with these settings" if keep
-            else "; unset the settings that keep it, or preload no other allocator"))
+            else "; unset the settings that keep it, or preload no other allocator" + (
+                "; measure in a new process (isolate=True)" if kept_here is not None else "")))

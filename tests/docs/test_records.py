@@ -59,3 +59,12 @@ def test_fresh_table_pairs_exact_with_the_peer(docs):
     table = records.fresh_table()
     assert "| medium | default | 0.100 | 0.200 | 0.50 |" in table
     assert "medians of 7 processes" in table
+
+
+def test_alloc_outputs_show_each_saved_output(docs):
+    assert records.alloc_outputs() is None
+    (docs / "bench" / "alloc").mkdir()
+    (docs / "bench" / "alloc" / "medium.txt").write_text("commit abc1234; m\nmedium; 5 runs\n")
+    out = records.alloc_outputs()
+    assert out.startswith("**medium** (`bench/alloc/medium.txt`):")
+    assert "```text\ncommit abc1234; m\nmedium; 5 runs\n```" in out

@@ -1,0 +1,96 @@
+"""fisher_ref.keep_freed_memory: glibc told, in this process, to keep the memory it frees.
+
+The calls that take effect run in a child process: mallopt changes a process for good, and
+the test process's own allocator stays as it started."""
+import ctypes
+import json
+import platform
+import subprocess
+import sys
+
+import pytest
+
+import fisher_ref
+from fisher_ref import load_config
+from fisher_ref.engine import workers as workers_mod
+from fisher_ref.perf.bench import bench, condition_env
+from fisher_ref.perf.memory import MemoryConditionError
+
+glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+
+#: A child in glibc's default memory: the probe's answer before and after the call, what the
+#: call returned and recorded, and the page faults of repeated runs of exact on medium.
+CHILD = r"""
+import json, resource
+import fisher_ref
+from fisher_ref.engine.workers import kept_in_process
+from fisher_ref.perf.memory import freed_memory_reused
+from fisher_ref.perf.scaling import load_scale_config
+
+task = load_scale_config("medium")
+
+def faults(runs=3):
+    out = []
+    for _ in range(runs):
+        r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        fisher_ref.exact(task, progress=False, workers=1)
+        out.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)
+    return sorted(out)[len(out) // 2]
+
+fisher_ref.exact(task, progress=False, workers=1)  # first touches: not counted
+before = [freed_memory_reused(), faults()]
+took = fisher_ref.keep_freed_memory()
+fisher_ref.exact(task, progress=False, workers=1)  # the heap grows to its peak once more
+print(json.dumps({"before": before, "took": took, "kept": kept_in_process(),
+                  "after": [freed_memory_reused(), faults()]}))
+"""
+
+
+@glibc_only
+def test_keep_freed_memory_keeps_a_freed_block_and_stops_the_faults_of_repeated_runs():
+    out = subprocess.run([sys.executable, "-c", CHILD], env=condition_env(False),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["took"] is True and r["kept"] == [2 ** 30, 2 ** 31 - 1], r
+    assert r["before"][0] is False and r["after"][0] is True, r  # the probe, 64 MiB block
+    # medium frees its temporaries at the end of every run: glibc's defaults fault them in
+    # again each time (about 7,500 pages here); kept, the next run reuses them
+    assert r["after"][1] * 4 < r["before"][1], r
+
+
+@pytest.mark.parametrize("kw", [{"max_block": 0}, {"max_block": 2 ** 31}, {"max_kept": -1},
+                                {"max_kept": True}, {"max_block": 1.5}, {"max_block": "1"}])
+def test_keep_freed_memory_refuses_what_mallopt_cannot_take(kw, monkeypatch):
+    monkeypatch.setattr(ctypes, "CDLL", lambda *a: pytest.fail("mallopt reached"))
+    name = next(iter(kw))
+    with pytest.raises(ValueError, match=f"{name} must be an int in 1..2"):
+        fisher_ref.keep_freed_memory(**kw)
+    assert workers_mod.kept_in_process() is None
+
+
+def test_keep_freed_memory_says_false_without_glibc_or_when_refused(monkeypatch):
+    def no_libc(*a):
+        raise OSError("no such library")
+    monkeypatch.setattr(ctypes, "CDLL", no_libc)
+    assert fisher_ref.keep_freed_memory() is False
+
+    class Mallopt:  # takes the first setting and refuses the second, as mallopt says: 0
+        answers = iter([1, 0])
+
+        def __call__(self, param, value):
+            return next(self.answers)
+
+    class Lib:
+        mallopt = Mallopt()
+    monkeypatch.setattr(ctypes, "CDLL", lambda *a: Lib())
+    assert fisher_ref.keep_freed_memory() is False
+    assert workers_mod.kept_in_process() is None
+
+
+def test_in_process_bench_after_keep_freed_memory_is_not_the_default_condition(monkeypatch):
+    monkeypatch.setattr(workers_mod, "_KEPT", (2 ** 30, 2 ** 31 - 1))  # as after the call
+    with pytest.raises(MemoryConditionError, match=r"this process keeps freed memory.*"
+                       r"keep_freed_memory\(max_block=1073741824, max_kept=2147483647\) "
+                       r"called in this process.*isolate=True"):
+        bench(load_config("no_eos"), repeats=1, names=["fisher_ref"], isolate=False)
