@@ -134,18 +134,39 @@ class Slots:
             out[m, j] = 0.0
         return out
 
-    def sum(self, terms):
+    def sum(self, terms, grouped=True):
         r""":math:`\sum_{(w, x)} \sum_{b \in g} w_b x_b` ``(n, r)`` of weights ``w (n, m)``
         and rows by slot ``x (n, m, K, d)``: the ``E`` block's columns inside the run's, for
-        each group. The terms are summed by slot and placed in the block once (the slots of
-        a row hold distinct rows of the block, or the spare one)."""
-        d, k = self.d, self.k
+        each group; with ``grouped=False`` their sum over the groups ``(r,)``. The terms are
+        summed by slot and placed in the block once (the slots of a row hold distinct rows
+        of the block, or the spare one): per group by index, over the groups by a product
+        with the slots' one-hot placement (:meth:`_placement`)."""
+        d, k, n = self.d, self.k, self.n
+        g = sum(np.matmul(w[:, None, :], x[:, :, :k].reshape(n, w.shape[1], k * d))
+                for w, x in terms).reshape(n * k, d)  # (n k, d): each group's slots
+        last = None if self.at_last is None else \
+            sum(w[:, :, None] * x[:, :, k] for w, x in terms).reshape(-1, d)  # (n m, d)
+        if not grouped:
+            out = self._placement("group") @ g
+            if last is not None:
+                out += self._placement("last") @ last
+            return out[:-1].ravel()[self.cut]
         out = np.zeros((self.spare + 1, d))
-        out[self.at_group] = sum(np.einsum("nm,nmjd->njd", w, x[:, :, :k])
-                                 for w, x in terms).reshape(-1, d)
-        if self.at_last is not None:
-            out[self.at_last] = sum(w[:, :, None] * x[:, :, k] for w, x in terms).reshape(-1, d)
-        return out[:-1].reshape(self.n, -1)[:, self.cut]
+        out[self.at_group] = g
+        if last is not None:
+            out[self.at_last] = last
+        return out[:-1].reshape(n, -1)[:, self.cut]
+
+    def _placement(self, name):
+        """``(V + 2, slots)``, kept: 1 at each of slots ``at_<name>``'s row of the block (a
+        token ``0..V``; ``V + 1`` for the spare row, which the slots holding 0 take)."""
+        key = "_place_" + name
+        if key not in self.__dict__:
+            at, V1 = getattr(self, "at_" + name), self.spare // self.n
+            S = np.zeros((V1 + 1, len(at)))
+            S[np.where(at == self.spare, V1, at % V1), np.arange(len(at))] = 1.0
+            self.__dict__[key] = S
+        return self.__dict__[key]
 
 
 class Layout:
@@ -246,8 +267,8 @@ def _sums(lay, terms, grouped):
         by_slots = {}  # the terms of each Slots (one, as a rule), placed in its block once
         for w, x in terms:
             by_slots.setdefault(id(x.slots), (x.slots, []))[1].append((w, x.E))
-        E = sum(slots.sum(pairs) for slots, pairs in by_slots.values())  # (n, r)
-        out[..., lay.cut["E"][1]] = E if grouped else E.sum(axis=0)
+        out[..., lay.cut["E"][1]] = sum(slots.sum(pairs, grouped)  # (n, r) or (r,)
+                                        for slots, pairs in by_slots.values())
     return out
 
 
