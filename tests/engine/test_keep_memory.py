@@ -29,7 +29,7 @@ from fisher_ref.perf.scaling import load_scale_config
 
 task = load_scale_config("medium")
 
-def faults(runs=3):
+def faults(runs=5):
     out = []
     for _ in range(runs):
         r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -54,8 +54,9 @@ def test_keep_freed_memory_keeps_a_freed_block_and_stops_the_faults_of_repeated_
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["took"] is True and r["kept"] == [2 ** 30, 2 ** 31 - 1], r
     assert r["before"][0] is False and r["after"][0] is True, r  # the probe, 64 MiB block
-    # medium frees its temporaries at the end of every run: glibc's defaults fault them in
-    # again each time (about 7,500 pages here); kept, the next run reuses them
+    # medium frees its temporaries at the end of every run: glibc's defaults fault most of
+    # them in again in most runs (5,000-11,000 pages here, now and then a run of tens),
+    # so the median of five is in the thousands; kept, the next runs reuse them (0-80)
     assert r["after"][1] * 4 < r["before"][1], r
 
 

@@ -18,19 +18,20 @@ def test_alloc_effects_refuses_no_repeats():
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc settings")
-def test_alloc_effects_measures_every_condition_and_the_call_stops_the_faults():
+def test_alloc_effects_measures_every_condition():
+    """Every condition and mode gets its line, the commit and machine come first. Whether
+    the faults differ is not asserted here: in glibc's default memory a run's faults depend
+    on what the heap went through before (they range from a handful to thousands from run
+    to run on medium); tests/engine/test_keep_memory.py holds the call's effect."""
     pytest.importorskip("torch")  # the peer; CI installs the torch extra
-    out = subprocess.run([sys.executable, str(SCRIPT), "--config", "medium", "--repeats", "3"],
+    out = subprocess.run([sys.executable, str(SCRIPT), "--config", "medium", "--repeats", "1"],
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
-    faults = {(m.group(1).strip(), m.group(2).strip()): int(m.group(3).replace(",", ""))
-              for m in re.finditer(r"^(glibc default|glibc keep|keep_freed_memory\(\)) +exact "
-                                   r"(alone|after the peer) *: median [\d.]+ s \(best [\d.]+\); "
-                                   r"minor faults ([\d,]+);", out.stdout, re.M)}
-    assert len(faults) == 6, out.stdout
-    assert out.stdout.startswith("commit ") and "glibc" in out.stdout.splitlines()[0]
-    # medium frees its temporaries at the end of every run: glibc's defaults fault them in
-    # again (thousands of pages a run); kept from the start or after the call, the next run
-    # reuses them
-    for kept in ("glibc keep", "keep_freed_memory()"):
-        assert faults[kept, "alone"] * 4 < faults["glibc default", "alone"], (kept, faults)
+    lines = re.findall(r"^(glibc default|glibc keep|keep_freed_memory\(\)) +exact "
+                       r"(alone|after the peer) *: median [\d.]+ s \(best [\d.]+\); "
+                       r"minor faults [\d,]+; system time [\d.]+ s$", out.stdout, re.M)
+    assert sorted(lines) == sorted((c, m) for c in ("glibc default", "glibc keep",
+                                                    "keep_freed_memory()")
+                                   for m in ("alone", "after the peer")), out.stdout
+    first = out.stdout.splitlines()[0]
+    assert first.startswith("commit ") and "glibc" in first, first
