@@ -4,9 +4,11 @@ same process, with the minor page faults and system time of one run; then the sa
 process whose glibc keeps freed memory (``fisher_ref.perf.bench.KEEP_MEMORY``), so that
 later runs reuse pages instead of faulting in new ones; then in a process started with
 glibc's defaults that calls ``fisher_ref.keep_freed_memory()`` first. Each condition is
-first checked with an allocator probe in a process started alike.
+first checked with an allocator probe in a process started alike. With ``--rounds R``
+the six processes run by turns, ``R`` times over, so that the machine's load drifts hit
+every condition alike; the medians are over every run of every round.
 
-Usage: python scripts/alloc_effects.py [--config v16] [--repeats 5]
+Usage: python scripts/alloc_effects.py [--config v16] [--repeats 5] [--rounds 1]
 """
 import argparse
 import json
@@ -49,43 +51,55 @@ def _child(config, repeats, after_peer, call):
         times.append(t)
         faults.append(r1.ru_minflt - r0.ru_minflt)
         sys_s.append(r1.ru_stime - r0.ru_stime)
-    return {"median_s": float(np.median(times)), "min_s": min(times),
-            "minor_faults": int(np.median(faults)), "sys_s": float(np.median(sys_s))}
+    return {"times": times, "faults": faults, "sys_s": sys_s}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="v16")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the six processes by turns this many times (default 1)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.repeats < 1:
-        ap.error(f"--repeats must be a positive integer, got {args.repeats}")
+    for name in ("repeats", "rounds"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
     if args.child:
         print(json.dumps(_child(args.config, args.repeats, args.child[1] == "peer",
                                 args.child[0] == "call")))
         return 0
+    import numpy as np
+
     from fisher_ref.perf.scaling import git_commit, machine
     print(f"commit {git_commit()}; {machine()}")
-    print(f"{args.config}; {args.repeats} runs each; one thread")
-    for malloc in ("default", "keep", "call"):
-        for mode in ("alone", "peer"):
-            env = condition_env(malloc == "keep")
-            try:
-                check_memory_condition(malloc == "keep", probe_process(env),
-                                       "alloc_effects.py", env)
-            except MemoryConditionError as exc:
-                sys.exit(str(exc))
+    print(f"{args.config}; {args.rounds} round(s) of {args.repeats} runs in a new process per "
+          "condition, the conditions by turns; one thread")
+    conditions = [(m, mode) for m in ("default", "keep", "call") for mode in ("alone", "peer")]
+    for malloc in ("default", "keep"):  # "call" starts in the default
+        env = condition_env(malloc == "keep")
+        try:
+            check_memory_condition(malloc == "keep", probe_process(env), "alloc_effects.py",
+                                   env)
+        except MemoryConditionError as exc:
+            sys.exit(str(exc))
+    runs = {c: {"times": [], "faults": [], "sys_s": []} for c in conditions}
+    for _ in range(args.rounds):
+        for malloc, mode in conditions:
             out = subprocess.run([sys.executable, __file__, "--config", args.config,
                                   "--repeats", str(args.repeats), "--child", malloc, mode],
-                                 env=env, capture_output=True, text=True)
+                                 env=condition_env(malloc == "keep"), capture_output=True,
+                                 text=True)
             if out.returncode:
                 sys.exit(f"the {malloc}/{mode} process failed:\n{out.stderr}")
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-            label = "keep_freed_memory()" if malloc == "call" else f"glibc {malloc}"
-            print(f"{label:19s} exact {'after the peer' if mode == 'peer' else 'alone':14s}: "
-                  f"median {r['median_s']:.3f} s (best {r['min_s']:.3f}); minor faults "
-                  f"{r['minor_faults']:,}; system time {r['sys_s']:.3f} s")
+            for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items():
+                runs[malloc, mode][k] += v
+    for (malloc, mode), r in runs.items():
+        label = "keep_freed_memory()" if malloc == "call" else f"glibc {malloc}"
+        print(f"{label:19s} exact {'after the peer' if mode == 'peer' else 'alone':14s}: "
+              f"median {np.median(r['times']):.3f} s (best {min(r['times']):.3f}); minor "
+              f"faults {int(np.median(r['faults'])):,}; system time "
+              f"{np.median(r['sys_s']):.3f} s")
     return 0
 
 

@@ -11,10 +11,11 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "alloc_effects.py"
 
 
-def test_alloc_effects_refuses_no_repeats():
-    out = subprocess.run([sys.executable, str(SCRIPT), "--repeats", "0"], capture_output=True,
+@pytest.mark.parametrize("flag", ["--repeats", "--rounds"])
+def test_alloc_effects_refuses_no_repeats_or_rounds(flag):
+    out = subprocess.run([sys.executable, str(SCRIPT), flag, "0"], capture_output=True,
                          text=True, timeout=120)
-    assert out.returncode == 2 and "--repeats must be a positive integer" in out.stderr
+    assert out.returncode == 2 and f"{flag} must be a positive integer" in out.stderr
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc settings")
@@ -24,7 +25,8 @@ def test_alloc_effects_measures_every_condition():
     on what the heap went through before (they range from a handful to thousands from run
     to run on medium); tests/engine/test_keep_memory.py holds the call's effect."""
     pytest.importorskip("torch")  # the peer; CI installs the torch extra
-    out = subprocess.run([sys.executable, str(SCRIPT), "--config", "medium", "--repeats", "1"],
+    out = subprocess.run([sys.executable, str(SCRIPT), "--config", "medium", "--repeats", "1",
+                          "--rounds", "2"],
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = re.findall(r"^(glibc default|glibc keep|keep_freed_memory\(\)) +exact "
