@@ -161,12 +161,13 @@ def keep_freed_memory(max_block=1 << 30, max_kept=(1 << 31) - 1):
     threshold), so every run of ``exact`` in one process pays again for the pages of its
     temporaries (on the medium scale config, about 7,500 page faults a run). After this
     call, blocks up to ``max_block`` bytes come from the heap and up to ``max_kept`` bytes
-    of free memory at its top stay there. Peak memory is unchanged, but the process keeps
-    its peak until it exits. It is glibc's ``mallopt`` (``M_MMAP_THRESHOLD``,
+    of free memory at its top stay there: the process keeps the memory of its largest run
+    until it exits. It is glibc's ``mallopt`` (``M_MMAP_THRESHOLD``,
     ``M_TRIM_THRESHOLD``), set for the whole process and not undone: call it at the start
     of a long-lived process that runs ``exact`` many times (a notebook, a sweep), not in a
-    library. The same effect as starting Python with the variables of
-    :data:`fisher_ref.perf.bench.KEEP_MEMORY`. A worker of ``exact(task, workers=N)`` (a
+    library. Starting Python with the variables of :data:`fisher_ref.perf.bench.KEEP_MEMORY`
+    does the same from the start, except that those keep any amount at the top of the heap
+    (``mallopt`` takes at most ``2**31 - 1`` bytes). A worker of ``exact(task, workers=N)`` (a
     process of ours alone) calls it with ``max_block=2**25, max_kept=2**30``.
 
     Args:
@@ -187,10 +188,18 @@ def keep_freed_memory(max_block=1 << 30, max_kept=(1 << 31) - 1):
         True
     """
     global _KEPT
+    import operator
+    values = []
     for name, v in (("max_block", max_block), ("max_kept", max_kept)):
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v < 1 << 31:
+        try:
+            n = None if isinstance(v, bool) else operator.index(v)
+        except TypeError:
+            n = None
+        if n is None or not 0 < n < 1 << 31:
             raise ValueError(f"keep_freed_memory: {name} must be an int in 1..2**31 - 1 "
                              f"(bytes, a C int), got {v!r}")
+        values.append(n)
+    max_block, max_kept = values
     import ctypes
     import ctypes.util
     try:

@@ -8,6 +8,7 @@ import platform
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import fisher_ref
@@ -61,7 +62,8 @@ def test_keep_freed_memory_keeps_a_freed_block_and_stops_the_faults_of_repeated_
 
 
 @pytest.mark.parametrize("kw", [{"max_block": 0}, {"max_block": 2 ** 31}, {"max_kept": -1},
-                                {"max_kept": True}, {"max_block": 1.5}, {"max_block": "1"}])
+                                {"max_kept": True}, {"max_block": 1.5}, {"max_block": "1"},
+                                {"max_block": np.int64(2 ** 31)}])
 def test_keep_freed_memory_refuses_what_mallopt_cannot_take(kw, monkeypatch):
     monkeypatch.setattr(ctypes, "CDLL", lambda *a: pytest.fail("mallopt reached"))
     name = next(iter(kw))
@@ -70,21 +72,24 @@ def test_keep_freed_memory_refuses_what_mallopt_cannot_take(kw, monkeypatch):
     assert workers_mod.kept_in_process() is None
 
 
-def test_keep_freed_memory_says_false_without_glibc_or_when_refused(monkeypatch):
+def test_keep_freed_memory_takes_numpy_integers_and_says_false_when_refused(monkeypatch):
+    calls = []
+
+    class Lib:  # takes the first setting and refuses the second, as mallopt says: 0
+        @staticmethod
+        def mallopt(param, value):
+            calls.append((param, value))
+            return 0 if len(calls) == 2 else 1
+    monkeypatch.setattr(ctypes, "CDLL", lambda *a: Lib())
+    assert fisher_ref.keep_freed_memory(np.int64(2 ** 25), np.int32(2 ** 30)) is False
+    assert calls == [(-1, 2 ** 30), (-3, 2 ** 25)]  # M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
+    assert workers_mod.kept_in_process() is None
+
+
+def test_keep_freed_memory_says_false_without_glibc(monkeypatch):
     def no_libc(*a):
         raise OSError("no such library")
     monkeypatch.setattr(ctypes, "CDLL", no_libc)
-    assert fisher_ref.keep_freed_memory() is False
-
-    class Mallopt:  # takes the first setting and refuses the second, as mallopt says: 0
-        answers = iter([1, 0])
-
-        def __call__(self, param, value):
-            return next(self.answers)
-
-    class Lib:
-        mallopt = Mallopt()
-    monkeypatch.setattr(ctypes, "CDLL", lambda *a: Lib())
     assert fisher_ref.keep_freed_memory() is False
     assert workers_mod.kept_in_process() is None
 
