@@ -94,12 +94,14 @@ def main(argv=None):
                 sys.exit(f"the {malloc}/{mode} process failed:\n{out.stderr}")
             for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items():
                 runs[malloc, mode][k] += v
+    print("\n| started in | calls keep_freed_memory() | exact runs | median (s) | best (s) "
+          "| minor faults, median | system time, median (s) |\n|---|---|---|---|---|---|---|")
     for (malloc, mode), r in runs.items():
-        label = "keep_freed_memory()" if malloc == "call" else f"glibc {malloc}"
-        print(f"{label:19s} exact {'after the peer' if mode == 'peer' else 'alone':14s}: "
-              f"median {np.median(r['times']):.3f} s (best {min(r['times']):.3f}); minor "
-              f"faults {int(np.median(r['faults'])):,}; system time "
-              f"{np.median(r['sys_s']):.3f} s")
+        print(f"| {'kept memory' if malloc == 'keep' else 'glibc default'} | "
+              f"{'yes' if malloc == 'call' else 'no'} | "
+              f"{'after the peer' if mode == 'peer' else 'alone'} | "
+              f"{np.median(r['times']):.3f} | {min(r['times']):.3f} | "
+              f"{int(np.median(r['faults'])):,} | {np.median(r['sys_s']):.3f} |")
     return 0
 
 

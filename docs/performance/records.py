@@ -195,14 +195,14 @@ def fresh_table(path="bench/fresh/fresh_run.json"):
 
 
 def alloc_outputs(folder="bench/alloc"):
-    """The saved outputs of ``scripts/alloc_effects.py`` (one ``<config>.txt`` per task,
-    its first line the commit and machine), each as a code block under its task's name;
+    """The saved outputs of ``scripts/alloc_effects.py`` (one ``<config>.txt`` per task:
+    the commit and machine, the setup, then a markdown table), each under its task's name;
     ``None`` when there are none."""
     paths = sorted((DOCS / folder).glob("*.txt"))
     if not paths:
         return None
-    return "\n\n".join(f"**{p.stem}** (`{p.relative_to(DOCS)}`):\n\n```text\n"
-                        f"{p.read_text().strip()}\n```" for p in paths)
+    return "\n\n".join(f"**{p.stem}** (`{p.relative_to(DOCS)}`): {p.read_text().strip()}"
+                        for p in paths)
 
 
 def peer_table(folder="bench/peer"):

@@ -64,7 +64,8 @@ def test_fresh_table_pairs_exact_with_the_peer(docs):
 def test_alloc_outputs_show_each_saved_output(docs):
     assert records.alloc_outputs() is None
     (docs / "bench" / "alloc").mkdir()
-    (docs / "bench" / "alloc" / "medium.txt").write_text("commit abc1234; m\nmedium; 5 runs\n")
+    (docs / "bench" / "alloc" / "medium.txt").write_text(
+        "commit abc1234; m\nmedium; 5 runs\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
     out = records.alloc_outputs()
-    assert out.startswith("**medium** (`bench/alloc/medium.txt`):")
-    assert "```text\ncommit abc1234; m\nmedium; 5 runs\n```" in out
+    assert out == ("**medium** (`bench/alloc/medium.txt`): commit abc1234; m\nmedium; 5 runs"
+                   "\n\n| a | b |\n|---|---|\n| 1 | 2 |")

@@ -29,11 +29,10 @@ def test_alloc_effects_measures_every_condition():
                           "--rounds", "2"],
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
-    lines = re.findall(r"^(glibc default|glibc keep|keep_freed_memory\(\)) +exact "
-                       r"(alone|after the peer) *: median [\d.]+ s \(best [\d.]+\); "
-                       r"minor faults [\d,]+; system time [\d.]+ s$", out.stdout, re.M)
-    assert sorted(lines) == sorted((c, m) for c in ("glibc default", "glibc keep",
-                                                    "keep_freed_memory()")
-                                   for m in ("alone", "after the peer")), out.stdout
+    rows = re.findall(r"^\| (glibc default|kept memory) \| (yes|no) \| (alone|after the peer) "
+                      r"\| [\d.]+ \| [\d.]+ \| [\d,]+ \| [\d.]+ \|$", out.stdout, re.M)
+    assert sorted(rows) == sorted((start, call, m) for start, call in (
+        ("glibc default", "no"), ("kept memory", "no"), ("glibc default", "yes"))
+        for m in ("alone", "after the peer")), out.stdout
     first = out.stdout.splitlines()[0]
     assert first.startswith("commit ") and "glibc" in first, first
