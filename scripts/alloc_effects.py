@@ -3,8 +3,9 @@ alone and right after the independent torch peer (``scripts/torch_peer.py``) ran
 same process, with the minor page faults and system time of one run; then the same in a
 process whose glibc keeps freed memory (``fisher_ref.perf.bench.KEEP_MEMORY``), so that
 later runs reuse pages instead of faulting in new ones; then in a process started with
-glibc's defaults that calls ``fisher_ref.keep_freed_memory()`` first. Each condition is
-first checked with an allocator probe in a process started alike. With ``--rounds R``
+glibc's defaults that calls ``fisher_ref.keep_freed_memory()`` first. The default and kept
+starts are first checked with an allocator probe in a process started alike; the call, by
+what it returns. With ``--rounds R``
 the six processes run by turns, ``R`` times over, so that the machine's load drifts hit
 every condition alike; the medians are over every run of every round.
 
@@ -35,7 +36,8 @@ def _child(config, repeats, after_peer, call):
     from fisher_ref import exact, keep_freed_memory, task_from_json
     from torch_peer import peer_exact
     if call and not keep_freed_memory():
-        raise SystemExit("keep_freed_memory() did not take: this C library is not glibc")
+        raise SystemExit("keep_freed_memory() returned False: this C library has no mallopt "
+                         "or refused a setting")
     spec = json.loads((ROOT / "fisher_ref/configs/scale" / f"{config}.json").read_text())
 
     def run():

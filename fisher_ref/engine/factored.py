@@ -97,7 +97,7 @@ class Slots:
     def __init__(self, lay, spec, win, dup, last=None, valid=None):
         n, k = win.shape
         V1, d = spec.vocab_size + 1, spec.embed_dim
-        self.cut, self.k, self.d, self.n = lay.cut["E"][0], k, d, n
+        self.cut, self.k, self.d, self.n, self.V1 = lay.cut["E"][0], k, d, n, V1
         self.spare = n * V1  # the row of the placed block that takes the slots holding 0
         at = np.arange(n)[:, None] * V1
         self.at_group = np.where(dup, self.spare, at + win).ravel()  # (n k,)
@@ -162,7 +162,7 @@ class Slots:
         token ``0..V``; ``V + 1`` for the spare row, which the slots holding 0 take)."""
         key = "_place_" + name
         if key not in self.__dict__:
-            at, V1 = getattr(self, "at_" + name), self.spare // self.n
+            at, V1 = getattr(self, "at_" + name), self.V1
             S = np.zeros((V1 + 1, len(at)))
             S[np.where(at == self.spare, V1, at % V1), np.arange(len(at))] = 1.0
             self.__dict__[key] = S

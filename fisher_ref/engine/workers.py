@@ -148,7 +148,9 @@ def environment(values):
 
 #: glibc's ``mallopt`` parameters (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-#: What :func:`keep_freed_memory` set in this process: ``(max_block, max_kept)``, or ``None``.
+#: The most an older glibc (2.26 and before, at least) takes as its mmap threshold on 64-bit.
+_OLD_MMAP_CAP = 1 << 25
+#: What :func:`keep_freed_memory` set in this process (:func:`kept_in_process`).
 _KEPT = None
 
 
@@ -156,28 +158,31 @@ def keep_freed_memory(max_block=1 << 30, max_kept=(1 << 31) - 1):
     """Have this process's C library keep the memory it frees, for the next allocation,
     instead of handing it back to the system and faulting fresh pages in again.
 
-    With glibc's default settings, memory freed at the end of a run goes back to the
-    system (a block above the mmap threshold at once, the top of the heap past the trim
-    threshold), so every run of ``exact`` in one process pays again for the pages of its
-    temporaries (on the medium scale config, about 7,500 page faults a run). After this
-    call, blocks up to ``max_block`` bytes come from the heap and up to ``max_kept`` bytes
-    of free memory at its top stay there: the process keeps the memory of its largest run
-    until it exits. It is glibc's ``mallopt`` (``M_MMAP_THRESHOLD``,
-    ``M_TRIM_THRESHOLD``), set for the whole process and not undone: call it at the start
-    of a long-lived process that runs ``exact`` many times (a notebook, a sweep), not in a
-    library. Starting Python with the variables of :data:`fisher_ref.perf.bench.KEEP_MEMORY`
-    does the same from the start, except that those keep any amount at the top of the heap
-    (``mallopt`` takes at most ``2**31 - 1`` bytes). A worker of ``exact(task, workers=N)`` (a
-    process of ours alone) calls it with ``max_block=2**25, max_kept=2**30``.
+    With glibc's default settings, much of what a run of ``exact`` frees goes back to the
+    system (a block above the mmap threshold at once, the free top of the heap once it
+    passes the trim threshold), so the next run in the same process pays again for the
+    pages of its temporaries (``scripts/alloc_effects.py`` counts them). After this call, a
+    block under ``max_block`` bytes comes from the heap (blocks past about 64 MiB in a
+    thread's own arena are still mapped alone), and the free top of the heap is trimmed
+    only once it reaches ``max_kept`` bytes: runs that stay within both keep their pages,
+    and the process holds that memory until it exits. It is glibc's ``mallopt``
+    (``M_MMAP_THRESHOLD``, ``M_TRIM_THRESHOLD``), set for the whole process and not undone:
+    call it at the start of a long-lived process that runs ``exact`` many times (a
+    notebook, a sweep), not in a library. Starting Python with the variables of
+    :data:`fisher_ref.perf.bench.KEEP_MEMORY` does the same from the start, except that
+    those trim nothing (``mallopt`` takes at most ``2**31 - 1`` bytes). A glibc that caps
+    the mmap threshold at 32 MiB (older releases) is given 32 MiB when it refuses more.
+    A worker of ``exact(task, workers=N)`` (a process of ours alone) calls it with
+    ``max_block=2**25, max_kept=2**30``.
 
     Args:
         max_block, max_kept: bytes, each an int in ``1..2**31 - 1`` (``mallopt`` takes a
             C ``int``).
 
     Returns:
-        ``True`` when the C library took both settings; ``False`` when it is not glibc (no
-        ``mallopt``) or refused one (then nothing is recorded as set, though a setting it
-        took stays).
+        ``True`` when the C library took both settings (the mmap threshold perhaps capped,
+        see :func:`kept_in_process`); ``False`` when it has no ``mallopt`` (not glibc) or
+        refused a setting. Whatever it took is recorded either way.
 
     Raises:
         ValueError: ``max_block`` or ``max_kept`` is not an int in ``1..2**31 - 1``.
@@ -201,29 +206,31 @@ def keep_freed_memory(max_block=1 << 30, max_kept=(1 << 31) - 1):
         values.append(n)
     max_block, max_kept = values
     import ctypes
-    import ctypes.util
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError, TypeError):  # not glibc: nothing to set
+        mallopt = ctypes.CDLL(None).mallopt  # the C library the process runs on
+    except (OSError, AttributeError, TypeError):  # no mallopt: nothing to set
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    took = [mallopt(_M_TRIM_THRESHOLD, max_kept), mallopt(_M_MMAP_THRESHOLD, max_block)]
-    if took != [1, 1]:
-        return False
-    _KEPT = (max_block, max_kept)
-    return True
+    block = next((b for b in dict.fromkeys((max_block, min(max_block, _OLD_MMAP_CAP)))
+                  if mallopt(_M_MMAP_THRESHOLD, b) == 1), None)
+    kept = max_kept if mallopt(_M_TRIM_THRESHOLD, max_kept) == 1 else None
+    if block is not None or kept is not None:  # the process has changed: say so
+        old = _KEPT or (None, None)
+        _KEPT = (block if block is not None else old[0], kept if kept is not None else old[1])
+    return block is not None and kept is not None
 
 
 def kept_in_process():
-    """What :func:`keep_freed_memory` set in this process, ``(max_block, max_kept)``, or
-    ``None`` when it has not run (or did not take): a measurement in this process of the C
-    library's default memory would be recorded under the wrong condition."""
+    """What :func:`keep_freed_memory` set in this process, ``(max_block, max_kept)`` (either
+    ``None`` where the C library refused it), or ``None`` when it has changed nothing: a
+    measurement in this process of the C library's default memory would be recorded under
+    the wrong condition."""
     return _KEPT
 
 
 def _init_worker():
     threadpool_limits(1)  # the variables already hold BLAS to one thread; this too
-    keep_freed_memory(max_block=1 << 25, max_kept=1 << 30)  # the most glibc's own
+    keep_freed_memory(max_block=_OLD_MMAP_CAP, max_kept=1 << 30)  # the most glibc's own
     # dynamic mmap threshold reaches: a shard's arrays of the same sizes come and go
 
 

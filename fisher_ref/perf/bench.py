@@ -423,8 +423,6 @@ def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, is
     env = condition_env(keep_memory, threads) if isolate else startup_environ()
     reused = probe_process(env)
     kept_here = None if isolate else kept_in_process()  # keep_freed_memory() ran here
-    if kept_here is not None:
-        reused = True  # this process keeps freed memory, whatever it started with
     check_memory_condition(keep_memory, reused, "bench" + ("" if isolate else " in-process"),
                            env, kept_here)
     runs, times, loadavg = {}, {n: [] for n in names}, []

@@ -136,29 +136,31 @@ def check_memory_condition(keep, reused, what="the measurement", env=None, kept_
     (``MALLOC_*`` variables, ``GLIBC_TUNABLES`` or another allocator preloaded can make it
     keep). Under the default, a probe that cannot tell (``None``: no ``/proc``) passes;
     under kept memory it does not. ``env``: the environment the probed process had, whose
-    allocator settings the message names."""
-    if reused is keep or (reused is None and not keep):
+    allocator settings the message names; ``kept_here``: what
+    :func:`fisher_ref.keep_freed_memory` set in the measured process, ``(max_block,
+    max_kept)``, or ``None``: a process whose allocator that call changed is in no
+    condition but its own, and the message names the call."""
+    if kept_here is None and (reused is keep or (reused is None and not keep)):
         return
     import platform
+    libc = " ".join(platform.libc_ver()).strip() or "C library unknown"
     asked = "kept memory" if keep else "the C library's default"
+    if kept_here is not None:  # this process's allocator was changed while it ran
+        raise MemoryConditionError(
+            f"{what} asks for {asked}, but this process changed its allocator settings "
+            f"(keep_freed_memory() set max_block={kept_here[0]}, max_kept={kept_here[1]}; "
+            f"{libc}): its timings would be recorded under the wrong condition; measure in "
+            "a new process (isolate=True)")
     happened = {True: "kept a freed 64 MiB block and reused it",
                 False: "handed a freed 64 MiB block back",
                 None: "gave the probe no clear answer (a freed 64 MiB block)"}[reused]
-    if kept_here is not None:
-        happened = "keeps freed memory"
     env = startup_environ() if env is None else env
     found = {k: v for k, v in env.items()
              if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES", "LD_PRELOAD")}
     settings = ", ".join(f"{k}={v}" for k, v in sorted(found.items())) or "none"
-    if kept_here is not None:
-        settings += (f"; keep_freed_memory(max_block={kept_here[0]}, max_kept={kept_here[1]}) "
-                     "called in this process")
     raise MemoryConditionError(
-        f"{what} asks for {asked}, but "
-        f"{'this process' if kept_here is not None else 'a process started alike'} {happened} "
-        f"({' '.join(platform.libc_ver()).strip() or 'C library unknown'}; allocator "
+        f"{what} asks for {asked}, but a process started alike {happened} ({libc}; allocator "
         f"settings in its environment: {settings}): its timings would be recorded under the "
         "wrong condition" + (
             "; this C library does not keep freed memory with these settings" if keep
-            else "; unset the settings that keep it, or preload no other allocator" + (
-                "; measure in a new process (isolate=True)" if kept_here is not None else "")))
+            else "; unset the settings that keep it, or preload no other allocator"))

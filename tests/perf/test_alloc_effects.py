@@ -18,6 +18,7 @@ def test_alloc_effects_refuses_no_repeats_or_rounds(flag):
     assert out.returncode == 2 and f"{flag} must be a positive integer" in out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc settings")
 def test_alloc_effects_measures_every_condition():
     """Every condition and mode gets its line, the commit and machine come first. Whether
