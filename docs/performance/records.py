@@ -201,8 +201,11 @@ def alloc_outputs(folder="bench/alloc"):
     paths = sorted((DOCS / folder).glob("*.txt"))
     if not paths:
         return None
-    return "\n\n".join(f"**{p.stem}** (`{p.relative_to(DOCS)}`): {p.read_text().strip()}"
-                        for p in paths)
+    def shown(p):  # the lines before the table in one sentence, then the table
+        head, _, table = p.read_text().strip().partition("\n\n")
+        return f"**{p.stem}** (`{p.relative_to(DOCS)}`): {'; '.join(head.splitlines())}." + (
+            f"\n\n{table}" if table else "")
+    return "\n\n".join(shown(p) for p in paths)
 
 
 def peer_table(folder="bench/peer"):

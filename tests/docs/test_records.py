@@ -67,5 +67,5 @@ def test_alloc_outputs_show_each_saved_output(docs):
     (docs / "bench" / "alloc" / "medium.txt").write_text(
         "commit abc1234; m\nmedium; 5 runs\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
     out = records.alloc_outputs()
-    assert out == ("**medium** (`bench/alloc/medium.txt`): commit abc1234; m\nmedium; 5 runs"
+    assert out == ("**medium** (`bench/alloc/medium.txt`): commit abc1234; m; medium; 5 runs."
                    "\n\n| a | b |\n|---|---|\n| 1 | 2 |")
