@@ -296,7 +296,8 @@ def main(argv=None):
     ap.add_argument("--keep-memory", action="store_true",
                     help="rerun with glibc told to keep freed memory (module docstring)")
     ap.add_argument("--sub-elements", type=int, default=None, metavar="N",
-                    help="exact's Budgets.sub_elements (default: the engine's own)")
+                    help="exact's Budgets.sub_elements (default: the engine's own, "
+                    "which depends on the memory condition)")
     ap.add_argument("--json", default=None, metavar="FILE",
                     help="also write every timing, the medians and ratios, the commit, the "
                          "machine and the memory condition to FILE (not overwritten)")
@@ -330,18 +331,22 @@ def main(argv=None):
     torch.set_num_threads(1)
     from fisher_ref import exact, task_from_json
     from fisher_ref.engine.plan import DEFAULT_BUDGETS, Budgets
+    from fisher_ref.engine.workers import memory_kept
     budgets = DEFAULT_BUDGETS if args.sub_elements is None else \
         Budgets(sub_elements=args.sub_elements)
+    sub = budgets.sub_block_elements(factored=True, kept=memory_kept())  # an MLP's last level
     from fisher_ref.perf.scaling import git_commit, machine
     # the code this process runs is the checkout's now, whatever changes during the runs
     record = {"commit": git_commit(root), "machine": None, "threads": _threads(),
               "memory": _memory_condition(KEEP_MEMORY), "memory_kept": _memory_kept(KEEP_MEMORY),
-              "freed_memory_reused": reused, "sub_elements": budgets.sub_elements,
+              "freed_memory_reused": reused, "sub_elements": sub,
+              "sub_elements_given": args.sub_elements,
               "repeats": args.repeats, "loadavg": [list(os.getloadavg())], "tasks": {}}
     print(f"threads: {_threads()}; load average before: {os.getloadavg()}")
     print(f"memory: {_memory_condition(KEEP_MEMORY)}; a freed 64 MiB block "
           f"{MEMORY_LABELS[reused]} in a process started alike; "
-          f"exact's sub-block budget: {budgets.sub_elements:,} elements")
+          f"exact's sub-block budget at the last level: {sub:,} elements"
+          + (" (the engine's own in this memory)" if args.sub_elements is None else ""))
     cols = ["exact", "exact fisher", "peer", "peer per h"]
     print("| task | P | " + " | ".join(f"{c} median (min) s" for c in cols) +
           " | exact / peer, wall | exact / peer, CPU | exact fisher / peer, wall | "

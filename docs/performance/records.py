@@ -224,9 +224,10 @@ def peer_table(folder="bench/peer"):
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     notes = []
     for path, r in recs:
+        sub = r["sub_elements"]
         cells = ["kept" if r["memory_kept"] else "C library default",
-                 f"2**{r['sub_elements'].bit_length() - 1}" if r["sub_elements"] &
-                 (r["sub_elements"] - 1) == 0 else f"{r['sub_elements']:,}"]
+                 (f"2**{sub.bit_length() - 1}" if sub & (sub - 1) == 0 else f"{sub:,}")
+                 + (" (the engine's own)" if r.get("sub_elements_given", 0) is None else "")]
         for t in tasks:
             rec = r["tasks"].get(t)
             cells += [f"{rec['ratio']['exact / peer']:.2f}",

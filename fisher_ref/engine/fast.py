@@ -44,7 +44,7 @@ from fisher_ref.engine.param_shards import param_columns, param_shard_result
 from fisher_ref.engine.shard_result import check_shard
 from fisher_ref.engine.shards import merge
 from fisher_ref.engine.window_cache import WindowCache
-from fisher_ref.engine.workers import local_workers, run_shards
+from fisher_ref.engine.workers import local_workers, memory_kept, run_shards
 from fisher_ref.numerics import topk_center
 from fisher_ref.results import GatheredStates
 
@@ -270,6 +270,7 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         options = options.with_(**{k: False for k in ("keep_states", "keep_sequences")
                                    if getattr(options, k) == "auto"})
     run = Run(task, options, shard=shard, budgets=budgets, columns=columns)
+    run.memory_kept = memory_kept()  # this process's: a worker's own
     keep = (run.keep_states, run.keep_sequences)  # as planned: the same in every shard
     if param_shard is not None and i < n_shards - 1:  # the last keeps the rows without
         run.records, run.keep_sequences = False, False  # parameters (in the caller)

@@ -56,7 +56,10 @@ class Budgets:
         defer_bytes: parents' score sums held for the per-window products (at most what
             one block's children would hold, so that memory stays set by the block size).
         sub_elements: elements of a ``(parents, P)`` array in one sub-block of
-            complete-response sums (8 MiB bounds the temporaries).
+            complete-response sums (:meth:`sub_block_elements`); ``None`` (the default):
+            :data:`SUB_ELEMENTS` (8 MiB bounds the temporaries), and for the MLP's last
+            level, summed from factors, :data:`KEPT_SUB_ELEMENTS` where the process keeps
+            the memory it frees (:func:`fisher_ref.engine.workers.memory_kept`).
         autodiff_rows: response-state rows gathered before one autodiff call.
         dense_keys: window keys looked up in a table indexed by key when there are at
             most this many possible keys (else a dict).
@@ -64,19 +67,39 @@ class Budgets:
 
     window_cache_bytes: int = 256 * 2 ** 20
     defer_bytes: int = 64 * 2 ** 20
-    sub_elements: int = 2 ** 20
+    sub_elements: object = None
     autodiff_rows: int = 2 ** 16
     dense_keys: int = 2 ** 20
 
     def __post_init__(self):
         for name in ("window_cache_bytes", "defer_bytes", "sub_elements", "autodiff_rows"):
             v = getattr(self, name)
+            if name == "sub_elements" and v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"Budgets.{name} must be a positive integer, got {v!r}")
         v = self.dense_keys
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
             raise ValueError(f"Budgets.dense_keys must be a non-negative integer, got {v!r}")
 
+
+    def sub_block_elements(self, factored=False, kept=False):
+        """The element budget of one sub-block: ``sub_elements``, or where it is ``None``,
+        :data:`KEPT_SUB_ELEMENTS` for the factored last level (``factored``) in a process
+        that keeps the memory it frees (``kept``), else :data:`SUB_ELEMENTS`."""
+        if self.sub_elements is not None:
+            return int(self.sub_elements)
+        return KEPT_SUB_ELEMENTS if factored and kept else SUB_ELEMENTS
+
+
+#: The sub-block budget of :class:`Budgets` by default.
+SUB_ELEMENTS = 2 ** 20
+#: The sub-block budget of the MLP's factored last level where freed memory is kept: a
+#: whole block of the shipped medium and V=16 tasks in one sub-block (about a tenth fewer
+#: instructions a run there, ``docs/performance/speed.md``). In glibc's default memory its
+#: larger temporaries are handed back and faulted in again on every run, so there it is not
+#: the default.
+KEPT_SUB_ELEMENTS = 2 ** 22
 
 DEFAULT_BUDGETS = Budgets()
 

@@ -238,6 +238,9 @@ class Run:
                  columns=None):
         quantities = options.quantities
         self.task, self.quantities, self.budgets = task, quantities, budgets
+        # whether this process keeps the memory it frees (the fast engine sets it,
+        # fisher_ref.engine.workers.memory_kept): the sub-blocks' budget, Budgets
+        self.memory_kept = False
         self.streams, self.cost, self.keep_states, self.keep_sequences = plan(task, options)
         P, T = task.model.num_params, task.max_len
         # the parameters whose sums this run forms (a slice: exact(..., param_shard=));

@@ -173,7 +173,8 @@ def keep_freed_memory(max_block=1 << 30, max_kept=(1 << 31) - 1):
     those trim nothing (``mallopt`` takes at most ``2**31 - 1`` bytes). A glibc that caps
     the mmap threshold at 32 MiB (older releases) is given 32 MiB when it refuses more.
     A worker of ``exact(task, workers=N)`` (a process of ours alone) calls it with
-    ``max_block=2**25, max_kept=2**30``.
+    ``max_block=2**25, max_kept=2**30``. Once memory is kept (:func:`memory_kept`), the fast
+    engine sums an MLP's last level in larger sub-blocks.
 
     Args:
         max_block, max_kept: bytes, each an int in ``1..2**31 - 1`` (``mallopt`` takes a
@@ -226,6 +227,41 @@ def kept_in_process():
     measurement in this process of the C library's default memory would be recorded under
     the wrong condition."""
     return _KEPT
+
+
+def startup_environ():
+    """The environment this process started with (``/proc/self/environ``), which is what
+    glibc read its malloc settings from; ``os.environ`` where the file is not there."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            items = [kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv]
+        return {k.decode(errors="surrogateescape"): v.decode(errors="surrogateescape")
+                for k, v in items}
+    except OSError:
+        return dict(os.environ)
+
+
+#: The least settings under which :func:`memory_kept` counts freed memory as kept: an mmap
+#: threshold past the largest temporary of a grown sub-block, and room to keep them all.
+KEPT_AT_LEAST = {"MALLOC_MMAP_THRESHOLD_": _OLD_MMAP_CAP, "MALLOC_TRIM_THRESHOLD_": 1 << 28}
+
+
+def memory_kept():
+    """Whether this process keeps the memory it frees: glibc was told so, by
+    :func:`keep_freed_memory` here (both settings taken) or by the variables
+    ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` it started with, each at least
+    :data:`KEPT_AT_LEAST`. The fast engine then gives the MLP's last level larger sub-blocks
+    (:class:`fisher_ref.engine.plan.Budgets`): fewer numpy calls, whose larger temporaries
+    no longer cost fresh pages on every run. Speed only, never the numbers."""
+    least = KEPT_AT_LEAST.values()
+    kept = kept_in_process()
+    if kept is not None and None not in kept:
+        return all(v >= lo for v, lo in zip(kept, least))
+    env = startup_environ()
+    try:
+        return all(int(env[name]) >= lo for name, lo in KEPT_AT_LEAST.items())
+    except (KeyError, ValueError):
+        return False
 
 
 def _init_worker():

@@ -4,6 +4,8 @@ from __future__ import annotations
 import resource
 import sys
 
+from fisher_ref.engine.workers import startup_environ
+
 __all__ = ["peak_rss_bytes", "freed_memory_reused", "probe_process", "check_memory_condition",
            "startup_environ", "MemoryConditionError", "MEMORY_LABELS"]
 
@@ -86,19 +88,6 @@ def freed_memory_reused(nbytes=64 << 20):
     if full - freed < nbytes // 8 and again - freed < nbytes // 8:
         return True
     return None
-
-
-def startup_environ():
-    """The environment this process started with (``/proc/self/environ``), which is what
-    glibc read its malloc settings from; ``os.environ`` where the file is not there."""
-    import os
-    try:
-        with open("/proc/self/environ", "rb") as f:
-            items = [kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv]
-        return {k.decode(errors="surrogateescape"): v.decode(errors="surrogateescape")
-                for k, v in items}
-    except OSError:
-        return dict(os.environ)
 
 
 def probe_process(env=None, nbytes=64 << 20, timeout=120):

@@ -130,3 +130,77 @@ def test_in_process_bench_after_keep_freed_memory_is_not_the_default_condition(m
                        r"settings \(keep_freed_memory\(\) set max_block=1073741824, "
                        r"max_kept=2147483647.*isolate=True"):
         bench(load_config("no_eos"), repeats=1, names=["fisher_ref"], isolate=False)
+
+
+def _startup(monkeypatch, **env):
+    monkeypatch.setattr(workers_mod, "startup_environ", lambda: dict(env))
+
+
+@pytest.mark.parametrize("env, kept", [
+    ({}, False),
+    ({"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "2147483647"}, True),
+    ({"MALLOC_MMAP_THRESHOLD_": str(2 ** 25), "MALLOC_TRIM_THRESHOLD_": str(2 ** 28)}, True),
+    ({"MALLOC_MMAP_THRESHOLD_": str(2 ** 25 - 1), "MALLOC_TRIM_THRESHOLD_": str(2 ** 30)}, False),
+    ({"MALLOC_MMAP_THRESHOLD_": str(2 ** 30), "MALLOC_TRIM_THRESHOLD_": str(2 ** 28 - 1)}, False),
+    ({"MALLOC_TRIM_THRESHOLD_": str(2 ** 30)}, False),
+    ({"MALLOC_MMAP_THRESHOLD_": "1g", "MALLOC_TRIM_THRESHOLD_": str(2 ** 30)}, False),
+])
+def test_memory_kept_reads_the_variables_the_process_started_with(env, kept, monkeypatch):
+    _startup(monkeypatch, **env)
+    assert workers_mod.memory_kept() is kept
+
+
+@pytest.mark.parametrize("recorded, kept", [((2 ** 30, 2 ** 31 - 1), True), ((2 ** 25, 2 ** 30), True),
+                                            ((2 ** 20, 2 ** 31 - 1), False), ((2 ** 30, 2 ** 20), False)])
+def test_memory_kept_after_keep_freed_memory_follows_what_it_set(recorded, kept, monkeypatch):
+    """The call's settings replace those of the start: small ones undo kept variables."""
+    _startup(monkeypatch, MALLOC_MMAP_THRESHOLD_="1073741824", MALLOC_TRIM_THRESHOLD_="2147483647")
+    monkeypatch.setattr(workers_mod, "_KEPT", recorded)
+    assert workers_mod.memory_kept() is kept
+
+
+def test_a_half_taken_call_leaves_the_start_to_decide(monkeypatch):
+    """A call of which glibc refused a part changed only that part: the start's variables
+    still say whether the rest is kept."""
+    monkeypatch.setattr(workers_mod, "_KEPT", (2 ** 30, None))
+    _startup(monkeypatch)
+    assert workers_mod.memory_kept() is False
+    _startup(monkeypatch, MALLOC_MMAP_THRESHOLD_="1073741824", MALLOC_TRIM_THRESHOLD_="2147483647")
+    assert workers_mod.memory_kept() is True
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_the_last_level_takes_larger_sub_blocks_where_memory_is_kept(kept, monkeypatch):
+    """With the default budget, medium's last level (1,331 parents) runs in sub-blocks of
+    564 parents in default memory, and in one where freed memory is kept; an explicit budget
+    is the same in both; the numbers are those of the other budget to 1e-12."""
+    from fisher_ref.engine import complete, fast
+    from fisher_ref.engine.plan import Budgets, KEPT_SUB_ELEMENTS, SUB_ELEMENTS
+    from fisher_ref.perf.scaling import load_scale_config
+    from tests.engine.test_fast import result_errors
+    task, calls = load_scale_config("medium"), []
+    real = complete.last_level_all
+
+    def counted(*args):
+        calls.append(len(args[6]))
+        return real(*args)
+
+    monkeypatch.setattr(complete, "last_level_all", counted)
+    monkeypatch.setattr(fast, "memory_kept", lambda: kept)
+    got = fast.exact(task, progress=False, workers=1)
+    assert calls == ([1331] if kept else [564, 564, 203]), calls
+    calls.clear()
+    other = fast.exact(task, progress=False, workers=1, budgets=Budgets(
+        sub_elements=SUB_ELEMENTS if kept else KEPT_SUB_ELEMENTS))
+    assert calls == ([564, 564, 203] if kept else [1331]), calls
+    errs = result_errors(got, other)
+    assert all(e <= 1e-12 for e in errs.values()), errs
+
+
+def test_budgets_sub_block_elements():
+    from fisher_ref.engine.plan import Budgets, KEPT_SUB_ELEMENTS, SUB_ELEMENTS
+    auto = Budgets()
+    assert auto.sub_elements is None
+    assert [auto.sub_block_elements(f, k) for f in (False, True) for k in (False, True)] == \
+        [SUB_ELEMENTS, SUB_ELEMENTS, SUB_ELEMENTS, KEPT_SUB_ELEMENTS]
+    assert {Budgets(sub_elements=7).sub_block_elements(f, k) for f in (0, 1) for k in (0, 1)} == {7}
