@@ -195,8 +195,9 @@ def fresh_table(path="bench/fresh/fresh_run.json"):
 
 
 def alloc_outputs(folder="bench/alloc"):
-    """The saved outputs of ``scripts/alloc_effects.py`` (one ``<config>.txt`` per task:
-    the commit and machine, the setup, then a markdown table), each under its task's name;
+    """The saved outputs in ``folder`` of ``scripts/alloc_effects.py`` (``bench/alloc``, one
+    ``<config>.txt`` per task) or ``scripts/sub_block_effects.py`` (``bench/subblock``):
+    the commit and machine, the setup, then a markdown table, each under its file's name;
     ``None`` when there are none."""
     paths = sorted((DOCS / folder).glob("*.txt"))
     if not paths:

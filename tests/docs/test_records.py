@@ -69,3 +69,29 @@ def test_alloc_outputs_show_each_saved_output(docs):
     out = records.alloc_outputs()
     assert out == ("**medium** (`bench/alloc/medium.txt`): commit abc1234; m; medium; 5 runs."
                    "\n\n| a | b |\n|---|---|\n| 1 | 2 |")
+
+
+def test_peer_table_marks_the_engines_own_budget(docs):
+    """A record made without --sub-elements says the budget was the engine's own; one
+    made with it, or before the field existed, shows the budget alone."""
+    for name, given in (("auto", None), ("given", 4194304)):
+        rec = dict(_peer_record(True, 4194304, "abc1234", (1.1, 0.4)), sub_elements_given=given)
+        (docs / "bench" / "peer" / f"{name}.json").write_text(json.dumps(rec))
+    (docs / "bench" / "peer" / "old.json").write_text(
+        json.dumps(_peer_record(True, 1048576, "abc1234", (1.5, 0.5))))
+    cells = [line.split(" | ")[1] for line in records.peer_table().splitlines()[2:5]]
+    assert sorted(cells) == ["2**20", "2**22", "2**22 (the engine's own)"], cells
+
+
+def test_the_shipped_sub_block_record_holds_every_budget_and_condition():
+    """docs/bench/subblock/: the commit and machine first, a row per task, budget and
+    memory condition, each with its instruction count."""
+    path = Path(records.__file__).parent.parent / "bench" / "subblock" / "medium_v16.txt"
+    lines = path.read_text().splitlines()
+    assert lines[0].startswith("commit ") and "glibc" in lines[0]
+    rows = {tuple(c.strip() for c in line.split("|")[1:4]) for line in lines
+            if line.startswith("| medium") or line.startswith("| v16")}
+    assert rows == {(t, m, b) for t in ("medium", "v16") for m in ("glibc default", "kept")
+                    for b in ("2**20", "2**22")}
+    assert all(line.rstrip(" |").endswith(" M") for line in lines
+               if line.startswith("| medium") or line.startswith("| v16"))
