@@ -6,7 +6,10 @@ a process started alike). A process times ``--repeats`` runs after a warm-up, wi
 page faults and system time of each. The processes run by turns, ``--rounds`` times over,
 and the medians are over every run of every round. With ``--instructions``, valgrind's
 cachegrind also counts the instructions of one run per task and budget (the count for
-three runs less that for one, halved), a number the machine's load does not move.
+three runs less that for one, halved), a number the machine's load does not move. It is
+counted once, in default memory, and shown on both memory rows: valgrind puts its own
+malloc in place of glibc's and counts user-space instructions only, so the memory
+condition cannot move it.
 
 Usage: python scripts/sub_block_effects.py [--configs medium v16]
            [--budgets 1048576 4194304] [--repeats 5] [--rounds 1] [--instructions]
@@ -28,9 +31,10 @@ from fisher_ref.perf.memory import (MemoryConditionError, check_memory_condition
                                     probe_process)
 
 
-def _runs(config, budget, repeats, timed=True):
+def _runs(config, budget, repeats, warm_up=True):
     """``repeats`` runs of ``exact`` on scale config ``config`` with sub-block budget
-    ``budget`` after a warm-up (with ``timed``: their times, faults and system seconds)."""
+    ``budget``, after a warm-up run where ``warm_up``: their times, faults and system
+    seconds."""
     import resource
 
     from fisher_ref import exact
@@ -38,7 +42,7 @@ def _runs(config, budget, repeats, timed=True):
     from fisher_ref.perf.scaling import load_scale_config
     task, budgets = load_scale_config(config), Budgets(sub_elements=budget)
     out = {"times": [], "faults": [], "sys_s": []}
-    if timed:
+    if warm_up:
         exact(task, progress=False, workers=1, budgets=budgets)
     for _ in range(repeats):
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -98,7 +102,7 @@ def main(argv=None):
         print(json.dumps(_runs(args.child[0], int(args.child[1]), args.repeats)))
         return 0
     if args.count:
-        _runs(args.count[0], int(args.count[1]), int(args.count[2]), timed=False)
+        _runs(args.count[0], int(args.count[1]), int(args.count[2]), warm_up=False)
         return 0
     from fisher_ref.perf.scaling import git_commit, load_scale_config, machine
     for config in args.configs:

@@ -88,7 +88,7 @@ def _terminal_children(task, block, arrs, idx):
 
 def _sub_blocks(B, P, elements):
     """Slices of ``B`` parents whose ``(b, P)`` arrays hold at most ``elements``
-    (``Budgets.sub_elements``)."""
+    (``Budgets.sub_block_elements``)."""
     step = max(1, elements // P)
     return [slice(lo, lo + step) for lo in range(0, B, step)]
 

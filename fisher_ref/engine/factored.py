@@ -302,8 +302,10 @@ def row_width(spec, columns=None):
     """Elements of one parent's row of :class:`Rows` over the run's parameters ``columns``
     (a slice; all by default: a parameter shard holds only its blocks), sixteen times
     over (about the rows alive at once), for the element budget of a sub-block
-    (``Budgets.sub_elements``): a sub-block's rows then stay in the processor's cache
-    (every parameter: 564 parents of medium, 210 of v16)."""
+    (``Budgets.sub_block_elements``): at the default 2**20 a sub-block's rows stay in the
+    processor's cache (every parameter: 564 parents of medium, 210 of v16); where freed
+    memory is kept, at 2**22, a whole block of either is one sub-block (fewer numpy calls,
+    which cost more than the cache misses there)."""
     lay = Layout(spec, columns)
     kd, H, V = spec.context * spec.embed_dim, spec.hidden, spec.vocab_size
     width = (kd + spec.embed_dim) * lay.has("E") + kd * lay.has("W1") \

@@ -26,7 +26,7 @@ from fisher_ref.rewards import Reward
 __all__ = ["Cost", "EnumerationTooLarge", "estimate_cost", "check_cost", "count_states",
            "check_chunk", "resolve_keep", "KEEP_BYTES",
            "DEFAULT_MAX_SECONDS", "DEFAULT_MAX_BYTES", "Budgets", "DEFAULT_BUDGETS",
-           "EngineOptions"]
+           "EngineOptions", "SUB_ELEMENTS", "KEPT_SUB_ELEMENTS"]
 
 DEFAULT_MAX_SECONDS = 900.0
 DEFAULT_MAX_BYTES = 8 * 2 ** 30
@@ -67,7 +67,7 @@ class Budgets:
 
     window_cache_bytes: int = 256 * 2 ** 20
     defer_bytes: int = 64 * 2 ** 20
-    sub_elements: object = None
+    sub_elements: int | None = None
     autodiff_rows: int = 2 ** 16
     dense_keys: int = 2 ** 20
 
@@ -77,11 +77,12 @@ class Budgets:
             if name == "sub_elements" and v is None:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"Budgets.{name} must be a positive integer, got {v!r}")
+                raise ValueError(f"Budgets.{name} must be a positive integer"
+                                 + (" or None" if name == "sub_elements" else "")
+                                 + f", got {v!r}")
         v = self.dense_keys
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
             raise ValueError(f"Budgets.dense_keys must be a non-negative integer, got {v!r}")
-
 
     def sub_block_elements(self, factored=False, kept=False):
         """The element budget of one sub-block: ``sub_elements``, or where it is ``None``,
@@ -95,8 +96,8 @@ class Budgets:
 #: The sub-block budget of :class:`Budgets` by default.
 SUB_ELEMENTS = 2 ** 20
 #: The sub-block budget of the MLP's factored last level where freed memory is kept: a
-#: whole block of the shipped medium and V=16 tasks in one sub-block (about a tenth fewer
-#: instructions a run there, ``docs/performance/speed.md``). In glibc's default memory its
+#: whole block of the shipped medium and V=16 tasks in one sub-block (a tenth to a sixth
+#: fewer instructions a run there, ``docs/performance/speed.md``). In glibc's default memory its
 #: larger temporaries are handed back and faulted in again on every run, so there it is not
 #: the default.
 KEPT_SUB_ELEMENTS = 2 ** 22

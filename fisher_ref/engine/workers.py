@@ -41,6 +41,7 @@ import atexit
 import multiprocessing
 import os
 import pickle
+import re
 import sys
 import threading
 import tracemalloc
@@ -55,7 +56,8 @@ from fisher_ref._progress import Progress
 from fisher_ref.engine.run import plan
 
 __all__ = ["AUTO_MIN_SECONDS", "BLAS_THREAD_VARS", "SHARED_BYTES", "available_cores",
-           "check_workers", "keep_freed_memory", "kept_in_process", "local_workers",
+           "check_workers", "keep_freed_memory", "kept_in_process", "memory_kept",
+           "startup_environ", "KEPT_AT_LEAST", "local_workers",
            "unsendable", "resolve_workers", "run_shards", "shutdown"]
 
 #: ``workers="auto"`` stays in this process below this many estimated seconds on one core.
@@ -252,16 +254,22 @@ def memory_kept():
     ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` it started with, each at least
     :data:`KEPT_AT_LEAST`. The fast engine then gives the MLP's last level larger sub-blocks
     (:class:`fisher_ref.engine.plan.Budgets`): fewer numpy calls, whose larger temporaries
-    no longer cost fresh pages on every run. Speed only, never the numbers."""
-    least = KEPT_AT_LEAST.values()
-    kept = kept_in_process()
-    if kept is not None and None not in kept:
-        return all(v >= lo for v, lo in zip(kept, least))
-    env = startup_environ()
-    try:
-        return all(int(env[name]) >= lo for name, lo in KEPT_AT_LEAST.items())
-    except (KeyError, ValueError):
+    no longer cost fresh pages on every run. Speed only: the numbers are the same to
+    rounding (sums over other sub-blocks, about 1e-15 relative). Outside glibc, ``False``."""
+    import platform
+    if platform.libc_ver()[0] != "glibc":
         return False
+    env = startup_environ()
+    called = kept_in_process() or (None, None)  # a setting the call took replaces the start's
+    for (name, least), value in zip(KEPT_AT_LEAST.items(), called):
+        if value is None:
+            text = env.get(name, "")  # as glibc reads it: decimal, or 0x hexadecimal
+            if not re.fullmatch(r"[1-9][0-9]*|0[xX][0-9a-fA-F]+", text):
+                return False
+            value = int(text, 0)
+        if value < least:
+            return False
+    return True
 
 
 def _init_worker():

@@ -4,8 +4,6 @@ from __future__ import annotations
 import resource
 import sys
 
-from fisher_ref.engine.workers import startup_environ
-
 __all__ = ["peak_rss_bytes", "freed_memory_reused", "probe_process", "check_memory_condition",
            "startup_environ", "MemoryConditionError", "MEMORY_LABELS"]
 
@@ -88,6 +86,14 @@ def freed_memory_reused(nbytes=64 << 20):
     if full - freed < nbytes // 8 and again - freed < nbytes // 8:
         return True
     return None
+
+
+def startup_environ():
+    """The environment this process started with
+    (:func:`fisher_ref.engine.workers.startup_environ`). Imported when called, so that the
+    probe's child, which runs this file by its path, needs no installed package."""
+    from fisher_ref.engine.workers import startup_environ as environ
+    return environ()
 
 
 def probe_process(env=None, nbytes=64 << 20, timeout=120):

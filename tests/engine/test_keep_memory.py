@@ -144,6 +144,9 @@ def _startup(monkeypatch, **env):
     ({"MALLOC_MMAP_THRESHOLD_": str(2 ** 30), "MALLOC_TRIM_THRESHOLD_": str(2 ** 28 - 1)}, False),
     ({"MALLOC_TRIM_THRESHOLD_": str(2 ** 30)}, False),
     ({"MALLOC_MMAP_THRESHOLD_": "1g", "MALLOC_TRIM_THRESHOLD_": str(2 ** 30)}, False),
+    ({"MALLOC_MMAP_THRESHOLD_": "0x40000000", "MALLOC_TRIM_THRESHOLD_": "0X80000000"}, True),
+    ({"MALLOC_MMAP_THRESHOLD_": "1_073_741_824", "MALLOC_TRIM_THRESHOLD_": str(2 ** 30)}, False),
+    ({"MALLOC_MMAP_THRESHOLD_": " 1073741824", "MALLOC_TRIM_THRESHOLD_": str(2 ** 30)}, False),
 ])
 def test_memory_kept_reads_the_variables_the_process_started_with(env, kept, monkeypatch):
     _startup(monkeypatch, **env)
@@ -159,38 +162,54 @@ def test_memory_kept_after_keep_freed_memory_follows_what_it_set(recorded, kept,
     assert workers_mod.memory_kept() is kept
 
 
-def test_a_half_taken_call_leaves_the_start_to_decide(monkeypatch):
-    """A call of which glibc refused a part changed only that part: the start's variables
-    still say whether the rest is kept."""
-    monkeypatch.setattr(workers_mod, "_KEPT", (2 ** 30, None))
-    _startup(monkeypatch)
-    assert workers_mod.memory_kept() is False
+@pytest.mark.parametrize("recorded, env_kept, kept", [
+    ((2 ** 30, None), False, False), ((2 ** 30, None), True, True),
+    ((1024, None), True, False), ((None, 2 ** 20), True, False), ((None, 2 ** 30), True, True)])
+def test_a_half_taken_call_leaves_the_start_to_decide_the_other_setting(recorded, env_kept,
+                                                                         kept, monkeypatch):
+    """A call of which glibc refused a part changed only the part it took: that part is
+    the call's, the other the start's."""
+    monkeypatch.setattr(workers_mod, "_KEPT", recorded)
+    if env_kept:
+        _startup(monkeypatch, MALLOC_MMAP_THRESHOLD_="1073741824",
+                 MALLOC_TRIM_THRESHOLD_="2147483647")
+    else:
+        _startup(monkeypatch)
+    assert workers_mod.memory_kept() is kept
+
+
+def test_memory_kept_is_false_outside_glibc(monkeypatch):
     _startup(monkeypatch, MALLOC_MMAP_THRESHOLD_="1073741824", MALLOC_TRIM_THRESHOLD_="2147483647")
-    assert workers_mod.memory_kept() is True
+    monkeypatch.setattr(platform, "libc_ver", lambda *a, **k: ("", ""))
+    assert workers_mod.memory_kept() is False
 
 
+@pytest.mark.parametrize("quantities", ["all", "fisher"])
 @pytest.mark.parametrize("kept", [False, True])
-def test_the_last_level_takes_larger_sub_blocks_where_memory_is_kept(kept, monkeypatch):
+def test_the_last_level_takes_larger_sub_blocks_where_memory_is_kept(kept, quantities,
+                                                                     monkeypatch):
     """With the default budget, medium's last level (1,331 parents) runs in sub-blocks of
-    564 parents in default memory, and in one where freed memory is kept; an explicit budget
-    is the same in both; the numbers are those of the other budget to 1e-12."""
+    564 parents in default memory, and in one where freed memory is kept (a default run and
+    a fisher-only one); an explicit budget is the same in both; the numbers are those of
+    the other budget to 1e-12."""
     from fisher_ref.engine import complete, fast
     from fisher_ref.engine.plan import Budgets, KEPT_SUB_ELEMENTS, SUB_ELEMENTS
     from fisher_ref.perf.scaling import load_scale_config
     from tests.engine.test_fast import result_errors
     task, calls = load_scale_config("medium"), []
-    real = complete.last_level_all
+    where = "last_level_all" if quantities == "all" else "last_level_fisher"
+    real = getattr(complete, where)
 
     def counted(*args):
-        calls.append(len(args[6]))
+        calls.append(len(args[6]))  # w (all) or W (fisher): a row per parent
         return real(*args)
 
-    monkeypatch.setattr(complete, "last_level_all", counted)
+    monkeypatch.setattr(complete, where, counted)
     monkeypatch.setattr(fast, "memory_kept", lambda: kept)
-    got = fast.exact(task, progress=False, workers=1)
+    got = fast.exact(task, progress=False, workers=1, quantities=quantities)
     assert calls == ([1331] if kept else [564, 564, 203]), calls
     calls.clear()
-    other = fast.exact(task, progress=False, workers=1, budgets=Budgets(
+    other = fast.exact(task, progress=False, workers=1, quantities=quantities, budgets=Budgets(
         sub_elements=SUB_ELEMENTS if kept else KEPT_SUB_ELEMENTS))
     assert calls == ([564, 564, 203] if kept else [1331]), calls
     errs = result_errors(got, other)

@@ -15,6 +15,8 @@ from hypothesis import given, settings, strategies as st
 
 from cases import RTOL, rel
 from fisher_ref import exact, task_from_json
+from fisher_ref.engine.plan import Budgets
+from fisher_ref.engine.workers import memory_kept
 
 torch = pytest.importorskip("torch", reason="the torch peer needs torch (CI installs it)")
 
@@ -127,6 +129,9 @@ def test_timing_script_writes_a_record_and_refuses_to_overwrite_it(tmp_path, cap
     rec = json.loads(path.read_text())
     t = rec["tasks"]["medium"]
     assert rec["repeats"] == 1 and rec["memory_kept"] is False and rec["commit"]
+    # the last level's budget, the engine's own for this process's memory
+    assert rec["sub_elements_given"] is None and rec["sub_elements"] == \
+        Budgets().sub_block_elements(factored=True, kept=memory_kept())
     assert t["num_params"] == 1044 and set(t["median"]) == {"exact", "exact fisher", "peer",
                                                             "peer per h"}
     assert t["ratio"]["exact / peer"] == t["median"]["exact"] / t["median"]["peer"]
@@ -140,3 +145,12 @@ def test_timing_script_writes_a_record_and_refuses_to_overwrite_it(tmp_path, cap
     with pytest.raises(SystemExit) as exc:
         torch_peer.main(["--json", str(tmp_path / "no such dir" / "peer.json")])
     assert exc.value.code == 2 and "the directory does not exist" in capsys.readouterr().err
+
+
+def test_timing_script_records_a_budget_of_ones_own(tmp_path, capsys):
+    path = tmp_path / "peer.json"
+    assert torch_peer.main(["--tasks", "medium", "--repeats", "1", "--sub-elements", "4096",
+                            "--json", str(path)]) is None
+    rec = json.loads(path.read_text())
+    assert rec["sub_elements"] == 4096 and rec["sub_elements_given"] == 4096
+    assert "sub-block budget at the last level: 4,096 elements" in capsys.readouterr().out
