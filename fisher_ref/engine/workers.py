@@ -255,7 +255,8 @@ def memory_kept():
     :data:`KEPT_AT_LEAST`. The fast engine then gives the MLP's last level larger sub-blocks
     (:class:`fisher_ref.engine.plan.Budgets`): fewer numpy calls, whose larger temporaries
     no longer cost fresh pages on every run. Speed only: the numbers are the same to
-    rounding (sums over other sub-blocks, about 1e-15 relative). Outside glibc, ``False``."""
+    rounding (sums over other sub-blocks; ``tests/engine/test_keep_memory.py`` holds
+    the two budgets to each other at 1e-12). Outside glibc, ``False``."""
     import platform
     if platform.libc_ver()[0] != "glibc":
         return False
