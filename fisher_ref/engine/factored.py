@@ -35,7 +35,6 @@ the cross terms and the products the window cache would otherwise defer).
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 import numpy as np
 
@@ -226,40 +225,41 @@ class Layout:
 
 def _sums(lay, terms, grouped):
     r""":math:`\sum_j \sum_b w_{j,b}\,x_{j,b}` of terms ``[(w (n, k), Rows x), ...]`` over
-    every parent (``(P,)``) or per group ``g`` (``grouped``: ``(n, P)``): per block, one
-    matrix product over every term's factors side by side, written in place. A factor of
-    one row per group (``k = 1``: the same for every parent of ``g``, as the grandparent's
-    window's are) comes out of the sum, :math:`a_g \otimes \sum_{b \in g} w_b\,b_b`, and
-    that sum is the bias block's."""
+    every parent (``(P,)``) or per group ``g`` (``grouped``: ``(n, P)``), written in place.
+    A factor of one row per group (``k = 1``: the same for every parent of ``g``, as the
+    grandparent's window's are) comes out of the sum,
+    :math:`a_g \otimes \sum_{b \in g} w_b\,b_b`, and that sum is the bias block's. Per
+    block: over every parent, each term's small ``(m, l)`` matrix product added up; per
+    group, every term's factors side by side in one buffer, one batched matrix product.
+    The weights multiply the narrower factor (:func:`_weighted`)."""
     lead = (len(terms[0][0]),) if grouped else ()
     out = np.empty(lead + (lay.width,))
     for name in ("W1", "W2"):
         if getattr(terms[0][1], name) is None:
             continue
-        bias, A, B, bsum = _BIAS[name] in lay.cut, [], [], 0.0
+        bias, per_group, per_parent, bsum = _BIAS[name] in lay.cut, [], [], 0.0
         for w, x in terms:
             a, b = getattr(x, name)
             bw = np.matmul(w[:, None, :], b)[:, 0] \
                 if bias or a is None or a.shape[1] == 1 else None  # (n, l)
             if bias:
                 bsum = bsum + bw
-            if a is not None:  # a_g (x) sum_b w_b b_b for a factor one per group
-                A.append(a if a.shape[1] == 1 else a * w[:, :, None])
-                B.append(bw[:, None] if a.shape[1] == 1 else b)
-        if A:
-            dst = lay.part(out, name, lead + (A[0].shape[2], B[0].shape[2]))
-            if len(A) == 1 and A[0].shape[1] == 1:  # an outer product per group
-                if grouped:
-                    np.multiply(A[0][:, 0, :, None], B[0], out=dst)
-                else:
-                    np.matmul(A[0][:, 0].T, B[0][:, 0], out=dst)
+            if a is not None:
+                (per_group if a.shape[1] == 1 else per_parent).append(
+                    (a[:, 0], bw) if a.shape[1] == 1 else (w, a, b))
+        if per_group or per_parent:
+            m, l = (per_group[0][0].shape[1], per_group[0][1].shape[1]) if per_group else \
+                (per_parent[0][1].shape[2], per_parent[0][2].shape[2])
+            dst = lay.part(out, name, lead + (m, l))
+            if not grouped:  # a small (m, l) product per term, added up
+                prods = [ag.T @ bw for ag, bw in per_group] + \
+                    [wa.reshape(-1, m).T @ wb.reshape(-1, l)
+                     for wa, wb in (_weighted(w, a, b) for w, a, b in per_parent)]
+                dst[...] = prods[0] if len(prods) == 1 else sum(prods)
+            elif not per_parent and len(per_group) == 1:  # an outer product per group
+                np.einsum("nm,nl->nml", *per_group[0], out=dst)
             else:
-                a, b = (A[0], B[0]) if len(A) == 1 else \
-                    (np.concatenate(A, axis=1), np.concatenate(B, axis=1))
-                if grouped:  # (n, m, l)
-                    np.matmul(a.transpose(0, 2, 1), b, out=dst)
-                else:
-                    np.matmul(a.reshape(-1, a.shape[2]).T, b.reshape(-1, b.shape[2]), out=dst)
+                _group_product(per_group, per_parent, m, l, dst)
             lay.place(out, name, dst)
         if bias:
             lay.place(out, _BIAS[name], bsum if grouped else bsum.sum(axis=0))
@@ -270,6 +270,41 @@ def _sums(lay, terms, grouped):
         out[..., lay.cut["E"][1]] = sum(slots.sum(pairs, grouped)  # (n, r) or (r,)
                                         for slots, pairs in by_slots.values())
     return out
+
+
+def _weighted(w, a, b):
+    """A term's factors ``(a (n, k, m), b (n, k, l))`` with its weights ``w (n, k)``
+    multiplied into the narrower of the two (the fewer elements to write)."""
+    if a.shape[2] <= b.shape[2]:
+        return a * w[:, :, None], b
+    return a, b * w[:, :, None]
+
+
+def _group_product(per_group, per_parent, m, l, dst):
+    r"""``dst (n, m, l)`` :math:`= \sum a_g \otimes \beta_g + \sum_{b \in g} w_b\,a_b
+    \otimes b_b` of the per-group terms ``[(a_g (n, m), beta_g (n, l))]`` and the per-parent
+    ones ``[(w (n, k), a (n, k, m), b (n, k, l))]``: every term's factors side by side in
+    one buffer, the weights written with the narrower factor, one batched product."""
+    if len(per_parent) == 1 and not per_group:
+        a, b = _weighted(*per_parent[0])
+        np.matmul(a.transpose(0, 2, 1), b, out=dst)
+        return
+    n = dst.shape[0]
+    K = len(per_group) + sum(a.shape[1] for _, a, _ in per_parent)
+    A, B = np.empty((n, K, m)), np.empty((n, K, l))
+    for j, (ag, bg) in enumerate(per_group):
+        A[:, j], B[:, j] = ag, bg
+    at = len(per_group)
+    for w, a, b in per_parent:
+        k = a.shape[1]
+        if m <= l:
+            np.multiply(a, w[:, :, None], out=A[:, at:at + k])
+            B[:, at:at + k] = b
+        else:
+            A[:, at:at + k] = a
+            np.multiply(b, w[:, :, None], out=B[:, at:at + k])
+        at += k
+    np.matmul(A.transpose(0, 2, 1), B, out=dst)
 
 
 def wsum(lay, w, x):
@@ -454,13 +489,6 @@ class LastLevel:
                 wsum(self.lay, self._w[c], self.rows(l, Y))
         return self._sums[key]
 
-    def hgsum(self, k, c, l, Y=None):
-        r""":math:`\sum_g H_g^k \odot \sum_{b \in g} c_b\,\xi_b^l Y_b` ``(P,)`` (kept)."""
-        key = ("h", k, c, l, Y)
-        if key not in self._sums:
-            self._sums[key] = np.einsum("gp,gp->p", self.Hg(k), self.gsum(c, l, Y))
-        return self._sums[key]
-
     def hsum(self, c, n, Y=None, coef=1.0):
         r"""The terms of :math:`\mathrm{coef} \sum_b c_b\,H_b^n \odot Y_b` (``c`` a name of
         :meth:`weight`, ``Y`` one of :meth:`rows` or none) by the binomial theorem:
@@ -468,32 +496,48 @@ class LastLevel:
         as ``[(n - l, coef, c, l, Y)]``; :meth:`total` adds them."""
         return [(n - l, coef * math.comb(n, l), c, l, Y) for l in range(n + 1)]
 
-    def total(self, terms, once=frozenset()):
+    def total(self, terms):
         """The sum of :meth:`hsum`'s terms ``(P,)``: per power ``k`` of ``H_g``, the groups'
-        sums of its terms contracted with ``H_g^k`` (those without ``H_g`` last, from the
-        groups' sums where formed). The terms ``(c, l, Y)`` in ``once`` (no other sum reads
-        theirs) are summed together, one matrix product per block and one contraction for
-        all of them, and not kept."""
+        sums of its terms added up first (:meth:`combined`), then one contraction with
+        ``H_g^k`` (those without ``H_g``: the sums over every parent)."""
         total = 0.0
         for k in sorted({t[0] for t in terms}, reverse=True):
-            rows = [(coef, c, l, Y) for kk, coef, c, l, Y in terms if kk == k and (l or Y)]
+            at = [(coef, (c, l, Y)) for kk, coef, c, l, Y in terms if kk == k and (l or Y)]
             pure = [coef * self._w[c].sum(axis=1) for kk, coef, c, l, Y in terms
                     if kk == k and not (l or Y)]  # (n,) each
             if k == 0:
-                total = total + sum(coef * self.wsum(c, l, Y) for coef, c, l, Y in rows) \
-                    + sum(p.sum() for p in pure)
+                total = total + self.combined(at, grouped=False) + sum(p.sum() for p in pure)
                 continue
-            fused = [(coef * self._w[c], self.rows(l, Y)) for coef, c, l, Y in rows
-                     if (c, l, Y) in once]
-            for coef, c, l, Y in rows:  # a contraction per term: shared by several sums
-                if (c, l, Y) not in once:
-                    total = total + coef * self.hgsum(k, c, l, Y)
-            if fused:
-                total = total + np.einsum("gp,gp->p", self.Hg(k),
-                                          gsum(self.lay, *fused[0], more=fused[1:]))
+            if at:
+                total = total + np.einsum("gp,gp->p", self.Hg(k), self.combined(at))
             if pure:
                 total = total + sum(pure) @ self.Hg(k)
         return total
+
+    def combined(self, terms, grouped=True):
+        r""":math:`\sum_j \mathrm{coef}_j \sum_{b \in g} c_b\,\xi_b^l Y_b` over the terms
+        ``[(coef, (c, l, Y)), ...]``, per group ``(n, P)`` (or over every parent, ``(P,)``;
+        ``0.0`` for no term): the sums kept already (:meth:`gsum`, :meth:`wsum`) are read,
+        every other term goes into one fused sum (:func:`_sums`: one matrix product per
+        block), which is kept when it holds a single term."""
+        tag, kept, rest = "g" if grouped else "w", [], []
+        for coef, key in terms:
+            if (tag,) + key in self._sums or ("g",) + key in self._sums:
+                kept.append((coef, self.gsum(*key) if grouped else self.wsum(*key)))
+            else:
+                rest.append((coef, key))
+        if len(rest) == 1:
+            kept.append((rest[0][0], self.gsum(*rest[0][1]) if grouped
+                         else self.wsum(*rest[0][1])))
+            rest = []
+        out = _sums(self.lay, [(coef * self._w[c], self.rows(l, Y)) for coef, (c, l, Y) in rest],
+                    grouped) if rest else None
+        for coef, s in kept:
+            if out is None:
+                out = coef * s
+            else:
+                out += coef * s
+        return 0.0 if out is None else out
 
 
 def last_level_fisher(cache, block, arrs, s, sl, gen, W, r):
@@ -536,25 +580,20 @@ def last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w, C, r, starts):
         L.name(f"Z{j}", Z)
     L.name("y2y2", L.rows(0, "y2") * L.rows(0, "y2"))
     out = {"mass": W.sum(), "R": wR.sum()}
-    # h4 first: its groups' sums give several of the others' sums over all parents
+    # the groups' sums read one by one (the cross terms' stack, the path sums) first: the
+    # sums below read them, and fuse each power's other terms into one product per block
+    stack_keys = (("r", 0, "y1"), ("r", 0, "y2"), ("W", 1, None), ("W", 2, None))
+    slot_keys = (("W", 2, None), ("W", 4, None), ("r", 1, "y1"), ("r", 2, "y2"))  # c, c4
+    for key in stack_keys + (("W", 0, "y2"),):
+        L.gsum(*key)
     sums = [("h4", L.hsum("W", 4) + L.hsum("r", 3, "y1", 4.0) + L.hsum("r", 2, "y2", 6.0)
              + L.hsum("r", 1, "y3", 4.0)),
             ("h2", L.hsum("W", 2) + L.hsum("r", 1, "y1", 2.0)),
             ("Rh2", L.hsum("WR", 2) + L.hsum("one", 1, "Z0", 2.0)),
             ("R2h2", L.hsum("WR2", 2) + L.hsum("one", 1, "Z1", 2.0)),
             ("h", L.hsum("W", 1)), ("Rh", L.hsum("WR", 1))]
-    # the groups' sums read once (by one term of one sum) need not be kept: those of the
-    # terms with H_g, less those the cross terms and path sums read below and those whose
-    # sums over all parents are read (formed from the groups' where kept; a sum missed
-    # here is only formed again from the factors, the same numbers)
-    stack_keys = (("r", 0, "y1"), ("r", 0, "y2"), ("W", 1, None), ("W", 2, None))
-    slot_keys = (("W", 2, None), ("W", 4, None), ("r", 1, "y1"), ("r", 2, "y2"))  # c, c4
-    reads = Counter((c, l, Y) for _, terms in sums for k, _, c, l, Y in terms if l or Y)
-    reads.update(stack_keys + slot_keys + (("W", 0, "y2"),))
-    once = frozenset((c, l, Y) for _, terms in sums for k, _, c, l, Y in terms
-                     if k and reads[c, l, Y] == 1)
     for name, terms in sums:
-        out[name] = L.total(terms, once)
+        out[name] = L.total(terms)
     if rho_w is not None:
         L.weight("rho", rho_w.sum(axis=1))
         L.weight("rhoR", (rho_w * Rc).sum(axis=1))
