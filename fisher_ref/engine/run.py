@@ -195,11 +195,23 @@ def response_places(task, prompt, resp):
         prompt: ``(M,)`` prompt index; ``resp``: ``(M, T)`` tokens, ``-1`` past the end.
     """
     V, T, eos = task.model.vocab_size, task.max_len, task.model.eos
+    per_prompt, table = _places_before(V, T, eos)
+    return prompt * per_prompt + table[np.arange(T), resp + 1].sum(axis=1)
+
+
+@lru_cache(maxsize=64)
+def _places_before(V, T, eos):
+    """``(S[0], table (T, V + 1))`` for :func:`response_places`: ``table[t, a + 1]`` the
+    responses before one with token ``a`` at position ``t`` among those sharing its tokens
+    before ``t`` (0 for ``a = -1``, past the end); ``S[0]`` the responses of one prompt."""
     S = np.array(_subtree_responses(V, T, eos), dtype=np.int64)
-    a, t = resp, np.arange(T)[None, :]  # (M, T)
+    a, t = np.arange(V)[None, :], np.arange(T)[:, None]  # (1, V), (T, 1)
     opens = eos & (t < T - 1)  # EOS ends the response; the other tokens open subtrees
     below = np.where(opens, np.where(a >= 1, 1 + (a - 1) * S[t + 1], 0), a * S[t + 1])
-    return prompt * S[0] + np.where(a >= 0, below, 0).sum(axis=1)
+    table = np.zeros((T, V + 1), dtype=np.int64)
+    table[:, 1:] = below
+    table.setflags(write=False)
+    return int(S[0]), table
 
 
 @lru_cache(maxsize=64)
