@@ -9,7 +9,7 @@ from autograd import make_vjp
 
 from fisher_ref.numerics import log_softmax, softmax
 
-__all__ = ["autodiff_gradient", "reward_gradient"]
+__all__ = ["autodiff_gradient", "reward_gradient", "parts_gradient"]
 
 
 def autodiff_gradient(task, theta, tokens, lengths, prompt_len, weights, R):
@@ -54,4 +54,25 @@ def reward_gradient(task, theta, Wu, win, nxt, live, weights, R):
     c = weights * np.exp(logP) * R  # (M,) the derivative with respect to logP
     g = np.bincount(flat[live], np.broadcast_to(c[:, None], (M, T))[live],
                     minlength=lp.size).reshape(lp.shape)  # (U, V)
+    return vjp(g - softmax(z) * g.sum(axis=1, keepdims=True))
+
+
+def parts_gradient(task, theta, Wu, parts):
+    r""":func:`reward_gradient` of responses given in parts ``[(win, nxt, weights, R), ...]``
+    whose every slot holds a generated token: ``win``, ``nxt`` ``(M, n)`` (``n`` the part's
+    own length), ``weights``, ``R`` ``(M,)``. No slot is dropped, so no mask is formed; the
+    log-probabilities of every part are read from one forward pass and their derivatives
+    summed into one ``bincount`` and one vector-Jacobian product."""
+    V = task.model.vocab_size
+    vjp, z = make_vjp(lambda th: task.model.logits(th, Wu))(theta)
+    z = np.asarray(z, dtype=float)  # (U, V)
+    lp = log_softmax(z).reshape(-1)  # (U V,)
+    flats, cs = [], []
+    for win, nxt, weights, R in parts:
+        flat = win * V + nxt  # (M, n) into the log-probs
+        c = weights * np.exp(lp[flat].sum(axis=1)) * R  # (M,): the derivative by log P
+        flats.append(flat.ravel())
+        cs.append(np.repeat(c, flat.shape[1]))
+    g = np.bincount(np.concatenate(flats), np.concatenate(cs), minlength=lp.size)
+    g = g.reshape(z.shape)  # (U, V)
     return vjp(g - softmax(z) * g.sum(axis=1, keepdims=True))

@@ -39,7 +39,7 @@ from fisher_ref.engine.plan import (DEFAULT_BUDGETS, DEFAULT_MAX_BYTES, DEFAULT_
 from fisher_ref.engine.reference import exact_reference
 from fisher_ref.engine.run import (BlockArrays, Run, check_support, last_scores, plan,
                                    state_places)
-from fisher_ref.engine.autodiff import reward_gradient
+from fisher_ref.engine.autodiff import parts_gradient
 from fisher_ref.engine.param_shards import param_columns, param_shard_result
 from fisher_ref.engine.shard_result import check_shard
 from fisher_ref.engine.shards import merge
@@ -51,8 +51,8 @@ from fisher_ref.results import GatheredStates
 __all__ = ["exact", "topk_center", "Budgets"]
 
 class _AutodiffBatch:
-    """Complete responses gathered for one :func:`fisher_ref.engine.autodiff.reward_gradient` call,
-    each given by the run-wide ids of its states' windows (the walk's own)."""
+    """Complete responses gathered for one :func:`fisher_ref.engine.autodiff.parts_gradient`
+    call, each given by the run-wide ids of its states' windows (the walk's own)."""
 
     def __init__(self, task, cache, max_rows, enabled=True):
         self.task, self.cache, self.parts, self.rows = task, cache, [], 0
@@ -65,26 +65,25 @@ class _AutodiffBatch:
         ``max_rows`` state rows wait."""
         if not self.enabled:
             return False
-        live = np.broadcast_to(np.arange(tokens.shape[1]) < n, tokens.shape)  # (M, T)
-        self.parts.append((paths, tokens, live, self.task.prompt_weights[prompt], R))
-        self.rows += live.sum()
+        self.parts.append((paths[:, :n], tokens[:, :n], self.task.prompt_weights[prompt], R))
+        self.rows += paths.shape[0] * n
         return self.rows >= self.max_rows
 
     def flush(self):
         """Gradient ``(P,)`` of the queued responses' expected reward; empties the queue."""
         if not self.parts:
             return 0.0
-        paths, tokens, live, weights, R = [np.concatenate(a) for a in zip(*self.parts)]
-        self.parts, self.rows = [], 0
-        flat = paths[live]  # (L,) run-wide ids, small integers: marked, not sorted
-        seen = np.zeros(int(flat.max()) + 1 if len(flat) else 0, dtype=bool)
-        seen[flat] = True
-        ids, win = np.flatnonzero(seen), (np.cumsum(seen) - 1)[flat]  # (U,), (L,) as np.unique
-        rows = np.zeros(paths.shape, dtype=np.int64)  # (M, T): dead slots read row 0
-        rows[live] = win
-        nxt = np.where(live, tokens, 0)  # (M, T)
-        return reward_gradient(self.task, self.task.theta, self.cache.windows_of(ids), rows, nxt,
-                               live, weights, R)
+        parts, self.parts, self.rows = self.parts, [], 0
+        # run-wide ids are small integers: marked, not sorted; their rows as np.unique's
+        seen = np.zeros(1 + max((int(p.max()) for p, *_ in parts if p.size), default=-1),
+                        dtype=bool)
+        if not seen.size:  # no response queued
+            return 0.0
+        for paths, *_ in parts:
+            seen[paths] = True
+        ids, row = np.flatnonzero(seen), np.cumsum(seen) - 1  # (U,), row of each id
+        return parts_gradient(self.task, self.task.theta, self.cache.windows_of(ids),
+                              [(row[paths], tokens, w, R) for paths, tokens, w, R in parts])
 
 
 def _block_arrays(run, cache, block):
