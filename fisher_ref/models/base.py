@@ -288,6 +288,9 @@ class SpecModel:
         """Named views of ``theta (P,)``, or of a stack ``(B, P)`` with a leading ``B``
         axis (works under autograd)."""
         lead = theta.shape[:-1]
+        if isinstance(theta, np.ndarray):  # plain arrays: views, without autograd's wrappers
+            return {name: theta[..., off:off + n].reshape(lead + shape)
+                    for name, shape, off, n in self._blocks}
         return {name: anp.reshape(theta[..., off:off + n], lead + shape)
                 for name, shape, off, n in self._blocks}
 

@@ -28,22 +28,26 @@ token).
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 __all__ = ["mlp_blocks", "family_cuts", "families", "mlp_window_arrays", "mlp_score_rows",
            "scatter_E", "FACTORS", "factor_shapes", "factor_names"]
 
 
+@lru_cache(maxsize=64)
 def mlp_blocks(spec):
-    """``[(name, start, stop), ...]``: the MLP's parameter blocks in the flat layout of
-    docs/theory.md §4.1 (``E``, ``W1``, ``b1``, ``W2``, ``b2``)."""
+    """``((name, start, stop), ...)``: the MLP's parameter blocks in the flat layout of
+    docs/theory.md §4.1 (``E``, ``W1``, ``b1``, ``W2``, ``b2``); kept per spec (a frozen
+    dataclass)."""
     V, k, d, H = spec.vocab_size, spec.context, spec.embed_dim, spec.hidden
     sizes = [("E", (V + 1) * d), ("W1", k * d * H), ("b1", H), ("W2", H * V), ("b2", V)]
     out, at = [], 0
     for name, n in sizes:
         out.append((name, at, at + n))
         at += n
-    return out
+    return tuple(out)
 
 
 def family_cuts(spec):
