@@ -60,18 +60,21 @@ class Rows:
     product of them hold :math:`\hat g` on both, and :math:`D` on both), so it is held
     once; ``a`` is ``None`` when only the bias lies inside the run's parameters, the pair
     ``None`` when neither does. ``E (n, k, K, d)``: the ``E`` block by slot (:class:`Slots`
-    ``slots``; ``None`` when the block lies outside the run's parameters). Elementwise
-    products keep the form; :func:`wsum` and :func:`gsum` sum them over parents as small
-    matrix products."""
+    ``slots``; ``None`` when the block lies outside the run's parameters); ``last``: whether
+    its last slot (each row's own token, :class:`Slots`) may hold anything but 0 (not in
+    the scores of a grandparent's window, :meth:`Slots.group`, nor in a product with them).
+    Elementwise products keep the form; :func:`wsum` and :func:`gsum` sum them over parents
+    as small matrix products."""
 
-    def __init__(self, W1, W2, E, slots=None):
-        self.W1, self.W2, self.E, self.slots = W1, W2, E, slots
+    def __init__(self, W1, W2, E, slots=None, last=True):
+        self.W1, self.W2, self.E, self.slots, self.last = W1, W2, E, slots, last
 
     def __mul__(self, o):
         def pair(x, y):
             return None if x is None else (None if x[0] is None else x[0] * y[0], x[1] * y[1])
         return Rows(pair(self.W1, o.W1), pair(self.W2, o.W2),
-                    None if self.E is None else self.E * o.E, self.slots)
+                    None if self.E is None else self.E * o.E, self.slots,
+                    self.last and o.last)
 
 
 class Slots:
@@ -135,16 +138,18 @@ class Slots:
 
     def sum(self, terms, grouped=True):
         r""":math:`\sum_{(w, x)} \sum_{b \in g} w_b x_b` ``(n, r)`` of weights ``w (n, m)``
-        and rows by slot ``x (n, m, K, d)``: the ``E`` block's columns inside the run's, for
-        each group; with ``grouped=False`` their sum over the groups ``(r,)``. The terms are
-        summed by slot and placed in the block once (the slots of a row hold distinct rows
-        of the block, or the spare one): per group by index, over the groups by a product
-        with the slots' one-hot placement (:meth:`_placement`)."""
+        and rows by slot ``x (n, m, K, d)`` (``terms``: ``(w, x, last)``, ``last`` whether
+        ``x``'s last slot may be nonzero, :class:`Rows`): the ``E`` block's columns inside
+        the run's, for each group; with ``grouped=False`` their sum over the groups
+        ``(r,)``. The terms are summed by slot and placed in the block once (the slots of a
+        row hold distinct rows of the block, or the spare one): per group by index, over the
+        groups by a product with the slots' one-hot placement (:meth:`_placement`)."""
         d, k, n = self.d, self.k, self.n
         g = sum(np.matmul(w[:, None, :], x[:, :, :k].reshape(n, w.shape[1], k * d))
-                for w, x in terms).reshape(n * k, d)  # (n k, d): each group's slots
-        last = None if self.at_last is None else \
-            sum(w[:, :, None] * x[:, :, k] for w, x in terms).reshape(-1, d)  # (n m, d)
+                for w, x, _ in terms).reshape(n * k, d)  # (n k, d): each group's slots
+        lasts = [(w, x) for w, x, last in terms if last]
+        last = None if self.at_last is None or not lasts else \
+            sum(w[:, :, None] * x[:, :, k] for w, x in lasts).reshape(-1, d)  # (n m, d)
         if not grouped:
             out = self._placement("group") @ g
             if last is not None:
@@ -266,7 +271,7 @@ def _sums(lay, terms, grouped):
     if terms[0][1].E is not None:
         by_slots = {}  # the terms of each Slots (one, as a rule), placed in its block once
         for w, x in terms:
-            by_slots.setdefault(id(x.slots), (x.slots, []))[1].append((w, x.E))
+            by_slots.setdefault(id(x.slots), (x.slots, []))[1].append((w, x.E, x.last))
         out[..., lay.cut["E"][1]] = sum(slots.sum(pairs, grouped)  # (n, r) or (r,)
                                         for slots, pairs in by_slots.values())
     return out
@@ -400,7 +405,8 @@ class LastLevel:
                                a["win"][self.own][:, :, -1].astype(np.int64), self.valid)
             E = self.slots.group(a[f"Ec{i}"][u, tok])
         self._rows = {(1, None): Rows(lay.pair("W1", a["e"][ug], gc),
-                                      lay.pair("W2", a["hid"][ug], D), E, self.slots)}
+                                      lay.pair("W2", a["hid"][ug], D), E, self.slots,
+                                      last=False)}  # Slots.group: the last slot holds 0
         e, hid = a["e"][self.own], a["hid"][self.own]
         self._own = [None, (e, hid), (e * e, hid * hid), (e * e * e, hid * hid * hid)]
         self._w, self._sums = {}, {}
