@@ -36,7 +36,10 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # the package; torch_peer beside this
 SIDES = ("exact", "exact fisher", "peer")
+
+from sub_block_effects import _positive  # noqa: E402  the scripts' argument check
 
 
 def fit_line(P, t):
@@ -78,16 +81,6 @@ def time_sides(spec, repeats):
     return {side: float(np.median(v)) for side, v in times.items()}
 
 
-def _positive(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", nargs="+", default=["medium", "v16"])
@@ -103,7 +96,6 @@ def main(argv=None):
         ap.error(f"--out {args.out} exists; it is not overwritten")
     if args.out and not Path(args.out).resolve().parent.is_dir():
         ap.error(f"--out {args.out}: the directory does not exist")
-    sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # the package; torch_peer beside this
     from fisher_ref.perf.scaling import load_scale_config
     for config in args.configs:
         try:
