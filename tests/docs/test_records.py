@@ -95,3 +95,20 @@ def test_the_shipped_sub_block_record_holds_every_budget_and_condition():
                     for b in ("2**20", "2**22")}
     assert all(line.rstrip(" |").endswith(" M") for line in lines
                if line.startswith("| medium") or line.startswith("| v16"))
+
+
+def test_the_shipped_cost_split_record_fits_every_side_of_each_task():
+    """docs/bench/split/: scripts/cost_split.py's output, the commit and machine first, a
+    row per task and width (each task's own width among them) and a fit per task and side;
+    shown on the speed page by ``alloc_outputs``."""
+    path = Path(records.__file__).parent.parent / "bench" / "split" / "medium_v16.txt"
+    lines = path.read_text().splitlines()
+    assert lines[0].startswith("commit ") and "glibc" in lines[0], lines[0]
+    assert "freed memory kept" in lines[1], lines[1]
+    own = {line.split("|")[1].strip() for line in lines if "(the config's)" in line}
+    assert own == {"medium", "v16"}, lines
+    fits = {tuple(c.strip() for c in line.split("|")[1:3]) for line in lines
+            if line.count("|") == 7 and "%" in line}
+    assert fits == {(t, s) for t in ("medium", "v16") for s in ("exact", "exact fisher", "peer")}
+    shown = records.alloc_outputs("bench/split")
+    assert shown.startswith("**medium_v16** (`bench/split/medium_v16.txt`): commit ")
