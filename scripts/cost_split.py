@@ -11,7 +11,7 @@ the tree (the walk, the per-state and per-response work, and every numpy call's 
 overhead), :math:`b` the cost of one more parameter. The fits show which of the two a
 side's lead or lag comes from.
 
-Usage: python scripts/cost_split.py [--configs medium v16] [--hidden 1 16 64 128]
+Usage: python scripts/cost_split.py [--configs medium v16] [--hidden 1 16 64]
            [--repeats 5] [--keep-memory] [--out FILE]
 
 The config's own hidden width is always among the widths, so the ratio at the task as

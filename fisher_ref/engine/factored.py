@@ -318,10 +318,9 @@ def wsum(lay, w, x):
     return _sums(lay, [(w, x)], False)
 
 
-def gsum(lay, w, x, more=()):
-    r""":math:`\sum_{b \in g} w_b\,x_b` for each group ``g``, ``(n, P)``, plus the same
-    sums of the terms ``more`` ``[(w, x), ...]`` (:func:`_sums`)."""
-    return _sums(lay, [(w, x), *more], True)
+def gsum(lay, w, x):
+    r""":math:`\sum_{b \in g} w_b\,x_b` for each group ``g``, ``(n, P)`` (:func:`_sums`)."""
+    return _sums(lay, [(w, x)], True)
 
 
 def factors_last_level(task):
@@ -592,6 +591,8 @@ def last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w, C, r, starts):
     slot_keys = (("W", 2, None), ("W", 4, None), ("r", 1, "y1"), ("r", 2, "y2"))  # c, c4
     for key in stack_keys + (("W", 0, "y2"),):
         L.gsum(*key)
+    for key in (("W", 4, None), ("r", 2, "y2")):  # read by the cross terms and by h4's
+        L.wsum(*key)  # sum over every parent: formed once, kept (not inside a fused sum)
     sums = [("h4", L.hsum("W", 4) + L.hsum("r", 3, "y1", 4.0) + L.hsum("r", 2, "y2", 6.0)
              + L.hsum("r", 1, "y3", 4.0)),
             ("h2", L.hsum("W", 2) + L.hsum("r", 1, "y1", 2.0)),
