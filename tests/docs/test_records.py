@@ -112,3 +112,49 @@ def test_the_shipped_cost_split_record_fits_every_side_of_each_task():
     assert fits == {(t, s) for t in ("medium", "v16") for s in ("exact", "exact fisher", "peer")}
     shown = records.alloc_outputs("bench/split")
     assert shown.startswith("**medium_v16** (`bench/split/medium_v16.txt`): commit ")
+
+
+def test_the_speed_page_quotes_the_shipped_peer_and_split_records():
+    """Each number the speed page's prose gives for the torch_peer.py records
+    (docs/bench/peer/) and the cost split (docs/bench/split/) is the records' own."""
+    docs = Path(records.__file__).parent.parent
+    page = " ".join((docs / "performance" / "speed.md").read_text().split())
+    peer = {p.stem: json.loads(p.read_text()) for p in (docs / "bench" / "peer").glob("*.json")}
+
+    def ratios(cond, task, key="exact / peer"):
+        return sorted(f"{peer[f'{cond}_run{i}']['tasks'][task]['ratio'][key]:.2f}" for i in (1, 2))
+
+    def one(cond, task):  # the same in both runs
+        a, b = ratios(cond, task)
+        assert a == b, (cond, task, a, b)
+        return a
+
+    def span(values):
+        lo, hi = min(values), max(values)
+        return lo if lo == hi else f"{lo}–{hi}"
+
+    assert (f"takes {one('kept_auto', 'medium')} of the peer's time on medium in both runs "
+            f"and {one('kept_auto', 'v16')} on V=16 in both") in page
+    assert (f"gives {one('kept_sub1048576', 'medium')} on medium and "
+            f"{span(ratios('kept_sub1048576', 'v16'))} on V=16") in page
+    lo, hi = ratios("default_sub4194304", "medium")
+    assert (f"at {one('default_auto', 'medium')} on medium in both runs "
+            f"({lo} and {hi} at 2\\*\\*22)") in page
+    d16 = [f"{peer[f'default_auto_run{i}']['tasks']['v16']['ratio']['exact / peer']:.2f}"
+           for i in (1, 2)]
+    assert f"{d16[0]} and {d16[1]})" in page
+    fisher = {t: span([r for c in ("kept_auto", "kept_sub1048576")
+                       for r in ratios(c, t, "exact fisher / peer")]) for t in ("medium", "v16")}
+    assert (f"it takes {fisher['medium']} of the peer's time on medium and {fisher['v16']} on "
+            "V=16 with memory kept") in page
+    fits = {}
+    for line in (docs / "bench" / "split" / "medium_v16.txt").read_text().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 6 and cells[1] in ("exact", "exact fisher", "peer"):
+            fits[cells[0], cells[1]] = (cells[2], cells[3])
+    b = {k: f"{float(v[1]):.1f}" for k, v in fits.items()}
+    a = {k: v[0] for k, v in fits.items()}
+    assert (f"on medium ({b['medium', 'exact']} against {b['medium', 'peer']} µs), and less on "
+            f"V=16 ({b['v16', 'exact']} against {b['v16', 'peer']} µs)") in page
+    assert (f"{a['medium', 'exact']} against {a['medium', 'peer']} ms on medium, "
+            f"{a['v16', 'exact']} against {a['v16', 'peer']} ms on V=16") in page

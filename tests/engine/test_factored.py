@@ -181,3 +181,41 @@ def test_every_quantity_by_factors_on_random_tasks(task):
     got, ref, calls = _both(task, budgets=Budgets(sub_elements=3 * row_width(task.model.spec)))
     assert calls or task.max_len < 2
     _assert_close(got, ref, "random task")
+
+
+_CONTEXT3 = {"model": {"vocab_size": 3, "context": 3, "embed_dim": 2, "hidden": 3,
+                       "eos": True, "init_seed": 4, "init_scale": 1.0},
+             "prompts": [[1, 1], [2]], "max_len": 4, "reward": {"name": "count", "token": 1}}
+
+
+@pytest.mark.parametrize("name", ["default", "offpolicy_stale", "context3"])
+def test_rows_whose_last_slot_is_marked_zero_hold_zero_there(name, monkeypatch):
+    """Rows.last=False lets the E block's slot sums skip a row's own slot: every row the
+    last level keeps with that mark holds exactly 0 there, and the mark is not vacuous
+    (rows marked otherwise, the moments of the parents' own windows, hold nonzero values).
+    ``context3``: three group slots, and tokens repeated within windows (merged slots)."""
+    from fisher_ref import task_from_json
+    task = task_from_json(_CONTEXT3) if name == "context3" else load_config(name)
+    kept = []
+    real = factored.LastLevel.total
+
+    def total(self, terms):
+        kept.append(self)
+        return real(self, terms)
+    monkeypatch.setattr(factored.LastLevel, "total", total)
+    exact(task, progress=False)
+    assert kept, "no last level was summed from the factors"
+    zero = nonzero = 0
+    for L in {id(x): x for x in kept}.values():
+        for (l, _), rows in L._rows.items():
+            if rows.E is None or rows.slots.at_last is None:
+                continue
+            # a product with a grandparent's score (l >= 1) holds 0 there: marked so
+            assert rows.last == (l == 0), (l, rows.last)
+            own = rows.E[:, :, rows.slots.k]
+            if not rows.last:
+                assert not own.any(), "a row marked 0 in its own slot holds a value there"
+                zero += 1
+            elif own.any():
+                nonzero += 1
+    assert zero and nonzero, (zero, nonzero)

@@ -29,6 +29,20 @@ def test_unpack_views_are_row_major_slices_of_theta():
     th = np.arange(m.num_params, dtype=float)
     p = m.unpack(th)
     assert p["E"][1, 0] == 2.0 and p["W1"][0, 1] == 9.0 and p["b2"][-1] == m.num_params - 1
+    assert all(np.shares_memory(v, th) for v in p.values())  # views, not copies
+    stack = np.stack([th, th + 1.0])  # a leading axis: (B, P)
+    assert m.unpack(stack)["W2"].shape == (2, 2, 3)
+    assert np.shares_memory(m.unpack(stack)["W2"], stack)
+
+
+def test_unpack_under_autograd_gives_the_gradient_of_each_block():
+    """A traced theta takes autograd's reshape: the gradient of a sum over one block is 1 on
+    its entries and 0 elsewhere."""
+    from autograd import grad
+    m = MLPModel(ModelSpec(vocab_size=3, context=1, embed_dim=2, hidden=2))
+    g = grad(lambda t: m.unpack(t)["W1"].sum())(np.zeros(m.num_params))
+    start = dict((n, o) for n, _, o in m.layout())["W1"]
+    assert g.sum() == 4.0 and np.all(g[start:start + 4] == 1.0)
 
 
 def test_init_params_are_seeded_and_scaled():
