@@ -47,13 +47,26 @@ def reward_gradient(task, theta, Wu, win, nxt, live, weights, R):
     """
     M, T = win.shape
     flat = win * task.model.vocab_size + nxt  # (M, T) into the (U*V,) log-probs
-    vjp, z = make_vjp(lambda th: task.model.logits(th, Wu))(theta)
-    z = np.asarray(z, dtype=float)  # (U, V)
-    lp = log_softmax(z)  # (U, V)
-    logP = np.where(live, lp.reshape(-1)[flat], 0.0).sum(axis=1)  # (M,)
+    vjp, z, lp = _forward(task, theta, Wu)
+    logP = np.where(live, lp[flat], 0.0).sum(axis=1)  # (M,)
     c = weights * np.exp(logP) * R  # (M,) the derivative with respect to logP
-    g = np.bincount(flat[live], np.broadcast_to(c[:, None], (M, T))[live],
-                    minlength=lp.size).reshape(lp.shape)  # (U, V)
+    g = np.bincount(flat[live], np.broadcast_to(c[:, None], (M, T))[live], minlength=lp.size)
+    return _backward(vjp, z, g)
+
+
+def _forward(task, theta, Wu):
+    """The model's logits at the windows ``Wu`` (their vector-Jacobian product ``vjp``,
+    ``z (U, V)``) and the flat log-probabilities ``(U V,)``."""
+    vjp, z = make_vjp(lambda th: task.model.logits(th, Wu))(theta)
+    z = np.asarray(z, dtype=float)
+    return vjp, z, log_softmax(z).reshape(-1)
+
+
+def _backward(vjp, z, g):
+    r"""The gradient of the derivatives ``g (U V,)`` by the log-probabilities: through the
+    log-softmax, :math:`\partial/\partial z_{u,b} = g_{u,b} - p_{u,b} \sum_a g_{u,a}`, then
+    through the model (``vjp``)."""
+    g = g.reshape(z.shape)
     return vjp(g - softmax(z) * g.sum(axis=1, keepdims=True))
 
 
@@ -64,15 +77,12 @@ def parts_gradient(task, theta, Wu, parts):
     log-probabilities of every part are read from one forward pass and their derivatives
     summed into one ``bincount`` and one vector-Jacobian product."""
     V = task.model.vocab_size
-    vjp, z = make_vjp(lambda th: task.model.logits(th, Wu))(theta)
-    z = np.asarray(z, dtype=float)  # (U, V)
-    lp = log_softmax(z).reshape(-1)  # (U V,)
+    vjp, z, lp = _forward(task, theta, Wu)
     flats, cs = [], []
     for win, nxt, weights, R in parts:
         flat = win * V + nxt  # (M, n) into the log-probs
         c = weights * np.exp(lp[flat].sum(axis=1)) * R  # (M,): the derivative by log P
         flats.append(flat.ravel())
         cs.append(np.repeat(c, flat.shape[1]))
-    g = np.bincount(np.concatenate(flats), np.concatenate(cs), minlength=lp.size)
-    g = g.reshape(z.shape)  # (U, V)
-    return vjp(g - softmax(z) * g.sum(axis=1, keepdims=True))
+    return _backward(vjp, z, np.bincount(np.concatenate(flats), np.concatenate(cs),
+                                         minlength=lp.size))

@@ -277,19 +277,29 @@ def _sums(lay, terms, grouped):
     return out
 
 
-def _weighted(w, a, b):
+def _weighted(w, a, b, out=None):
     """A term's factors ``(a (n, k, m), b (n, k, l))`` with its weights ``w (n, k)``
-    multiplied into the narrower of the two (the fewer elements to write)."""
+    multiplied into the narrower of the two (the fewer elements to write); with ``out``,
+    ``(A, B)`` of their shapes, both are written there."""
+    A, B = (None, None) if out is None else out
     if a.shape[2] <= b.shape[2]:
-        return a * w[:, :, None], b
-    return a, b * w[:, :, None]
+        a = np.multiply(a, w[:, :, None], out=A)
+        if B is not None:
+            B[...] = b
+            b = B
+        return a, b
+    b = np.multiply(b, w[:, :, None], out=B)
+    if A is not None:
+        A[...] = a
+        a = A
+    return a, b
 
 
 def _group_product(per_group, per_parent, m, l, dst):
     r"""``dst (n, m, l)`` :math:`= \sum a_g \otimes \beta_g + \sum_{b \in g} w_b\,a_b
     \otimes b_b` of the per-group terms ``[(a_g (n, m), beta_g (n, l))]`` and the per-parent
     ones ``[(w (n, k), a (n, k, m), b (n, k, l))]``: every term's factors side by side in
-    one buffer, the weights written with the narrower factor, one batched product."""
+    one buffer (:func:`_weighted`), one batched product."""
     if len(per_parent) == 1 and not per_group:
         a, b = _weighted(*per_parent[0])
         np.matmul(a.transpose(0, 2, 1), b, out=dst)
@@ -302,12 +312,7 @@ def _group_product(per_group, per_parent, m, l, dst):
     at = len(per_group)
     for w, a, b in per_parent:
         k = a.shape[1]
-        if m <= l:
-            np.multiply(a, w[:, :, None], out=A[:, at:at + k])
-            B[:, at:at + k] = b
-        else:
-            A[:, at:at + k] = a
-            np.multiply(b, w[:, :, None], out=B[:, at:at + k])
+        _weighted(w, a, b, out=(A[:, at:at + k], B[:, at:at + k]))
         at += k
     np.matmul(A.transpose(0, 2, 1), B, out=dst)
 
@@ -522,12 +527,13 @@ class LastLevel:
     def combined(self, terms, grouped=True):
         r""":math:`\sum_j \mathrm{coef}_j \sum_{b \in g} c_b\,\xi_b^l Y_b` over the terms
         ``[(coef, (c, l, Y)), ...]``, per group ``(n, P)`` (or over every parent, ``(P,)``;
-        ``0.0`` for no term): the sums kept already (:meth:`gsum`, :meth:`wsum`) are read,
+        ``0.0`` for no term): the sums kept already (:meth:`gsum`; over every parent also
+        :meth:`wsum`) are read,
         every other term goes into one fused sum (:func:`_sums`: one matrix product per
         block), which is kept when it holds a single term."""
-        tag, kept, rest = "g" if grouped else "w", [], []
+        kept, rest = [], []
         for coef, key in terms:
-            if (tag,) + key in self._sums or ("g",) + key in self._sums:
+            if ("g",) + key in self._sums or (not grouped and ("w",) + key in self._sums):
                 kept.append((coef, self.gsum(*key) if grouped else self.wsum(*key)))
             else:
                 rest.append((coef, key))
