@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 
-from fisher_ref.engine.parent_sums import coarse_cross, cross_stack, segment_sum
+from fisher_ref.engine.parent_sums import coarse_cross, segment_sum
 from fisher_ref.models.mlp import MLPModel
 from fisher_ref.models.mlp_scores import families, family_cuts, mlp_blocks
 
@@ -393,6 +393,9 @@ class LastLevel:
         self.runs, self.gsrc = runs, src[runs]  # the grandparents' rows in the parents' arrays
         self.idx, self.valid = groups(runs, len(src))
         self._H = {1: np.take(block.parents[0][s], self.gsrc, axis=0, mode="clip")}  # (n, P)
+        # the grandparents' last scores (n_g, P) (a root's are 0: no slot d - 2 is read)
+        last = block.parents[2] if len(block.parents) > 2 else None
+        self.parents_last = None if last is None else last[:, s]
         g = lambda x: x[self.idx]  # (b, ...) -> (n, k, ...)
         u, tok = g(block.path_rows[sl, d - 1]), g(gen[sl, d - 1])  # (n, k) each
         self.own = g(arrs.rows[sl])
@@ -507,9 +510,11 @@ class LastLevel:
         return [(n - l, coef * math.comb(n, l), c, l, Y) for l in range(n + 1)]
 
     def total(self, terms):
-        """The sum of :meth:`hsum`'s terms ``(P,)``: per power ``k`` of ``H_g``, the groups'
-        sums of its terms added up first (:meth:`combined`), then one contraction with
-        ``H_g^k`` (those without ``H_g``: the sums over every parent)."""
+        """The sum of :meth:`hsum`'s terms ``(P,)``: per power ``k`` of ``H_g``, each of the
+        groups' sums of its terms (:meth:`parts`: those kept, and one fused sum of the
+        others) contracted with ``H_g^k`` (no ``(n, P)`` array is written to add them up
+        first); the terms without ``H_g``, the sums over every parent, added up
+        (:meth:`combined`)."""
         total = 0.0
         for k in sorted({t[0] for t in terms}, reverse=True):
             at = [(coef, (c, l, Y)) for kk, coef, c, l, Y in terms if kk == k and (l or Y)]
@@ -518,19 +523,19 @@ class LastLevel:
             if k == 0:
                 total = total + self.combined(at, grouped=False) + sum(p.sum() for p in pure)
                 continue
-            if at:
-                total = total + np.einsum("gp,gp->p", self.Hg(k), self.combined(at))
+            for coef, s in self.parts(at):  # each contracted: no (n, P) sum of them
+                total = total + coef * np.einsum("gp,gp->p", self.Hg(k), s)
             if pure:
                 total = total + sum(pure) @ self.Hg(k)
         return total
 
-    def combined(self, terms, grouped=True):
-        r""":math:`\sum_j \mathrm{coef}_j \sum_{b \in g} c_b\,\xi_b^l Y_b` over the terms
-        ``[(coef, (c, l, Y)), ...]``, per group ``(n, P)`` (or over every parent, ``(P,)``;
-        ``0.0`` for no term): the sums kept already (:meth:`gsum`; over every parent also
-        :meth:`wsum`) are read,
-        every other term goes into one fused sum (:func:`_sums`: one matrix product per
-        block), which is kept when it holds a single term."""
+    def parts(self, terms, grouped=True):
+        r"""The sums of the terms ``[(coef, (c, l, Y)), ...]`` (:math:`\mathrm{coef}
+        \sum_{b \in g} c_b\,\xi_b^l Y_b`), per group (``(n, P)`` each) or over every parent
+        (``(P,)``), as ``[(coef, sum), ...]`` that add up to their total: the sums kept
+        already (:meth:`gsum`; over every parent also :meth:`wsum`) are read with their
+        coefficient, every other term goes into one fused sum (:func:`_sums`: one matrix
+        product per block; coefficient 1), which is kept when it holds a single term."""
         kept, rest = [], []
         for coef, key in terms:
             if ("g",) + key in self._sums or (not grouped and ("w",) + key in self._sums):
@@ -540,12 +545,19 @@ class LastLevel:
         if len(rest) == 1:
             kept.append((rest[0][0], self.gsum(*rest[0][1]) if grouped
                          else self.wsum(*rest[0][1])))
-            rest = []
-        out = _sums(self.lay, [(coef * self._w[c], self.rows(l, Y)) for coef, (c, l, Y) in rest],
-                    grouped) if rest else None
-        for coef, s in kept:
+        elif rest:
+            kept.append((1.0, _sums(self.lay, [(coef * self._w[c], self.rows(l, Y))
+                                               for coef, (c, l, Y) in rest], grouped)))
+        return kept
+
+    def combined(self, terms, grouped=True):
+        r""":math:`\sum_j \mathrm{coef}_j \sum_{b \in g} c_b\,\xi_b^l Y_b` over the terms
+        ``[(coef, (c, l, Y)), ...]``, per group ``(n, P)`` (or over every parent, ``(P,)``;
+        ``0.0`` for no term): :meth:`parts` added up."""
+        out = None
+        for coef, s in self.parts(terms, grouped):
             if out is None:
-                out = coef * s
+                out = s.copy() if coef == 1.0 else coef * s
             else:
                 out += coef * s
         return 0.0 if out is None else out
@@ -591,11 +603,11 @@ def last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w, C, r, starts):
         L.name(f"Z{j}", Z)
     L.name("y2y2", L.rows(0, "y2") * L.rows(0, "y2"))
     out = {"mass": W.sum(), "R": wR.sum()}
-    # the groups' sums read one by one (the cross terms' stack, the path sums) first: the
+    # the groups' sums read one by one (the cross terms' columns, the path sums) first: the
     # sums below read them, and fuse each power's other terms into one product per block
-    stack_keys = (("r", 0, "y1"), ("r", 0, "y2"), ("W", 1, None), ("W", 2, None))
+    cross_keys = (("r", 0, "y1"), ("r", 0, "y2"), ("W", 1, None), ("W", 2, None))
     slot_keys = (("W", 2, None), ("W", 4, None), ("r", 1, "y1"), ("r", 2, "y2"))  # c, c4
-    for key in stack_keys + (("W", 0, "y2"),):
+    for key in cross_keys + (("W", 0, "y2"),):
         L.gsum(*key)
     for key in (("W", 4, None), ("r", 2, "y2")):  # read by the cross terms and by h4's
         L.wsum(*key)  # sum over every parent: formed once, kept (not inside a fused sum)
@@ -614,11 +626,7 @@ def last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w, C, r, starts):
     # cross terms: the parents' last slot d - 1 and the response's slot d here, the earlier
     # slots from the groups' sums (coarse_cross)
     d, P = len(starts), len(out["h"])
-    stack = None
-    if d > 1:
-        stack = cross_stack(len(L.runs), d, P)
-        for j, key in enumerate(stack_keys):
-            stack[:, j] = L.gsum(*key)
+    cols = [L.gsum(*key) for key in cross_keys] if d > 1 else None
     # path sums g = G_g + m_b (m = y_2 of the parent's own window), expanded per grandparent
     Gp = np.take(block.parents[1][s], L.gsrc, axis=0, mode="clip")  # (n, P)
     Wg = segment_sum(W, L.runs)
@@ -628,13 +636,21 @@ def last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w, C, r, starts):
     c, c4 = np.zeros((d + 1, d + 1, P)), np.zeros((d + 1, d + 1, P))
     (c[d - 1, d - 1], c4[d - 1, d - 1], c[d - 1, d], c4[d - 1, d]) = \
         (L.wsum(*key) for key in slot_keys)
-    hist_at = _history(arrs.xiT[s], block.path_rows[sl], gen[sl])
-    out["cross"], out["cross4"] = coarse_cross(c, c4, stack, hist_at, W, starts)
+    hist_at = _history(arrs.xiT[s], block.path_rows[sl], gen[sl], d, L)
+    out["cross"], out["cross4"] = coarse_cross(c, c4, cols, hist_at, W, starts)
     return out
 
 
-def _history(xi, prow, gen):
-    def hist_at(t, at):  # the parents' score xi_t at rows ``at``, t < d - 1 (the ancestors')
+def _history(xi, prow, gen, d, L):
+    r"""``hist_at(t, at)``, the parents' score :math:`\xi_t` at rows ``at``, ``t < d - 1``
+    (their ancestors'); at ``t = d - 2`` for the first row of each group (``at`` the groups'
+    starts, ``L.runs``), the grandparents' last scores, which they carry
+    (:class:`fisher_ref.engine.tree.Block` ``parents``), not formed again."""
+    last = L.parents_last
+
+    def hist_at(t, at):
+        if t == d - 2 and last is not None and np.array_equal(at, L.runs):
+            return np.take(last, L.gsrc, axis=0, mode="clip")
         return xi[prow[at, t], gen[at, t]]
     return hist_at
 

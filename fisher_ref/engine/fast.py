@@ -134,13 +134,13 @@ def _carry(run, block, par, tok, arrs):
     score of their last token ``last (C, S, P)``.
 
     Children of the last level (every child of theirs ends a response, most of all
-    states) carry instead their parent rows ``src (C,)`` and the parents' ``H`` and
-    ``G`` (``from``): :func:`fisher_ref.engine.complete.last_level` forms theirs a sub-block at a time, so that
-    the arrays of a whole level are never written out."""
+    states) carry instead their parent rows ``src (C,)`` and the parents' ``H``, ``G`` and
+    last scores (``parents``): :func:`fisher_ref.engine.complete.last_level` forms theirs a
+    sub-block at a time, so that the arrays of a whole level are never written out."""
     path = block.wpath[par]  # (C, T)
     path[:, block.depth] = block.wid[par]
     if block.depth + 2 == run.task.max_len:
-        return {"wpath": path, "src": par, "parents": (block.H, arrs.G)}
+        return {"wpath": path, "src": par, "parents": (block.H, arrs.G, block.last)}
     xi = last_scores(arrs, par, tok)
     xi = xi[0][None] if len(xi) == 1 else np.stack(xi)  # (S, C, P)
     H = np.take(block.H, par, axis=1, mode="clip")  # (S, C, P): par holds valid rows

@@ -44,7 +44,7 @@ import numpy as np
 from scipy import sparse
 
 __all__ = ["parent_powers", "window_products", "prefix_starts", "segment_sum", "history_cross",
-           "cross_stack", "coarse_cross", "level_sums", "fisher_sums", "held_products"]
+           "coarse_cross", "level_sums", "fisher_sums", "held_products"]
 
 
 def parent_powers(a, s, xi, rows, K, r, w, n=4, x=None):
@@ -187,42 +187,40 @@ def history_cross(hist_at, W, X1, X2, starts):
     Wd = W if len(starts[d - 1]) == len(W) else segment_sum(W, starts[d - 1])  # (B,)
     c[d - 1, d - 1], c4[d - 1, d - 1] = Wd @ h2, Wd @ (h2 * h2)
     c[d - 1, d], c4[d - 1, d] = np.einsum("gp,gp->p", h, X1), np.einsum("gp,gp->p", h2, X2)
-    stack = None
+    cols = None
     if d > 1:  # coarser runs: the sums over each run, slots t = d, d-1, then each coarser one
         pos = np.searchsorted(starts[d - 1], starts[d - 2])
-        stack = cross_stack(len(pos), d, P)
-        for i, (x, wx) in enumerate([(X1, None), (X2, None), (h, Wd), (h2, Wd)]):
-            stack[:, i] = segment_sum(x, pos, wx)
-    return coarse_cross(c, c4, stack, hist_at, W, starts)
+        cols = [segment_sum(x, pos, wx) for x, wx in [(X1, None), (X2, None), (h, Wd), (h2, Wd)]]
+    return coarse_cross(c, c4, cols, hist_at, W, starts)
 
 
-def cross_stack(n, d, P):
-    """The ``stack`` of :func:`coarse_cross` for ``n`` runs of parents at depth ``d``,
-    ``(n, 2 d + 2, P)``: the caller fills its first four columns; the others are room for
-    the earlier slots' (written there, not copied on)."""
-    return np.empty((n, 2 * d + 2, P))
-
-
-def coarse_cross(c, c4, stack, hist_at, W, starts):
+def coarse_cross(c, c4, cols, hist_at, W, starts):
     r"""The cross terms of :func:`history_cross` with an earlier slot ``L < d - 1``, from
-    ``stack`` (:func:`cross_stack`) whose first four columns hold, over each run of parents
-    sharing their first ``d - 1`` generated tokens, :math:`\sum X_1`, :math:`\sum X_2`,
+    ``cols``, four ``(n, P)`` arrays over each of the ``n`` runs of parents sharing their
+    first ``d - 1`` generated tokens: :math:`\sum X_1`, :math:`\sum X_2`,
     :math:`\sum W \xi_{d-1}` and :math:`\sum W \xi_{d-1}^2` (``None`` when ``d = 1``);
-    then ``c``, ``c4`` made symmetric. Returns ``(c, c4)``."""
+    then ``c``, ``c4`` made symmetric. Returns ``(c, c4)``.
+
+    At each earlier slot ``L`` (the runs sharing their first ``L + 1`` tokens) the columns
+    gain :math:`\sum W \xi_L` and :math:`\sum W \xi_L^2`; those of even place pair with
+    :math:`\xi_L` (into ``c``), those of odd place with :math:`\xi_L^2` (into ``c4``), each
+    contracted over the runs on its own (no stacked copy), then all are summed over the runs
+    one level up."""
     d = len(starts)
     if d > 1:
-        ts, m = [d, d - 1], 4  # the slots of the stack's filled columns, and their number
+        ts, cols = [d, d - 1], list(cols)  # the slots the columns' pairs belong to
         for L in range(d - 2, -1, -1):
             h = hist_at(L, starts[L])  # (n_L, P)
-            np.multiply(segment_sum(W, starts[L])[:, None], h, out=stack[:, m])
-            np.multiply(stack[:, m], h, out=stack[:, m + 1])
-            ts, m = ts + [L], m + 2
-            c[L, ts] = np.einsum("gp,gmp->mp", h, stack[:, 0:m:2])
-            c4[L, ts] = np.einsum("gp,gmp->mp", h * h, stack[:, 1:m:2])
-            if L:  # the runs one level up: the filled columns summed, with room again
-                up = segment_sum(stack[:, :m], np.searchsorted(starts[L], starts[L - 1]))
-                stack = cross_stack(len(up), d, stack.shape[2])
-                stack[:, :m] = up
+            wh = segment_sum(W, starts[L])[:, None] * h
+            cols += [wh, wh * h]
+            ts = ts + [L]
+            h2 = h * h
+            for j, t in enumerate(ts):
+                c[L, t] = np.einsum("gp,gp->p", h, cols[2 * j])
+                c4[L, t] = np.einsum("gp,gp->p", h2, cols[2 * j + 1])
+            if L:  # the runs one level up: every column summed over them
+                pos = np.searchsorted(starts[L], starts[L - 1])
+                cols = [segment_sum(x, pos) for x in cols]
     for u in range(d):
         c[u + 1:d, u], c4[u + 1:d, u] = c[u, u + 1:d], c4[u, u + 1:d]
     c[d, :d], c4[d, :d] = c[:d, d], c4[:d, d]

@@ -42,8 +42,8 @@ class Block:
             window-cache rows (both set when the block's arrays are formed).
         last: ``(B, S, P)`` the score of each state's last token.
         src, parents: in the fast engine's last level, each state's parent row ``(B,)``
-            and the parents' ``(H, G)``, from which its own are formed a sub-block at a
-            time.
+            and the parents' ``(H, G, last)``, from which its own are formed a sub-block at
+            a time.
         shard_key: ``(B,)`` the states' keys in a shard plan
             (:meth:`fisher_ref.engine.shards.ShardPlan.child_keys`); silent: the block lies
             above a shard's units, walked but added by another shard.
