@@ -24,8 +24,10 @@ over parents of them is a small matrix product,
 grandparent a batched one (:func:`wsum`, :func:`gsum`). So no ``(parents, P)`` array is
 formed, only ``(grandparents, P)`` ones: the same finite sums, regrouped (no identity of
 docs/theory.md §2.9 is used). A bias block (``b1``, ``b2``) is its weight block's second
-factor, so its sums are those of that factor; the ``E`` block is held by slot, only
-its rows of the tokens a group's rows read (:class:`Slots`).
+factor, and follows that block in the flat layout: so the first factor is held with a last
+entry 1 (:func:`augment`), and the outer product covers the weight block and its bias as
+one ``(m + 1, l)`` block, summed in the same matrix product; the ``E`` block is held by
+slot, only its rows of the tokens a group's rows read (:class:`Slots`).
 :func:`last_level_fisher` adds what ``quantities="fisher"`` needs, :func:`last_level_all`
 everything else a default run adds there (the reward sums, the fourth powers, the path sums,
 the cross terms and the products the window cache would otherwise defer).
@@ -42,24 +44,36 @@ from fisher_ref.engine.parent_sums import coarse_cross, segment_sum
 from fisher_ref.models.mlp import MLPModel
 from fisher_ref.models.mlp_scores import families, family_cuts, mlp_blocks
 
-__all__ = ["Rows", "Slots", "Layout", "wsum", "gsum", "factors_last_level", "shard_cuts",
+__all__ = ["Rows", "Slots", "Layout", "augment", "wsum", "gsum", "factors_last_level", "shard_cuts",
            "row_width", "groups", "LastLevel", "last_level_fisher", "last_level_all",
            "window_sums"]
 
 
-#: The bias block whose columns are a block's second factor (:class:`Rows`).
+#: The bias block whose columns are a block's second factor (:class:`Rows`), the block
+#: right after it in the flat layout (:func:`fisher_ref.models.mlp_scores.mlp_blocks`).
 _BIAS = {"W1": "b1", "W2": "b2"}
+
+
+def augment(a):
+    """A first factor ``a (..., m)`` with a last entry 1 ``(..., m + 1)``: its outer product
+    with a second factor ``b`` holds the weight block's row then the bias's, ``b`` itself
+    (:class:`Layout`); a product of such factors keeps the 1."""
+    out = np.empty(a.shape[:-1] + (a.shape[-1] + 1,))
+    out[..., :-1] = a
+    out[..., -1] = 1.0
+    return out
 
 
 class Rows:
     r"""Per-parent rows ``(B, P)`` of the MLP, held by group (the parents of one
     grandparent along axis 1, padded to the largest group: ``(n, k, ...)``, see
-    :func:`groups`) and by block: ``W1`` and ``W2`` as outer products
-    ``(a (n, k, m), b (n, k, l))`` (a row is :math:`a \otimes b`), whose second factor is
-    also the row's bias block (``b1`` of ``W1``, ``b2`` of ``W2``: the scores and every
-    product of them hold :math:`\hat g` on both, and :math:`D` on both), so it is held
-    once; ``a`` is ``None`` when only the bias lies inside the run's parameters, the pair
-    ``None`` when neither does. ``E (n, k, K, d)``: the ``E`` block by slot (:class:`Slots`
+    :func:`groups`) and by block: ``W1`` and ``W2`` with their biases as outer products
+    ``(a (n, k, r), b (n, k, l))`` (a row is :math:`a \otimes b`): the second factor is also
+    the row's bias block (``b1`` of ``W1``, ``b2`` of ``W2``: the scores and every product
+    of them hold :math:`\hat g` on both, and :math:`D` on both), so the first factor holds
+    a last entry 1 for the bias's row (:func:`augment`), and only the rows ``r`` of the
+    ``(m + 1, l)`` block that hold the run's parameters (:meth:`Layout.pair`); the pair is
+    ``None`` when neither the block nor its bias lies inside them. ``E (n, k, K, d)``: the ``E`` block by slot (:class:`Slots`
     ``slots``; ``None`` when the block lies outside the run's parameters); ``last``: whether
     its last slot (each row's own token, :class:`Slots`) may hold anything but 0 (not in
     the scores of a grandparent's window, :meth:`Slots.group`, nor in a product with them).
@@ -71,7 +85,7 @@ class Rows:
 
     def __mul__(self, o):
         def pair(x, y):
-            return None if x is None else (None if x[0] is None else x[0] * y[0], x[1] * y[1])
+            return None if x is None else (x[0] * y[0], x[1] * y[1])
         return Rows(pair(self.W1, o.W1), pair(self.W2, o.W2),
                     None if self.E is None else self.E * o.E, self.slots,
                     self.last and o.last)
@@ -175,55 +189,61 @@ class Slots:
 
 class Layout:
     """Where the parts of :class:`Rows` lie among a run's parameters ``columns`` (a slice of
-    ``0..P``, all by default): for each block the columns inside them
-    (``cut[name] = (within the block, within the run's)``, absent when none; for ``W1``
-    and ``W2``, within the rows ``rows[name]`` of the block as ``(m, l)`` that hold them,
-    so that a slice costs its share of the block); ``families``, those of the factors the
-    run forms (:func:`fisher_ref.models.mlp_scores.families`)."""
+    ``0..P``, all by default): ``cut[name] = (within the block, within the run's)``, the
+    columns of each block inside them (absent when none); for ``W1`` and ``W2`` with their
+    biases, ``fcut``, the same over the block and its bias as one ``(m + 1, l)`` block (the
+    bias its last row), and ``rows[name]``, the rows of it that hold them (so that a slice
+    costs its share of the block); ``families``, those of the factors the run forms
+    (:func:`fisher_ref.models.mlp_scores.families`)."""
 
     def __init__(self, spec, columns=None):
         blocks = mlp_blocks(spec)
         lo, hi, _ = (columns or slice(None)).indices(blocks[-1][2])
         inner_width = {"W1": spec.hidden, "W2": spec.vocab_size}  # l of a row (m, l)
-        self.width, self.cut, self.rows = hi - lo, {}, {}
+        self.width, self.cut, self.fcut, self.rows = hi - lo, {}, {}, {}
         self.families = families(spec, slice(lo, hi))  # of the factors the run forms
+        at = {}
         for name, start, stop in blocks:
+            at[name] = (start, stop)
+            a, b = max(start, lo), min(stop, hi)
+            if a < b:
+                self.cut[name] = (slice(a - start, b - start), slice(a - lo, b - lo))
+        for name, bias in _BIAS.items():  # the block and its bias: rows m0..m1 of (m + 1, l)
+            start, stop = at[name][0], at[bias][1]
             a, b = max(start, lo), min(stop, hi)
             if a >= b:
                 continue
-            inner, outer = slice(a - start, b - start), slice(a - lo, b - lo)
-            if name in inner_width:  # only the rows m of (m, l) that hold these columns
-                l = inner_width[name]
-                m0, m1 = inner.start // l, (inner.stop - 1) // l + 1
-                self.rows[name] = slice(m0, m1)
-                inner = slice(inner.start - m0 * l, inner.stop - m0 * l)
-            self.cut[name] = (inner, outer)
+            l = inner_width[name]
+            m0, m1 = (a - start) // l, (b - start - 1) // l + 1
+            self.rows[name] = slice(m0, m1)
+            self.fcut[name] = (slice(a - start - m0 * l, b - start - m0 * l),
+                               slice(a - lo, b - lo))
 
     def has(self, name):
         return name in self.cut
 
     def pair(self, name, a, b):
-        """The outer-product part of block ``name`` (``W1`` or ``W2``) and of its bias:
-        ``(a, b)``, its rows ``a`` cut to those that hold the run's columns (``None`` when
-        the block holds none); ``None`` when neither the block nor its bias holds any."""
-        if not (name in self.cut or _BIAS[name] in self.cut):
-            return None
-        return (a[..., self.rows[name]] if name in self.cut else None, b)
+        """The outer-product part of block ``name`` (``W1`` or ``W2``) with its bias:
+        ``(a, b)``, the first factor ``a (..., m + 1)`` (:func:`augment`) cut to the rows
+        that hold the run's columns; ``None`` when neither the block nor its bias holds
+        any."""
+        rows = self.rows.get(name)
+        return None if rows is None else (a[..., rows], b)
 
     def part(self, out, name, shape):
-        """Where block ``name``'s sum ``shape (*lead, m, l)`` goes: a view of
-        ``out (*lead, width)`` when the run holds every entry of its rows (written there),
-        else a scratch array (placed by :meth:`place`)."""
-        inner, outer = self.cut[name]
+        """Where the sum ``shape (*lead, r, l)`` of block ``name`` with its bias goes: a
+        view of ``out (*lead, width)`` when the run holds every entry of its rows (written
+        there), else a scratch array (placed by :meth:`place`)."""
+        inner, outer = self.fcut[name]
         if inner.start == 0 and inner.stop == shape[-2] * shape[-1]:
             return out[..., outer].reshape(shape)  # a view: splits the last axis
         return np.empty(shape)
 
     def place(self, out, name, x):
-        """Write the run's columns of block ``name``'s sum ``x`` (``(*lead, m, l)``, rows as
-        :meth:`pair` cut them, or a bias ``(*lead, l)``) into ``out (*lead, width)``,
-        unless :meth:`part` wrote them there."""
-        inner, outer = self.cut[name]
+        """Write the run's columns of the sum ``x`` (``(*lead, r, l)``, rows as :meth:`pair`
+        cut them) of block ``name`` with its bias into ``out (*lead, width)``, unless
+        :meth:`part` wrote them there."""
+        inner, outer = self.fcut[name]
         if not np.may_share_memory(x, out):
             out[..., outer] = x.reshape(out.shape[:-1] + (-1,))[..., inner]
 
@@ -233,41 +253,35 @@ def _sums(lay, terms, grouped):
     every parent (``(P,)``) or per group ``g`` (``grouped``: ``(n, P)``), written in place.
     A factor of one row per group (``k = 1``: the same for every parent of ``g``, as the
     grandparent's window's are) comes out of the sum,
-    :math:`a_g \otimes \sum_{b \in g} w_b\,b_b`, and that sum is the bias block's. Per
-    block: over every parent, each term's small ``(m, l)`` matrix product added up; per
-    group, every term's factors side by side in one buffer, one batched matrix product.
-    The weights multiply the narrower factor (:func:`_weighted`)."""
+    :math:`a_g \otimes \sum_{b \in g} w_b\,b_b`. Per block (each with its bias,
+    :func:`augment`): over every parent, each term's small ``(r, l)`` matrix product added
+    up; per group, every term's factors side by side in one buffer, one batched matrix
+    product. The weights multiply the narrower factor (:func:`_weighted`)."""
     lead = (len(terms[0][0]),) if grouped else ()
     out = np.empty(lead + (lay.width,))
     for name in ("W1", "W2"):
         if getattr(terms[0][1], name) is None:
             continue
-        bias, per_group, per_parent, bsum = _BIAS[name] in lay.cut, [], [], 0.0
+        per_group, per_parent = [], []
         for w, x in terms:
             a, b = getattr(x, name)
-            bw = np.matmul(w[:, None, :], b)[:, 0] \
-                if bias or a is None or a.shape[1] == 1 else None  # (n, l)
-            if bias:
-                bsum = bsum + bw
-            if a is not None:
-                (per_group if a.shape[1] == 1 else per_parent).append(
-                    (a[:, 0], bw) if a.shape[1] == 1 else (w, a, b))
-        if per_group or per_parent:
-            m, l = (per_group[0][0].shape[1], per_group[0][1].shape[1]) if per_group else \
-                (per_parent[0][1].shape[2], per_parent[0][2].shape[2])
-            dst = lay.part(out, name, lead + (m, l))
-            if not grouped:  # a small (m, l) product per term, added up
-                prods = [ag.T @ bw for ag, bw in per_group] + \
-                    [wa.reshape(-1, m).T @ wb.reshape(-1, l)
-                     for wa, wb in (_weighted(w, a, b) for w, a, b in per_parent)]
-                dst[...] = prods[0] if len(prods) == 1 else sum(prods)
-            elif not per_parent and len(per_group) == 1:  # an outer product per group
-                np.einsum("nm,nl->nml", *per_group[0], out=dst)
+            if a.shape[1] == 1:  # (n, r), (n, l): the group's factor, the weighted sum
+                per_group.append((a[:, 0], np.matmul(w[:, None, :], b)[:, 0]))
             else:
-                _group_product(per_group, per_parent, m, l, dst)
-            lay.place(out, name, dst)
-        if bias:
-            lay.place(out, _BIAS[name], bsum if grouped else bsum.sum(axis=0))
+                per_parent.append((w, a, b))
+        m, l = (per_group[0][0].shape[1], per_group[0][1].shape[1]) if per_group else \
+            (per_parent[0][1].shape[2], per_parent[0][2].shape[2])
+        dst = lay.part(out, name, lead + (m, l))
+        if not grouped:  # a small (r, l) product per term, added up
+            prods = [ag.T @ bw for ag, bw in per_group] + \
+                [wa.reshape(-1, m).T @ wb.reshape(-1, l)
+                 for wa, wb in (_weighted(w, a, b) for w, a, b in per_parent)]
+            dst[...] = prods[0] if len(prods) == 1 else sum(prods)
+        elif not per_parent and len(per_group) == 1:  # an outer product per group
+            np.einsum("nm,nl->nml", *per_group[0], out=dst)
+        else:
+            _group_product(per_group, per_parent, m, l, dst)
+        lay.place(out, name, dst)
     if terms[0][1].E is not None:
         by_slots = {}  # the terms of each Slots (one, as a rule), placed in its block once
         for w, x in terms:
@@ -411,10 +425,11 @@ class LastLevel:
             self.slots = Slots(lay, spec, win, a["dup"][u[:, 0]] > 0,
                                a["win"][self.own][:, :, -1].astype(np.int64), self.valid)
             E = self.slots.group(a[f"Ec{i}"][u, tok])
-        self._rows = {(1, None): Rows(lay.pair("W1", a["e"][ug], gc),
-                                      lay.pair("W2", a["hid"][ug], D), E, self.slots,
+        self._rows = {(1, None): Rows(lay.pair("W1", augment(a["e"][ug]), gc),
+                                      lay.pair("W2", augment(a["hid"][ug]), D), E, self.slots,
                                       last=False)}  # Slots.group: the last slot holds 0
-        e, hid = a["e"][self.own], a["hid"][self.own]
+        # the first factors of the parents' own windows, with the bias's 1 (augment)
+        e, hid = augment(a["e"][self.own]), augment(a["hid"][self.own])
         self._own = [None, (e, hid), (e * e, hid * hid), (e * e * e, hid * hid * hid)]
         self._w, self._sums = {}, {}
         self.theta_W2 = cache.task.model.unpack(cache.task.theta)["W2"]  # (H, V): products()
@@ -473,12 +488,12 @@ class LastLevel:
         n, k, m, V = Cg.shape
         c = a[f"c{i}"][own]  # (n, k, V): each parent's window's center
         Cs = Cg.sum(axis=3, keepdims=True)  # (n, k, m, 1)
-        e, hid = a["e"][own], a["hid"][own]
+        (e, hid), hid_own = self._own[1], a["hid"][own]  # with the bias's 1; without
         gz = Ez = None
         Dz = Cg - Cs * c[:, :, None]  # (n, k, m, V): C summed with [c' = a] - c_c'
         if "G" in lay.families:  # sum_a Dz_a W2_{h,a}, times 1 - hid_h^2
             gz = (Dz.reshape(-1, V) @ self.theta_W2.T).reshape(n, k, m, -1)
-            gz *= (1.0 - hid * hid)[:, :, None]  # (n, k, m, H)
+            gz *= (1.0 - hid_own * hid_own)[:, :, None]  # (n, k, m, H)
         if lay.has("E"):
             Ez = np.matmul(Cg, a[f"Ec{i}"][own])  # (n, k, m, k d)
         return [Rows(None if gz is None else lay.pair("W1", e, gz[:, :, j]),
@@ -671,7 +686,8 @@ def window_sums(cache, s, acc, powers, lo, hi):
     if lay.has("E"):
         slots = Slots(lay, spec, a["win"][lo:hi].astype(np.int64), a["dup"][lo:hi] > 0)
         E = slots.group(a[f"Ec{i}"][lo:hi])  # (n, V, k, d)
-    e, hid = a["e"][lo:hi, None], a["hid"][lo:hi, None]  # (n, 1, kd), (n, 1, H): per window
+    # (n, 1, kd + 1), (n, 1, H + 1): per window, with the bias's 1 (augment)
+    e, hid = augment(a["e"][lo:hi, None]), augment(a["hid"][lo:hi, None])
     xi = Rows(lay.pair("W1", e, gc), lay.pair("W2", hid, D), E, slots)
     out, x = np.empty((len(powers), lay.width)), xi
     for p in range(1, int(max(powers)) + 1):

@@ -106,6 +106,30 @@ def test_parameter_shards_sum_their_blocks_from_factors(n, monkeypatch):
     _assert_close(got, exact(task, **kw), f"{n} parameter shards against one run")
 
 
+@pytest.mark.parametrize("name", ["default", "offpolicy_stale"])
+def test_one_parameter_slices_cut_every_block_and_bias_row(name):
+    """One parameter per slice: every cut the layout can meet (inside a weight block's row,
+    between a block and its bias, inside the bias row a first factor's last entry 1 stands
+    for, inside E's slots) sums its one column from the factors, and the merged slices of a
+    default run equal the dense route's at 1e-12."""
+    task = load_config(name)
+    kw = {"progress": False, "topk": (1, 2) if task.sampler is not None else ()}
+    n, calls = task.model.num_params, []
+    real = complete.last_level_all
+
+    def counted(*args):
+        calls.append(args[0].columns)
+        return real(*args)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(complete, "last_level_all", counted)
+        got = merge(task, [exact(task, param_shard=(i, n), **kw) for i in range(n)])
+    assert {(c.start, c.stop) for c in calls} == {(i, i + 1) for i in range(n)}
+    with pytest.MonkeyPatch.context() as mp:
+        _dense(mp)
+        ref = exact(task, **kw)
+    _assert_close(got, ref, f"{name}, {n} one-parameter slices against the dense route")
+
+
 def _dense(monkeypatch):
     """Turn the factored last level off: the dense route (level_sums, deferred products)."""
     from fisher_ref.engine import fast
