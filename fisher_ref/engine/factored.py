@@ -84,11 +84,39 @@ class Rows:
         self.W1, self.W2, self.E, self.slots, self.last = W1, W2, E, slots, last
 
     def __mul__(self, o):
+        return self._times(o, lambda x, y: _array(x) * _array(y))
+
+    def lazy(self, o):
+        """``self * o`` whose ``W1`` and ``W2`` factors are :class:`_Product` s, formed only
+        where a sum writes them (:func:`_weighted`): for a row summed once."""
+        return self._times(o, _Product)
+
+    def _times(self, o, times):
         def pair(x, y):
-            return None if x is None else (x[0] * y[0], x[1] * y[1])
+            return None if x is None else (times(x[0], y[0]), times(x[1], y[1]))
         return Rows(pair(self.W1, o.W1), pair(self.W2, o.W2),
                     None if self.E is None else self.E * o.E, self.slots,
                     self.last and o.last)
+
+
+class _Product:
+    """The elementwise product of two factors of :class:`Rows` (``(n, k or 1, m)`` each,
+    broadcast), formed only where it is written (:meth:`into`), so that a row summed once
+    is not first written out whole and then copied."""
+
+    __slots__ = ("x", "y", "shape")
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+        self.shape = tuple(max(i, j) for i, j in zip(x.shape, y.shape))
+
+    def into(self, out=None):
+        return np.multiply(self.x, self.y, out=out)
+
+
+def _array(f):
+    """A factor as an array (a :class:`_Product` formed)."""
+    return f.into() if isinstance(f, _Product) else f
 
 
 class Slots:
@@ -266,7 +294,7 @@ def _sums(lay, terms, grouped):
         for w, x in terms:
             a, b = getattr(x, name)
             if a.shape[1] == 1:  # (n, r), (n, l): the group's factor, the weighted sum
-                per_group.append((a[:, 0], np.matmul(w[:, None, :], b)[:, 0]))
+                per_group.append((_array(a)[:, 0], np.matmul(w[:, None, :], _array(b))[:, 0]))
             else:
                 per_parent.append((w, a, b))
         m, l = (per_group[0][0].shape[1], per_group[0][1].shape[1]) if per_group else \
@@ -292,21 +320,32 @@ def _sums(lay, terms, grouped):
 
 
 def _weighted(w, a, b, out=None):
-    """A term's factors ``(a (n, k, m), b (n, k, l))`` with its weights ``w (n, k)``
-    multiplied into the narrower of the two (the fewer elements to write); with ``out``,
-    ``(A, B)`` of their shapes, both are written there."""
+    """A term's factors ``(a (n, k, m), b (n, k, l))`` (arrays or :class:`_Product` s) with
+    its weights ``w (n, k)`` multiplied into the narrower of the two (the fewer elements to
+    write); with ``out``, ``(A, B)`` of their shapes, both are written there."""
     A, B = (None, None) if out is None else out
     if a.shape[2] <= b.shape[2]:
-        a = np.multiply(a, w[:, :, None], out=A)
-        if B is not None:
-            B[...] = b
-            b = B
-        return a, b
-    b = np.multiply(b, w[:, :, None], out=B)
-    if A is not None:
-        A[...] = a
-        a = A
-    return a, b
+        return _times_weights(a, w, A), _written(b, B)
+    return _written(a, A), _times_weights(b, w, B)
+
+
+def _times_weights(f, w, out):
+    """``f (n, k, m)`` times the weights ``w (n, k)``, into ``out`` (new when ``None``)."""
+    if isinstance(f, _Product):
+        out = f.into(out)
+        out *= w[:, :, None]
+        return out
+    return np.multiply(f, w[:, :, None], out=out)
+
+
+def _written(f, out):
+    """``f`` into ``out`` (``f`` itself, formed, when ``None``)."""
+    if isinstance(f, _Product):
+        return f.into(out)
+    if out is None:
+        return f
+    out[...] = f
+    return out
 
 
 def _group_product(per_group, per_parent, m, l, dst):
@@ -460,8 +499,8 @@ class LastLevel:
                 x = self.rows(l - 1) * self.rows(1)
             elif l == 0:  # y1..y3: the moments of the parent's own window
                 x = self.y(int(Y[1:]))
-            else:
-                x = self.rows(l) * self.rows(0, Y)
+            else:  # summed once: formed where it is summed
+                x = self.rows(l).lazy(self.rows(0, Y))
             self._rows[key] = x
         return self._rows[key]
 
