@@ -73,15 +73,16 @@ class Rows:
     of them hold :math:`\hat g` on both, and :math:`D` on both), so the first factor holds
     a last entry 1 for the bias's row (:func:`augment`), and only the rows ``r`` of the
     ``(m + 1, l)`` block that hold the run's parameters (:meth:`Layout.pair`); the pair is
-    ``None`` when neither the block nor its bias lies inside them. ``E (n, k, K, d)``: the ``E`` block by slot (:class:`Slots`
-    ``slots``; ``None`` when the block lies outside the run's parameters); ``last``: whether
-    its last slot (each row's own token, :class:`Slots`) may hold anything but 0 (not in
-    the scores of a grandparent's window, :meth:`Slots.group`, nor in a product with them).
-    Elementwise products keep the form; :func:`wsum` and :func:`gsum` sum them over parents
-    as small matrix products."""
+    ``None`` when neither the block nor its bias lies inside them. ``E``: the ``E`` block
+    by slot (:class:`Slots` ``slots``), ``(G (n, k, kw, d), L (n, k, d))``: the group's
+    slots and each row's own (its last token's), ``L`` ``None`` where it holds 0 (in the
+    scores of a grandparent's window, :meth:`Slots.group`, and every product with them);
+    ``None`` when the block lies outside the run's parameters. Elementwise products keep
+    the form; :func:`wsum` and :func:`gsum` sum them over parents as small matrix
+    products."""
 
-    def __init__(self, W1, W2, E, slots=None, last=True):
-        self.W1, self.W2, self.E, self.slots, self.last = W1, W2, E, slots, last
+    def __init__(self, W1, W2, E, slots=None):
+        self.W1, self.W2, self.E, self.slots = W1, W2, E, slots
 
     def __mul__(self, o):
         return self._times(o, lambda x, y: _array(x) * _array(y))
@@ -94,9 +95,11 @@ class Rows:
     def _times(self, o, times):
         def pair(x, y):
             return None if x is None else (times(x[0], y[0]), times(x[1], y[1]))
-        return Rows(pair(self.W1, o.W1), pair(self.W2, o.W2),
-                    None if self.E is None else self.E * o.E, self.slots,
-                    self.last and o.last)
+        E = None
+        if self.E is not None:  # the own slots' product is 0 where either holds 0
+            (G, L), (Go, Lo) = self.E, o.E
+            E = (G * Go, None if L is None or Lo is None else L * Lo)
+        return Rows(pair(self.W1, o.W1), pair(self.W2, o.W2), E, self.slots)
 
 
 class _Product:
@@ -121,13 +124,14 @@ def _array(f):
 
 class Slots:
     r"""The ``E`` block of a group's rows by slot: the rows of ``E`` they can be nonzero on,
-    ``K`` slots of ``d`` columns (a row ``(K, d)``), instead of the whole block's
-    ``(V + 1) d`` columns. Slots ``0..k-1`` are the group's, the tokens of a window every row
-    of the group reads (the grandparent's, or in :func:`window_sums` the window's own);
-    with ``last``, slot ``k`` is each row's own (a parent's last token). A token that fills
-    several slots holds its value in the first of them only, 0 in the others in every row
-    (:meth:`group`, :meth:`own`), so that an elementwise product of rows by slot is the
-    product of their whole blocks; :meth:`sum` places a group's sum in the block.
+    slots of ``d`` columns, instead of the whole block's ``(V + 1) d`` columns, held as
+    ``(G, L)`` (:class:`Rows`): slots ``0..k-1`` (``G``) are the group's, the tokens of a
+    window every row of the group reads (the grandparent's, or in :func:`window_sums` the
+    window's own); with ``last``, slot ``k`` (``L``) is each row's own (a parent's last
+    token). A token that fills several slots holds its value in the first of them only, 0
+    in the others in every row (:meth:`group`, :meth:`own`), so that an elementwise product
+    of rows by slot is the product of their whole blocks; :meth:`sum` places a group's sum
+    in the block.
 
     Args:
         lay: the run's :class:`Layout`; ``spec``: the MLP's.
@@ -157,41 +161,40 @@ class Slots:
                                   last[:, :, None]], axis=2)  # (n, m, k): slots 1..k
             self.merge = [(j + 1, m) for j, m in enumerate(np.moveaxis(
                 own == win[:, None, :1], 2, 0)) if m.any()]
-        self.K = k + (last is not None)
 
     def group(self, x):
-        """``x (n, m, k d)``: rows by position of the group's window, by slot."""
-        x = x.reshape(x.shape[:2] + (self.k, self.d))
-        if self.K == self.k:
-            return x
-        out = np.zeros(x.shape[:2] + (self.K, self.d))
-        out[:, :, :self.k] = x
-        return out
+        """``x (n, m, k d)``: rows by position of the group's window, by slot; their own
+        slot holds 0."""
+        return x.reshape(x.shape[:2] + (self.k, self.d)), None
 
     def own(self, x):
         """``x (n, m, k d)``: rows by position of each row's own window (slots ``1..k``),
         by slot (a token of slot 0 moved there)."""
-        out = np.zeros(x.shape[:2] + (self.K, self.d))
-        out[:, :, 1:] = x.reshape(x.shape[:2] + (self.k, self.d))
+        k, d = self.k, self.d
+        x = x.reshape(x.shape[:2] + (k, d))
+        G = np.zeros(x.shape)
+        G[:, :, 1:] = x[:, :, :k - 1]
+        L = x[:, :, k - 1].copy()
         for j, m in self.merge:
-            out[m, 0] += out[m, j]
-            out[m, j] = 0.0
-        return out
+            at = L if j == k else G[:, :, j]
+            G[m, 0] += at[m]
+            at[m] = 0.0
+        return G, L
 
     def sum(self, terms, grouped=True):
         r""":math:`\sum_{(w, x)} \sum_{b \in g} w_b x_b` ``(n, r)`` of weights ``w (n, m)``
-        and rows by slot ``x (n, m, K, d)`` (``terms``: ``(w, x, last)``, ``last`` whether
-        ``x``'s last slot may be nonzero, :class:`Rows`): the ``E`` block's columns inside
-        the run's, for each group; with ``grouped=False`` their sum over the groups
+        and rows by slot ``x = (G (n, m, k, d), L (n, m, d) or None)`` (``terms``:
+        ``(w, x)``, :class:`Rows`): the ``E`` block's columns inside the run's, for each
+        group; with ``grouped=False`` their sum over the groups
         ``(r,)``. The terms are summed by slot and placed in the block once (the slots of a
         row hold distinct rows of the block, or the spare one): per group by index, over the
         groups by a product with the slots' one-hot placement (:meth:`_placement`)."""
         d, k, n = self.d, self.k, self.n
-        g = sum(np.matmul(w[:, None, :], x[:, :, :k].reshape(n, w.shape[1], k * d))
-                for w, x, _ in terms).reshape(n * k, d)  # (n k, d): each group's slots
-        lasts = [(w, x) for w, x, last in terms if last]
+        g = sum(np.matmul(w[:, None, :], G.reshape(n, w.shape[1], k * d))
+                for w, (G, _) in terms).reshape(n * k, d)  # (n k, d): each group's slots
+        lasts = [(w, L) for w, (_, L) in terms if L is not None]
         last = None if self.at_last is None or not lasts else \
-            sum(w[:, :, None] * x[:, :, k] for w, x in lasts).reshape(-1, d)  # (n m, d)
+            sum(w[:, :, None] * L for w, L in lasts).reshape(-1, d)  # (n m, d)
         if not grouped:
             out = self._placement("group") @ g
             if last is not None:
@@ -313,7 +316,7 @@ def _sums(lay, terms, grouped):
     if terms[0][1].E is not None:
         by_slots = {}  # the terms of each Slots (one, as a rule), placed in its block once
         for w, x in terms:
-            by_slots.setdefault(id(x.slots), (x.slots, []))[1].append((w, x.E, x.last))
+            by_slots.setdefault(id(x.slots), (x.slots, []))[1].append((w, x.E))
         out[..., lay.cut["E"][1]] = sum(slots.sum(pairs, grouped)  # (n, r) or (r,)
                                         for slots, pairs in by_slots.values())
     return out
@@ -465,8 +468,7 @@ class LastLevel:
                                a["win"][self.own][:, :, -1].astype(np.int64), self.valid)
             E = self.slots.group(a[f"Ec{i}"][u, tok])
         self._rows = {(1, None): Rows(lay.pair("W1", augment(a["e"][ug]), gc),
-                                      lay.pair("W2", augment(a["hid"][ug]), D), E, self.slots,
-                                      last=False)}  # Slots.group: the last slot holds 0
+                                      lay.pair("W2", augment(a["hid"][ug]), D), E, self.slots)}
         # the first factors of the parents' own windows, with the bias's 1 (augment)
         e, hid = augment(a["e"][self.own]), augment(a["hid"][self.own])
         self._own = [None, (e, hid), (e * e, hid * hid), (e * e * e, hid * hid * hid)]

@@ -213,11 +213,12 @@ _CONTEXT3 = {"model": {"vocab_size": 3, "context": 3, "embed_dim": 2, "hidden": 
 
 
 @pytest.mark.parametrize("name", ["default", "offpolicy_stale", "context3"])
-def test_rows_whose_last_slot_is_marked_zero_hold_zero_there(name, monkeypatch):
-    """Rows.last=False lets the E block's slot sums skip a row's own slot: every row the
-    last level keeps with that mark holds exactly 0 there, and the mark is not vacuous
-    (rows marked otherwise, the moments of the parents' own windows, hold nonzero values).
-    ``context3``: three group slots, and tokens repeated within windows (merged slots)."""
+def test_rows_own_slot_is_held_only_where_it_can_be_nonzero(name, monkeypatch):
+    """The E block's own slot (a parent's last token) is held as 0 (None) in the scores of a
+    grandparent's window and every product with them, so that the slot sums skip it; the
+    rows of the parents' own windows hold it, not vacuously (some hold nonzero values
+    there); and the run equals the dense route. ``context3``: three group slots, and tokens
+    repeated within windows (merged slots)."""
     from fisher_ref import task_from_json
     task = task_from_json(_CONTEXT3) if name == "context3" else load_config(name)
     kept = []
@@ -227,19 +228,22 @@ def test_rows_whose_last_slot_is_marked_zero_hold_zero_there(name, monkeypatch):
         kept.append(self)
         return real(self, terms)
     monkeypatch.setattr(factored.LastLevel, "total", total)
-    exact(task, progress=False)
+    got = exact(task, progress=False)
     assert kept, "no last level was summed from the factors"
-    zero = nonzero = 0
+    held = nonzero = 0
     for L in {id(x): x for x in kept}.values():
         for (l, _), rows in L._rows.items():
             if rows.E is None or rows.slots.at_last is None:
                 continue
-            # a product with a grandparent's score (l >= 1) holds 0 there: marked so
-            assert rows.last == (l == 0), (l, rows.last)
-            own = rows.E[:, :, rows.slots.k]
-            if not rows.last:
-                assert not own.any(), "a row marked 0 in its own slot holds a value there"
-                zero += 1
-            elif own.any():
-                nonzero += 1
-    assert zero and nonzero, (zero, nonzero)
+            own = rows.E[1]
+            # a product with a grandparent's score (l >= 1) holds 0 there: held as None
+            assert (own is None) == (l >= 1), (l, own is None)
+            if own is not None:
+                held += 1
+                nonzero += bool(own.any())
+    assert held and nonzero, (held, nonzero)
+    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as mp:
+        _dense(mp)
+        ref = exact(task, progress=False)
+    _assert_close(got, ref, f"{name}: own slots")
