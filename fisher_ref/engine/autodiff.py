@@ -71,18 +71,24 @@ def _backward(vjp, z, g):
 
 
 def parts_gradient(task, theta, Wu, parts):
-    r""":func:`reward_gradient` of responses given in parts ``[(win, nxt, weights, R), ...]``
-    whose every slot holds a generated token: ``win``, ``nxt`` ``(M, n)`` (``n`` the part's
-    own length), ``weights``, ``R`` ``(M,)``. No slot is dropped, so no mask is formed; the
-    log-probabilities of every part are read from one forward pass and their derivatives
-    summed into one ``bincount`` and one vector-Jacobian product."""
+    r""":func:`reward_gradient` of responses given in parts
+    ``[(win, nxt, wlast, K, weights, R), ...]``, each the children ending with the tokens
+    ``K (k,)`` of ``B`` parents whose every slot holds a generated token: the parents'
+    windows and next tokens ``win``, ``nxt`` ``(B, d)`` (``d`` their length, maybe 0), the
+    window the last token is drawn at ``wlast (B,)`` (a row of ``Wu``), ``weights (B,)``
+    and the rewards ``R (B, k)``. No slot is dropped, so no mask is formed; the
+    log-probabilities of every part are read from one forward pass; a parent's slots take
+    the derivatives of its children summed (one entry per parent and slot), and every
+    part's go into one ``bincount`` and one vector-Jacobian product."""
     V = task.model.vocab_size
     vjp, z, lp = _forward(task, theta, Wu)
     flats, cs = [], []
-    for win, nxt, weights, R in parts:
-        flat = win * V + nxt  # (M, n) into the log-probs
-        c = weights * np.exp(lp[flat].sum(axis=1)) * R  # (M,): the derivative by log P
-        flats.append(flat.ravel())
-        cs.append(np.repeat(c, flat.shape[1]))
+    for win, nxt, wlast, K, weights, R in parts:
+        pre = win * V + nxt  # (B, d) into the log-probs
+        last = wlast[:, None] * V + K[None, :]  # (B, k)
+        logP = lp[pre].sum(axis=1)[:, None] + lp[last]  # (B, k)
+        c = weights[:, None] * np.exp(logP) * R  # (B, k): the derivative by log P
+        flats += [pre.ravel(), last.ravel()]
+        cs += [np.repeat(c.sum(axis=1), pre.shape[1]), c.ravel()]
     return _backward(vjp, z, np.bincount(np.concatenate(flats), np.concatenate(cs),
                                          minlength=lp.size))

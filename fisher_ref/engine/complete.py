@@ -105,9 +105,7 @@ def complete(run, cache, batch, block, arrs, idx):
     weights = [_stream_weights(run, cache, s, block, arrs, done, K, R)
                for s in range(len(run.streams))]
     _parent_sums(run, cache, block, arrs, gen, K, weights)
-    path = np.repeat(block.wpath, k, axis=0)  # (C, T)
-    path[:, d] = np.repeat(block.wid, k)
-    if batch.add(path, resp, d + 1, done.prompt, R):
+    if batch.add(block.wpath[:, :d], block.wid, gen, K, block.prompt, R.reshape(B, k)):
         run.grad_ad += batch.flush()
     run.keep_responses(done, resp, R)
 

@@ -52,21 +52,24 @@ __all__ = ["exact", "topk_center", "Budgets"]
 
 class _AutodiffBatch:
     """Complete responses gathered for one :func:`fisher_ref.engine.autodiff.parts_gradient`
-    call, each given by the run-wide ids of its states' windows (the walk's own)."""
+    call, by parent: the run-wide ids of the windows of a parent's states and of its own,
+    its generated tokens and its children's last tokens (the walk's own)."""
 
     def __init__(self, task, cache, max_rows, enabled=True):
         self.task, self.cache, self.parts, self.rows = task, cache, [], 0
         self.max_rows = max_rows  # Budgets.autodiff_rows
         self.enabled = enabled  # not: a parameter shard but the last
 
-    def add(self, paths, tokens, n, prompt, R):
-        """Queue responses: window ids ``paths (M, T)`` and tokens ``(M, T)`` of which the
-        first ``n`` are generated, prompts ``(M,)``, rewards ``(M,)``. True once about
-        ``max_rows`` state rows wait."""
+    def add(self, paths, wid, gen, K, prompt, R):
+        """Queue the responses of ``B`` parents: the window ids of their states
+        ``paths (B, d)`` and of their own ``wid (B,)``, their generated tokens
+        ``gen (B, d)``, the last tokens ``K (k,)`` of their children, their prompts
+        ``(B,)`` and the children's rewards ``R (B, k)``. True once about ``max_rows``
+        state rows wait."""
         if not self.enabled:
             return False
-        self.parts.append((paths[:, :n], tokens[:, :n], self.task.prompt_weights[prompt], R))
-        self.rows += paths.shape[0] * n
+        self.parts.append((paths, wid, gen, K, self.task.prompt_weights[prompt], R))
+        self.rows += paths.size + R.size
         return self.rows >= self.max_rows
 
     def flush(self):
@@ -75,15 +78,17 @@ class _AutodiffBatch:
             return 0.0
         parts, self.parts, self.rows = self.parts, [], 0
         # run-wide ids are small integers: marked, not sorted; their rows as np.unique's
-        seen = np.zeros(1 + max((int(p.max()) for p, *_ in parts if p.size), default=-1),
-                        dtype=bool)
+        seen = np.zeros(1 + max((int(max(p.max(initial=-1), wid.max(initial=-1)))
+                                 for p, wid, *_ in parts), default=-1), dtype=bool)
         if not seen.size:  # no response queued
             return 0.0
-        for paths, *_ in parts:
+        for paths, wid, *_ in parts:
             seen[paths] = True
+            seen[wid] = True
         ids, row = np.flatnonzero(seen), np.cumsum(seen) - 1  # (U,), row of each id
         return parts_gradient(self.task, self.task.theta, self.cache.windows_of(ids),
-                              [(row[paths], tokens, w, R) for paths, tokens, w, R in parts])
+                              [(row[paths], gen, row[wid], K, w, R)
+                               for paths, wid, gen, K, w, R in parts])
 
 
 def _block_arrays(run, cache, block):

@@ -41,23 +41,32 @@ def test_autodiff_gradient_is_finite_when_eos_is_masked():
 
 
 def test_parts_gradient_equals_the_masked_route_on_ragged_parts():
-    """parts_gradient (the fast engine's: each part's live slots only) against
-    reward_gradient (slots past a response's end dropped by a mask) on the same responses:
-    parts of lengths 1..3, an empty part, and a token whose log-probability is -inf (its
-    responses weigh 0, with no NaN). Equal to rounding: the same sums, the same order."""
+    """parts_gradient (the fast engine's: each part the children of some parents, a
+    parent's slots given once) against reward_gradient (every response written out, slots
+    past its end dropped by a mask) on the same responses: parents of 0..2 tokens, one or
+    several last tokens, an empty part, and a token whose log-probability is -inf (its
+    responses weigh 0, with no NaN). Equal to rounding: the same sums."""
     from fisher_ref.engine.autodiff import parts_gradient, reward_gradient
     task = load_config("default")
     V, rng = task.model.vocab_size, np.random.default_rng(3)
     U = 6
     Wu = rng.integers(0, V, size=(U, task.model.context))
-    parts = [(rng.integers(0, U, size=(M, n)), rng.integers(0, V, size=(M, n)),
-              rng.random(M), rng.normal(size=M)) for M, n in ((5, 1), (0, 2), (7, 3), (4, 2))]
-    T = max(win.shape[1] for win, *_ in parts)
-    pad = lambda x: np.pad(x, ((0, 0), (0, T - x.shape[1])))  # noqa: E731
-    win, nxt = (np.concatenate([pad(p[i]) for p in parts]) for i in (0, 1))
-    live = np.concatenate([np.broadcast_to(np.arange(T) < p[0].shape[1], (len(p[2]), T))
-                           for p in parts])
-    w, R = (np.concatenate([p[i] for p in parts]) for i in (2, 3))
+    parts = [(rng.integers(0, U, size=(B, d)), rng.integers(0, V, size=(B, d)),
+              rng.integers(0, U, size=B), rng.choice(V, size=k, replace=False),
+              rng.random(B), rng.normal(size=(B, k)))
+             for B, d, k in ((5, 0, 1), (0, 2, 3), (7, 2, V), (4, 1, 2))]
+    T = 1 + max(p[0].shape[1] for p in parts)
+    win, nxt, live, w, R = [], [], [], [], []
+    for pw, pn, wl, K, wt, r in parts:  # every response written out, padded to T slots
+        B, d, k = len(wl), pw.shape[1], len(K)
+        rep = lambda x: np.repeat(x, k, axis=0)  # noqa: E731
+        pad = np.zeros((B * k, T - d - 1), dtype=int)
+        win.append(np.concatenate([rep(pw), rep(wl)[:, None], pad], axis=1))
+        nxt.append(np.concatenate([rep(pn), np.tile(K, B)[:, None], pad], axis=1))
+        live.append(np.broadcast_to(np.arange(T) <= d, (B * k, T)))
+        w.append(rep(wt))
+        R.append(r.ravel())
+    win, nxt, live, w, R = map(np.concatenate, (win, nxt, live, w, R))
     want = reward_gradient(task, task.theta, Wu, win, nxt, live, w, R)
     got = parts_gradient(task, task.theta, Wu, parts)
     assert np.allclose(got, want, rtol=1e-12, atol=1e-15 * np.abs(want).max())
