@@ -98,7 +98,8 @@ class CountReward(Reward):
 
     def batch(self, tokens, lengths, prompts, prompt_ids):
         live = np.arange(tokens.shape[1])[None, :] < lengths[:, None]  # (M, T)
-        return ((tokens == self.token) & live).sum(axis=1).astype(float)  # (M,)
+        # a product with ones, not a sum over the short last axis (several times faster)
+        return ((tokens == self.token) & live).astype(float) @ np.ones(tokens.shape[1])  # (M,)
 
     def check_vocabulary(self, vocab_size, eos):
         self._check_ids([self.token], vocab_size)
