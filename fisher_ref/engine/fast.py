@@ -91,6 +91,42 @@ class _AutodiffBatch:
                                for paths, wid, gen, K, w, R in parts])
 
 
+#: At most this many windows of a block's descendants are computed with its own.
+_AHEAD = 4096
+
+
+def _windows_ahead(run, cache, block, W):
+    """The run-wide ids of the windows of the states below a block of the MLP, level by
+    level while they number at most :data:`_AHEAD` and fit in half the window cache: every
+    child that does not end a response is a state (:func:`fisher_ref.engine.tree.terminal`:
+    neither EOS nor at ``max_len``), and its window is its parent's shifted by its token.
+    They are computed in one batch with the block's own (a call of the window arrays
+    costs about as much as tens of windows, and the first levels hold a few each), so the
+    later blocks find them cached; ``block.ahead`` counts the levels covered, and its
+    children inherit one less (:func:`_carry`). The ids are the same windows' in every
+    parameter slice; a tree shard (``shard``), whose blocks hold only some children,
+    computes none ahead."""
+    task, none = run.task, np.empty(0, dtype=np.int64)
+    levels = task.max_len - 1 - block.depth  # of states below the block
+    if block.ahead >= levels or run.shard is not None or block.silent or \
+            not cache.factored_last:
+        return none
+    toks = np.arange(1 if task.model.eos else 0, task.model.vocab_size)  # a state's last token
+    room = min(_AHEAD, cache.capacity // 2 - cache.n - W.shape[0] * (block.depth + 1))
+    level, ahead = W, []
+    for _ in range(levels):
+        ids = np.unique(cache.ids(np.concatenate([np.repeat(level[:, 1:], len(toks), axis=0),
+                                                  np.tile(toks, len(level))[:, None]],
+                                                 axis=1)))
+        room -= len(ids)
+        if room < 0:
+            break
+        ahead.append(ids)
+        level = cache.windows_of(ids)
+    block.ahead = len(ahead)
+    return np.concatenate(ahead) if ahead else none
+
+
 def _block_arrays(run, cache, block):
     """A block's per-state arrays, gathered from the per-window cache; hands the cache
     its states' reach for the token-level sums (taken per window when the cache is
@@ -103,8 +139,9 @@ def _block_arrays(run, cache, block):
     B, d = block.size, block.depth
     W = task.model.windows(block.tokens, block.length)  # (B, k)
     block.wid = cache.ids(W)  # (B,) run-wide window ids
-    both = cache.rows(np.concatenate([block.wid, block.wpath[:, :d].ravel()]))
-    rows, block.path_rows = both[:B], both[B:].reshape(B, d)  # cache rows of states, ancestors
+    both = cache.rows(np.concatenate([block.wid, block.wpath[:, :d].ravel(),
+                                      _windows_ahead(run, cache, block, W)]))
+    rows, block.path_rows = both[:B], both[B:B + B * d].reshape(B, d)  # states', ancestors'
     a = cache.arrays
     p, q = a["p"][rows], a["q"][rows]  # (B, V)
     if task.sampler is not None:
@@ -145,15 +182,16 @@ def _carry(run, block, par, tok, arrs):
     path = block.wpath[par]  # (C, T)
     path[:, block.depth] = block.wid[par]
     if block.depth + 2 == run.task.max_len:
-        return {"wpath": path, "src": par, "parents": (block.H, arrs.G, block.last)}
+        return {"wpath": path, "src": par, "parents": (block.H, arrs.G, block.last),
+                "ahead": max(block.ahead - 1, 0)}
     xi = last_scores(arrs, par, tok)
     xi = xi[0][None] if len(xi) == 1 else np.stack(xi)  # (S, C, P)
     H = np.take(block.H, par, axis=1, mode="clip")  # (S, C, P): par holds valid rows
     H += xi
     if run.quantities == "fisher":  # neither path sums nor cross terms
-        return {"H": H, "wpath": path}
+        return {"H": H, "wpath": path, "ahead": max(block.ahead - 1, 0)}
     return {"H": H, "G": np.take(arrs.G, par, axis=1, mode="clip"),
-            "last": xi.transpose(1, 0, 2), "wpath": path}
+            "last": xi.transpose(1, 0, 2), "wpath": path, "ahead": max(block.ahead - 1, 0)}
 
 
 def _accumulated(run):

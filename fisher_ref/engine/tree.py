@@ -47,6 +47,8 @@ class Block:
         shard_key: ``(B,)`` the states' keys in a shard plan
             (:meth:`fisher_ref.engine.shards.ShardPlan.child_keys`); silent: the block lies
             above a shard's units, walked but added by another shard.
+        ahead: levels below the block whose windows the fast engine has computed already
+            (:func:`fisher_ref.engine.fast._windows_ahead`).
     """
 
     prompt: np.ndarray
@@ -66,6 +68,7 @@ class Block:
     parents: tuple = None
     shard_key: np.ndarray = None
     silent: bool = False
+    ahead: int = 0
 
     @property
     def size(self):
