@@ -18,8 +18,8 @@ import numpy as np
 
 from fisher_ref.engine.factored import last_level_all, last_level_fisher, row_width
 from fisher_ref.engine.moments import importance_weighted
-from fisher_ref.engine.parent_sums import (fisher_sums, level_sums, parent_powers, prefix_starts,
-                                           segment_sum, window_products)
+from fisher_ref.engine.parent_sums import (fisher_sums, level_sums, one_token_sums, parent_powers,
+                                           prefix_starts, segment_sum, window_products)
 from fisher_ref.engine.tree import expand
 
 __all__ = ["complete", "complete_fisher", "last_level"]
@@ -154,6 +154,10 @@ def _parent_sums(run, cache, block, arrs, gen, K, weights):
                 mom.add_sums(**sums)
                 continue
             H, G, hist_at = _sub_arrays(block, arrs, s, sl, gen)
+            if len(K) == 1 and not full:  # one response per parent: its h formed whole
+                mom.add_sums(**one_token_sums(H, G, hist_at, w, Rc, rho_w, xi[rows, K[0]],
+                                              starts))
+                continue
             x = None if full else xi[rows[:, None], K[None, :]]  # (b, k, P): read twice
             X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w, 2 if full else 4, x)
             if full:  # sums without H and products with per-window arrays: later

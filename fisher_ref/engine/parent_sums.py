@@ -44,7 +44,7 @@ import numpy as np
 from scipy import sparse
 
 __all__ = ["parent_powers", "window_products", "prefix_starts", "segment_sum", "history_cross",
-           "coarse_cross", "level_sums", "fisher_sums", "held_products"]
+           "coarse_cross", "level_sums", "one_token_sums", "fisher_sums", "held_products"]
 
 
 def parent_powers(a, s, xi, rows, K, r, w, n=4, x=None):
@@ -274,6 +274,43 @@ def level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z=None, pure=None):
         S1, S2, S4 = pure
         out["h"], out["h2"], out["h4"] = out["h"] + S1, out["h2"] + S2, out["h4"] + S4
         c[-1, -1], c4[-1, -1] = S2, S4
+    out["cross"], out["cross4"] = c, c4
+    return out
+
+
+def one_token_sums(H, G, hist_at, w, Rc, rho_w, x, starts):
+    r""":func:`level_sums` where each parent has one complete response (one terminal token,
+    EOS before the last level): its score sum :math:`h = H + \xi` formed whole, and every
+    power of it summed with the weights (one product of a few weights with ``h`` or
+    :math:`h^2`), not expanded by the binomial theorem, which pays only where several
+    responses share :math:`H`. The same finite sums (rounded once per response, not per
+    term of the expansion); as in :func:`level_sums`, the terms :math:`\sum c\,\xi^n` of
+    the reward and importance weights are not here (accumulated per window and token).
+
+    Args:
+        H, G, hist_at, w, Rc, rho_w, starts: as :func:`level_sums` (``w``, ``Rc`` and
+            ``rho_w`` ``(B, 1)``).
+        x: ``(B, P)`` the score of each parent's terminal token.
+    """
+    W, Rc = w[:, 0], Rc[:, 0]
+    WR = W * Rc
+    h = H + x  # (B, P)
+    h2 = h * h
+    out = {"mass": W.sum(), "R": WR.sum(), "h": W @ h, "h2": W @ h2,
+           "h4": np.einsum("b,bp,bp->p", W, h2, h2)}
+    # the reward and importance weights' terms without H are accumulated per (window,
+    # token) (as level_sums): here h - xi = H and h^2 - xi^2 = H (h + xi)
+    out["Rh2"], out["R2h2"] = np.stack([WR, WR * Rc]) @ (H * (h + x))
+    if rho_w is None:
+        out["Rh"] = WR @ H
+    else:
+        out["Rh"], out["is_h"], out["is_Rh"] = np.stack([WR, rho_w[:, 0], rho_w[:, 0] * Rc]) @ H
+    if G is not None:
+        out["g"], out["g2"] = W @ G, np.einsum("b,bp,bp->p", W, G, G)
+    x2 = x * x
+    X1, X2 = W[:, None] * x, W[:, None] * x2
+    c, c4 = history_cross(hist_at, W, X1, X2, starts)
+    c[-1, -1], c4[-1, -1] = X2.sum(axis=0), np.einsum("bp,bp->p", X2, x2)
     out["cross"], out["cross4"] = c, c4
     return out
 
