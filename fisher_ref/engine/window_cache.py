@@ -469,8 +469,10 @@ class WindowCache:
             return
         if self.factored:
             V = self.task.model.vocab_size
-            step = max(1, 4 * _CHUNK_ELEMENTS // (V * row_width(self.task.model.spec,
-                                                                 self.columns)))
+            # windows whose (window, token) rows hold about _J_ELEMENTS / 4 elements
+            # (row_width counts sixteen rows' worth): one batch for a small run
+            step = max(1, 4 * _J_ELEMENTS // (V * row_width(self.task.model.spec,
+                                                             self.columns)))
             for lo in range(0, self.n, step):
                 hi = min(lo + step, self.n)
                 for name, v in zip(self.names[s],

@@ -247,3 +247,25 @@ def test_rows_own_slot_is_held_only_where_it_can_be_nonzero(name, monkeypatch):
         _dense(mp)
         ref = exact(task, progress=False)
     _assert_close(got, ref, f"{name}: own slots")
+
+
+def test_window_sums_in_several_batches_equal_one(monkeypatch):
+    """The window cache contracts the per-(window, token) weights a batch of windows at a
+    time (their rows bounded by _J_ELEMENTS); batches of a few windows each add up to the
+    one batch a small run takes."""
+    from fisher_ref.engine import window_cache
+    task = load_config("offpolicy_stale")
+    kw = {"progress": False, "topk": (1, 2)}
+    calls = []
+    real = factored.window_sums
+
+    def counted(cache, s, acc, powers, lo, hi):
+        calls.append(hi - lo)
+        return real(cache, s, acc, powers, lo, hi)
+    monkeypatch.setattr(window_cache, "window_sums", counted)
+    one = exact(task, **kw)
+    n_one = len(calls)
+    monkeypatch.setattr(window_cache, "_J_ELEMENTS", 1)
+    several = exact(task, **kw)
+    assert len(calls) - n_one > n_one and max(calls[n_one:]) == 1, calls
+    _assert_close(several, one, "window sums a window at a time")
