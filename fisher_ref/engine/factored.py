@@ -154,7 +154,7 @@ class Slots:
             taken = (last[:, :, None] == win[:, None, :]).any(axis=2) | ~valid  # (n, m)
             self.at_last = np.where(taken, self.spare, at + last).ravel()  # (n m,)
             placed = self.at_last[self.at_last != self.spare]
-            if len(np.unique(placed)) != len(placed):
+            if len(placed) and np.bincount(placed).max() > 1:
                 raise RuntimeError("two parents of one grandparent end in the same token")
             # the slots of a row's own window (1..k) whose token is the group's slot 0's
             own = np.concatenate([np.broadcast_to(win[:, None, 1:], last.shape + (k - 1,)),
@@ -436,7 +436,7 @@ class LastLevel:
     group and come out of the group's sums (:func:`_sums`). Weights by name
     (:meth:`weight`). The sums of one term over the parents, per group (:meth:`gsum`) or in
     all (:meth:`wsum`), are kept: a term several quantities share is summed once.
-    :meth:`hsum` and :meth:`total` expand the sums over the parents' running sums
+    :meth:`hsum` and :meth:`totals` expand the sums over the parents' running sums
     :math:`H_b = H_g + \xi_b`, with the grandparents' ``Hg (n, P)``."""
 
     def __init__(self, cache, block, arrs, s, sl, gen):
@@ -562,28 +562,36 @@ class LastLevel:
         r"""The terms of :math:`\mathrm{coef} \sum_b c_b\,H_b^n \odot Y_b` (``c`` a name of
         :meth:`weight`, ``Y`` one of :meth:`rows` or none) by the binomial theorem:
         :math:`\sum_l \binom{n}{l} \sum_g H_g^{n-l} \odot \sum_{b \in g} c_b\,\xi_b^l Y_b`,
-        as ``[(n - l, coef, c, l, Y)]``; :meth:`total` adds them."""
+        as ``[(n - l, coef, c, l, Y)]``; :meth:`totals` adds them."""
         return [(n - l, coef * math.comb(n, l), c, l, Y) for l in range(n + 1)]
 
-    def total(self, terms):
-        """The sum of :meth:`hsum`'s terms ``(P,)``: per power ``k`` of ``H_g``, each of the
-        groups' sums of its terms (:meth:`parts`: those kept, and one fused sum of the
-        others) contracted with ``H_g^k`` (no ``(n, P)`` array is written to add them up
-        first); the terms without ``H_g``, the sums over every parent, added up
-        (:meth:`combined`)."""
-        total = 0.0
-        for k in sorted({t[0] for t in terms}, reverse=True):
-            at = [(coef, (c, l, Y)) for kk, coef, c, l, Y in terms if kk == k and (l or Y)]
-            pure = [coef * self._w[c].sum(axis=1) for kk, coef, c, l, Y in terms
-                    if kk == k and not (l or Y)]  # (n,) each
-            if k == 0:
-                total = total + self.combined(at, grouped=False) + sum(p.sum() for p in pure)
-                continue
-            for coef, s in self.parts(at):  # each contracted: no (n, P) sum of them
-                total = total + coef * np.einsum("gp,gp->p", self.Hg(k), s)
-            if pure:
-                total = total + sum(pure) @ self.Hg(k)
-        return total
+    def totals(self, sums):
+        """The sums ``{name: (P,)}`` of :meth:`hsum`'s terms ``{name: terms}``: per power
+        ``k`` of ``H_g``, each of the groups' sums of a name's terms (:meth:`parts`: those
+        kept, and one fused sum of the others) contracted with ``H_g^k`` (no ``(n, P)``
+        array is written to add them up first), and the terms without a row (the weights
+        alone) of every name in one product with ``H_g^k``; the terms without ``H_g``, the
+        sums over every parent, added up (:meth:`combined`)."""
+        out = {name: 0.0 for name in sums}
+        for k in sorted({t[0] for terms in sums.values() for t in terms}, reverse=True):
+            pure = []  # (name, (n,) weights): the terms c H_g^k without a row
+            for name, terms in sums.items():
+                at = [(coef, (c, l, Y)) for kk, coef, c, l, Y in terms
+                      if kk == k and (l or Y)]
+                w = [coef * self._w[c].sum(axis=1) for kk, coef, c, l, Y in terms
+                     if kk == k and not (l or Y)]  # (n,) each
+                if k == 0:
+                    out[name] = out[name] + self.combined(at, grouped=False) + \
+                        sum(x.sum() for x in w)
+                    continue
+                for coef, g in self.parts(at):  # each contracted: no (n, P) sum of them
+                    out[name] = out[name] + coef * np.einsum("gp,gp->p", self.Hg(k), g)
+                if w:
+                    pure.append((name, sum(w)))
+            if pure:  # one product for every name's
+                for (name, _), v in zip(pure, np.stack([x for _, x in pure]) @ self.Hg(k)):
+                    out[name] = out[name] + v
+        return out
 
     def parts(self, terms, grouped=True):
         r"""The sums of the terms ``[(coef, (c, l, Y)), ...]`` (:math:`\mathrm{coef}
@@ -631,8 +639,8 @@ def last_level_fisher(cache, block, arrs, s, sl, gen, W, r):
     L = LastLevel(cache, block, arrs, s, sl, gen)
     L.weight("W", W)
     L.weight("r", r)
-    return {"mass": W.sum(), "h2": L.total(L.hsum("W", 2) + L.hsum("r", 1, "y1", 2.0)),
-            "h": L.total(L.hsum("W", 1))}
+    return dict(L.totals({"h2": L.hsum("W", 2) + L.hsum("r", 1, "y1", 2.0),
+                          "h": L.hsum("W", 1)}), mass=W.sum())
 
 
 def last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w, C, r, starts):
@@ -673,12 +681,11 @@ def last_level_all(cache, block, arrs, s, sl, gen, w, Rc, rho_w, C, r, starts):
             ("Rh2", L.hsum("WR", 2) + L.hsum("one", 1, "Z0", 2.0)),
             ("R2h2", L.hsum("WR2", 2) + L.hsum("one", 1, "Z1", 2.0)),
             ("h", L.hsum("W", 1)), ("Rh", L.hsum("WR", 1))]
-    for name, terms in sums:
-        out[name] = L.total(terms)
+    out.update(L.totals(dict(sums)))
     if rho_w is not None:
         L.weight("rho", rho_w.sum(axis=1))
         L.weight("rhoR", (rho_w * Rc).sum(axis=1))
-        out["is_h"], out["is_Rh"] = L.total(L.hsum("rho", 1)), L.total(L.hsum("rhoR", 1))
+        out.update(L.totals({"is_h": L.hsum("rho", 1), "is_Rh": L.hsum("rhoR", 1)}))
     # cross terms: the parents' last slot d - 1 and the response's slot d here, the earlier
     # slots from the groups' sums (coarse_cross)
     d, P = len(starts), len(out["h"])

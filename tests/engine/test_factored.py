@@ -222,12 +222,12 @@ def test_rows_own_slot_is_held_only_where_it_can_be_nonzero(name, monkeypatch):
     from fisher_ref import task_from_json
     task = task_from_json(_CONTEXT3) if name == "context3" else load_config(name)
     kept = []
-    real = factored.LastLevel.total
+    real = factored.LastLevel.totals
 
-    def total(self, terms):
+    def totals(self, sums):
         kept.append(self)
-        return real(self, terms)
-    monkeypatch.setattr(factored.LastLevel, "total", total)
+        return real(self, sums)
+    monkeypatch.setattr(factored.LastLevel, "totals", totals)
     got = exact(task, progress=False)
     assert kept, "no last level was summed from the factors"
     held = nonzero = 0
