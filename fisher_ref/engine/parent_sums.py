@@ -294,25 +294,42 @@ def one_token_sums(H, G, hist_at, w, Rc, rho_w, x, starts):
     """
     W, Rc = w[:, 0], Rc[:, 0]
     WR = W * Rc
-    h = H + x  # (B, P)
+    h, x2 = H + x, x * x  # (B, P)
     h2 = h * h
     out = {"mass": W.sum(), "R": WR.sum(), "h": W @ h, "h2": W @ h2,
            "h4": np.einsum("b,bp,bp->p", W, h2, h2)}
     # the reward and importance weights' terms without H are accumulated per (window,
-    # token) (as level_sums): here h - xi = H and h^2 - xi^2 = H (h + xi)
-    out["Rh2"], out["R2h2"] = np.stack([WR, WR * Rc]) @ (H * (h + x))
+    # token) (as level_sums): here h - xi = H and h^2 - xi^2
+    out["Rh2"], out["R2h2"] = np.stack([WR, WR * Rc]) @ (h2 - x2)
     if rho_w is None:
         out["Rh"] = WR @ H
     else:
         out["Rh"], out["is_h"], out["is_Rh"] = np.stack([WR, rho_w[:, 0], rho_w[:, 0] * Rc]) @ H
     if G is not None:
         out["g"], out["g2"] = W @ G, np.einsum("b,bp,bp->p", W, G, G)
-    x2 = x * x
-    X1, X2 = W[:, None] * x, W[:, None] * x2
-    c, c4 = history_cross(hist_at, W, X1, X2, starts)
-    c[-1, -1], c4[-1, -1] = X2.sum(axis=0), np.einsum("bp,bp->p", X2, x2)
-    out["cross"], out["cross4"] = c, c4
+    out["cross"], out["cross4"] = _one_token_cross(hist_at, W, x, x2, starts)
     return out
+
+
+def _one_token_cross(hist_at, W, x, x2, starts):
+    r""":func:`history_cross` of one response per parent, its last score ``x (B, P)``
+    (``x2`` its square): :math:`X_1 = W x`, :math:`X_2 = W x^2` taken inside the sums,
+    not written; and slot ``[d, d]`` (:math:`\sum W x^2`, :math:`\sum W x^4`)."""
+    d, P = len(starts), x.shape[1]
+    c, c4 = np.zeros((d + 1, d + 1, P)), np.zeros((d + 1, d + 1, P))
+    c[d, d], c4[d, d] = W @ x2, np.einsum("b,bp,bp->p", W, x2, x2)
+    if d == 0:
+        return c, c4
+    h = hist_at(d - 1, starts[d - 1])  # (B, P): the parents are distinct states
+    h2 = h * h
+    c[d - 1, d - 1], c4[d - 1, d - 1] = W @ h2, np.einsum("b,bp,bp->p", W, h2, h2)
+    c[d - 1, d] = np.einsum("b,bp,bp->p", W, h, x)
+    c4[d - 1, d] = np.einsum("b,bp,bp->p", W, h2, x2)
+    cols = None
+    if d > 1:  # coarser runs: the sums over each run, slots t = d, d-1
+        pos = np.searchsorted(starts[d - 1], starts[d - 2])
+        cols = [segment_sum(v, pos, W) for v in (x, x2, h, h2)]
+    return coarse_cross(c, c4, cols, hist_at, W, starts)
 
 
 def fisher_sums(H, W, X1, X2=None):

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from cases import RTOL, rel
-from fisher_ref.engine.parent_sums import (history_cross, level_sums, prefix_starts, segment_sum,
-                                window_products)
+from fisher_ref.engine.parent_sums import (history_cross, level_sums, one_token_sums, prefix_starts,
+                                segment_sum, window_products)
 
 
 @st.composite
@@ -94,6 +94,35 @@ def test_level_sums_equal_sums_over_responses(b):
     assert set(got) == set(want)
     for key in want:
         assert rel(got[key], want[key], max(np.abs(want[key]).max(), 1.0)) <= RTOL, (key, d)
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=150)
+@given(parent_blocks())
+def test_one_token_sums_equal_sums_over_responses(b):
+    """One complete response per parent (its first token's): h formed whole, every sum
+    against the brute force response by response, with the reward and importance terms
+    without H added as the window cache adds them."""
+    b = dict(b, xi=b["xi"][:, :1], w=b["w"][:, :1], R=b["R"][:, :1], rho=b["rho"][:, :1])
+    w, xi, R = b["w"], b["xi"], b["R"]
+    starts = prefix_starts(b["prompt"], b["gen"])
+    rho_w = b["rho"] * w if b["rho"].any() else None
+
+    def hist_at(t, at):
+        return b["hist"][at, t]
+
+    got = one_token_sums(b["H"], b["G"], hist_at, w, R, rho_w, xi[:, 0], starts)
+    got["Rh"] = got["Rh"] + np.einsum("bk,bkp->p", w * R, xi)
+    got["Rh2"] = got["Rh2"] + np.einsum("bk,bkp->p", w * R, xi ** 2)
+    got["R2h2"] = got["R2h2"] + np.einsum("bk,bkp->p", w * R * R, xi ** 2)
+    if rho_w is None:
+        got["is_h"], got["is_Rh"] = np.zeros_like(got["h"]), np.zeros_like(got["h"])
+    else:
+        got["is_h"] = got["is_h"] + np.einsum("bk,bkp->p", rho_w, xi)
+        got["is_Rh"] = got["is_Rh"] + np.einsum("bk,bkp->p", rho_w * R, xi)
+    want = brute(b)
+    assert set(got) == set(want)
+    for key in want:
+        assert rel(got[key], want[key], max(np.abs(want[key]).max(), 1.0)) <= RTOL, key
 
 
 @settings(derandomize=True, database=None, deadline=None, max_examples=150)
