@@ -442,22 +442,29 @@ class WindowCache:
             if f"y{s}_1" not in self.arrays:  # nothing cached yet
                 continue
             self._contract(s)
-            A, a = self.acc[("r", s)][:self.n], self.arrays  # (n, T)
-            tot, out = A.sum(axis=1), self.sums[s]  # (n,)
-            for name, l in (("h", 1), ("h2", 2), ("h4", 4)):
-                if f"y{s}_{l}" in a:  # not with moments=2
-                    out[name] += tot @ a[f"y{s}_{l}"][:self.n]
-            out["cross"] += A.T @ a[f"y{s}_2"][:self.n]  # (T, P)
-            if f"y{s}_4" in a:
-                out["cross4"] += A.T @ a[f"y{s}_4"][:self.n]
+            A, a, n = self.acc[("r", s)][:self.n], self.arrays, self.n  # (n, T)
+            St = self.acc[("st", s)][:n]  # (n, T) the states' reach per window and depth
+            tot, out, T = A.sum(axis=1), self.sums[s], A.shape[1]  # (n,)
+            out["h"] += tot @ a[f"y{s}_1"][:n]
+            # every weight of one moment in one product: each (n, P) array read once
+            y2 = np.concatenate([tot[None], A.T, St.T]) @ a[f"y{s}_2"][:n]  # (1 + 2T, P)
+            out["h2"] += y2[0]
+            out["cross"] += y2[1:T + 1]  # (T, P)
+            out["token_sum_by_depth"] += y2[T + 1:]  # (T, P)
+            if f"y{s}_4" in a:  # not with moments=2
+                y4 = np.concatenate([tot[None], A.T]) @ a[f"y{s}_4"][:n]  # (1 + T, P)
+                out["h4"] += y4[0]
+                out["cross4"] += y4[1:]
             A[:] = 0.0
-            A = self.acc[("st", s)][:self.n]  # (n, T) the states' reach per window and depth
-            out["token_sum_by_depth"] += A.T @ a[f"y{s}_2"][:self.n]  # (T, P)
-            live = np.flatnonzero(A.sum(axis=1) > 0)  # reach >= 0: some state reachable
-            if len(live):
-                np.maximum(out["cond_max"], np.abs(a[f"y{s}_1"][live]).max(axis=0),
+            live = St.sum(axis=1) > 0  # reach >= 0: some state reachable
+            if live.all():  # the largest |E[xi | s]| as the largest and -smallest: no copy
+                y1 = a[f"y{s}_1"][:n]
+                np.maximum(out["cond_max"], np.maximum(y1.max(axis=0), -y1.min(axis=0)),
                            out=out["cond_max"])
-            A[:] = 0.0
+            elif live.any():
+                np.maximum(out["cond_max"], np.abs(a[f"y{s}_1"][:n][live]).max(axis=0),
+                           out=out["cond_max"])
+            St[:] = 0.0
         self.row_of[:self.n_ids] = -1
         self.n = 0
 
