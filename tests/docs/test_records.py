@@ -140,9 +140,11 @@ def test_the_speed_page_quotes_the_shipped_peer_and_split_records():
     assert f"differ by up to {math.ceil(spread * 10) / 10}x" in page
     worst = max((c for c in cells if c[0] in default),
                 key=lambda c: max(runs(*c)) / min(runs(*c)))
-    assert worst == ("default_sub4194304", "v16")  # the cell the page names
-    assert f"(V=16 at 2\\*\\*22: {pair(*worst)})" in page
-    assert max(runs("kept_auto", "v16")) < 1 < min(runs("kept_auto", "medium"))  # as it says
+    label = {"default_auto": "with the engine's own budget", "default_sub4194304": "at 2\\*\\*22"}
+    names = {"medium": "medium", "v16": "V=16"}
+    assert f"({names[worst[1]]} {label[worst[0]]}: {pair(*worst)})" in page  # the cell named
+    # ahead of the peer on both tasks with memory kept, by less on medium (as it says)
+    assert max(runs("kept_auto", "v16")) < min(runs("kept_auto", "medium")) < 1
     assert (f"put the default run at {pair('kept_auto', 'medium')} of the peer on medium and "
             f"{pair('kept_auto', 'v16')} on V=16 with memory kept") in page
     assert f"agree to {math.ceil(agree * 100) / 100:.2f}" in page
@@ -164,6 +166,7 @@ def test_the_speed_page_quotes_the_shipped_peer_and_split_records():
             fits[cells[0], cells[1]] = cells[2:]
     b = {k: f"{float(v[1]):.1f}" for k, v in fits.items()}
     a = {k: v[0] for k, v in fits.items()}
+    assert float(b['medium', 'exact']) < float(b['medium', 'peer'])  # "costs less", as it says
     assert (f"on medium ({b['medium', 'exact']} against {b['medium', 'peer']} µs), and less on "
             f"V=16 ({b['v16', 'exact']} against {b['v16', 'peer']} µs)") in page
     assert (f"{a['medium', 'exact']} against {a['medium', 'peer']} ms on medium, "
