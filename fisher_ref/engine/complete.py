@@ -19,7 +19,7 @@ import numpy as np
 from fisher_ref.engine.factored import last_level_all, last_level_fisher, row_width
 from fisher_ref.engine.moments import importance_weighted
 from fisher_ref.engine.parent_sums import (fisher_sums, level_sums, one_token_sums, parent_powers,
-                                           prefix_starts, segment_sum, window_products)
+                                           prefix_starts, segment_sum)
 from fisher_ref.engine.tree import expand
 
 __all__ = ["complete", "complete_fisher", "last_level"]
@@ -129,9 +129,11 @@ def _stream_weights(run, cache, s, block, arrs, done, K, R):
 
 
 def _parent_sums(run, cache, block, arrs, gen, K, weights):
-    """Every sum of :func:`fisher_ref.engine.parent_sums.level_sums`, parents in sub-blocks (bounded
-    temporaries); with every token terminal, the reward-weighted products per window
-    later."""
+    """Every sum of :func:`fisher_ref.engine.parent_sums.level_sums`, parents in sub-blocks
+    (bounded temporaries): at the last level from the factors (the MLP,
+    :func:`fisher_ref.engine.factored.last_level_all`) or from the parents' rows, with the
+    reward-weighted products per window later; before it, where EOS alone ends a response,
+    one response per parent (:func:`fisher_ref.engine.parent_sums.one_token_sums`)."""
     B, full = block.size, len(K) == run.task.model.vocab_size
     factored = block.src is not None and cache.factored_last
     width = row_width(run.task.model.spec, cache.columns) if factored else run.P
@@ -154,19 +156,18 @@ def _parent_sums(run, cache, block, arrs, gen, K, weights):
                 mom.add_sums(**sums)
                 continue
             H, G, hist_at = _sub_arrays(block, arrs, s, sl, gen)
-            if len(K) == 1 and not full:  # one response per parent: its h formed whole
+            if not full:  # before the last depth only EOS ends a response: one per parent,
+                if len(K) != 1:  # its h formed whole (terminal())
+                    raise RuntimeError(f"{len(K)} terminal tokens under a parent at depth "
+                                       f"{block.depth}: only EOS ends a response there")
                 mom.add_sums(**one_token_sums(H, G, hist_at, w, Rc, rho_w, xi[rows, K[0]],
                                               starts))
                 continue
-            x = None if full else xi[rows[:, None], K[None, :]]  # (b, k, P): read twice
-            X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w, 2 if full else 4, x)
-            if full:  # sums without H and products with per-window arrays: later
-                Z = pure = None
-                cache.defer(s, rows, C, H, ("Rh2", "R2h2"), r[sl])
-            else:
-                Z = window_products(C, xi, rows, K, x)
-                pure, X = [y.sum(axis=0) for y in X[:2] + X[3:]], X[:3]
-            mom.add_sums(**level_sums(H, G, hist_at, w, Rc, rho_w, X, starts, Z, pure))
+            # every token ends a response (max_len 1): the sums without H and the products
+            # with per-window arrays later, per window
+            X = parent_powers(cache.arrays, s, xi, rows, K, r[sl], w, 2)
+            cache.defer(s, rows, C, H, ("Rh2", "R2h2"), r[sl])
+            mom.add_sums(**level_sums(H, G, hist_at, w, Rc, rho_w, X, starts))
 
 
 def complete_fisher(run, cache, block, arrs, idx):

@@ -103,9 +103,11 @@ def _windows_ahead(run, cache, block, W):
     They are computed in one batch with the block's own (a call of the window arrays
     costs about as much as tens of windows, and the first levels hold a few each), so the
     later blocks find them cached; ``block.ahead`` counts the levels covered, and its
-    children inherit one less (:func:`_carry`). The ids are the same windows' in every
-    parameter slice; a tree shard (``shard``), whose blocks hold only some children,
-    computes none ahead."""
+    children inherit one less (:func:`_carry`). A tree shard (``shard``), whose blocks hold
+    only some children, computes none ahead. (The order in which ids are given depends on
+    the cache's capacity, so parameter slices of one run may number the windows
+    differently: their tables are matched by window,
+    :func:`fisher_ref.engine.param_shards.merge_params`.)"""
     task, none = run.task, np.empty(0, dtype=np.int64)
     levels = task.max_len - 1 - block.depth  # of states below the block
     if block.ahead >= levels or run.shard is not None or block.silent or \
@@ -113,6 +115,8 @@ def _windows_ahead(run, cache, block, W):
         return none
     toks = np.arange(1 if task.model.eos else 0, task.model.vocab_size)  # a state's last token
     room = min(_AHEAD, cache.capacity // 2 - cache.n - W.shape[0] * (block.depth + 1))
+    if room <= 0:
+        return none
     level, ahead = W, []
     for _ in range(levels):
         ids = np.unique(cache.ids(np.concatenate([np.repeat(level[:, 1:], len(toks), axis=0),
@@ -354,8 +358,9 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
             result.window_tables = cache.kept_tables()
         return result
     tables = cache.kept_tables() if run.keep_states else None
-    if param_shard is not None:
-        return param_shard_result(run, result, (i, n_shards), tables, keep)
+    if param_shard is not None:  # its tables' windows, by id: merged by content
+        windows = cache.windows_of(np.arange(cache.n_ids)) if tables is not None else None
+        return param_shard_result(run, result, (i, n_shards), tables, keep, windows)
     if run.keep_states:
         states = dict(result.states)
         result.states = GatheredStates(states, tables, states.pop("window"))

@@ -34,13 +34,14 @@ def param_columns(P, n, cuts=()):
     return [slice(bounds[i], bounds[i + 1]) for i in range(n)]
 
 
-def param_shard_result(run, result, shard, tables, keep):
+def param_shard_result(run, result, shard, tables, keep, windows=None):
     """The :class:`ShardResult` of a parameter shard: ``run`` (a finished
     :class:`fisher_ref.engine.run.Run` over the parameters ``run.columns``) and its
     ``result``; the per-state records and per-response arrays (which do not depend on the
     parameters; the last shard only, which forms the autodiff gradient too) and ``tables``, the
-    per-window arrays of its parameters, when kept; ``keep``: the run's planned
-    ``(keep_states, keep_sequences)``, the same in every shard of it."""
+    per-window arrays of its parameters, when kept, with ``windows``, the window of each
+    of their rows; ``keep``: the run's planned ``(keep_states, keep_sequences)``, the same
+    in every shard of it."""
     key = (task_key(run.task), repr(run.streams), run.quantities, bool(keep[0]), bool(keep[1]),
            "params")
     states = None
@@ -51,7 +52,7 @@ def param_shard_result(run, result, shard, tables, keep):
                        moments={k: dict(vars(m)) for k, m in run.moments.items()},
                        grad_ad=run.grad_ad, states=states,
                        sequences=result.sequences,
-                       window_tables=tables, n_states=run.cost.n_states,
+                       window_tables=tables, windows=windows, n_states=run.cost.n_states,
                        columns=run.columns)
 
 
@@ -92,7 +93,33 @@ def merge_params(task, parts):
                             head.quantities)
     if last.states is not None:
         states = dict(last.states)
-        # each shard's columns side by side, placed when a state array is first read
-        tables = {k: [p.window_tables[k] for p in parts] for k in head.window_tables}
+        # each shard's columns side by side, placed when a state array is first read; the
+        # states read the windows by the last shard's ids: another shard's rows in that order
+        order = [_rows_of(last.windows, p) for p in parts]
+        tables = {k: [p.window_tables[k] if at is None else p.window_tables[k][at]
+                      for p, at in zip(parts, order)] for k in head.window_tables}
         out.states = GatheredStates(states, tables, states.pop("window"))
     return out
+
+
+def _rows_of(windows, part):
+    """The row of each window of ``windows (U, k)`` (the last shard's ids) among the rows
+    of ``part``'s window tables (``part.windows``, matched by content): ``None`` when they
+    are the same windows in the same order (as a rule). Raises :class:`ShardError` when a
+    window has no row there (the shards did not walk the same tree)."""
+    own = part.windows
+    if own is None or windows is None:
+        raise ShardError(f"parameter shard {part.shard} keeps its window tables without their "
+                         "windows: its rows cannot be matched to the others'")
+    if own.shape == windows.shape and np.array_equal(own, windows):
+        return None
+    _, inv = np.unique(np.concatenate([own, windows]), axis=0, return_inverse=True)
+    inv = inv.ravel()
+    row = np.full(inv.max() + 1, -1, dtype=np.int64)
+    row[inv[:len(own)]] = np.arange(len(own))
+    at = row[inv[len(own):]]
+    if (at < 0).any():
+        raise ShardError(f"parameter shard {part.shard} holds no per-window row for "
+                         f"{int((at < 0).sum())} windows of the last shard's states: the "
+                         "shards did not walk the same tree")
+    return at

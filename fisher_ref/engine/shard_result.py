@@ -60,6 +60,9 @@ class ShardResult:
         states, sequences: this shard's per-state / per-response rows (``None`` when
             not kept), each with ``place``, its row in the sorted arrays.
         window_tables: per-window arrays the kept states read through ``states["window"]``.
+        windows: a parameter shard's ``(U, k)`` window of each row of its ``window_tables``
+            (each shard numbers the windows in the order its own walk first meets them,
+            which its block sizes, set by its width, can change).
         n_states: states the shard added.
     """
 
@@ -73,6 +76,7 @@ class ShardResult:
     states: dict = None
     sequences: dict = None
     window_tables: dict = None
+    windows: np.ndarray = None
     n_states: int = 0
     columns: slice = None  # a parameter shard: the parameters it holds (else a subtree cut)
 

@@ -457,7 +457,7 @@ class WindowCache:
                 out["cross4"] += y4[1:]
             A[:] = 0.0
             live = St.sum(axis=1) > 0  # reach >= 0: some state reachable
-            if live.all():  # the largest |E[xi | s]| as the largest and -smallest: no copy
+            if n and live.all():  # the largest |E[xi | s]| as the largest and -smallest
                 y1 = a[f"y{s}_1"][:n]
                 np.maximum(out["cond_max"], np.maximum(y1.max(axis=0), -y1.min(axis=0)),
                            out=out["cond_max"])

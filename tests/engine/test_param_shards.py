@@ -1,5 +1,6 @@
 """Parameter shards (fisher_ref.engine.param_shards): the whole tree for a slice of the
 parameters, placed side by side; what exact(task, workers=N) runs."""
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -169,3 +170,42 @@ def test_only_the_last_parameter_shard_carries_the_records():
         bad[-1] = type(parts[2])(**{**vars(parts[2]), field: None})
         with pytest.raises(ShardError, match="did not run as the last shard"):
             merge(task, bad)
+
+
+@pytest.mark.parametrize("name, chunk, cache_bytes", [("context3", 2, 10_000),
+                                                      ("default", 2, 40_000)])
+def test_shards_numbering_windows_apart_keep_each_states_rows(name, chunk, cache_bytes):
+    """A small window cache and small blocks make each parameter slice (whose width sets
+    its cache's capacity, and so its blocks and the windows it computes ahead) number the
+    windows in its own order: the merged per-state arrays still read each state's own
+    window in every slice's columns, as one run does (tables matched by window)."""
+    from fisher_ref import task_from_json
+    from fisher_ref.engine.plan import Budgets
+    task = load_config("default") if name == "default" else task_from_json(
+        {"model": {"vocab_size": 3, "context": 3, "embed_dim": 2, "hidden": 3, "eos": True,
+                   "init_seed": 4, "init_scale": 1.0},
+         "prompts": [[1, 1], [2]], "max_len": 4, "reward": {"name": "count", "token": 1}})
+    kw = dict(progress=False, chunk=chunk, budgets=Budgets(window_cache_bytes=cache_bytes),
+              keep_states=True, keep_sequences=True)
+    n = 3
+    parts = [exact(task, param_shard=(i, n), **kw) for i in range(n)]
+    orders = {tuple(map(tuple, p.windows)) for p in parts}
+    assert len(orders) > 1, "the slices numbered the windows alike: the case tests nothing"
+    got, want = merge(task, parts), exact(task, **kw)
+    # to rounding, on the scale of the largest per-state array (a state's E[xi | s] is 0
+    # to rounding, far below the token Fisher)
+    scale = max(np.abs(want.states[key]).max() for key in want.states)
+    for key in want.states:
+        assert np.allclose(got.states[key], want.states[key], rtol=1e-12, atol=1e-12 * scale), key
+
+
+def test_a_slice_whose_tables_lack_their_windows_is_refused():
+    """Tables that cannot be matched by window are an error that names the slice, not a
+    silent misreading of the states' rows."""
+    import dataclasses
+    task = load_config("default")
+    kw = dict(progress=False, keep_states=True, keep_sequences=True)
+    parts = [exact(task, param_shard=(i, 2), **kw) for i in range(2)]
+    parts[0] = dataclasses.replace(parts[0], windows=None)
+    with pytest.raises(ShardError, match=r"parameter shard \(0, 2\) keeps its window tables"):
+        merge(task, parts)
