@@ -185,17 +185,18 @@ def _carry(run, block, par, tok, arrs):
     sub-block at a time, so that the arrays of a whole level are never written out."""
     path = block.wpath[par]  # (C, T)
     path[:, block.depth] = block.wid[par]
+    ahead = max(block.ahead - 1, 0)  # levels below the children with windows computed
     if block.depth + 2 == run.task.max_len:
         return {"wpath": path, "src": par, "parents": (block.H, arrs.G, block.last),
-                "ahead": max(block.ahead - 1, 0)}
+                "ahead": ahead}
     xi = last_scores(arrs, par, tok)
     xi = xi[0][None] if len(xi) == 1 else np.stack(xi)  # (S, C, P)
     H = np.take(block.H, par, axis=1, mode="clip")  # (S, C, P): par holds valid rows
     H += xi
     if run.quantities == "fisher":  # neither path sums nor cross terms
-        return {"H": H, "wpath": path, "ahead": max(block.ahead - 1, 0)}
+        return {"H": H, "wpath": path, "ahead": ahead}
     return {"H": H, "G": np.take(arrs.G, par, axis=1, mode="clip"),
-            "last": xi.transpose(1, 0, 2), "wpath": path, "ahead": max(block.ahead - 1, 0)}
+            "last": xi.transpose(1, 0, 2), "wpath": path, "ahead": ahead}
 
 
 def _accumulated(run):

@@ -161,7 +161,7 @@ def segment_sum(x, starts, w=None):
     return np.asarray(S @ x.reshape(n, -1)).reshape((G,) + x.shape[1:])
 
 
-def history_cross(hist_at, W, X1, X2, starts):
+def history_cross(hist_at, W, X1, X2, starts, weights=None):
     r"""Cross terms of the responses ending under ``B`` parents at depth ``d``:
     ``(c, c4)``, each ``(d + 1, d + 1, P)``, slot ``[d, d]`` left 0.
 
@@ -175,7 +175,10 @@ def history_cross(hist_at, W, X1, X2, starts):
     Args:
         hist_at: ``(t, rows) -> (len(rows), P)``, the parents' score :math:`\xi_t`.
         W: ``(B,)`` total weight of each parent's complete responses.
-        X1, X2: ``(B, P)`` :math:`\sum_a w_a \xi_d(a)` and :math:`\sum_a w_a \xi_d(a)^2`.
+        X1, X2: ``(B, P)`` :math:`\sum_a w_a \xi_d(a)` and :math:`\sum_a w_a \xi_d(a)^2`;
+            with ``weights``, the unweighted :math:`\xi_d` and :math:`\xi_d^2` of one
+            response per parent, whose weights ``weights (B,)`` are taken inside the sums
+            (the weighted arrays are not written).
         starts: :func:`prefix_starts` of the parents (``d`` levels).
     """
     d, P = len(starts), X1.shape[1]
@@ -186,11 +189,17 @@ def history_cross(hist_at, W, X1, X2, starts):
     h2 = h * h
     Wd = W if len(starts[d - 1]) == len(W) else segment_sum(W, starts[d - 1])  # (B,)
     c[d - 1, d - 1], c4[d - 1, d - 1] = Wd @ h2, Wd @ (h2 * h2)
-    c[d - 1, d], c4[d - 1, d] = np.einsum("gp,gp->p", h, X1), np.einsum("gp,gp->p", h2, X2)
+    if weights is None:
+        c[d - 1, d] = np.einsum("gp,gp->p", h, X1)
+        c4[d - 1, d] = np.einsum("gp,gp->p", h2, X2)
+    else:
+        c[d - 1, d] = np.einsum("g,gp,gp->p", weights, h, X1)
+        c4[d - 1, d] = np.einsum("g,gp,gp->p", weights, h2, X2)
     cols = None
     if d > 1:  # coarser runs: the sums over each run, slots t = d, d-1, then each coarser one
         pos = np.searchsorted(starts[d - 1], starts[d - 2])
-        cols = [segment_sum(x, pos, wx) for x, wx in [(X1, None), (X2, None), (h, Wd), (h2, Wd)]]
+        cols = [segment_sum(x, pos, wx) for x, wx in [(X1, weights), (X2, weights), (h, Wd),
+                                                      (h2, Wd)]]
     return coarse_cross(c, c4, cols, hist_at, W, starts)
 
 
@@ -307,29 +316,10 @@ def one_token_sums(H, G, hist_at, w, Rc, rho_w, x, starts):
         out["Rh"], out["is_h"], out["is_Rh"] = np.stack([WR, rho_w[:, 0], rho_w[:, 0] * Rc]) @ H
     if G is not None:
         out["g"], out["g2"] = W @ G, np.einsum("b,bp,bp->p", W, G, G)
-    out["cross"], out["cross4"] = _one_token_cross(hist_at, W, x, x2, starts)
+    c, c4 = history_cross(hist_at, W, x, x2, starts, weights=W)  # W x, W x^2 not written
+    c[-1, -1], c4[-1, -1] = W @ x2, np.einsum("b,bp,bp->p", W, x2, x2)
+    out["cross"], out["cross4"] = c, c4
     return out
-
-
-def _one_token_cross(hist_at, W, x, x2, starts):
-    r""":func:`history_cross` of one response per parent, its last score ``x (B, P)``
-    (``x2`` its square): :math:`X_1 = W x`, :math:`X_2 = W x^2` taken inside the sums,
-    not written; and slot ``[d, d]`` (:math:`\sum W x^2`, :math:`\sum W x^4`)."""
-    d, P = len(starts), x.shape[1]
-    c, c4 = np.zeros((d + 1, d + 1, P)), np.zeros((d + 1, d + 1, P))
-    c[d, d], c4[d, d] = W @ x2, np.einsum("b,bp,bp->p", W, x2, x2)
-    if d == 0:
-        return c, c4
-    h = hist_at(d - 1, starts[d - 1])  # (B, P): the parents are distinct states
-    h2 = h * h
-    c[d - 1, d - 1], c4[d - 1, d - 1] = W @ h2, np.einsum("b,bp,bp->p", W, h2, h2)
-    c[d - 1, d] = np.einsum("b,bp,bp->p", W, h, x)
-    c4[d - 1, d] = np.einsum("b,bp,bp->p", W, h2, x2)
-    cols = None
-    if d > 1:  # coarser runs: the sums over each run, slots t = d, d-1
-        pos = np.searchsorted(starts[d - 1], starts[d - 2])
-        cols = [segment_sum(v, pos, W) for v in (x, x2, h, h2)]
-    return coarse_cross(c, c4, cols, hist_at, W, starts)
 
 
 def fisher_sums(H, W, X1, X2=None):
