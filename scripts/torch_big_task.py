@@ -3,6 +3,7 @@ path that runs on a GPU.
 
     python scripts/torch_big_task.py [--vocab 16 --max-len 5 --hidden 768] [--out FILE]
                                      [--device cpu] [--chunk N]
+                                     [--config NAME] [--arrays FILE.npz]
 
 The default task (V=16, T=5, context 2, embed 8, hidden 768: P=25,496 parameters,
 54,241 states, 813,616 responses) was refused by ``fisher_ref.exact`` when it was
@@ -15,6 +16,13 @@ peak resident memory of the process (``VmHWM``, see fisher_ref.perf.memory: inte
 1-minute load average before and after, and two exact identities as a check of the
 result: ``F = sum_s pi(s) f(s)`` and ``E[A h] = d E[R] / d theta`` (autograd), as
 relative errors. The record goes to ``--out`` as JSON (written atomically).
+
+``--config NAME`` runs a config of ``fisher_ref/configs/scale/`` (``gpt2_p100k``, say)
+instead of the ``scale_task`` of ``--vocab``, ``--max-len`` and ``--hidden``.
+``--arrays FILE.npz`` also saves the policy stream's ``(P,)`` arrays (``F``, the token
+sum, ``G``, ``E[h]``, the autodiff gradient) and ``E[R]``, for
+``scripts/cross_device.py`` to hold against the numpy engine on another machine. On a
+CUDA device the record also gives the peak GPU memory torch allocated.
 """
 import argparse
 import json
@@ -37,6 +45,8 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--chunk", type=int, default=None, help="states per block (default: sized)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--config", default=None, help="a config of fisher_ref/configs/scale/")
+    ap.add_argument("--arrays", default=None, help="save the policy stream's (P,) arrays here")
     ap.add_argument("--out", default=None, help="write the record as JSON here")
     args = ap.parse_args(argv)
 
@@ -44,18 +54,20 @@ def main(argv=None):
     import torch
     from fisher_ref.engine.plan import EnumerationTooLarge, check_cost, estimate_cost
     from fisher_ref.fileio import atomic_output
-    from fisher_ref.perf.scaling import scale_task
+    from fisher_ref.perf.scaling import load_scale_config, scale_task
     from fisher_ref.torch.exact import torch_exact
 
     torch.set_num_threads(args.threads)
-    task = scale_task(args.vocab, args.max_len, args.hidden)
+    task = (scale_task(args.vocab, args.max_len, args.hidden) if args.config is None
+            else load_scale_config(args.config))
     cost = estimate_cost(task)
     try:
         check_cost(cost)
         refused = None
     except EnumerationTooLarge as exc:
         refused = str(exc)
-    print(f"task: V={args.vocab}, T={args.max_len}, hidden {args.hidden}: {cost.describe()}")
+    print(f"task: {args.config or f'V={args.vocab}, T={args.max_len}, hidden {args.hidden}'}: "
+          f"{cost.describe()}")
     print(f"numpy engine at its default limits: {refused or 'ACCEPTED (not too big)'}")
     rss0 = peak_rss_bytes()
     load0 = os.getloadavg()[0]
@@ -66,7 +78,8 @@ def main(argv=None):
     peak = peak_rss_bytes()
     pol = out["streams"]["policy"]
     F, tsum, G = pol["sequence_fisher"], pol["token_fisher_sum"], pol["gradient"]
-    rec = {"task": {"vocab_size": args.vocab, "max_len": args.max_len, "hidden": args.hidden,
+    rec = {"task": {"config": args.config, "vocab_size": task.model.vocab_size,
+                    "max_len": task.max_len, "hidden": None if args.config else args.hidden,
                     "num_params": cost.num_params, "n_states": cost.n_states,
                     "n_responses": cost.n_responses},
            "numpy_refusal": refused, "device": args.device, "torch_threads": args.threads,
@@ -77,10 +90,20 @@ def main(argv=None):
                                                    / np.max(np.abs(G))),
            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
                       f"{platform.python_version()}, torch {torch.__version__}"}
+    if str(args.device).startswith("cuda"):
+        rec["peak_gpu_bytes"] = int(torch.cuda.max_memory_allocated())
+        rec["gpu"] = torch.cuda.get_device_name()
     print(json.dumps(rec, indent=1))
     if args.out:
         with atomic_output(args.out, "--out file") as tmp:
             Path(tmp).write_text(json.dumps(rec, indent=1) + "\n")
+    if args.arrays:
+        with atomic_output(args.arrays, "--arrays file") as tmp:
+            with open(tmp, "wb") as f:
+                np.savez_compressed(f, sequence_fisher=F, token_fisher_sum=tsum, gradient=G,
+                                    score_mean=pol["score_mean"],
+                                    gradient_autodiff=out["gradient_autodiff"],
+                                    expected_reward=np.float64(pol["expected_reward"]))
     return 0
 
 

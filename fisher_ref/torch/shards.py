@@ -12,11 +12,12 @@ reward spread, maxima and minima for the ranges) and finishes once: the dict of
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from fisher_ref.engine.shards import ShardError, check_shard, first_reward, plan_shards
 
-__all__ = ["ShardTree", "shard_result", "merge_torch"]
+__all__ = ["ShardTree", "shard_result", "merge_torch", "merge_errors"]
 
 
 class ShardTree:
@@ -114,3 +115,63 @@ def merge_torch(run, parts):
         run.states += p["states"]
         run.seqs += p["seqs"]
     return run
+
+
+_SCALED = ("score_mean", "gradient", "covariance", "importance_gradient")
+_MEAN_SQ = {"h": "sequence_fisher", "token_sum": "token_fisher_sum_paths", "Ah": "gradient",
+            "cross": "cross_terms"}
+
+
+def merge_errors(merged, one):
+    """How far the result of merged shards is from one run of the same task: a dict
+    {field: relative error}, every field of both results (dicts of :func:`torch_exact`).
+
+    Each error is the largest absolute difference over the larger of the two fields'
+    largest magnitudes, on a wider scale where a quantity is 0 in exact arithmetic or is
+    formed by cancellation: ``score_mean``, ``gradient``, ``covariance`` and
+    ``importance_gradient`` on the natural scale ``sqrt(max F) * (|E[R]| + sd(R) +
+    |b|)``; the variances on the square of the mean they are formed from; the
+    correlation only where its bound is above ``1e-6`` of its largest (elsewhere it is
+    rounding over rounding). Integer and boolean arrays of the kept records must be
+    equal.
+
+    Raises:
+        ShardError: one result kept per-state or per-response records and the other did
+            not, or an integer or boolean record differs (naming it).
+    """
+    out = {}
+    for name, b in one["streams"].items():
+        a = merged["streams"][name]
+        natural = np.sqrt(np.max(b["sequence_fisher"])) * max(
+            1.0, abs(b["expected_reward"]) + b["reward_std"] + abs(b["baseline"]))
+        for k, vb in b.items():
+            if k == "variances":
+                for kk, x in vb.items():
+                    y = a[k][kk]
+                    sq = np.max(np.abs(b[_MEAN_SQ[kk]])) ** 2 if kk in _MEAN_SQ else 0.0
+                    if kk == "h2":
+                        sq = np.max(b["sequence_fisher"]) ** 2
+                    s = max(np.max(np.abs(x)), np.max(np.abs(y)), sq, 1e-300)
+                    out[f"{name}.variances.{kk}"] = float(np.max(np.abs(np.asarray(x) - y)) / s)
+                continue
+            x, y = np.asarray(vb, dtype=float), np.asarray(a[k], dtype=float)
+            if k == "correlation":  # judged where its bound is above rounding (a GPT-2's
+                # key bias has scores 0 in exact arithmetic); both parts are judged above
+                live = np.asarray(b["bound"]) > 1e-6 * np.max(b["bound"])
+                x, y = x[live], y[live]
+            s = max(np.max(np.abs(x)), np.max(np.abs(y)), natural if k in _SCALED else 0.0)
+            out[f"{name}.{k}"] = float(np.max(np.abs(x - y)) / s) if s > 0 else 0.0
+    g1, g2 = one["gradient_autodiff"], merged["gradient_autodiff"]
+    out["gradient_autodiff"] = float(np.max(np.abs(g1 - g2)) / max(np.max(np.abs(g1)), 1e-300))
+    for part in ("states", "sequences"):
+        if (one[part] is None) != (merged[part] is None):
+            raise ShardError(f"{part}: kept by one result and not by the other")
+        for k, v in (one[part] or {}).items():
+            if v.dtype.kind in "iub":
+                if not np.array_equal(v, merged[part][k]):
+                    raise ShardError(f"{part}.{k} differs between the two results")
+            else:
+                s = np.sqrt(np.max(one["streams"]["policy"]["sequence_fisher"])) \
+                    if k == "score_mean" else max(np.max(np.abs(v)), 1e-300)
+                out[f"{part}.{k}"] = float(np.max(np.abs(v - merged[part][k])) / s)
+    return out

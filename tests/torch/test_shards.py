@@ -6,55 +6,14 @@ same order, on-policy, off-policy, a GPT-2, several prompts and more shards than
 subtrees."""
 import pickle
 
-import numpy as np
 import pytest
 
 from fisher_ref import load_config
 from fisher_ref.engine.shards import ShardError
 from fisher_ref.torch.exact import torch_exact
+from fisher_ref.torch.shards import merge_errors
 
 RTOL = 1e-12
-SCALED = ("score_mean", "gradient", "covariance", "importance_gradient")
-MEAN_SQ = {"h": "sequence_fisher", "token_sum": "token_fisher_sum_paths", "Ah": "gradient",
-           "cross": "cross_terms"}
-
-
-def errors(merged, one):
-    out = {}
-    for name, b in one["streams"].items():
-        a = merged["streams"][name]
-        natural = np.sqrt(np.max(b["sequence_fisher"])) * max(
-            1.0, abs(b["expected_reward"]) + b["reward_std"] + abs(b["baseline"]))
-        for k, vb in b.items():
-            if k == "variances":
-                for kk, x in vb.items():
-                    y = a[k][kk]
-                    sq = np.max(np.abs(b[MEAN_SQ[kk]])) ** 2 if kk in MEAN_SQ else 0.0
-                    if kk == "h2":
-                        sq = np.max(b["sequence_fisher"]) ** 2
-                    s = max(np.max(np.abs(x)), np.max(np.abs(y)), sq, 1e-300)
-                    out[f"{name}.variances.{kk}"] = float(np.max(np.abs(np.asarray(x) - y)) / s)
-                continue
-            x, y = np.asarray(vb, dtype=float), np.asarray(a[k], dtype=float)
-            if k == "correlation":  # |cov| / bound: rounding over rounding where the bound is
-                # at rounding level (a GPT-2's key bias has scores 0 in exact arithmetic);
-                # judged where the bound is not (both parts are judged everywhere above)
-                live = np.asarray(b["bound"]) > 1e-6 * np.max(b["bound"])
-                x, y = x[live], y[live]
-            s = max(np.max(np.abs(x)), np.max(np.abs(y)), natural if k in SCALED else 0.0)
-            out[f"{name}.{k}"] = float(np.max(np.abs(x - y)) / s) if s > 0 else 0.0
-    g1, g2 = one["gradient_autodiff"], merged["gradient_autodiff"]
-    out["gradient_autodiff"] = float(np.max(np.abs(g1 - g2)) / max(np.max(np.abs(g1)), 1e-300))
-    for part in ("states", "sequences"):
-        assert (one[part] is None) == (merged[part] is None)
-        for k, v in (one[part] or {}).items():
-            if v.dtype.kind in "iub":
-                assert np.array_equal(v, merged[part][k]), (part, k)
-            else:
-                s = np.sqrt(np.max(one["streams"]["policy"]["sequence_fisher"])) \
-                    if k == "score_mean" else max(np.max(np.abs(v)), 1e-300)
-                out[f"{part}.{k}"] = float(np.max(np.abs(v - merged[part][k])) / s)
-    return out
 
 
 @pytest.mark.parametrize("name", ["default", "offpolicy_temperature", "no_eos", "gpt2_small",
@@ -64,7 +23,7 @@ def test_merged_torch_shards_match_one_torch_run(name):
     one = torch_exact(task)
     for n in (1, 2, 3, 5):
         parts = [pickle.loads(pickle.dumps(torch_exact(task, shard=(i, n)))) for i in range(n)]
-        errs = errors(torch_exact(task, merge=parts), one)
+        errs = merge_errors(torch_exact(task, merge=parts), one)
         bad = {k: e for k, e in errs.items() if not e <= RTOL}
         assert not bad, f"{name}, {n} shards: {bad}"
 
@@ -76,3 +35,19 @@ def test_torch_merge_refuses_a_partial_set():
         torch_exact(task, merge=parts[:2])
     with pytest.raises(ValueError, match="shard"):
         torch_exact(task, shard=(3, 3))
+
+
+def test_merge_errors_sees_a_changed_field_and_a_changed_record():
+    import copy
+
+    task = load_config("default")
+    one = torch_exact(task)
+    assert max(merge_errors(one, one).values()) == 0.0
+    other = copy.deepcopy(one)
+    f = other["streams"]["policy"]["sequence_fisher"]
+    f[f.argmax()] *= 1 + 1e-9  # on the field's own scale: an error of 1e-9
+    errs = merge_errors(other, one)
+    assert abs(errs["policy.sequence_fisher"] - 1e-9) < 1e-12
+    other["sequences"]["tokens"][0, 0] += 1
+    with pytest.raises(ShardError, match="sequences.tokens"):
+        merge_errors(other, one)
