@@ -43,7 +43,7 @@ def main(argv=None):
 
     from fisher_ref.engine.fast import exact
     from fisher_ref.fileio import atomic_output
-    from fisher_ref.perf.scaling import load_scale_config
+    from fisher_ref.perf.scaling import git_commit, load_scale_config
     from fisher_ref.results import topk_overlap
 
     other = np.load(args.arrays)
@@ -69,6 +69,7 @@ def main(argv=None):
     rec = {"config": args.config, "P": task.model.num_params, "numpy_workers": r.cost.workers,
            "numpy_seconds": round(seconds, 2), "relative_errors": errors, "rule": RTOL,
            "top1pct_overlap_numpy": overlap_here[2], "top1pct_overlap_other": overlap_there[2],
+           "commit": git_commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
                       f"{platform.python_version()}, numpy {np.__version__}"}
     print(json.dumps(rec, indent=1))
