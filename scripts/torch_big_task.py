@@ -54,7 +54,7 @@ def main(argv=None):
     import torch
     from fisher_ref.engine.plan import EnumerationTooLarge, check_cost, estimate_cost
     from fisher_ref.fileio import atomic_output
-    from fisher_ref.perf.scaling import load_scale_config, scale_task
+    from fisher_ref.perf.scaling import git_commit, load_scale_config, scale_task
     from fisher_ref.torch.exact import torch_exact
 
     torch.set_num_threads(args.threads)
@@ -82,7 +82,7 @@ def main(argv=None):
                     "max_len": task.max_len, "hidden": None if args.config else args.hidden,
                     "num_params": cost.num_params, "n_states": cost.n_states,
                     "n_responses": cost.n_responses},
-           "numpy_refusal": refused, "device": args.device, "torch_threads": args.threads,
+           "numpy_refusal": refused, "commit": git_commit(), "device": args.device, "torch_threads": args.threads,
            "seconds": seconds, "peak_rss_bytes": int(peak), "rss_before_run_bytes": int(rss0),
            "load_average_before": load0, "load_average_after": os.getloadavg()[0],
            "identity_F_equals_token_sum_rel": float(np.max(np.abs(F - tsum)) / np.max(F)),
