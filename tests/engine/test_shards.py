@@ -175,3 +175,29 @@ def test_the_large_case_table_is_the_recorded_run():
                       f"{r['top1pct_overlap']:.2f}"):
             assert f" {value} " in row or f" {value} (" in row, (r["case"], value, row)
         assert (root / "fisher_ref/configs/scale" / f"{r['case']}.json").is_file()
+
+
+def test_the_gpu_cases_quoted_are_the_recorded_runs():
+    """docs/guide/distributed.md's GPU paragraph quotes the records of docs/gpu/ and
+    docs/torch/ (times, memory, errors, overlap, merges), each as its record rounds."""
+    import json
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs/guide/distributed.md").read_text()
+    section = page[page.index("### The same cases on a GPU"):]
+    load = lambda p: json.loads((root / p).read_text())
+    gpt2, big = load("docs/gpu/gpt2_p100k_cuda.json"), load("docs/gpu/big_task_cuda.json")
+    cross, shards = load("docs/gpu/gpt2_p100k_cross.json"), load("docs/gpu/shards_cuda.json")
+    cpu, big_cpu = load("docs/torch/gpt2_p100k_cpu.json"), load("docs/torch/big_task.json")
+    commit = (root / "docs/gpu/commit.txt").read_text().strip()
+    quoted = [f"`{commit[:7]}`", f"{gpt2['seconds']:.1f} s", f"{gpt2['peak_gpu_bytes'] / 2**30:.2f} GiB",
+              f"`{cross['commit']}`", f"within {max(cross['relative_errors'].values()):.1e}",
+              f"is {cross['top1pct_overlap_other']:.2f} on both sides",
+              f"took {cpu['seconds']:.1f} s", f"`{cpu['commit']}`", f"{big['seconds']:.1f} s on the GPU",
+              f"{big_cpu['seconds']:.0f} s", f"{sum(r['ok'] for r in shards['records'])} of "
+              f"{len(shards['records'])} merges within 1e-12",
+              f"{max(r['max_rel_error'] for r in shards['records']):.1e}"]
+    for value in quoted:
+        assert value in " ".join(section.split()), value
+    assert cross["top1pct_overlap_other"] == cross["top1pct_overlap_numpy"]
+    assert all(r["ok"] for r in shards["records"])
