@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 from fisher_ref import load_config  # noqa: E402
 from fisher_ref.engine.fast import exact  # noqa: E402
 from fisher_ref.engine.shards import merge  # noqa: E402
-from fisher_ref.engine.workers import available_cores, shutdown  # noqa: E402
+from fisher_ref.engine.workers import available_cores, last_run_times, shutdown  # noqa: E402
 from fisher_ref.perf.scaling import git_commit, load_scale_config  # noqa: E402
 
 
@@ -123,10 +123,12 @@ def main(argv=None):
     cold, par = _timed(task, args.workers)
     print(f"workers={args.workers} cold (pool start included): {cold:.3f} s")
     _, one = _timed(task, 1)  # warm the single-process caches too
-    times = {1: [], args.workers: []}
+    times, sides = {1: [], args.workers: []}, []
     for _ in range(args.repeats):
         for w in (1, args.workers):
             times[w].append(_timed(task, w)[0])
+            if w > 1:
+                sides.append(last_run_times())
     err = float(np.max(np.abs(par.sequence_fisher - one.sequence_fisher))
                 / np.max(np.abs(one.sequence_fisher)))
     med = {w: float(np.median(t)) for w, t in times.items()}
@@ -137,6 +139,15 @@ def main(argv=None):
     print(f"speed-up (median): {med[1] / med[args.workers]:.2f}x; "
           f"(best): {best[1] / best[args.workers]:.2f}x; "
           f"sequence_fisher agrees to {err:.1e} relative")
+    # Inside the workers=N runs: the calling process's shard, the workers' (each timed in
+    # its process), and the wait for them with the hand-over after the caller's is done
+    here = sides[0]["here"][0]
+    work = {i: float(np.median([s["workers"][i] for s in sides])) for i in sides[0]["workers"]}
+    print(f"inside the workers={args.workers} runs (medians): shard {here} in this process "
+          f"{np.median([s['here'][1] for s in sides]):.3f} s; in workers: "
+          + ", ".join(f"shard {i} {v:.3f} s" for i, v in work.items())
+          + f"; after this process's shard, waiting and receiving "
+          f"{np.median([s['after_here'] for s in sides]):.3f} s")
     # The same split by CPU time, which other processes on the machine do not inflate:
     # each shard run here in turn, the whole run against the slowest shard plus the merge.
     cpu_one = min(_cpu(lambda: exact(task, progress=False, workers=1)) for _ in range(3))
@@ -149,6 +160,14 @@ def main(argv=None):
     print(f"CPU seconds: whole run {cpu_one:.3f}; shards {', '.join(f'{x:.3f}' for x in shards)};"
           f" merge {cpu_merge:.3f}; whole / (slowest shard + merge) = "
           f"{cpu_one / (max(shards) + cpu_merge):.2f}x")
+    # what every parameter shard repeats: the walk, with a single parameter (the first
+    # shard's has no records; the last's keeps them and forms the autodiff gradient)
+    P = task.model.num_params
+    one = [min(_cpu(lambda i=i: exact(task, progress=False, param_shard=(i, P)))
+               for _ in range(3)) for i in (0, P - 1)]
+    print(f"CPU seconds of a shard of one parameter (the work every shard repeats): first "
+          f"{one[0]:.3f}, last {one[1]:.3f} (with the records); the whole run "
+          f"{cpu_one:.3f} has {cpu_one - one[1]:.3f} of work per parameter to split")
     print(f"windows whose arrays are computed: whole run {_windows(task, {})}; subtree "
           f"shards (shard=(i, n)) " + ", ".join(str(_windows(task, {"shard": (i, args.workers)}))
                                                 for i in range(args.workers)) +

@@ -57,7 +57,7 @@ from fisher_ref.engine.run import plan
 
 __all__ = ["AUTO_MIN_SECONDS", "BLAS_THREAD_VARS", "SHARED_BYTES", "available_cores",
            "check_workers", "keep_freed_memory", "kept_in_process", "memory_kept",
-           "startup_environ", "KEPT_AT_LEAST", "local_workers",
+           "startup_environ", "KEPT_AT_LEAST", "last_run_times", "local_workers",
            "unsendable", "resolve_workers", "run_shards", "shutdown"]
 
 #: ``workers="auto"`` stays in this process below this many estimated seconds on one core.
@@ -71,6 +71,20 @@ _POOL = {}  # {"n": workers, "executor": ProcessPoolExecutor}
 #: worker reuses its shared-memory block of the run before, which the caller has copied
 #: out by then. ``count``: the runs started, each run's number.
 _RUNS = {"lock": threading.Lock(), "count": 0}
+#: The wall times of the last finished run of :func:`run_shards` (:func:`last_run_times`).
+_TIMES = {}
+
+
+def last_run_times():
+    """Where the last finished :func:`run_shards` run (``exact(task, workers=N)``) spent
+    its wall time, in seconds, for diagnosis (``scripts/shard_speedup.py`` prints them):
+    ``{"here": (shard, s)}``, the shard the calling process ran and how long it took;
+    ``"workers"``: ``{shard: s}``, each worker's shard as timed in its process (the
+    engine call only); ``"after_here"``: from the calling process's shard done to every
+    worker's result received and copied out (waiting for the workers, then the hand-over);
+    ``"total"``: the whole of :func:`run_shards`. ``{}`` before any run or after a failed
+    one."""
+    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in _TIMES.items()}
 
 
 def available_cores():
@@ -410,17 +424,21 @@ def _block(run, size):
 
 
 def _shard_in_worker(engine, task, shard, kw, run=None):
-    """In a worker: the shard's result, its large arrays moved to a shared-memory block
+    """In a worker: ``(seconds, result)``, the wall time of the engine call and the
+    shard's result, its large arrays moved to a shared-memory block
     (``result.shared``: ``(name, slot, [(field, key, offset, shape, dtype), ...])``) that
     the caller copies out (:func:`_unpack`). ``run``: the caller's number of the run, under
     which the worker reuses its block of an earlier run (``None``: a block of its own,
     freed by the caller)."""
+    import time
     import numpy as np
+    t0 = time.perf_counter()
     out = engine(task, **shard, **kw)
+    seconds = time.perf_counter() - t0  # the engine call alone (last_run_times)
     big = [(f, k, v) for f in _FIELDS for k, v in (getattr(out, f, None) or {}).items()
            if isinstance(v, np.ndarray) and v.nbytes >= SHARED_BYTES]
     if not big:
-        return out
+        return seconds, out
     align = lambda n: -(-n // 64) * 64  # each array at a multiple of 64 bytes
     mem, j = _block(run, sum(align(v.nbytes) for *_, v in big))
     index, at = [], 0
@@ -437,7 +455,7 @@ def _shard_in_worker(engine, task, shard, kw, run=None):
     out.shared = (mem.name, None if j is None else (os.getpid(), j), index)
     if j is None:
         mem.close()  # the caller removes it once copied
-    return out
+    return seconds, out
 
 
 def _unpack(out):
@@ -501,11 +519,14 @@ def run_shards(engine, task, n, kw, progress=False, by="shard"):
                          "use workers=1")
     with _RUNS["lock"]:
         _RUNS["count"] += 1
+        _TIMES.clear()
         return _run(engine, task, n, kw, progress, by, _RUNS["count"])
 
 
 def _run(engine, task, n, kw, progress, by, run):
     """:func:`run_shards` for run number ``run``, the pool held by it alone."""
+    import time
+    t0 = time.perf_counter()
     with _one_blas_thread(), _without_main():  # processes start on submit, so set up
         try:
             futures = _submit(_executor(n - 1), engine, task, n, kw, by, run)
@@ -518,16 +539,20 @@ def _run(engine, task, n, kw, progress, by, run):
         try:
             here = _here(n, by)
             with threadpool_limits(1):  # the workers' cores are busy: one thread here too
+                t1 = time.perf_counter()
                 out[here] = engine(task, **{by: (here, n)}, **kw)
+                t2 = time.perf_counter()
         except BaseException:
             _discard()  # nothing of a failed run is kept, nor left running
             _free(futures)
             raise
         bar.update(1)
+        seconds = {}
         for f in as_completed(futures):
             i = futures[f]
             try:
-                out[i] = _unpack(f.result())
+                seconds[i], out[i] = f.result()
+                out[i] = _unpack(out[i])
             except BrokenProcessPool as e:
                 _discard()
                 _free(futures)
@@ -542,6 +567,9 @@ def _run(engine, task, n, kw, progress, by, run):
             bar.update(1)
     finally:
         bar.close()
+    end = time.perf_counter()
+    _TIMES.update(here=(here, t2 - t1), after_here=end - t2, total=end - t0,
+                  workers=seconds)
     return out
 
 
@@ -551,7 +579,7 @@ def _free(futures):
     for f in futures:
         try:
             if f.done() and not f.cancelled() and f.exception() is None:
-                _unpack(f.result())
+                _unpack(f.result()[1])
         except Exception:  # noqa: BLE001 (the run's own error is the one raised)
             pass
     _close_attached()  # the pool is gone: its blocks too

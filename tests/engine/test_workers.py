@@ -82,6 +82,11 @@ def test_one_shard_runs_here_and_the_others_in_workers():
     assert [o[0] for o in out] == [(0, 3), (1, 3), (2, 3)]
     assert out[2][1] == os.getpid() and os.getpid() not in (out[0][1], out[1][1])
     assert all(o[2] == [1] for o in out), out
+    times = workers_mod.last_run_times()  # where that run's wall time went
+    assert times["here"][0] == 2 and set(times["workers"]) == {0, 1}
+    parts = [times["here"][1], times["after_here"], *times["workers"].values()]
+    assert all(s > 0 for s in parts) and times["here"][1] + times["after_here"] <= times["total"]
+    assert max(times["workers"].values()) <= times["total"]
 
 
 def _die(prompt, response):
@@ -97,6 +102,7 @@ def test_a_dead_worker_is_an_error_naming_its_shard():
     task = load_config("default").with_(reward=FunctionReward(_die))
     with pytest.raises(RuntimeError, match=r"shard 0 of 2"):
         exact(task, progress=False, workers=2)
+    assert workers_mod.last_run_times() == {}  # a failed run times nothing
     # the next run starts a fresh pool
     good = load_config("default")
     assert merged_errors(exact(good, progress=False, workers=2),
@@ -231,7 +237,8 @@ def test_large_arrays_of_a_worker_come_back_through_shared_memory(monkeypatch):
     kw = dict(progress=False, topk=(1, 2), keep_states=True)
     monkeypatch.setattr(workers_mod, "SHARED_BYTES", 1)  # every array, in this process
     direct = exact(task, param_shard=(1, 2), **kw)  # the last: it keeps the records
-    sent = workers_mod._shard_in_worker(exact, task, {"param_shard": (1, 2)}, kw)
+    seconds, sent = workers_mod._shard_in_worker(exact, task, {"param_shard": (1, 2)}, kw)
+    assert seconds > 0
     name, slot, index = sent.shared
     assert slot is None  # no run number: a block of its own, freed once copied
     assert {f for f, *_ in index} == {"window_tables", "states", "sequences"}
@@ -245,8 +252,8 @@ def test_large_arrays_of_a_worker_come_back_through_shared_memory(monkeypatch):
             assert np.array_equal(a[k], b[k]) and a[k].dtype == b[k].dtype, (f, k)
     with pytest.raises(FileNotFoundError):  # freed by _unpack
         shared_memory.SharedMemory(name=name)
-    small = workers_mod._shard_in_worker(exact, task, {"param_shard": (0, 2)},
-                                         dict(kw, keep_states=False))
+    _, small = workers_mod._shard_in_worker(exact, task, {"param_shard": (0, 2)},
+                                            dict(kw, keep_states=False))
     assert not hasattr(small, "shared")  # nothing kept, nothing to share
 
 
@@ -265,7 +272,7 @@ def test_a_worker_keeps_its_block_from_run_to_run(monkeypatch):
     want = {name: exact(t, param_shard=(1, 2), **kw)  # the last shard: it keeps the records
             for name, t in (("small", small), ("large", large))}
     send = lambda task, run: workers_mod._shard_in_worker(exact, task,
-                                                          {"param_shard": (1, 2)}, kw, run)
+                                                          {"param_shard": (1, 2)}, kw, run)[1]
 
     def same(got, want):
         for f in ("window_tables", "states", "sequences"):
@@ -344,7 +351,7 @@ def test_a_failed_run_frees_the_shared_memory_of_results_that_came_back(monkeypa
     monkeypatch.setattr(workers_mod, "SHARED_BYTES", 1)
     sent = workers_mod._shard_in_worker(exact, task, {"param_shard": (1, 2)},
                                         dict(progress=False, keep_states=True))
-    name = sent.shared[0]
+    name = sent[1].shared[0]
     done, failed, pending = Future(), Future(), Future()
     done.set_result(sent)
     failed.set_exception(ValueError("shard 2"))
