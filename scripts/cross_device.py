@@ -5,12 +5,15 @@
 
 ``--arrays`` is a file written by ``scripts/torch_big_task.py --config NAME --arrays FILE``
 (on a GPU, say). This script runs ``fisher_ref.exact`` on the same scale config here
-(``workers`` processes, default every core) and records, for each saved array of the
-policy stream, the largest absolute difference over the numpy array's largest magnitude
-(for ``E[h]`` and ``G``, which are formed by cancellation, over the larger of that and
-the natural scale ``sqrt(max F) * (|E[R]| + sd(R))``), and the overlap of the top 1% of
-parameters by ``|G|`` and by ``F`` on each side. Writes the record as JSON to ``--out``.
-Exit status 1 if any relative error is above 1e-12.
+(``--workers``, default ``"auto"``: every core once the single-core estimate passes 10 s)
+and records, for each saved array of the policy stream, the largest absolute difference
+over the numpy array's largest magnitude (for ``E[h]``, ``G`` and the autodiff gradient,
+which are formed by cancellation, over the larger of that and the natural scale
+``sqrt(max F) * (|E[R]| + sd(R))``; for ``E[R]``, over the larger of ``|E[R]|`` and
+``sd(R)``), and the overlap of the top 1% of parameters by ``|G|`` and by ``F`` on each
+side. Writes the record as JSON to ``--out``. Exit status 1 if any relative error is above
+1e-12; 2 if the arrays are not of ``--config`` (their saved config name, or their length
+where the file names none).
 """
 import argparse
 import json
@@ -48,6 +51,13 @@ def main(argv=None):
 
     other = np.load(args.arrays)
     task = load_scale_config(args.config)
+    saved = str(other["config"]) if "config" in other else ""
+    P = task.model.num_params
+    if (saved and saved != args.config) or len(other["sequence_fisher"]) != P:
+        print(f"cross_device.py: --arrays {args.arrays} holds config {saved or '(unnamed)'} "
+              f"with {len(other['sequence_fisher'])} parameters, not --config {args.config} "
+              f"(P={P})", file=sys.stderr)
+        return 2
     workers = args.workers if args.workers == "auto" else int(args.workers)
     t0 = time.perf_counter()
     r = exact(task, workers=workers, progress=False, keep_states=False, keep_sequences=False,

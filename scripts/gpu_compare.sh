@@ -15,7 +15,9 @@
 # saved (gpt2_p100k_cuda.json, gpt2_p100k_arrays.npz, for scripts/cross_device.py to hold
 # against the numpy engine), the GPU name, and the seconds each stage took (stages.txt).
 # DEVICE (default cuda) names another device, to try the script where there is no GPU;
-# STAGE_LIMIT (seconds, default 300) bounds each of the two large runs (timeout(1)).
+# STAGE_LIMIT (seconds, default 300) bounds each of the two large runs (timeout(1)). On a
+# CPU the V=16, T=5 task takes about 560 s on one thread, past the default limit: a CPU
+# trial then exits 1 for that stage unless STAGE_LIMIT is raised.
 # Installs nothing that is already there: torch must be importable with CUDA;
 # fisher_ref's own dependencies (numpy, scipy, autograd) are looked for first on
 # PYTHONPATH and in ./.gpu_site (a folder of copied packages, for a machine without

@@ -7,8 +7,14 @@ it is timed and reported apart ("cold"). Then the two settings alternate, each r
 timed by wall clock; the speed-up is the ratio of the medians (and of the best
 times). The parent process is held to one BLAS thread too (threadpoolctl, or the
 variables before numpy is imported), so both sides use one thread per process.
-Prints the machine, the commit and whether the results agree at 1e-12, the same split
-in CPU seconds, and how many windows' arrays the whole run and each subtree shard compute;
+Prints the machine, the commit and whether the results agree at 1e-12; inside the
+``workers=N`` runs, the medians of the calling process's shard, each worker's shard and
+the wait and hand-over after the caller's is done (``fisher_ref.engine.workers.last_run_times``);
+the same split in CPU seconds; the CPU seconds of a shard of one parameter (the first and
+the last, ``param_shard=(i, P)``): an upper bound on the work every shard repeats (the
+walk, whatever the shard's width), since its blocks' overhead is split among shards of
+more parameters; how many windows'
+arrays the whole run and each subtree shard compute;
 last, the machine's own ceiling: a fixed kernel that reads no fisher_ref code, alone in
 this process and as N copies side by side (N - 1 in worker processes, one here, as the
 shards run) (on a machine whose cores are shared with other load, N copies
@@ -160,14 +166,14 @@ def main(argv=None):
     print(f"CPU seconds: whole run {cpu_one:.3f}; shards {', '.join(f'{x:.3f}' for x in shards)};"
           f" merge {cpu_merge:.3f}; whole / (slowest shard + merge) = "
           f"{cpu_one / (max(shards) + cpu_merge):.2f}x")
-    # what every parameter shard repeats: the walk, with a single parameter (the first
-    # shard's has no records; the last's keeps them and forms the autodiff gradient)
+    # at most what every parameter shard repeats: the walk, with a single parameter (the
+    # first shard's has no records; the last's keeps them and forms the autodiff gradient)
     P = task.model.num_params
     one = [min(_cpu(lambda i=i: exact(task, progress=False, param_shard=(i, P)))
                for _ in range(3)) for i in (0, P - 1)]
-    print(f"CPU seconds of a shard of one parameter (the work every shard repeats): first "
-          f"{one[0]:.3f}, last {one[1]:.3f} (with the records); the whole run "
-          f"{cpu_one:.3f} has {cpu_one - one[1]:.3f} of work per parameter to split")
+    print(f"CPU seconds of a shard of one parameter (at most what every shard repeats): "
+          f"first {one[0]:.3f}, last {one[1]:.3f} (with the records); the whole run "
+          f"{cpu_one:.3f}, the shards together {sum(shards):.3f}")
     print(f"windows whose arrays are computed: whole run {_windows(task, {})}; subtree "
           f"shards (shard=(i, n)) " + ", ".join(str(_windows(task, {"shard": (i, args.workers)}))
                                                 for i in range(args.workers)) +

@@ -15,7 +15,8 @@ not the fourth moments used only by Monte Carlo tests — and records the wall t
 peak resident memory of the process (``VmHWM``, see fisher_ref.perf.memory: interpreter, torch and the run), the
 1-minute load average before and after, and two exact identities as a check of the
 result: ``F = sum_s pi(s) f(s)`` and ``E[A h] = d E[R] / d theta`` (autograd), as
-relative errors. The record goes to ``--out`` as JSON (written atomically).
+relative errors. The record goes to ``--out`` as JSON (written atomically). Exit status
+1 if either identity is off by more than 1e-10 relative.
 
 ``--config NAME`` runs a config of ``fisher_ref/configs/scale/`` (``gpt2_p100k``, say)
 instead of the ``scale_task`` of ``--vocab``, ``--max-len`` and ``--hidden``.
@@ -91,8 +92,9 @@ def main(argv=None):
            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
                       f"{platform.python_version()}, torch {torch.__version__}"}
     if str(args.device).startswith("cuda"):
-        rec["peak_gpu_bytes"] = int(torch.cuda.max_memory_allocated())
-        rec["gpu"] = torch.cuda.get_device_name()
+        dev = torch.device(args.device)
+        rec["peak_gpu_bytes"] = int(torch.cuda.max_memory_allocated(dev))
+        rec["gpu"] = torch.cuda.get_device_name(dev)
     print(json.dumps(rec, indent=1))
     if args.out:
         with atomic_output(args.out, "--out file") as tmp:
@@ -100,11 +102,16 @@ def main(argv=None):
     if args.arrays:
         with atomic_output(args.arrays, "--arrays file") as tmp:
             with open(tmp, "wb") as f:
-                np.savez_compressed(f, sequence_fisher=F, token_fisher_sum=tsum, gradient=G,
+                np.savez_compressed(f, config=np.str_(args.config or ""),
+                                    num_params=np.int64(cost.num_params),
+                                    sequence_fisher=F, token_fisher_sum=tsum, gradient=G,
                                     score_mean=pol["score_mean"],
                                     gradient_autodiff=out["gradient_autodiff"],
                                     expected_reward=np.float64(pol["expected_reward"]))
-    return 0
+    bad = {k: v for k, v in rec.items() if k.startswith("identity_") and not v <= 1e-10}
+    if bad:
+        print(f"exact identities off by more than 1e-10 relative: {bad}", file=sys.stderr)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -71,8 +71,10 @@ _POOL = {}  # {"n": workers, "executor": ProcessPoolExecutor}
 #: worker reuses its shared-memory block of the run before, which the caller has copied
 #: out by then. ``count``: the runs started, each run's number.
 _RUNS = {"lock": threading.Lock(), "count": 0}
-#: The wall times of the last finished run of :func:`run_shards` (:func:`last_run_times`).
-_TIMES = {}
+#: The wall times of the last finished run of :func:`run_shards` (:func:`last_run_times`):
+#: ``{"last": dict}``, the dict replaced whole (never changed in place), so that a reader
+#: in another thread sees one run's times or none.
+_TIMES = {"last": {}}
 
 
 def last_run_times():
@@ -82,9 +84,10 @@ def last_run_times():
     ``"workers"``: ``{shard: s}``, each worker's shard as timed in its process (the
     engine call only); ``"after_here"``: from the calling process's shard done to every
     worker's result received and copied out (waiting for the workers, then the hand-over);
-    ``"total"``: the whole of :func:`run_shards`. ``{}`` before any run or after a failed
-    one."""
-    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in _TIMES.items()}
+    ``"total"``: the whole of :func:`run_shards`. ``{}`` before any run, while one runs,
+    and after a failed or refused one."""
+    last = _TIMES["last"]  # one run's dict, replaced whole: no lock needed to read it
+    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in last.items()}
 
 
 def available_cores():
@@ -513,13 +516,14 @@ def run_shards(engine, task, n, kw, progress=False, by="shard"):
             the error). Whatever fails, the pool is ended, its running shards with it, so
             that no orphaned shard holds a core or the next run's worker.
     """
+    _TIMES["last"] = {}  # until this run ends well
     why = unsendable(task)
     if why:
         raise ValueError(f"workers > 1 sends the task to worker processes, but {why}; or "
                          "use workers=1")
     with _RUNS["lock"]:
         _RUNS["count"] += 1
-        _TIMES.clear()
+        _TIMES["last"] = {}
         return _run(engine, task, n, kw, progress, by, _RUNS["count"])
 
 
@@ -568,8 +572,8 @@ def _run(engine, task, n, kw, progress, by, run):
     finally:
         bar.close()
     end = time.perf_counter()
-    _TIMES.update(here=(here, t2 - t1), after_here=end - t2, total=end - t0,
-                  workers=seconds)
+    _TIMES["last"] = {"here": (here, t2 - t1), "after_here": end - t2, "total": end - t0,
+                      "workers": seconds}
     return out
 
 

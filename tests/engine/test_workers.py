@@ -99,6 +99,8 @@ def _die(prompt, response):
 
 
 def test_a_dead_worker_is_an_error_naming_its_shard():
+    exact(load_config("default"), progress=False, workers=2)
+    assert workers_mod.last_run_times()  # a run that ended well is timed
     task = load_config("default").with_(reward=FunctionReward(_die))
     with pytest.raises(RuntimeError, match=r"shard 0 of 2"):
         exact(task, progress=False, workers=2)
@@ -130,8 +132,11 @@ def test_a_task_holding_main_objects_is_refused_by_explicit_workers(monkeypatch)
     _main_reward.__module__ = "__main__"  # as if written in the calling script
     try:
         task = load_config("default").with_(reward=FunctionReward(_main_reward))
+        exact(load_config("default"), progress=False, workers=2)
+        assert workers_mod.last_run_times()
         with pytest.raises(ValueError, match="__main__"):
             exact(task, progress=False, workers=2)
+        assert workers_mod.last_run_times() == {}  # a refused run times nothing either
         monkeypatch.setattr(workers_mod, "AUTO_MIN_SECONDS", 0.0)
         assert workers_mod.local_workers(task, "auto", EngineOptions()) == 1
     finally:
