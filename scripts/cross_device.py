@@ -6,12 +6,12 @@
 ``--arrays`` is a file written by ``scripts/torch_big_task.py --config NAME --arrays FILE``
 (on a GPU, say). This script runs ``fisher_ref.exact`` on the same scale config here
 (``--workers``, default ``"auto"``: every core once the single-core estimate passes 10 s)
-and records, for each saved array of the policy stream, the largest absolute difference
-over the numpy array's largest magnitude (for ``E[h]``, ``G`` and the autodiff gradient,
-which are formed by cancellation, over the larger of that and the natural scale
-``sqrt(max F) * (|E[R]| + sd(R))``; for ``E[R]``, over the larger of ``|E[R]|`` and
-``sd(R)``), and the overlap of the top 1% of parameters by ``|G|`` and by ``F`` on each
-side. Writes the record as JSON to ``--out``. Exit status 1 if any relative error is above
+and records, for each saved array of the policy stream, its relative error on the scale
+the compare harness judges that quantity by (``fisher_ref.checks.tolerances.scale``: the
+numpy array's largest magnitude; for ``G`` and the autodiff gradient the larger of that and
+the gradient's natural scale, for ``E[h]`` the larger of that and ``sqrt(max F)``; for
+``E[R]``, the larger of ``|E[R]|`` and ``sd(R)``), and the overlap of the top 1% of
+parameters by ``|G|`` and by ``F`` on each side. Writes the record as JSON to ``--out``. Exit status 1 if any relative error is above
 1e-12; 2 if the arrays are not of ``--config`` (their saved config name, or their length
 where the file names none).
 """
@@ -38,12 +38,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--arrays", required=True)
     ap.add_argument("--config", required=True, help="a config of fisher_ref/configs/scale/")
-    ap.add_argument("--workers", default="auto")
+    ap.add_argument("--workers", default="auto", type=lambda s: s if s == "auto" else int(s),
+                    help='processes: a positive integer or "auto" (the default)')
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
     import numpy as np
 
+    from fisher_ref.checks import tolerances as tol
+    from fisher_ref.checks.tolerances import rel_error
     from fisher_ref.engine.fast import exact
     from fisher_ref.fileio import atomic_output
     from fisher_ref.perf.scaling import git_commit, load_scale_config
@@ -58,22 +61,18 @@ def main(argv=None):
               f"with {len(other['sequence_fisher'])} parameters, not --config {args.config} "
               f"(P={P})", file=sys.stderr)
         return 2
-    workers = args.workers if args.workers == "auto" else int(args.workers)
     t0 = time.perf_counter()
-    r = exact(task, workers=workers, progress=False, keep_states=False, keep_sequences=False,
+    r = exact(task, workers=args.workers, progress=False, keep_states=False, keep_sequences=False,
               max_seconds=float("inf"))
     seconds = time.perf_counter() - t0
     pol = r.streams["policy"]
-    natural = np.sqrt(np.max(pol.sequence_fisher)) * (abs(pol.expected_reward) + pol.reward_std)
-    errors = {}
-    for saved, field in FIELDS.items():
-        mine, theirs = getattr(pol, field), other[saved]
-        scale = np.max(np.abs(mine))
-        if field in ("gradient", "score_mean"):
-            scale = max(scale, natural)
-        errors[saved] = float(np.max(np.abs(theirs - mine)) / scale)
-    errors["expected_reward"] = float(abs(float(other["expected_reward"]) - pol.expected_reward)
-                                      / max(abs(pol.expected_reward), pol.reward_std))
+    # each field on the scale the compare harness judges it by (fisher_ref.checks.tolerances):
+    # its largest entry, or for E[h] and the gradients the larger of that and their natural
+    # scale; E[R] on the larger of |E[R]| and sd(R)
+    errors = {name: rel_error(other[name], getattr(pol, field), tol.scale(field, pol))[1]
+              for name, field in FIELDS.items()}
+    errors["expected_reward"] = rel_error(other["expected_reward"], pol.expected_reward,
+                                          max(abs(pol.expected_reward), pol.reward_std))[1]
     overlap_here = topk_overlap(pol.gradient, pol.sequence_fisher, (0.01,))[0]
     overlap_there = topk_overlap(other["gradient"], other["sequence_fisher"], (0.01,))[0]
     rec = {"config": args.config, "P": task.model.num_params, "numpy_workers": r.cost.workers,

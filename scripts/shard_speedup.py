@@ -169,10 +169,10 @@ def main(argv=None):
     # at most what every parameter shard repeats: the walk, with a single parameter (the
     # first shard's has no records; the last's keeps them and forms the autodiff gradient)
     P = task.model.num_params
-    one = [min(_cpu(lambda i=i: exact(task, progress=False, param_shard=(i, P)))
-               for _ in range(3)) for i in (0, P - 1)]
+    single = [min(_cpu(lambda i=i: exact(task, progress=False, param_shard=(i, P)))
+                  for _ in range(3)) for i in (0, P - 1)]
     print(f"CPU seconds of a shard of one parameter (at most what every shard repeats): "
-          f"first {one[0]:.3f}, last {one[1]:.3f} (with the records); the whole run "
+          f"first {single[0]:.3f}, last {single[1]:.3f} (with the records); the whole run "
           f"{cpu_one:.3f}, the shards together {sum(shards):.3f}")
     print(f"windows whose arrays are computed: whole run {_windows(task, {})}; subtree "
           f"shards (shard=(i, n)) " + ", ".join(str(_windows(task, {"shard": (i, args.workers)}))
