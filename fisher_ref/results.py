@@ -189,8 +189,9 @@ class GatheredStates(Mapping):
 
     Args:
         arrays: ``{key: (N, ...) array}`` stored per state.
-        tables: ``{key: (U, ...) array}`` stored per window, or a list of ``(U, P_i)``
-            arrays, column blocks placed side by side (parameter shards' columns).
+        tables: ``{key: (U, ...) array}`` stored per window, or a list of
+            ``(columns, (U, P_i) array)``, column blocks each placed at its columns (a
+            slice or an index array: parameter shards' parameters), together every column.
         window: ``(N,)`` row of each state's window in ``tables``.
 
     Example:
@@ -210,11 +211,9 @@ class GatheredStates(Mapping):
                 raise KeyError(key)
             table = self._tables.pop(key)
             if isinstance(table, list):  # column blocks: each gathered into its columns
-                out = np.empty((len(self._window), sum(t.shape[1] for t in table)))
-                at = 0
-                for t in table:
-                    out[:, at:at + t.shape[1]] = np.take(t, self._window, axis=0)
-                    at += t.shape[1]
+                out = np.empty((len(self._window), sum(t.shape[1] for _, t in table)))
+                for cols, t in table:
+                    out[:, cols] = np.take(t, self._window, axis=0)
                 self._arrays[key] = out
             else:
                 self._arrays[key] = np.take(table, self._window, axis=0)

@@ -40,13 +40,14 @@ import math
 
 import numpy as np
 
+from fisher_ref.engine.param_shards import param_columns
 from fisher_ref.engine.parent_sums import coarse_cross, segment_sum
 from fisher_ref.models.mlp import MLPModel
-from fisher_ref.models.mlp_scores import families, family_cuts, mlp_blocks
+from fisher_ref.models.mlp_scores import families, mlp_columns, mlp_param_shards
 
-__all__ = ["Rows", "Slots", "Layout", "augment", "wsum", "gsum", "factors_last_level", "shard_cuts",
-           "row_width", "groups", "LastLevel", "last_level_fisher", "last_level_all",
-           "window_sums"]
+__all__ = ["Rows", "Slots", "Layout", "augment", "wsum", "gsum", "factors_last_level",
+           "shard_columns", "row_width", "groups", "LastLevel", "last_level_fisher",
+           "last_level_all", "window_sums"]
 
 
 #: The bias block whose columns are a block's second factor (:class:`Rows`), the block
@@ -219,8 +220,11 @@ class Slots:
 
 
 class Layout:
-    """Where the parts of :class:`Rows` lie among a run's parameters ``columns`` (a slice of
-    ``0..P``, all by default): ``cut[name] = (within the block, within the run's)``, the
+    r"""Where the parts of :class:`Rows` lie among a run's parameters ``columns`` (a slice of
+    ``0..P`` or a :class:`fisher_ref.models.mlp_scores.UnitColumns`, all by default; in
+    the layout they are read in, :func:`fisher_ref.models.mlp_scores.mlp_columns`, where
+    ``W1``'s rows hold the run's hidden units ``hidden`` only, as its factors
+    :math:`\hat g` do): ``cut[name] = (within the block, within the run's)``, the
     columns of each block inside them (absent when none); for ``W1`` and ``W2`` with their
     biases, ``fcut``, the same over the block and its bias as one ``(m + 1, l)`` block (the
     bias its last row), and ``rows[name]``, the rows of it that hold them (so that a slice
@@ -228,11 +232,11 @@ class Layout:
     (:func:`fisher_ref.models.mlp_scores.families`)."""
 
     def __init__(self, spec, columns=None):
-        blocks = mlp_blocks(spec)
-        lo, hi, _ = (columns or slice(None)).indices(blocks[-1][2])
-        inner_width = {"W1": spec.hidden, "W2": spec.vocab_size}  # l of a row (m, l)
+        blocks, lo, hi, hidden = mlp_columns(spec, columns)
+        self.hidden = slice(*hidden)
+        inner_width = {"W1": hidden[1] - hidden[0], "W2": spec.vocab_size}  # l of (m, l)
         self.width, self.cut, self.fcut, self.rows = hi - lo, {}, {}, {}
-        self.families = families(spec, slice(lo, hi))  # of the factors the run forms
+        self.families = families(spec, columns)  # of the factors the run forms
         at = {}
         for name, start, stop in blocks:
             at[name] = (start, stop)
@@ -390,17 +394,20 @@ def factors_last_level(task):
     return isinstance(task.model, MLPModel)
 
 
-def shard_cuts(task):
-    """Where parameter shards of ``task`` are best cut
-    (:func:`fisher_ref.engine.param_shards.param_columns`): between the MLP's factor
-    families (:func:`fisher_ref.models.mlp_scores.family_cuts`); nowhere in particular for
-    other models, whose windows' sensitivities are formed whole in every shard."""
-    return family_cuts(task.model.spec) if factors_last_level(task) else ()
+def shard_columns(task, n):
+    """The parameters of each of ``n`` parameter shards of ``task``
+    (``exact(task, param_shard=(i, n))``): for the MLP, cut between its factor families
+    and between hidden units, balanced by their work
+    (:func:`fisher_ref.models.mlp_scores.mlp_param_shards`); for other models, whose
+    windows' sensitivities are formed whole in every shard, consecutive slices as equal as
+    whole parameters allow (:func:`fisher_ref.engine.param_shards.param_columns`)."""
+    cols = mlp_param_shards(task.model.spec, n) if factors_last_level(task) else None
+    return param_columns(task.model.num_params, n) if cols is None else cols
 
 
 def row_width(spec, columns=None):
     """Elements of one parent's row of :class:`Rows` over the run's parameters ``columns``
-    (a slice; all by default: a parameter shard holds only its blocks), sixteen times
+    (all by default: a parameter shard holds only its blocks), sixteen times
     over (about the rows alive at once), for the element budget of a sub-block
     (``Budgets.sub_block_elements``): at the default 2**20 a sub-block's rows stay in the
     processor's cache (every parameter: 564 parents of medium, 210 of v16); where freed
@@ -409,7 +416,7 @@ def row_width(spec, columns=None):
     lay = Layout(spec, columns)
     kd, H, V = spec.context * spec.embed_dim, spec.hidden, spec.vocab_size
     width = (kd + spec.embed_dim) * lay.has("E") + kd * lay.has("W1") \
-        + H * ("G" in lay.families) \
+        + (lay.hidden.stop - lay.hidden.start) * ("G" in lay.families) \
         + H * lay.has("W2") + V * ("D" in lay.families)
     return 16 * max(width, 1)
 
@@ -529,11 +536,11 @@ class LastLevel:
         n, k, m, V = Cg.shape
         c = a[f"c{i}"][own]  # (n, k, V): each parent's window's center
         Cs = Cg.sum(axis=3, keepdims=True)  # (n, k, m, 1)
-        (e, hid), hid_own = self._own[1], a["hid"][own]  # with the bias's 1; without
+        (e, hid), hid_own = self._own[1], a["hid"][own][:, :, lay.hidden]  # the run's units
         gz = Ez = None
         Dz = Cg - Cs * c[:, :, None]  # (n, k, m, V): C summed with [c' = a] - c_c'
         if "G" in lay.families:  # sum_a Dz_a W2_{h,a}, times 1 - hid_h^2
-            gz = (Dz.reshape(-1, V) @ self.theta_W2.T).reshape(n, k, m, -1)
+            gz = (Dz.reshape(-1, V) @ self.theta_W2[lay.hidden].T).reshape(n, k, m, -1)
             gz *= (1.0 - hid_own * hid_own)[:, :, None]  # (n, k, m, H)
         if lay.has("E"):
             Ez = np.matmul(Cg, a[f"Ec{i}"][own])  # (n, k, m, k d)

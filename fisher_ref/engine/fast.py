@@ -33,14 +33,14 @@ from __future__ import annotations
 import numpy as np
 
 from fisher_ref.engine.complete import complete, complete_fisher
-from fisher_ref.engine.factored import factors_last_level, shard_cuts
+from fisher_ref.engine.factored import factors_last_level, shard_columns
 from fisher_ref.engine.plan import (DEFAULT_BUDGETS, DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS,
                                     Budgets, EngineOptions)
 from fisher_ref.engine.reference import exact_reference
 from fisher_ref.engine.run import (BlockArrays, Run, check_support, last_scores, plan,
                                    state_places)
 from fisher_ref.engine.autodiff import parts_gradient
-from fisher_ref.engine.param_shards import param_columns, param_shard_result
+from fisher_ref.engine.param_shards import param_shard_result
 from fisher_ref.engine.shard_result import check_shard
 from fisher_ref.engine.shards import merge
 from fisher_ref.engine.window_cache import WindowCache
@@ -257,9 +257,10 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
             ``fisher_ref.engine.shards.merge`` adds to the others. It keeps its rows of
             the per-state and per-response arrays only when asked (``"auto"``: not).
         param_shard: ``(i, n)``: every state and response, but only the sums of the
-            parameters ``fisher_ref.engine.shards.param_columns(P, n)[i]``; returns its
-            ``ShardResult``, which ``merge`` places beside the others' (the per-state and
-            per-response arrays kept as in a whole run).
+            parameters ``fisher_ref.engine.factored.shard_columns(task, n)[i]`` (for the
+            MLP, cut between hidden units); returns its ``ShardResult``, which ``merge``
+            places at its parameters beside the others' (the per-state and per-response
+            arrays kept as in a whole run).
         workers: processes to run parameter shards in (``fisher_ref.engine.workers``):
             each walks the whole tree for its share of the parameters, so the per-window
             and per-state work is split, not repeated (the sensitivities too for the MLP;
@@ -312,7 +313,7 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
             raise ValueError(f"param_shard=({i}, {n_shards}) cuts the model's "
                              f"{task.model.num_params} parameters into more slices than "
                              "there are parameters")
-        columns = param_columns(task.model.num_params, n_shards, shard_cuts(task))[i]
+        columns = shard_columns(task, n_shards)[i]
     if shard is not None:  # a shard's result holds sums, its rows only when asked
         options = options.with_(**{k: False for k in ("keep_states", "keep_sequences")
                                    if getattr(options, k) == "auto"})

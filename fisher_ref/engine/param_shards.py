@@ -1,8 +1,9 @@
 """Parameter shards of one exact run: ``exact(task, param_shard=(i, n))`` walks the whole
-tree for the ``i``-th slice of the parameters (:func:`param_columns`); every sum the engine
-forms is a sum per parameter, so the slices are placed side by side (:func:`merge_params`,
-which :func:`fisher_ref.engine.shards.merge` calls for them). What ``exact(task,
-workers=N)`` runs."""
+tree for the ``i``-th set of the parameters (:func:`fisher_ref.engine.factored.shard_columns`:
+:func:`param_columns`, or for the MLP sets cut between hidden units); every sum the engine
+forms is a sum per parameter, so each set's columns are placed at its parameters
+(:func:`merge_params`, which :func:`fisher_ref.engine.shards.merge` calls for them). What
+``exact(task, workers=N)`` runs."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,27 +12,27 @@ from fisher_ref.engine.moments import Moments, finish_fisher, finish_stream
 from fisher_ref.engine.shard_result import ShardError, ShardResult, task_key
 from fisher_ref.results import ExactResult, GatheredStates
 
-__all__ = ["param_columns", "param_shard_result", "merge_params"]
+__all__ = ["param_columns", "column_index", "column_count", "param_shard_result",
+           "merge_params"]
 
 
-def param_columns(P, n, cuts=()):
-    """The ``n`` parameter slices of ``exact(task, param_shard=(i, n))``: consecutive,
-    as equal as whole parameters allow (the first ``P mod n`` one wider), each bound moved
-    to the nearest of ``cuts`` within a quarter of a slice's width, where there is one.
+def param_columns(P, n):
+    """``n`` slices of the ``P`` parameters: consecutive, as equal as whole parameters
+    allow (their sizes differ by one at most): the parameter shards of a model other than the
+    MLP (:func:`fisher_ref.engine.factored.shard_columns`)."""
+    return [slice(i * P // n, (i + 1) * P // n) for i in range(n)]
 
-    ``cuts``: places where a cut saves work (:func:`fisher_ref.models.mlp_scores.family_cuts`
-    for the MLP: a slice that holds part of a block that shares its factors with its bias
-    forms those factors whole, so a slice cut inside ``W1``'s family and the next both pay
-    for them). A bound that would not stay between its neighbours stays where it was, so
-    every slice keeps at least one parameter."""
-    bounds = [i * P // n for i in range(n + 1)]
-    reach = P / (4 * n)
-    for i in range(1, n):
-        near = [c for c in cuts
-                if abs(c - bounds[i]) <= reach and bounds[i - 1] < c < bounds[i + 1]]
-        if near:
-            bounds[i] = min(near, key=lambda c: (abs(c - bounds[i]), c))
-    return [slice(bounds[i], bounds[i + 1]) for i in range(n)]
+
+def column_index(columns, P):
+    """The parameters a run over ``columns`` holds, ``(width,)`` in the order of its
+    columns: a slice of ``0..P``, or a set with an ``index`` (as
+    :class:`fisher_ref.models.mlp_scores.UnitColumns`)."""
+    return np.arange(P)[columns] if isinstance(columns, slice) else columns.index
+
+
+def column_count(columns, P):
+    """How many parameters a run over ``columns`` (:func:`column_index`) holds."""
+    return len(range(P)[columns]) if isinstance(columns, slice) else columns.width
 
 
 def param_shard_result(run, result, shard, tables, keep, windows=None):
@@ -58,16 +59,21 @@ def param_shard_result(run, result, shard, tables, keep, windows=None):
 
 def merge_params(task, parts):
     """Parameter shards (sorted) into one result: every parameter-indexed sum is its
-    shard's columns, placed side by side; the sums that hold no parameter (probability
+    shard's columns, each placed at its parameter (:func:`column_index`; side by side,
+    for slices); the sums that hold no parameter (probability
     mass, rewards, their spread) are the same in every shard and are taken from the first;
     the per-state and per-response rows and the autodiff gradient are the last's (the shard
     that formed them)."""
     P, T, head, last = task.model.num_params, task.max_len, parts[0], parts[-1]
     cols = [p.columns for p in parts]
-    if cols[0].start != 0 or cols[-1].stop != P or any(
-            a.stop != b.start for a, b in zip(cols, cols[1:])):
-        raise ShardError(f"the parameter shards hold columns {[(c.start, c.stop) for c in cols]}"
-                         f", which do not tile 0..{P}")
+    index = [column_index(c, P) for c in cols]
+    held = np.bincount(np.concatenate(index), minlength=P) if P else np.zeros(0, int)
+    if len(held) != P or (held != 1).any():
+        raise ShardError(f"the parameter shards hold {int((held > 0).sum())} distinct of the "
+                         f"{P} parameters, {int((held > 1).sum())} of them in more than one "
+                         f"shard ({cols}): they do not hold each parameter once")
+    place_at = np.concatenate(index)  # where each column side by side goes
+    place_at = None if np.array_equal(place_at, np.arange(P)) else place_at
     for p in parts[1:]:  # the sums without parameters: the same walk gave the same numbers
         for name, m in p.moments.items():  # (to rounding: the sub-blocks follow the width)
             h = head.moments[name]
@@ -83,8 +89,9 @@ def merge_params(task, parts):
     for stream in head.streams:
         name, m = stream.name, Moments(P, T)
         for field, value in head.moments[stream.name].items():
-            if isinstance(value, np.ndarray):
-                value = np.concatenate([p.moments[name][field] for p in parts], axis=-1)
+            if isinstance(value, np.ndarray):  # side by side, then each at its parameter
+                value = _placed(np.concatenate([p.moments[name][field] for p in parts],
+                                               axis=-1), place_at)
             setattr(m, field, value)
         results[name] = finish_fisher(m) if head.quantities == "fisher" else \
             finish_stream(m, task.baseline)
@@ -93,12 +100,23 @@ def merge_params(task, parts):
                             head.quantities)
     if last.states is not None:
         states = dict(last.states)
-        # each shard's columns side by side, placed when a state array is first read; the
+        # each shard's columns at its parameters, placed when a state array is first read; the
         # states read the windows by the last shard's ids: another shard's rows in that order
-        order = [_rows_of(last.windows, p) for p in parts]
-        tables = {k: [p.window_tables[k] if at is None else p.window_tables[k][at]
-                      for p, at in zip(parts, order)] for k in head.window_tables}
+        rows = [_rows_of(last.windows, p) for p in parts]
+        tables = {k: [(at_cols, p.window_tables[k] if at is None else p.window_tables[k][at])
+                      for p, at, at_cols in zip(parts, rows, index)]
+                  for k in head.window_tables}
         out.states = GatheredStates(states, tables, states.pop("window"))
+    return out
+
+
+def _placed(x, place_at):
+    """``x (..., P)``, the shards' columns side by side, with column ``j`` at parameter
+    ``place_at[j]`` (``x`` itself when ``None``: slices in order)."""
+    if place_at is None:
+        return x
+    out = np.empty_like(x)
+    out[..., place_at] = x
     return out
 
 

@@ -36,6 +36,7 @@ from fisher_ref.engine.shards import ShardWalk, first_reward
 from fisher_ref.numerics import softmax
 from fisher_ref._progress import Progress
 from fisher_ref.engine.moments import Moments, finish_fisher, finish_stream
+from fisher_ref.engine.param_shards import column_count
 from fisher_ref.results import ExactResult, check_quantities
 from fisher_ref.models.sensitivities import sensitivities
 from fisher_ref.tasks import require_task
@@ -259,10 +260,10 @@ class Run:
         self.memory_kept = False
         self.streams, self.cost, self.keep_states, self.keep_sequences = plan(task, options)
         P, T = task.model.num_params, task.max_len
-        # the parameters whose sums this run forms (a slice: exact(..., param_shard=));
-        # the autodiff gradient is of every parameter
+        # the parameters whose sums this run forms (a slice, or a set cut between the MLP's
+        # hidden units: exact(..., param_shard=)); the autodiff gradient is of every parameter
         self.columns = slice(0, P) if columns is None else columns
-        self.P = len(range(P)[self.columns])
+        self.P = column_count(self.columns, P)
         self.moments = {stream.name: Moments(self.P, T) for stream in self.streams}
         # the rows that hold no parameter (per-state records, per-response arrays, the
         # autodiff gradient): a parameter shard other than the last leaves them to it

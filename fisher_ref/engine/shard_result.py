@@ -78,7 +78,9 @@ class ShardResult:
     window_tables: dict = None
     windows: np.ndarray = None
     n_states: int = 0
-    columns: slice = None  # a parameter shard: the parameters it holds (else a subtree cut)
+    # a parameter shard: the parameters it holds, a slice or (the MLP's hidden units) a
+    # fisher_ref.models.mlp_scores.UnitColumns; None for a subtree cut
+    columns: object = None
 
     @property
     def nbytes(self):

@@ -36,6 +36,7 @@ import numpy as np
 
 from fisher_ref.engine.plan import DEFAULT_BUDGETS
 from fisher_ref.engine.factored import row_width, window_sums
+from fisher_ref.engine.param_shards import column_count
 from fisher_ref.engine.parent_sums import held_products
 from fisher_ref.engine.run import model_probs
 from fisher_ref.models.mlp import MLPModel
@@ -67,7 +68,9 @@ class WindowCache:
         defer_bytes: parents' score sums held by :meth:`defer` before they are used.
         kept: ``{key: array name}``: per-window arrays also kept for the whole run
             (:meth:`kept_tables`).
-        columns: the parameters (a slice of ``0..P``) whose arrays are formed; default all.
+        columns: the parameters (a slice of ``0..P``, or for the MLP a
+            :class:`fisher_ref.models.mlp_scores.UnitColumns`) whose arrays are formed;
+            default all.
         factored_last: the run sums its last level from the factors of the MLP's scores
             (:mod:`fisher_ref.engine.factored`; :attr:`factored_last`).
     """
@@ -80,8 +83,9 @@ class WindowCache:
         # id i (a cache never emptied before the run's last flush), else copied by id
         self.kept, self.by_id, self.by_rows = dict(kept or {}), {}, True
         V, P = task.model.vocab_size, task.model.num_params
-        self.columns = None if columns is None or range(P)[columns] == range(P) else columns
-        P = len(range(P)[columns]) if self.columns is not None else P
+        self.columns = None if columns is None or (isinstance(columns, slice) and
+                                                   range(P)[columns] == range(P)) else columns
+        P = column_count(columns, P) if self.columns is not None else P
         self.centers = list(dict.fromkeys(stream.center for stream in streams))
         self.shapes = {"p": (V,), "q": (V,)}
         # the MLP keeps the factors of its scores and of its first three moments (for
@@ -95,7 +99,7 @@ class WindowCache:
                                               self.factored_last and task.max_len > 1)
         self.width, self.factor_names = P, []
         if self.has_factors:
-            fs = factor_shapes(task.model.spec)  # those of the families in the columns
+            fs = factor_shapes(task.model.spec, self.columns)  # of the families in the columns
             self.factor_names = factor_names(task.model.spec, len(self.centers), len(streams),
                                              min(moments, 3), self.columns)
             self.shapes.update({n: fs[n.rstrip("0123456789_")] for n in self.factor_names})

@@ -1,8 +1,8 @@
 """The shards of one exact run in local processes: ``exact(task, workers=N)``.
 
 Shard ``i`` of ``N`` is ``exact(task, param_shard=(i, N))``: the whole tree, for the
-``i``-th slice of the parameters (:func:`fisher_ref.engine.param_shards.param_columns`). Every
-sum the engine forms per parameter is that parameter's alone, so the slices split the
+``i``-th set of the parameters (:func:`fisher_ref.engine.factored.shard_columns`). Every
+sum the engine forms per parameter is that parameter's alone, so the sets split the
 work per window and per state instead of repeating it (subtrees, ``shard=(i, N)``, would
 each compute the windows they share; that cut serves the Ray cluster, where what crosses
 the network must be small). Only the MLP forms just its columns of the sensitivities;
@@ -14,8 +14,9 @@ copying the arrays out); the last shard runs in the calling process meanwhile
 (which would otherwise wait idle, and whose result then needs no pickling), and the
 caller merges them once. The last shard keeps the per-state and per-response records
 and forms the autodiff gradient, so none of them is sent; for the MLP it holds ``W2``'s
-family (when the cut at the end of ``b1`` is within reach), whose factors cost least per
-parameter. (Subtree shards: shard 0 runs in the caller.) A worker (a process of ours
+family and the last hidden units, a smaller share of the work
+(:data:`fisher_ref.models.mlp_scores.LAST_SHARE`). (Subtree shards: shard 0 runs in the
+caller.) A worker (a process of ours
 alone) has glibc keep the memory its shards free for the next one. Workers are started with the ``spawn``
 method, with the
 BLAS thread counts set to 1 in their environment before they import numpy, and through

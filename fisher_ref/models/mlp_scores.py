@@ -28,21 +28,26 @@ token).
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 
 import numpy as np
 
-__all__ = ["mlp_blocks", "family_cuts", "families", "mlp_window_arrays", "mlp_score_rows",
+__all__ = ["mlp_blocks", "UnitColumns", "mlp_columns", "mlp_param_shards", "WORK",
+           "LAST_SHARE", "families",
+           "mlp_window_arrays", "mlp_score_rows",
            "scatter_E", "FACTORS", "factor_shapes", "factor_names"]
 
 
 @lru_cache(maxsize=64)
-def mlp_blocks(spec):
+def mlp_blocks(spec, units=None):
     """``((name, start, stop), ...)``: the MLP's parameter blocks in the flat layout of
     docs/theory.md §4.1 (``E``, ``W1``, ``b1``, ``W2``, ``b2``); kept per spec (a frozen
-    dataclass)."""
+    dataclass). With ``units``, a number of hidden units: the layout in which ``W1`` and
+    ``b1`` hold only that many (:class:`UnitColumns`)."""
     V, k, d, H = spec.vocab_size, spec.context, spec.embed_dim, spec.hidden
-    sizes = [("E", (V + 1) * d), ("W1", k * d * H), ("b1", H), ("W2", H * V), ("b2", V)]
+    h = H if units is None else units
+    sizes = [("E", (V + 1) * d), ("W1", k * d * h), ("b1", h), ("W2", H * V), ("b2", V)]
     out, at = [], 0
     for name, n in sizes:
         out.append((name, at, at + n))
@@ -50,13 +55,146 @@ def mlp_blocks(spec):
     return tuple(out)
 
 
-def family_cuts(spec):
-    r"""The bounds between the MLP's factor families in the flat layout: ``E``; ``W1`` with
-    ``b1`` (both read :math:`\hat g`); ``W2`` with ``b2`` (both read ``D``). A parameter
-    slice cut there forms only its own families' factors
-    (:func:`fisher_ref.engine.param_shards.param_columns`)."""
-    at = {name: stop for name, _, stop in mlp_blocks(spec)}
-    return (at["E"], at["b1"])
+@dataclass(frozen=True)
+class UnitColumns:
+    r"""A set of the MLP's parameters that holds ``W1`` and ``b1`` only at the hidden units
+    ``h0..h1``: the consecutive parameters ``lo..hi`` of the layout in which those two
+    blocks hold only those units (:func:`mlp_blocks` with ``units=h1 - h0``: column
+    ``h`` of ``W1``'s rows and entry ``h`` of ``b1``). Its parameters in the flat layout
+    (:attr:`index`) are not consecutive, and are held in that layout's order. A run over
+    it forms the factor :math:`\hat g` of those units only, so that shards cut between
+    hidden units share no work of ``W1``'s family
+    (:func:`mlp_param_shards`)."""
+
+    spec: object = field(repr=False)
+    lo: int
+    hi: int
+    h0: int
+    h1: int
+
+    def __post_init__(self):
+        H, n = self.spec.hidden, self.h1 - self.h0
+        if not 0 <= self.h0 <= self.h1 <= H:
+            raise ValueError(f"hidden units {self.h0}..{self.h1} are not inside 0..{H}")
+        P = mlp_blocks(self.spec, n)[-1][2]
+        if not 0 <= self.lo < self.hi <= P:
+            raise ValueError(f"parameters {self.lo}..{self.hi} are not a nonempty range of "
+                             f"the {P} of the layout with {n} hidden units")
+
+    @property
+    def width(self):
+        return self.hi - self.lo
+
+    @cached_property
+    def index(self):
+        """The parameters held, in the flat layout, ``(width,)`` in increasing order."""
+        narrow = mlp_blocks(self.spec, self.h1 - self.h0)
+        flat = dict((name, start) for name, start, _ in mlp_blocks(self.spec))
+        H, n = self.spec.hidden, self.h1 - self.h0
+        parts = []
+        for name, start, stop in narrow:
+            a, b = max(start, self.lo), min(stop, self.hi)
+            if a >= b:
+                continue
+            at = np.arange(a, b) - start  # within the narrowed block
+            if name == "W1":  # row m, unit h0 + j of the narrowed block
+                at = at // n * H + self.h0 + at % n
+            elif name == "b1":
+                at = at + self.h0
+            parts.append(flat[name] + at)
+        return np.concatenate(parts)
+
+
+def mlp_columns(spec, columns=None):
+    """``(blocks, lo, hi, hidden)`` of a run over the MLP's parameters ``columns`` (all,
+    a slice of ``0..P`` or a :class:`UnitColumns`): the layout its columns are read in
+    (:func:`mlp_blocks`), their range there, and the hidden units of ``W1``'s family
+    ``(h0, h1)`` the run forms factors of."""
+    if isinstance(columns, UnitColumns):
+        return (mlp_blocks(spec, columns.h1 - columns.h0), columns.lo, columns.hi,
+                (columns.h0, columns.h1))
+    blocks = mlp_blocks(spec)
+    lo, hi, step = (columns or slice(None)).indices(blocks[-1][2])
+    if step != 1:
+        raise ValueError(f"columns must be a slice of consecutive parameters, got {columns!r}")
+    return blocks, lo, hi, (0, spec.hidden)
+
+
+#: The work a parameter shard adds per parameter of ``E``, of ``W1``'s family (``W1``
+#: and ``b1``, read from :math:`\hat g`: a hidden unit weighs ``k d + 1`` of them) and of
+#: ``W2``'s family, relative to ``W1``'s (:func:`mlp_param_shards`). A linear model, set
+#: by hand from the times of shards of one family and of two shards cut at several
+#: hidden units, each run as a shard before the last (scripts/shard_balance.py, its
+#: "alone" columns), which in glibc's default memory move by a tenth or more from run to
+#: run. A shard's fixed work (its families' factors, its share of the walk) is spread
+#: over the parameters.
+WORK = {"E": 0.66, "G": 1.0, "D": 0.60}
+
+#: The share of the work :func:`mlp_param_shards` gives the last shard, against the
+#: others' 1: the shard that forms the records (the per-state and per-response rows and
+#: the autodiff gradient) and that ``exact(task, workers=N)`` runs in the calling process,
+#: which, unlike its workers, hands the memory it frees back to the system
+#: (:func:`fisher_ref.engine.workers.keep_freed_memory`) and so sums in smaller
+#: sub-blocks. With :data:`WORK` it cuts two shards of ``scale/v16`` after unit 112 of 128,
+#: where the worker's shard and the caller's, timed as ``workers=2`` runs them, came out
+#: even to a few percent (docs/bench/shards/balance_v16.txt). The caller's extra work is
+#: more nearly a fixed time than a share: on ``medium`` the two come out even near unit
+#: 29 of 32, and this share cuts after 24 (docs/bench/shards/balance_medium.txt).
+LAST_SHARE = 0.76
+
+
+def mlp_param_shards(spec, n):
+    r"""The parameters of each of ``n`` parameter shards of an MLP run, balanced by their
+    work: the parameters in the order ``E``, then ``W1``'s family hidden unit by hidden
+    unit (a unit's column of ``W1`` with its entry of ``b1``: the columns of one unit of
+    :math:`\hat g`, :class:`UnitColumns`), then ``W2``'s family, cut where the work
+    (:data:`WORK`) reaches each shard's share: equal shares, the last
+    :data:`LAST_SHARE` of the others'. A cut inside ``E`` or inside ``W2``'s
+    family moves to that family's bound with ``W1``'s when it is within a quarter of a
+    shard's work of it
+    (a shard that holds part of a family forms that family's factors whole: ``E``'s and
+    ``D`` cost the same whether a shard holds one parameter of the family or all);
+    a cut inside ``W1``'s family falls between two hidden units, and each shard forms
+    :math:`\hat g` of its own units only. Each shard is a slice of ``0..P`` where it holds
+    every hidden unit of ``W1``'s family or none, else a :class:`UnitColumns`.
+
+    ``None`` when some shard would hold nothing (more shards than the units of work)."""
+    blocks = {name: (start, stop) for name, start, stop in mlp_blocks(spec)}
+    H, kd1 = spec.hidden, spec.context * spec.embed_dim + 1
+    nE, nD = blocks["E"][1], blocks["b2"][1] - blocks["W2"][0]
+    per = [WORK["E"], kd1 * WORK["G"], WORK["D"]]  # per parameter, per unit, per parameter
+    work = [nE * per[0], H * per[1], nD * per[2]]  # per family, in order
+    total, edges = sum(work), np.cumsum([0] + work)  # the families' bounds in work
+    shares = np.cumsum([0.0] + [1.0] * (n - 1) + [LAST_SHARE])
+    at = [0]
+    for i in range(1, n):
+        t = total * shares[i] / shares[-1]
+        f = min(int(np.searchsorted(edges, t, side="right")) - 1, 2)
+        if f != 1:  # inside E or W2's family: to its bound, within a quarter of a shard
+            bound = edges[1] if f == 0 else edges[2]
+            if abs(t - bound) <= total / (4 * n):
+                t = bound
+        f = min(int(np.searchsorted(edges, t, side="right")) - 1, 2)
+        offset = [0, nE, nE + H][f]
+        at.append(offset + (int(round((t - edges[f]) / per[f])) if per[f] else 0))
+    at.append(nE + H + nD)
+    if any(a >= b for a, b in zip(at, at[1:])):
+        return None
+    return [_order_columns(spec, blocks, a, b) for a, b in zip(at, at[1:])]
+
+
+def _order_columns(spec, blocks, a, b):
+    """The parameters of positions ``a..b`` of :func:`mlp_param_shards`'s order (``E``'s
+    parameters, ``W1``'s family's hidden units, ``W2``'s family's parameters)."""
+    H, kd1 = spec.hidden, spec.context * spec.embed_dim + 1
+    nE, b1 = blocks["E"][1], blocks["b1"][1]
+    u0, u1 = min(max(a - nE, 0), H), min(max(b - nE, 0), H)  # the hidden units held
+    if u0 == u1 or (u0, u1) == (0, H):  # every unit or none: consecutive parameters
+        flat = lambda x: x if x <= nE else b1 + (x - nE - H)  # (never inside the units)
+        return slice(flat(a), flat(b))
+    lo = a if a < nE else nE  # in the layout with units u0..u1 only
+    hi = nE + kd1 * (u1 - u0) + max(b - nE - H, 0)
+    return UnitColumns(spec, lo, hi, u0, u1)
 
 
 #: The factor family of each block: ``"E"``; ``"G"`` (:math:`\hat g`: ``W1`` and ``b1``);
@@ -65,33 +203,38 @@ _FAMILY = {"E": "E", "W1": "G", "b1": "G", "W2": "D", "b2": "D"}
 
 
 def families(spec, columns=None):
-    """The factor families (``"E"``, ``"G"``, ``"D"``, :func:`family_cuts`) with a block
-    inside the parameters ``columns`` (a slice of ``0..P``; all by default): the factors a
-    run over them forms and reads (:func:`mlp_window_arrays`, :func:`mlp_score_rows`)."""
-    blocks = mlp_blocks(spec)
-    lo, hi, _ = (columns or slice(None)).indices(blocks[-1][2])
+    """The factor families (``"E"``, ``"G"``, ``"D"``: :data:`_FAMILY`) with a block
+    inside the parameters ``columns`` (a slice of ``0..P`` or a :class:`UnitColumns`; all
+    by default): the factors a run over them forms and reads (:func:`mlp_window_arrays`,
+    :func:`mlp_score_rows`)."""
+    blocks, lo, hi, _ = mlp_columns(spec, columns)
     return frozenset(_FAMILY[name] for name, start, stop in blocks
                      if max(start, lo) < min(stop, hi))
 
 
 class _Factors:
     r"""The per-window factors of the MLP's sensitivities, tokens first: ``e (U, kd)``,
-    ``hid (U, H)``, ``gT (U, V, H)`` (:math:`g_{h,a}` at ``[u, a, h]``), and the ``E``
+    ``hid (U, H)``, ``gT (U, V, H)`` (:math:`g_{h,a}` at ``[u, a, h]``), ``gG`` its
+    hidden units ``hidden = (h0, h1)`` (``W1``'s family's; ``gT`` itself when all), and the ``E``
     block by window position, ``jE (U, V, k, d)``: row ``windows[u, pos]`` of :math:`E`
     gets ``jE[u, :, pos]``, the positions of a token already earlier in the window added to
     its first (``dup[u, pos]``, their own rows zero), so every other row of the block is
     zero. Only the factors of the families ``fam`` (:func:`families`) are formed:
-    ``gT`` with ``"E"`` or ``"G"``, ``jE`` with ``"E"`` (else ``None``)."""
+    ``gT`` with ``"E"``, ``gG`` with ``"G"``, ``jE`` with ``"E"`` (else ``None``)."""
 
-    def __init__(self, model, theta, windows, fam=frozenset("EGD")):
+    def __init__(self, model, theta, windows, fam=frozenset("EGD"), hidden=None):
         spec = model.spec
         V, k, d = spec.vocab_size, spec.context, spec.embed_dim
         p = model.unpack(theta)
         self.e, self.hid = model.hidden(theta, windows)  # (U, kd), (U, H)
         U = windows.shape[0]
-        self.fam, self.gT, jE = fam, None, None
-        if fam & {"E", "G"}:
+        self.fam, self.gT, self.gG, jE = fam, None, None, None
+        h0, h1 = (0, spec.hidden) if hidden is None else hidden
+        if "E" in fam:
             self.gT = p["W2"].T[None] * (1.0 - self.hid ** 2)[:, None, :]  # (U, V, H)
+        if "G" in fam:
+            self.gG = self.gT[:, :, h0:h1] if self.gT is not None else \
+                p["W2"][h0:h1].T[None] * (1.0 - self.hid[:, h0:h1] ** 2)[:, None, :]
         if "E" in fam:  # (U, V, k, d): sum_h g_{h,a} W1_{pos d + r, h}
             jE = np.matmul(self.gT, p["W1"].T).reshape(U, V, k, d)
         self.windows, self.V, self.d = windows, V, d
@@ -110,9 +253,10 @@ class _Factors:
     def centered(self, c):
         r"""``(gc, Ec, D)`` at center ``c (U, V)``: :math:`\hat g` ``(U, V, H)``, the
         centered ``E`` block by position ``(U, V, k, d)`` and :math:`D = [c' = a] - c_{c'}`
-        ``(U, V, V)`` (``[u, a, c']``); ``None`` for each outside the families formed."""
+        ``(U, V, V)`` (``[u, a, c']``); ``None`` for each outside the families formed
+        (:math:`\hat g` of the hidden units of ``gG`` only)."""
         fam = self.fam
-        gc = self.gT - np.matmul(c[:, None, :], self.gT) if "G" in fam else None  # (U, V, H)
+        gc = self.gG - np.matmul(c[:, None, :], self.gG) if "G" in fam else None  # (U, V, H)
         Ec = self.jE - np.einsum("ua,uakd->ukd", c, self.jE)[:, None] if "E" in fam else None
         D = self.eye[None] - c[:, None, :] if "D" in fam else None
         return gc, Ec, D
@@ -173,7 +317,8 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
             :math:`\frac1V \sum_a (j_a - \frac1V\sum_b j_b)^2` into; ``None``: not formed.
         out: ``[(U, V, P), ...]``, one array per center to write its scores into (allocated
             when ``None``; ``False``: the scores are not formed).
-        columns: a slice of ``0..P``: only those parameters (``P`` becomes its length).
+        columns: a slice of ``0..P`` or a :class:`UnitColumns`: only those parameters
+            (``P`` becomes their number).
         factors: ``{name: array}`` to write the factors the scores are formed from into
             (:data:`FACTORS`; center ``i``'s with the suffix ``i``), for
             :func:`mlp_score_rows`; with ``mG{j}_{l}``, ``mD{j}_{l}``, ``mE{j}_{l}`` also
@@ -182,21 +327,19 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
             (``mD`` on ``b2``) and ``mE`` ``(k d,)`` on ``E`` by window position (as ``Ec``).
             Only the factors of the families inside ``columns`` are formed
             (:func:`factor_names`; a ``ValueError`` names any other asked for), and so read
-            by a run over them: a parameter shard cut at :func:`family_cuts` forms no
-            ``gc``, ``Ec`` or moment factor of another shard's families (``gT`` is formed
-            for ``E`` and for ``W1``'s family alike, ``e``, ``hid`` and ``c`` in every run).
+            by a run over them: a parameter shard (:func:`mlp_param_shards`) forms no
+            ``gc``, ``Ec`` or moment factor of another shard's families, and ``gc`` and
+            ``mG`` of its own hidden units only (``gT`` is formed for ``E``, ``e``, ``hid``
+            and ``c`` in every run).
 
     Returns:
         ``(xi, ys, unif)``: the scores of each center (``None`` with ``out=False``), the
         moments of each request, and the uniform spread (``None`` when not asked).
     """
-    blocks = mlp_blocks(model.spec)
-    lo, hi, step = (slice(None) if columns is None else columns).indices(blocks[-1][2])
-    if step != 1:
-        raise ValueError(f"columns must be a slice of consecutive parameters, got {columns!r}")
+    blocks, lo, hi, hidden = mlp_columns(model.spec, columns)
     U, V, width = windows.shape[0], model.spec.vocab_size, hi - lo
-    fam = families(model.spec, slice(lo, hi))  # the factors of the other blocks: not formed
-    f = _Factors(model, theta, windows, fam)
+    fam = families(model.spec, columns)  # the factors of the other blocks: not formed
+    f = _Factors(model, theta, windows, fam, hidden)
     e, hid = f.e, f.hid
     cent = [f.centered(c) for c in centers]
     if factors is not None:
@@ -252,7 +395,7 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
         unif = np.empty((U, width)) if uniform is True else uniform
         Gu = Du = None
         if "G" in fam:
-            dev_g = f.gT - f.gT.mean(axis=1, keepdims=True)  # (U, V, H)
+            dev_g = f.gG - f.gG.mean(axis=1, keepdims=True)  # (U, V, H)
             Gu = (dev_g * dev_g).mean(axis=1)  # (U, H)
         if "D" in fam:
             D0 = f.eye - 1.0 / V  # (V, V): [c' = a] - 1/V
@@ -275,12 +418,15 @@ def mlp_window_arrays(model, theta, windows, centers, moments, uniform=None, out
 FACTORS = ("e", "hid", "win", "dup", "gc", "c", "Ec")
 
 
-def factor_shapes(spec):
+def factor_shapes(spec, columns=None):
     """``{name: shape}`` of one window's factors (:data:`FACTORS`, per center the names
-    without their suffix)."""
-    V, k, d, H = spec.vocab_size, spec.context, spec.embed_dim, spec.hidden
-    return {"e": (k * d,), "hid": (H,), "win": (k,), "dup": (k,), "gc": (V, H), "c": (V,),
-            "Ec": (V, k * d), "mG": (H,), "mD": (V,), "mE": (k * d,)}
+    without their suffix) in a run over the parameters ``columns`` (those of ``W1``'s
+    family hold its hidden units only, :func:`mlp_columns`)."""
+    V, k, d = spec.vocab_size, spec.context, spec.embed_dim
+    h0, h1 = mlp_columns(spec, columns)[3]
+    return {"e": (k * d,), "hid": (spec.hidden,), "win": (k,), "dup": (k,),
+            "gc": (V, h1 - h0), "c": (V,), "Ec": (V, k * d), "mG": (h1 - h0,), "mD": (V,),
+            "mE": (k * d,)}
 
 
 #: The family of each factor that belongs to one (:func:`families`); the others
@@ -341,10 +487,9 @@ def mlp_score_rows(spec, fac, tokens, columns=None):
             ``Ec (n, k d)``; ``gc`` and ``Ec`` only where their family lies inside
             ``columns`` (:func:`factor_names`).
         tokens: ``(n,)`` the pairs' tokens.
-        columns: a slice of ``0..P``: only those parameters.
+        columns: a slice of ``0..P`` or a :class:`UnitColumns`: only those parameters.
     """
-    blocks = mlp_blocks(spec)
-    lo, hi, _ = (slice(None) if columns is None else columns).indices(blocks[-1][2])
+    blocks, lo, hi, _ = mlp_columns(spec, columns)
     n, V = len(tokens), spec.vocab_size
     D = np.eye(V)[tokens] - fac["c"]  # (n, V): [c' = a] - c_{c'}
     out = np.empty((n, hi - lo))

@@ -37,7 +37,6 @@ def test_parameter_shards_tile_the_parameters_and_refuse_mixing():
         assert cols[0].start == 0 and cols[-1].stop == P
         assert all(a.stop == b.start for a, b in zip(cols, cols[1:]))
         assert max(c.stop - c.start for c in cols) - min(c.stop - c.start for c in cols) <= 1
-    assert param_columns(4376, 2, ()) == param_columns(4376, 2)
     task = load_config("default")
     tree = [exact(task, progress=False, shard=(i, 2)) for i in range(2)]
     cols = [exact(task, progress=False, param_shard=(i, 2)) for i in range(2)]
@@ -53,56 +52,68 @@ def test_parameter_shards_tile_the_parameters_and_refuse_mixing():
         exact(task, progress=False, param_shard=(2, 2))
 
 
-def test_parameter_slices_move_to_a_cut_near_their_bound():
-    """A bound within P/(4n) of a cut moves to the nearest one (the lower one on a tie);
-    a cut farther away leaves it where it was."""
-    from fisher_ref.engine.shards import param_columns
-    assert param_columns(100, 2, (40,)) == [slice(0, 40), slice(40, 100)]  # 10 <= 12.5
-    assert param_columns(100, 2, (38,)) == [slice(0, 38), slice(38, 100)]  # 12 <= 12.5
-    assert param_columns(100, 2, (37,)) == [slice(0, 50), slice(50, 100)]  # 13 > 12.5
-    assert param_columns(100, 2, (60, 45)) == [slice(0, 45), slice(45, 100)]
-    assert param_columns(100, 2, (55, 45)) == [slice(0, 45), slice(45, 100)]
-    assert param_columns(100, 4, (20, 27, 76)) == [slice(0, 27), slice(27, 50),
-                                                   slice(50, 76), slice(76, 100)]
-
-
-@settings(derandomize=True, database=None, deadline=None, max_examples=200)
-@given(st.integers(1, 5000), st.integers(1, 9), st.lists(st.integers(-5, 5005), max_size=6))
-def test_parameter_slices_with_cuts_tile_the_parameters(P, n, cuts):
-    """Whatever the cuts: consecutive, non-empty slices from 0 to P, each bound either the
-    even one or a cut within reach of it."""
-    from fisher_ref.engine.shards import param_columns
-    n = min(n, P)
-    cols, even = param_columns(P, n, cuts), param_columns(P, n)
-    assert len(cols) == n and cols[0].start == 0 and cols[-1].stop == P
-    assert all(a.stop == b.start for a, b in zip(cols, cols[1:]))
-    assert all(c.stop > c.start for c in cols)
-    for got, was in zip(cols[1:], even[1:]):
-        assert got.start == was.start or (got.start in cuts
-                                           and abs(got.start - was.start) <= P / (4 * n))
-
-
-def test_mlp_parameter_shards_are_cut_between_factor_families():
-    """For the MLP the slices of medium and v16 at n=2 meet at the end of b1, where W2's
-    family starts, and merged they give the single run; the GPT-2 has no cuts."""
-    from fisher_ref.engine.factored import shard_cuts
-    from fisher_ref.engine.shards import param_columns
-    from fisher_ref.models.mlp_scores import family_cuts, mlp_blocks
+def test_shards_that_do_not_hold_each_parameter_once_are_refused():
+    """Parameter shards whose sets overlap or leave a parameter out (shards of plans that
+    differ) are refused by name, never placed over one another."""
+    import dataclasses
+    from fisher_ref.models.mlp_scores import UnitColumns
     from fisher_ref.perf.scaling import load_scale_config
-    v16, medium = load_scale_config("v16"), load_scale_config("medium")
-    ends = {name: stop for name, _, stop in mlp_blocks(v16.model.spec)}
-    assert family_cuts(v16.model.spec) == (ends["E"], ends["b1"]) == (136, 2312)
-    assert param_columns(4376, 2, shard_cuts(v16)) == [slice(0, 2312), slice(2312, 4376)]
-    assert param_columns(1044, 2, shard_cuts(medium)) == [slice(0, 648), slice(648, 1044)]
-    assert shard_cuts(load_config("gpt2_small")) == ()
-    assert exact(medium, progress=False, param_shard=(1, 2)).columns == slice(648, 1044)
-    assert_merged_equal(medium, 2, "medium, cut at the end of b1", by="param_shard")
+    medium = load_scale_config("medium")
+    spec, P = medium.model.spec, medium.model.num_params
+    parts = [exact(medium, progress=False, param_shard=(i, 2)) for i in range(2)]
+    held = [p.columns for p in parts]
+    assert all(isinstance(c, UnitColumns) for c in held)
+    wider = UnitColumns(spec, held[0].lo, held[0].hi + 17, held[0].h0, held[0].h1 + 1)
+    kd1 = spec.context * spec.embed_dim + 1  # one hidden unit's parameters
+    for bad, distinct, twice in ((wider, P, kd1), (slice(0, 10), 10 + held[1].width, 0)):
+        with pytest.raises(ShardError, match=f"hold {distinct} distinct of the {P} "
+                           f"parameters, {twice} of them in more than one shard"):
+            merge(medium, [dataclasses.replace(parts[0], columns=bad), parts[1]])
+    assert merge(medium, parts).sequence_fisher.shape == (P,)
+
+
+def _columns_index(task, cols):
+    from fisher_ref.engine.param_shards import column_index
+    return [column_index(c, task.model.num_params) for c in cols]
+
+
+def test_mlp_parameter_shards_are_cut_between_hidden_units():
+    """For the MLP, two shards of medium and v16 meet between two hidden units: the first
+    holds E and W1's family for units 0..u, the second the rest of W1's family and all of
+    W2's, each forming ghat of its own units only; together they hold every parameter once
+    and merged give the single run. Three shards of v16 leave W2's family to the last
+    (the cut within reach of its start moves there). The GPT-2's shards are consecutive
+    slices."""
+    from fisher_ref.engine.factored import shard_columns
+    from fisher_ref.engine.shards import param_columns
+    from fisher_ref.models.mlp_scores import UnitColumns, mlp_blocks
+    from fisher_ref.perf.scaling import load_scale_config
+    for name in ("medium", "v16"):
+        task = load_scale_config(name)
+        spec, P = task.model.spec, task.model.num_params
+        at = {b: (start, stop) for b, start, stop in mlp_blocks(spec)}
+        first, second = shard_columns(task, 2)
+        assert isinstance(first, UnitColumns) and isinstance(second, UnitColumns)
+        assert first.h0 == 0 and first.h1 == second.h0 and second.h1 == spec.hidden
+        assert spec.hidden // 2 < first.h1 < spec.hidden  # E and most units: W2's is cheap
+        idx = _columns_index(task, (first, second))
+        assert set(range(at["E"][1])) <= set(idx[0]) and set(range(at["W2"][0], P)) <= set(idx[1])
+        assert np.array_equal(np.sort(np.concatenate(idx)), np.arange(P))
+        assert exact(task, progress=False, param_shard=(1, 2)).columns == second
+    v16 = load_scale_config("v16")
+    third = shard_columns(v16, 3)[2]
+    assert third == slice(mlp_blocks(v16.model.spec)[3][1], v16.model.num_params)
+    gpt2 = load_config("gpt2_small")
+    assert shard_columns(gpt2, 2) == param_columns(gpt2.model.num_params, 2)
+    assert_merged_equal(load_scale_config("medium"), 2, "medium, cut between units",
+                        by="param_shard")
 
 
 def test_a_parameter_shard_keeps_only_its_families_factors(monkeypatch):
-    """medium cut at n=2: the second shard (W2 and b2) keeps no factor of E's or W1's
-    family (ghat, the centered E block, their moments) in its window cache, the first no
-    moment of D; both keep the factors every run reads."""
+    """medium cut at n=2: the second shard (the last hidden units and W2's family) keeps no
+    factor of E's family (the centered E block, its moments) in its window cache, and ghat
+    and its moments of its own units only; the first no moment of D; both keep the
+    factors every run reads."""
     from fisher_ref.engine import fast
     from fisher_ref.perf.scaling import load_scale_config
     caches = []
@@ -117,10 +128,13 @@ def test_a_parameter_shard_keeps_only_its_families_factors(monkeypatch):
     for i in range(2):
         exact(medium, progress=False, param_shard=(i, 2))
         held.append({n.rstrip("0123456789_") for n in caches[-1].arrays})
+        units = caches[-1].columns.h1 - caches[-1].columns.h0
+        assert caches[-1].arrays["gc0"].shape[-1] == units < medium.model.spec.hidden
+        assert caches[-1].arrays["mG0_1"].shape[-1] == units
     exact(medium, progress=False)
     whole = {n.rstrip("0123456789_") for n in caches[-1].arrays}
     assert {"gc", "Ec", "mG", "mE", "mD", "c", "e", "hid"} <= whole
-    assert not held[1] & {"gc", "Ec", "mG", "mE"} and {"mD", "c", "hid"} <= held[1]
+    assert not held[1] & {"Ec", "mE"} and {"gc", "mG", "mD", "c", "hid"} <= held[1]
     assert "mD" not in held[0] and {"gc", "Ec", "mG", "mE", "c"} <= held[0]
 
 
@@ -153,15 +167,15 @@ def test_only_the_last_parameter_shard_carries_the_records():
     """Shards before the last (what workers run) send their sums and their own columns'
     window arrays, and no per-state or per-response record; a merge whose last shard holds
     none of the records its run kept is refused, not returned without them."""
-    import numpy as np
+    from fisher_ref.engine.param_shards import column_count
     task = load_config("default")
     parts = [exact(task, progress=False, param_shard=(i, 3), keep_states=True,
                    keep_sequences=True) for i in range(3)]
     for p in parts[:-1]:
         assert p.states is None and p.sequences is None
         assert not np.any(p.grad_ad)
-        assert p.window_tables and all(v.shape[-1] == p.columns.stop - p.columns.start
-                                       for v in p.window_tables.values())
+        width = column_count(p.columns, task.model.num_params)
+        assert p.window_tables and all(v.shape[-1] == width for v in p.window_tables.values())
     assert parts[-1].states is not None and parts[-1].sequences is not None
     assert np.any(parts[-1].grad_ad)
     merge(task, parts)

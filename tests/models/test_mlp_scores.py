@@ -7,8 +7,10 @@ from hypothesis import given, settings, strategies as st
 
 from fisher_ref.models.base import ModelSpec
 from fisher_ref.models.mlp import MLPModel
-from fisher_ref.models.mlp_scores import (factor_names, factor_shapes, families, mlp_blocks,
-                                          mlp_score_rows, mlp_window_arrays)
+from fisher_ref.models.mlp_scores import (LAST_SHARE, WORK, UnitColumns, factor_names,
+                                          factor_shapes, families, mlp_blocks,
+                                          mlp_param_shards, mlp_score_rows,
+                                          mlp_window_arrays)
 from fisher_ref.models.sensitivities import mlp_sensitivities
 from fisher_ref.numerics import softmax, topk_weights
 
@@ -87,7 +89,7 @@ def test_blocks_tile_the_parameters():
 
 
 def test_a_slice_of_the_parameters_forms_only_its_families_factors():
-    """A slice inside W2's family (a parameter shard cut at family_cuts) forms and reads no
+    """A slice inside W2's family (a parameter shard that holds no hidden unit) forms and reads no
     factor of E's or W1's (gc, Ec, mG, mE): the factors it does form still give the dense
     scores (mlp_score_rows), and a factor asked for outside the slice is refused by name."""
     spec = ModelSpec(vocab_size=5, context=2, embed_dim=3, hidden=4)
@@ -121,3 +123,109 @@ def test_a_slice_of_the_parameters_forms_only_its_families_factors():
         mlp_window_arrays(model, theta, windows, [p], [(q, 0, [None] * 3)], out=False,
                           columns=W2_family,
                           factors={"gc0": np.empty((3, 5, 4)), **{n: fac[n] for n in names}})
+
+
+def _unit_index(model, h0, h1, lo, hi):
+    """The flat parameters of :class:`UnitColumns` built from the model's own unpacking
+    (not from mlp_blocks): E, W1's columns h0..h1 row by row, b1's h0..h1, W2, b2, in that
+    order, then positions lo..hi of that list."""
+    at = model.unpack(np.arange(model.num_params, dtype=float))
+    order = np.concatenate([at["E"].ravel(), at["W1"][:, h0:h1].ravel(), at["b1"][h0:h1],
+                            at["W2"].ravel(), at["b2"].ravel()]).astype(int)
+    return order[lo:hi]
+
+
+@settings(max_examples=40, deadline=None)
+@given(V=st.integers(2, 6), k=st.integers(1, 3), d=st.integers(1, 3), H=st.integers(1, 6),
+       U=st.integers(1, 5), seed=st.integers(0, 2 ** 31 - 1), a=st.floats(0, 1),
+       b=st.floats(0, 1), cut=st.floats(0, 1), width=st.floats(0, 1))
+def test_unit_columns_give_the_dense_arrays_at_their_parameters(V, k, d, H, U, seed, a, b,
+                                                                cut, width):
+    """A run over the hidden units h0..h1 of W1's family (UnitColumns: parameters lo..hi
+    of the layout that holds only those units) gives the dense scores, moments, uniform
+    spread and score rows at its parameters, which are those the model's own unpacking
+    puts there."""
+    rng = np.random.default_rng(seed)
+    spec = ModelSpec(vocab_size=V, context=k, embed_dim=d, hidden=H)
+    model = MLPModel(spec)
+    h0 = min(int(a * H), H - 1)
+    h1 = h0 + 1 + int(b * (H - h0 - 1))
+    P = mlp_blocks(spec, h1 - h0)[-1][2]
+    lo = int(cut * (P - 1))
+    hi = lo + 1 + int(width * (P - 1 - lo))
+    uc = UnitColumns(spec, lo, hi, h0, h1)
+    index = _unit_index(model, h0, h1, lo, hi)
+    assert np.array_equal(uc.index, index) and uc.width == len(index)
+    theta = 1.5 * rng.standard_normal(model.num_params)
+    windows = rng.integers(0, V + 1, size=(U, k))
+    p, q = softmax(rng.standard_normal((U, V))), softmax(2 * rng.standard_normal((U, V)))
+    xi, ys, unif = mlp_window_arrays(model, theta, windows, [p, q], [(q, 0, 3)],
+                                     uniform=True, columns=uc)
+    for c, x in zip((p, q), xi):
+        _close(x, _dense(model, theta, windows, c, index)[1])
+    ref = _dense(model, theta, windows, p, index)[1]
+    for l in range(3):
+        _close(ys[0][l], np.einsum("ua,uap->up", q, ref ** (l + 1)))
+    J = _dense(model, theta, windows, p, index)[0]
+    _close(unif, ((J - J.mean(axis=1, keepdims=True)) ** 2).mean(axis=1))
+    names = factor_names(spec, 1, 1, 2, uc)
+    shapes = factor_shapes(spec, uc)
+    fac = {n: np.full((U,) + shapes[n.rstrip("0123456789_")], np.nan) for n in names}
+    mlp_window_arrays(model, theta, windows, [p], [(q, 0, [None] * 2)], out=False,
+                      columns=uc, factors=fac)
+    tokens = rng.integers(0, V, size=U)
+    rows = {n: fac[n] for n in ("e", "hid", "win", "dup")} | {"c": fac["c0"]}
+    rows |= {n: fac[f"{n}0"][np.arange(U), tokens] for n in ("gc", "Ec") if f"{n}0" in fac}
+    _close(mlp_score_rows(spec, rows, tokens, uc), ref[np.arange(U), tokens])
+    if "gc0" in fac:  # the factor of its own units only
+        assert fac["gc0"].shape == (U, V, h1 - h0)
+
+
+def test_unit_columns_refuse_units_or_parameters_outside():
+    spec = ModelSpec(vocab_size=3, context=2, embed_dim=2, hidden=4)
+    with pytest.raises(ValueError, match="hidden units 3..2"):
+        UnitColumns(spec, 0, 5, 3, 2)
+    with pytest.raises(ValueError, match="hidden units 0..5"):
+        UnitColumns(spec, 0, 5, 0, 5)
+    P = mlp_blocks(spec, 2)[-1][2]
+    with pytest.raises(ValueError, match=f"parameters 4..4 .* the {P} of the layout"):
+        UnitColumns(spec, 4, 4, 0, 2)
+    with pytest.raises(ValueError, match=f"parameters 0..{P + 1}"):
+        UnitColumns(spec, 0, P + 1, 0, 2)
+
+
+def _work(spec, index):
+    """The work :data:`WORK` gives the parameters ``index`` (per parameter of each family)."""
+    at = {name: (start, stop) for name, start, stop in mlp_blocks(spec)}
+    index = np.asarray(index)
+    per = np.where(index < at["E"][1], WORK["E"], np.where(index < at["b1"][1], WORK["G"],
+                                                            WORK["D"]))
+    return per.sum()
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(V=st.integers(2, 20), k=st.integers(1, 3), d=st.integers(1, 9),
+       H=st.integers(1, 160), n=st.integers(1, 9))
+def test_planned_parameter_shards_hold_each_parameter_once_with_their_share(V, k, d, H, n):
+    """mlp_param_shards: n non-empty shards that together hold every parameter once, each
+    within reach of its share of the work (the last LAST_SHARE of the others'): a cut
+    moves at most a quarter of a shard's work (to a family's end) plus half a hidden
+    unit's (between units), and a shard has two cuts."""
+    spec = ModelSpec(vocab_size=V, context=k, embed_dim=d, hidden=H)
+    P = MLPModel(spec).num_params
+    shards = mlp_param_shards(spec, n)
+    if shards is None:
+        return
+    assert len(shards) == n
+    index = [np.arange(P)[s] if isinstance(s, slice) else s.index for s in shards]
+    assert all(len(i) for i in index)
+    assert np.array_equal(np.sort(np.concatenate(index)), np.arange(P))
+    total = _work(spec, np.arange(P))
+    shares = np.array([1.0] * (n - 1) + [LAST_SHARE])
+    unit = (k * d + 1) * WORK["G"]
+    reach = 2 * (total / (4 * n) + max(unit, WORK["E"], WORK["D"]) / 2) + 1e-9 * total
+    for i, share in zip(index, shares / shares.sum()):
+        assert abs(_work(spec, i) - share * total) <= reach
+    for s in shards:  # a UnitColumns holds some, never all, of the units
+        if isinstance(s, UnitColumns):
+            assert 0 < s.h1 - s.h0 < H
