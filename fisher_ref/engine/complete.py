@@ -87,10 +87,15 @@ def _terminal_children(task, block, arrs, idx):
 
 
 def _sub_blocks(B, P, elements):
-    """Slices of ``B`` parents whose ``(b, P)`` arrays hold at most ``elements``
-    (``Budgets.sub_block_elements``)."""
+    """``B`` parents in consecutive slices of equal size (to one parent), as many as rows of
+    ``elements // P`` parents would make, rounded to the nearest (at least one): a
+    sub-block's ``(b, P)`` arrays hold about ``elements`` (``Budgets.sub_block_elements``),
+    at most half as many again. Each sub-block repeats the work per window group of its
+    parents, so a short last slice would cost nearly a whole one: 450 parents at 210 a
+    row are 2 sub-blocks of 225, not 210, 210 and 30."""
     step = max(1, elements // P)
-    return [slice(lo, lo + step) for lo in range(0, B, step)]
+    n = max(1, int(B / step + 0.5))
+    return [slice(i * B // n, (i + 1) * B // n) for i in range(n) if B]
 
 
 def complete(run, cache, batch, block, arrs, idx):

@@ -56,7 +56,8 @@ class Budgets:
         defer_bytes: parents' score sums held for the per-window products (at most what
             one block's children would hold, so that memory stays set by the block size).
         sub_elements: elements of a ``(parents, P)`` array in one sub-block of
-            complete-response sums (:meth:`sub_block_elements`); ``None`` (the default):
+            complete-response sums (:meth:`sub_block_elements`; a block's sub-blocks are
+            even, so one holds at most half as many again); ``None`` (the default):
             :data:`SUB_ELEMENTS` (8 MiB bounds the temporaries), and for the MLP's last
             level, summed from factors, :data:`KEPT_SUB_ELEMENTS` where the process keeps
             the memory it frees (:func:`fisher_ref.engine.workers.memory_kept`).

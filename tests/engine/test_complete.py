@@ -4,6 +4,7 @@ quantities="fisher"; and parents cut into sub-blocks that cover a block within t
 element budget."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from cases import all_responses
 from fisher_ref import load_config
@@ -37,12 +38,30 @@ def test_every_response_is_rewarded_once_a_block_at_a_time(name, chunk, monkeypa
 @pytest.mark.parametrize("B, P, elements", [(10, 3, 9), (10, 3, 1), (7, 2, 100), (1, 5, 4),
                                             (0, 3, 9)])
 def test_sub_blocks_cover_the_parents_within_the_budget(B, P, elements):
+    _check_sub_blocks(B, P, elements)
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=300)
+@given(st.integers(0, 5000), st.integers(1, 5000), st.integers(1, 2 ** 22))
+def test_sub_blocks_are_even_and_within_half_again_the_budget(B, P, elements):
+    _check_sub_blocks(B, P, elements)
+
+
+def _check_sub_blocks(B, P, elements):
+    """Consecutive slices that cover the parents once, of sizes that differ by one at
+    most, each at most half again the budget's rows (``elements // P``, at least 1), as
+    many as the budget's rows make rounded to the nearest (none for no parent)."""
     parts = _sub_blocks(B, P, elements)
     rows = [i for sl in parts for i in range(B)[sl]]
     assert rows == list(range(B))
     step = max(1, elements // P)
-    assert all(len(range(B)[sl]) <= step for sl in parts)
-    assert len(parts) == -(-B // step)
+    sizes = [len(range(B)[sl]) for sl in parts]
+    assert all(0 < n <= 1.5 * step for n in sizes)
+    assert not sizes or max(sizes) - min(sizes) <= 1
+    if B == 0:
+        assert parts == []
+    else:  # the nearest whole number of rows: one below 1.5 rows, else within half a row
+        assert (len(parts) == 1 and B / step < 1.5) or abs(len(parts) - B / step) <= 0.5
 
 
 def test_fisher_quantities_evaluate_no_reward(monkeypatch):

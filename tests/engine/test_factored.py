@@ -48,17 +48,25 @@ def _checked_run(task, monkeypatch, **kw):
     return exact(task, quantities="fisher", **kw), calls
 
 
+def about(calls, parents):
+    """The sub-blocks of a budget of ``parents`` parents, in blocks larger than that: even
+    slices of a block (engine.complete._sub_blocks), the largest at most half as large
+    again and at least two thirds of it."""
+    return 2 * parents / 3 <= max(calls) <= 1.5 * parents
+
+
 @pytest.mark.parametrize("name", ["default", "offpolicy_stale", "offpolicy_temperature",
                                   "weighted_prompts", "no_eos"])
 @pytest.mark.parametrize("parents", [1, 3, 7, None])
 def test_factored_sums_equal_the_dense_ones_in_ragged_groups(name, parents, monkeypatch):
-    """Sub-blocks of 1, 3 or 7 parents cut the grandparents' groups of V - 1 siblings into
-    pieces of unequal length (the padded groups of the batched products)."""
+    """Sub-blocks of about 1, 3 or 7 parents (even, so up to half as many again) cut the
+    grandparents' groups of V - 1 siblings into pieces of unequal length (the padded groups
+    of the batched products)."""
     task = load_config(name)
     budgets = Budgets(sub_elements=parents * row_width(task.model.spec)) if parents else None
     r, calls = _checked_run(task, monkeypatch, budgets=budgets)
     assert calls  # the factored route ran
-    assert parents is None or max(calls) == parents  # full sub-blocks of that many
+    assert parents is None or about(calls, parents)
     ref = exact_reference(task, progress=False,
                           topk=(1, 2) if task.sampler is not None else ())
     assert_same(r, ref, f"{name}, factored, {parents} parents per sub-block")
@@ -172,7 +180,7 @@ def test_every_quantity_by_factors_equals_the_dense_route(name, parents):
     task = load_config(name)
     budgets = Budgets(sub_elements=parents * row_width(task.model.spec)) if parents else None
     got, ref, calls = _both(task, budgets=budgets)
-    assert calls and (parents is None or max(calls) == parents)
+    assert calls and (parents is None or about(calls, parents))
     _assert_close(got, ref, f"{name}, {parents} parents")
     assert_same(got, exact_reference(task, progress=False,
                                      topk=(1, 2) if task.sampler is not None else ()),
