@@ -9,8 +9,8 @@ the network must be small). Only the MLP forms just its columns of the sensitivi
 other models form all of a window's and keep their columns. Shards ``0..N-2`` run in
 ``N - 1`` worker processes, which send back their sums (arrays past
 :data:`SHARED_BYTES`, the per-window tables of a parameter shard, through a
-shared-memory block that each worker keeps and writes again run after run, the caller
-copying the arrays out); the last shard runs in the calling process meanwhile
+shared-memory block that each worker keeps and writes again run after run, unless the
+caller still holds arrays read from it: the caller reads them in place); the last shard runs in the calling process meanwhile
 (which would otherwise wait idle, and whose result then needs no pickling), and the
 caller merges them once. The last shard keeps the per-state and per-response records
 and forms the autodiff gradient, so none of them is sent; for the MLP it holds ``W2``'s
@@ -39,6 +39,7 @@ whole), or when the task cannot be sent to a worker.
 from __future__ import annotations
 
 import atexit
+import mmap
 import multiprocessing
 import os
 import pickle
@@ -47,6 +48,7 @@ import sys
 import threading
 import tracemalloc
 import types
+import weakref
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
@@ -364,7 +366,8 @@ def _here(n, by):
 
 
 def _submit(ex, engine, task, n, kw, by, run):
-    return {ex.submit(_shard_in_worker, engine, task, {by: (i, n)}, kw, run): i
+    busy = _busy()  # the blocks whose arrays a result here still holds: not to be written
+    return {ex.submit(_shard_in_worker, engine, task, {by: (i, n)}, kw, run, busy): i
             for i in range(n) if i != _here(n, by)}
 
 
@@ -376,13 +379,26 @@ _FIELDS = ("window_tables", "states", "sequences")  # the ShardResult dicts that
 
 # A worker's shared-memory blocks, kept from run to run: a fresh block's pages cost far
 # more to come by than to write (12 MiB: about 12 ms fresh against under 1 ms into a
-# block written before, scripts/ipc_cost.py). ``mem[j]`` holds the ``j``-th result the
-# worker sends in one run (one, unless it runs more than one shard of that run), reused by
-# the next run: the caller has copied every result of a run out before it starts the next
-# (:data:`_RUNS`). In the caller, the blocks it has mapped, by the worker and slot they
-# come from.
+# block written before, scripts/ipc_cost.py). ``mem[j]`` holds the blocks of the ``j``-th
+# result the worker sends in one run (one result, unless it runs more than one shard of
+# that run): the one last written first, and at most one other that the caller still
+# held arrays of, so that a caller that keeps each result until the next run's is back
+# (``r = exact(...)`` in a loop) finds the two blocks taking turns. In the caller, per
+# worker slot, its mapping of each of those blocks by name: an ``mmap`` that the arrays
+# of a result are read from in place (where the system names its shared memory in
+# ``/dev/shm``), else a ``SharedMemory`` they are copied out of; and per block, weak
+# references to the arrays read from it (:func:`_busy`).
 _BLOCKS = {"run": None, "used": 0, "mem": []}
-_ATTACHED = {}  # {(pid, j): SharedMemory}
+_ATTACHED = {}  # {(pid, j): {name: mmap.mmap or SharedMemory}}
+_LENT = {}  # {name: [weakref.ref(array), ...]}
+
+
+def _busy():
+    """The names of the workers' blocks that still back an array of a result here: a
+    worker does not write into them (:func:`_block`)."""
+    for name in [n for n, refs in _LENT.items() if all(r() is None for r in refs)]:
+        del _LENT[name]
+    return frozenset(_LENT)
 
 
 def _drop(mem):
@@ -396,17 +412,19 @@ def _drop(mem):
 
 def _drop_blocks():
     """At a worker's exit: its blocks given up (the caller's mappings keep theirs alive)."""
-    for mem in _BLOCKS["mem"]:
-        if mem is not None:
+    for blocks in _BLOCKS["mem"]:
+        for mem in blocks:
             _drop(mem)
     _BLOCKS["mem"] = []
 
 
-def _block(run, size):
+def _block(run, size, busy=frozenset()):
     """A shared-memory block of at least ``size`` bytes for this worker's next result in
-    run ``run``, and its slot: the block the same slot held in an earlier run when it is
-    as large and no more than 4 times larger; else a new one (``run=None``: always new,
-    in a slot of its own)."""
+    run ``run``, and its slot: a block the same slot held in an earlier run when it is
+    as large and no more than 4 times larger and the caller holds no array read from it
+    (its name not in ``busy``, :func:`_busy`); else a new one (``run=None``: always new, in
+    a slot of its own). The slot keeps that block and, of its others, one the caller still
+    holds (:data:`_BLOCKS`); ``_BLOCKS["mem"][j]`` lists them, the one returned first."""
     from multiprocessing import shared_memory
     st = _BLOCKS
     if run is None:
@@ -418,22 +436,27 @@ def _block(run, size):
     j, st["used"] = st["used"], st["used"] + 1
     mems = st["mem"]
     if j == len(mems):
-        mems.append(None)
-    if mems[j] is not None and not size <= mems[j].size <= 4 * size:
-        _drop(mems[j])
-        mems[j] = None
-    if mems[j] is None:
-        mems[j] = shared_memory.SharedMemory(create=True, size=size)
-    return mems[j], j
+        mems.append([])
+    held = mems[j]
+    mem = next((m for m in held if m.name not in busy and size <= m.size <= 4 * size), None)
+    if mem is None:
+        mem = shared_memory.SharedMemory(create=True, size=size)
+    keep = [mem] + [m for m in held if m is not mem and m.name in busy][:1]
+    for m in held:
+        if all(m is not k for k in keep):
+            _drop(m)
+    mems[j] = keep
+    return mem, j
 
 
-def _shard_in_worker(engine, task, shard, kw, run=None):
+def _shard_in_worker(engine, task, shard, kw, run=None, busy=frozenset()):
     """In a worker: ``(seconds, result)``, the wall time of the engine call and the
     shard's result, its large arrays moved to a shared-memory block
-    (``result.shared``: ``(name, slot, [(field, key, offset, shape, dtype), ...])``) that
-    the caller copies out (:func:`_unpack`). ``run``: the caller's number of the run, under
-    which the worker reuses its block of an earlier run (``None``: a block of its own,
-    freed by the caller)."""
+    (``result.shared``: ``(name, slot, [(field, key, offset, shape, dtype), ...], kept)``,
+    ``kept`` the names of the blocks the slot keeps) that the caller reads them from
+    (:func:`_unpack`). ``run``: the caller's number of the run, under which the worker
+    reuses a block of an earlier run whose name is not in ``busy`` (:func:`_block`;
+    ``run=None``: a block of its own, freed by the caller)."""
     import time
     import numpy as np
     t0 = time.perf_counter()
@@ -444,7 +467,7 @@ def _shard_in_worker(engine, task, shard, kw, run=None):
     if not big:
         return seconds, out
     align = lambda n: -(-n // 64) * 64  # each array at a multiple of 64 bytes
-    mem, j = _block(run, sum(align(v.nbytes) for *_, v in big))
+    mem, j = _block(run, sum(align(v.nbytes) for *_, v in big), busy)
     index, at = [], 0
     try:
         for f, k, v in big:
@@ -456,52 +479,88 @@ def _shard_in_worker(engine, task, shard, kw, run=None):
         if j is None:
             _drop(mem)
         raise
-    out.shared = (mem.name, None if j is None else (os.getpid(), j), index)
+    kept = () if j is None else tuple(m.name for m in _BLOCKS["mem"][j])
+    out.shared = (mem.name, None if j is None else (os.getpid(), j), index, kept)
     if j is None:
         mem.close()  # the caller removes it once copied
     return seconds, out
 
 
 def _unpack(out):
-    """The arrays a worker left in shared memory (:func:`_shard_in_worker`), copied into
-    the result. A block of its own is freed; a kept block is mapped once (its name removed
-    at once: the worker's mapping and this one hold it, and it goes with the last of them),
-    and this mapping is dropped when the worker's slot holds another block, or at
-    :func:`shutdown`."""
+    """The arrays a worker left in shared memory (:func:`_shard_in_worker`), put back into
+    the result. From a kept block (a slot's): read in place, from this process's mapping of
+    it, made once per block (its name removed at once: the worker's mapping and this one
+    hold it), the result's arrays keeping the mapping alive; while they live the worker
+    writes elsewhere (:func:`_busy`). So no copy is made, and no fresh page of this process
+    is faulted in for them. The mappings of blocks the slot no longer keeps are let go.
+    Where a block cannot be mapped so (no ``/dev/shm``), and from a block of its own
+    (freed here), the arrays are copied out."""
     shared = getattr(out, "shared", None)
     if shared is None:
         return out
-    from multiprocessing import shared_memory
     import numpy as np
-    name, slot, index = shared
-    mem = _ATTACHED.get(slot) if slot is not None else None
-    if mem is None or mem.name != name:
-        if mem is not None:
-            mem.close()
-        mem = shared_memory.SharedMemory(name=name)
-        try:
-            mem.unlink()
-        except BaseException:
-            mem.close()
-            raise
-        if slot is not None:
-            _ATTACHED[slot] = mem
+    name, slot, index, kept = shared
+    maps = _ATTACHED.setdefault(slot, {}) if slot is not None else {}
+    for other in [n for n in maps if n not in kept]:  # blocks the worker has given up
+        buf = maps.pop(other)
+        if not isinstance(buf, mmap.mmap):
+            buf.close()
+    if name not in maps:
+        maps[name] = _map(name, keep=slot is not None)
+    buf = maps[name]
+    views = isinstance(buf, mmap.mmap)
+    lent = []
     try:
         for f, k, at, shape, dtype in index:
-            getattr(out, f)[k] = np.ndarray(shape, np.dtype(dtype), buffer=mem.buf,
-                                            offset=at).copy()
+            dt = np.dtype(dtype)
+            if views:
+                a = np.frombuffer(buf, dt, int(np.prod(shape)), at).reshape(shape)
+                lent.append(a)
+            else:
+                a = np.ndarray(shape, dt, buffer=buf.buf, offset=at).copy()
+            getattr(out, f)[k] = a
     finally:
         if slot is None:
-            mem.close()
+            buf.close()
+    if lent:
+        _LENT[name] = [weakref.ref(a) for a in lent]
     del out.shared
     return out
 
 
-def _close_attached():
-    """The caller's mappings of the workers' blocks dropped (their pool ended)."""
-    for mem in _ATTACHED.values():
+def _map(name, keep):
+    """The block ``name``, its name removed: an ``mmap`` of it where the system names
+    shared memory in ``/dev/shm`` and the block is kept (``keep``), which lives as long as
+    the arrays read from it; else a ``SharedMemory`` (to copy out of and close)."""
+    from multiprocessing import resource_tracker, shared_memory
+    path = os.path.join("/dev/shm", name.lstrip("/"))
+    if keep and os.path.exists(path):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            buf = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        os.unlink(path)  # as SharedMemory.unlink: the name, and the tracker's record of it
+        resource_tracker.unregister("/" + name.lstrip("/"), "shared_memory")
+        return buf
+    mem = shared_memory.SharedMemory(name=name)
+    try:
+        mem.unlink()
+    except BaseException:
         mem.close()
+        raise
+    return mem
+
+
+def _close_attached():
+    """The caller's mappings of the workers' blocks given up (their pool ended): an
+    ``mmap`` goes with the last array read from it, a ``SharedMemory`` is closed."""
+    for maps in _ATTACHED.values():
+        for buf in maps.values():
+            if not isinstance(buf, mmap.mmap):
+                buf.close()
     _ATTACHED.clear()
+    _LENT.clear()
 
 
 def run_shards(engine, task, n, kw, progress=False, by="shard"):

@@ -244,8 +244,8 @@ def test_large_arrays_of_a_worker_come_back_through_shared_memory(monkeypatch):
     direct = exact(task, param_shard=(1, 2), **kw)  # the last: it keeps the records
     seconds, sent = workers_mod._shard_in_worker(exact, task, {"param_shard": (1, 2)}, kw)
     assert seconds > 0
-    name, slot, index = sent.shared
-    assert slot is None  # no run number: a block of its own, freed once copied
+    name, slot, index, kept = sent.shared
+    assert slot is None and kept == ()  # no run number: a block of its own, freed once copied
     assert {f for f, *_ in index} == {"window_tables", "states", "sequences"}
     assert all(getattr(sent, f)[k] is None for f, k, *_ in index)
     got = workers_mod._unpack(sent)
@@ -264,20 +264,27 @@ def test_large_arrays_of_a_worker_come_back_through_shared_memory(monkeypatch):
 
 def test_a_worker_keeps_its_block_from_run_to_run(monkeypatch):
     """Under a run number a worker writes its result into the block it used in the run
-    before (same slot, same name), a second result in one run into another slot, and a
-    result too large (or over 4 times too small) for its slot into a new block. The caller
+    before (same slot, same name) unless the caller still holds arrays read from it
+    (``busy``): then into another block, and the arrays held stay as they were. A second
+    result in one run goes into another slot, and a result too large (or over 4 times too
+    small) for its slot into a new block. The caller reads the arrays in place (no copy),
     maps each block once and removes its name at once: nothing is left in /dev/shm."""
+    import glob
     import numpy as np
     from multiprocessing import shared_memory
     monkeypatch.setattr(workers_mod, "_BLOCKS", {"run": None, "used": 0, "mem": []})
     monkeypatch.setattr(workers_mod, "_ATTACHED", {})
+    monkeypatch.setattr(workers_mod, "_LENT", {})
     monkeypatch.setattr(workers_mod, "SHARED_BYTES", 1)
     small, large = load_config("default"), load_config("offpolicy_stale")
     kw = dict(progress=False, keep_states=True)
     want = {name: exact(t, param_shard=(1, 2), **kw)  # the last shard: it keeps the records
             for name, t in (("small", small), ("large", large))}
-    send = lambda task, run: workers_mod._shard_in_worker(exact, task,
-                                                          {"param_shard": (1, 2)}, kw, run)[1]
+    before = set(glob.glob("/dev/shm/psm_*"))
+
+    def send(task, run):
+        return workers_mod._shard_in_worker(exact, task, {"param_shard": (1, 2)}, kw, run,
+                                            workers_mod._busy())[1]
 
     def same(got, want):
         for f in ("window_tables", "states", "sequences"):
@@ -287,29 +294,44 @@ def test_a_worker_keeps_its_block_from_run_to_run(monkeypatch):
 
     try:
         first, second = send(small, 1), send(small, 1)  # two results of run 1
-        again = send(small, 2)
-        slots = [r.shared[1] for r in (first, second, again)]
-        assert slots[0] == (os.getpid(), 0) and slots[1] == (os.getpid(), 1)
-        assert slots[2] == slots[0]
+        slots = [r.shared[1] for r in (first, second)]
+        assert slots == [(os.getpid(), 0), (os.getpid(), 1)]
         name = first.shared[0]
-        assert again.shared[0] == name != second.shared[0]
-        for r in (first, second):
-            workers_mod._unpack(r)
+        assert second.shared[0] != name
+        held = workers_mod._unpack(first)
+        assert same(held, want["small"])
+        assert not held.window_tables["token_fisher"].flags.owndata  # read in place
         with pytest.raises(FileNotFoundError):  # the caller removed the name when it mapped
             shared_memory.SharedMemory(name=name)
+        workers_mod._unpack(second)
+        del second  # its arrays gone: slot 1 is free again
+        assert workers_mod._busy() == {name}
+        again = send(small, 2)  # slot 0's block backs `held`: a new block
+        assert again.shared[1] == slots[0] and again.shared[0] != name
+        name = again.shared[0]
         assert same(workers_mod._unpack(again), want["small"])
-        size = workers_mod._BLOCKS["mem"][0].size
-        for run, need, kept in ((3, size, True), (4, size // 4, True), (5, size // 4 - 1, False),
-                                (6, size + 1, False)):
+        assert same(held, want["small"])  # untouched by the run after it
+        del held, first, again
+        assert workers_mod._busy() == frozenset()
+        third = send(small, 3)  # nothing held: written into the block of run 2 (listed first)
+        assert (third.shared[0], third.shared[1]) == (name, slots[0])
+        assert same(workers_mod._unpack(third), want["small"])
+        del third
+        assert [m.name for m in workers_mod._BLOCKS["mem"][0]] == [name]  # the other: given up
+        size = workers_mod._BLOCKS["mem"][0][0].size
+        for run, need, kept in ((4, size, True), (5, size // 4, True), (6, size // 4 - 1, False),
+                                (7, size + 1, False)):
             mem, j = workers_mod._block(run, need)
             assert j == 0 and (mem.name == name) == kept and mem.size >= need, (run, need)
             name = mem.name
-        other = send(large, 7)  # written into slot 0's block of run 6, or a new one
-        other_name, slot, _ = other.shared
+        other = send(large, 8)  # written into slot 0's block of run 7, or a new one
+        other_name, slot, _, kept = other.shared
+        assert kept == (other_name,)
         assert slot == slots[0]
         assert same(workers_mod._unpack(other), want["large"])
-        assert workers_mod._ATTACHED[slot].name == other_name  # mapped anew when it changed
+        assert set(workers_mod._ATTACHED[slot]) == {other_name}  # mapped anew, the old let go
         assert set(workers_mod._ATTACHED) == {slots[0], slots[1]}
+        assert set(glob.glob("/dev/shm/psm_*")) <= before
     finally:
         workers_mod._drop_blocks()
         workers_mod._close_attached()
@@ -317,20 +339,36 @@ def test_a_worker_keeps_its_block_from_run_to_run(monkeypatch):
 
 
 def test_kept_pool_runs_leave_no_shared_memory_behind():
-    """Two runs of v16 on the kept pool: the second maps the block of the first (one
-    mapping per worker slot, the same name), nothing is named in /dev/shm meanwhile, and
-    shutdown drops the mappings."""
+    """Runs of v16 on the kept pool: a run writes into the block of the run before once
+    nothing holds that run's arrays (its per-state tables read, or the result dropped),
+    into a new block while they are held; nothing is named in /dev/shm meanwhile, and
+    shutdown drops the mappings. Every run gives the single run."""
     import glob
     task = load_scale_config("v16")
     before = set(glob.glob("/dev/shm/psm_*"))
     single = exact(task, workers=1, progress=False)
-    runs, names = [], []
-    for _ in range(2):
-        runs.append(exact(task, workers=2, progress=False))
-        names.append({s: m.name for s, m in workers_mod._ATTACHED.items()})
+    names = []
+
+    def run():
+        r = exact(task, workers=2, progress=False)
+        (maps,) = workers_mod._ATTACHED.values()  # one worker, one slot
+        names.append(set(maps))
         assert set(glob.glob("/dev/shm/psm_*")) <= before
-    assert names[0] and names[0] == names[1]
-    for r in runs:
+        return r
+
+    held = run()
+    fresh = run()  # held's tables are read in place from the first block: another one
+    assert len(names[0]) == 1 and len(names[1]) == 2 and names[0] < names[1]
+    for r in (held, fresh):
+        assert max(merged_errors(r, single).values()) <= RTOL  # reads every per-state array
+    again = run()  # the per-state arrays were gathered: no table is held, the last reused
+    assert names[2] == names[1] - names[0]
+    turn = run()  # `again` holds its tables: another block, kept beside it
+    assert len(names[3]) == 2 and names[2] < names[3]
+    del again
+    last = run()  # `turn` held, `again` gone: the two blocks take turns, no third
+    assert names[4] == names[3]
+    for r in (turn, last):
         assert max(merged_errors(r, single).values()) <= RTOL
     workers_mod.shutdown()
     assert workers_mod._ATTACHED == {}
