@@ -409,8 +409,9 @@ def row_width(spec, columns=None):
     """Elements of one parent's row of :class:`Rows` over the run's parameters ``columns``
     (all by default: a parameter shard holds only its blocks), sixteen times
     over (about the rows alive at once), for the element budget of a sub-block
-    (``Budgets.sub_block_elements``): at the default 2**20 a sub-block's rows stay in the
-    processor's cache (every parameter: 564 parents of medium, 210 of v16); where freed
+    (``Budgets.sub_block_elements``, a block's even sub-blocks holding at most half as
+    many again): at the default 2**20 a sub-block's rows stay in the processor's cache
+    (every parameter: rows of 564 parents of medium, 210 of v16); where freed
     memory is kept, at 2**22, a whole block of either is one sub-block (fewer numpy calls,
     which cost more than the cache misses there)."""
     lay = Layout(spec, columns)

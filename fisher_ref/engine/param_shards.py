@@ -72,6 +72,12 @@ def merge_params(task, parts):
         raise ShardError(f"the parameter shards hold {int((held > 0).sum())} distinct of the "
                          f"{P} parameters, {int((held > 1).sum())} of them in more than one "
                          f"shard ({cols}): they do not hold each parameter once")
+    for p, at in zip(parts, index):  # each shard's sums as wide as the parameters it names
+        widths = {v.shape[-1] for m in p.moments.values() for v in m.values()
+                  if isinstance(v, np.ndarray) and v.ndim}
+        if widths != {len(at)}:
+            raise ShardError(f"parameter shard {p.shard} names {len(at)} parameters "
+                             f"({p.columns}) but holds sums {sorted(widths)} wide")
     place_at = np.concatenate(index)  # where each column side by side goes
     place_at = None if np.array_equal(place_at, np.arange(P)) else place_at
     for p in parts[1:]:  # the sums without parameters: the same walk gave the same numbers
@@ -103,8 +109,9 @@ def merge_params(task, parts):
         # each shard's columns at its parameters, placed when a state array is first read; the
         # states read the windows by the last shard's ids: another shard's rows in that order
         rows = [_rows_of(last.windows, p) for p in parts]
-        tables = {k: [(at_cols, p.window_tables[k] if at is None else p.window_tables[k][at])
-                      for p, at, at_cols in zip(parts, rows, index)]
+        places = [c if isinstance(c, slice) else at for c, at in zip(cols, index)]
+        tables = {k: [(place, p.window_tables[k] if at is None else p.window_tables[k][at])
+                      for p, at, place in zip(parts, rows, places)]
                   for k in head.window_tables}
         out.states = GatheredStates(states, tables, states.pop("window"))
     return out

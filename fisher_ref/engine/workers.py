@@ -71,8 +71,9 @@ BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 
 _POOL = {}  # {"n": workers, "executor": ProcessPoolExecutor}
 #: One run at a time on the kept pool (calls from several threads wait their turn): a
-#: worker reuses its shared-memory block of the run before, which the caller has copied
-#: out by then. ``count``: the runs started, each run's number.
+#: worker reuses a shared-memory block of a run before only once the caller holds no array
+#: read from it (:func:`_busy`), which the caller tells it as the run starts. ``count``:
+#: the runs started, each run's number.
 _RUNS = {"lock": threading.Lock(), "count": 0}
 #: The wall times of the last finished run of :func:`run_shards` (:func:`last_run_times`):
 #: ``{"last": dict}``, the dict replaced whole (never changed in place), so that a reader
@@ -86,7 +87,7 @@ def last_run_times():
     ``{"here": (shard, s)}``, the shard the calling process ran and how long it took;
     ``"workers"``: ``{shard: s}``, each worker's shard as timed in its process (the
     engine call only); ``"after_here"``: from the calling process's shard done to every
-    worker's result received and copied out (waiting for the workers, then the hand-over);
+    worker's result received and unpacked (waiting for the workers, then the hand-over);
     ``"total"``: the whole of :func:`run_shards`. ``{}`` before any run, while one runs,
     and after a failed or refused one."""
     last = _TIMES["last"]  # one run's dict, replaced whole: no lock needed to read it
@@ -513,9 +514,10 @@ def _unpack(out):
     try:
         for f, k, at, shape, dtype in index:
             dt = np.dtype(dtype)
-            if views:
-                a = np.frombuffer(buf, dt, int(np.prod(shape)), at).reshape(shape)
-                lent.append(a)
+            if views:  # every view of `flat` (the reshaped one too) has it as its base
+                flat = np.frombuffer(buf, dt, int(np.prod(shape)), at)
+                lent.append(flat)
+                a = flat.reshape(shape)
             else:
                 a = np.ndarray(shape, dt, buffer=buf.buf, offset=at).copy()
             getattr(out, f)[k] = a

@@ -54,7 +54,8 @@ def test_parameter_shards_tile_the_parameters_and_refuse_mixing():
 
 def test_shards_that_do_not_hold_each_parameter_once_are_refused():
     """Parameter shards whose sets overlap or leave a parameter out (shards of plans that
-    differ) are refused by name, never placed over one another."""
+    differ), or whose sums are not as wide as the parameters they name, are refused by
+    name, never placed over one another."""
     import dataclasses
     from fisher_ref.models.mlp_scores import UnitColumns
     from fisher_ref.perf.scaling import load_scale_config
@@ -63,12 +64,16 @@ def test_shards_that_do_not_hold_each_parameter_once_are_refused():
     parts = [exact(medium, progress=False, param_shard=(i, 2)) for i in range(2)]
     held = [p.columns for p in parts]
     assert all(isinstance(c, UnitColumns) for c in held)
-    wider = UnitColumns(spec, held[0].lo, held[0].hi + 17, held[0].h0, held[0].h1 + 1)
     kd1 = spec.context * spec.embed_dim + 1  # one hidden unit's parameters
+    wider = UnitColumns(spec, held[0].lo, held[0].hi + kd1, held[0].h0, held[0].h1 + 1)
     for bad, distinct, twice in ((wider, P, kd1), (slice(0, 10), 10 + held[1].width, 0)):
         with pytest.raises(ShardError, match=f"hold {distinct} distinct of the {P} "
                            f"parameters, {twice} of them in more than one shard"):
             merge(medium, [dataclasses.replace(parts[0], columns=bad), parts[1]])
+    swapped = [dataclasses.replace(p, columns=c) for p, c in zip(parts, held[::-1])]
+    with pytest.raises(ShardError, match=r"parameter shard \(0, 2\) names \d+ parameters "
+                       r".* but holds sums \[\d+\] wide"):
+        merge(medium, swapped)  # every parameter once, but each shard's sums elsewhere
     assert merge(medium, parts).sequence_fisher.shape == (P,)
 
 
