@@ -78,8 +78,7 @@ def merge_params(task, parts):
         if widths != {len(at)}:
             raise ShardError(f"parameter shard {p.shard} names {len(at)} parameters "
                              f"({p.columns}) but holds sums {sorted(widths)} wide")
-    place_at = np.concatenate(index)  # where each column side by side goes
-    place_at = None if np.array_equal(place_at, np.arange(P)) else place_at
+    places = [c if isinstance(c, slice) else at for c, at in zip(cols, index)]
     for p in parts[1:]:  # the sums without parameters: the same walk gave the same numbers
         for name, m in p.moments.items():  # (to rounding: the sub-blocks follow the width)
             h = head.moments[name]
@@ -95,9 +94,8 @@ def merge_params(task, parts):
     for stream in head.streams:
         name, m = stream.name, Moments(P, T)
         for field, value in head.moments[stream.name].items():
-            if isinstance(value, np.ndarray):  # side by side, then each at its parameter
-                value = _placed(np.concatenate([p.moments[name][field] for p in parts],
-                                               axis=-1), place_at)
+            if isinstance(value, np.ndarray):  # each shard's columns at its parameters
+                value = _placed([p.moments[name][field] for p in parts], places, P)
             setattr(m, field, value)
         results[name] = finish_fisher(m) if head.quantities == "fisher" else \
             finish_stream(m, task.baseline)
@@ -109,7 +107,6 @@ def merge_params(task, parts):
         # each shard's columns at its parameters, placed when a state array is first read; the
         # states read the windows by the last shard's ids: another shard's rows in that order
         rows = [_rows_of(last.windows, p) for p in parts]
-        places = [c if isinstance(c, slice) else at for c, at in zip(cols, index)]
         tables = {k: [(place, p.window_tables[k] if at is None else p.window_tables[k][at])
                       for p, at, place in zip(parts, rows, places)]
                   for k in head.window_tables}
@@ -117,13 +114,12 @@ def merge_params(task, parts):
     return out
 
 
-def _placed(x, place_at):
-    """``x (..., P)``, the shards' columns side by side, with column ``j`` at parameter
-    ``place_at[j]`` (``x`` itself when ``None``: slices in order)."""
-    if place_at is None:
-        return x
-    out = np.empty_like(x)
-    out[..., place_at] = x
+def _placed(arrays, places, P):
+    """One ``(..., P)`` array from the shards' ``(..., P_i)`` arrays, each at its
+    parameters ``places[i]`` (a slice, or an index array)."""
+    out = np.empty(arrays[0].shape[:-1] + (P,), dtype=arrays[0].dtype)
+    for a, at in zip(arrays, places):
+        out[..., at] = a
     return out
 
 

@@ -10,8 +10,9 @@ other models form all of a window's and keep their columns. Shards ``0..N-2`` ru
 ``N - 1`` worker processes, which send back their sums (arrays past
 :data:`SHARED_BYTES`, the per-window tables of a parameter shard, through a
 shared-memory block that each worker keeps and writes again run after run, unless the
-caller still holds arrays read from it: the caller reads them in place); the last shard runs in the calling process meanwhile
-(which would otherwise wait idle, and whose result then needs no pickling), and the
+caller still holds arrays read from it: the caller reads them in place); the last shard
+runs in the calling process meanwhile (which would otherwise wait idle, and whose result
+then needs no pickling), and the
 caller merges them once. The last shard keeps the per-state and per-response records
 and forms the autodiff gradient, so none of them is sent; for the MLP it holds ``W2``'s
 family and the last hidden units, a smaller share of the work
