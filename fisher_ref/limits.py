@@ -31,7 +31,7 @@ import numbers
 
 __all__ = ["MAX_PARAMS", "MAX_CONTEXT", "MAX_LAYERS", "MAX_INIT_SCALE", "MAX_ABS_THETA",
            "MAX_ABS_VALUE", "MAX_COUNT", "readable", "readable_log10", "check_limit",
-           "is_real", "check_size", "MAX_PROMPT_LEN", "MAX_TASK_FILE_BYTES",
+           "is_real", "check_real", "check_size", "MAX_PROMPT_LEN", "MAX_TASK_FILE_BYTES",
            "MAX_GOLDEN_BYTES", "MAX_SEED", "MIN_TEMPERATURE", "MAX_TEMPERATURE",
            "MAX_DECIMALS", "check_seed", "LIMITS_TABLE", "TOL_FLOAT64", "TOL_FLOAT32",
            "TOL_BFLOAT16", "TOLERANCES"]
@@ -162,6 +162,30 @@ def check_limit(value, name):
     if math.isnan(value) or value <= 0:
         raise ValueError(f"{name} must be a positive number (inf for no limit), got {value!r}")
     return value
+
+
+def check_real(value, name, *, positive=False):
+    """``value`` as a float if it is a finite real number (``positive``: above 0); else
+    raise naming ``name`` (a loss's scale, a cap, a baseline).
+
+    Raises:
+        TypeError: ``value`` is not a number (a string, ``None``, a bool).
+        ValueError: ``value`` is NaN or infinite, or not above 0 when ``positive``.
+
+    Example:
+        >>> check_real(0.5, "beta", positive=True)
+        0.5
+        >>> check_real(-1, "cap", positive=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: cap must be a finite number above 0, got -1
+    """
+    what = "a finite number above 0" if positive else "a finite number"
+    if not is_real(value):
+        raise TypeError(f"{name} must be {what}, got {value!r}")
+    if not math.isfinite(float(value)) or (positive and not float(value) > 0):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return float(value)
 
 
 def check_size(value, name, limit, why=""):

@@ -66,8 +66,10 @@ def make_batch(logp_all, sampler_logp_all, ref_logp_all, tokens, mask, rewards, 
     lengths = mask.sum(-1)
     samp = _gather(sampler_logp_all, tokens, mask)
     ref = None if ref_logp_all is None else _gather(ref_logp_all, tokens, mask)
+    # the loss gets its own mask: the graph of logp holds this one (a loss writing into
+    # batch.mask in place must not change dL/dlogp's backward pass)
     return LossBatch(logp=logp, old_logp=logp.detach(), sampler_logp=samp, ref_logp=ref,
-                     mask=mask, rewards=rewards, lengths=lengths, tokens=tokens, prompt=prompt,
+                     mask=mask.clone(), rewards=rewards, lengths=lengths, tokens=tokens, prompt=prompt,
                      logp_all=logp_all, sampler_logp_all=sampler_logp_all,
                      ref_logp_all=ref_logp_all)
 

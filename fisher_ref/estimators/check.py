@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..checks.tolerances import EXACT_RTOL
+from ..limits import check_real
 from .gradient import LossGradient, expected_loss_gradient, fit_scale
 
 __all__ = ["EXPECTATIONS", "LossVerdict", "check_loss", "judge"]
@@ -76,11 +77,18 @@ class LossVerdict:
         return self
 
 
-def judge(lg, expect="unbiased", rtol=EXACT_RTOL):
-    """The verdict on a :class:`LossGradient` already computed (see :func:`check_loss`)."""
+def _check_args(expect, rtol):
+    """Refuse an unknown ``expect`` and an ``rtol`` that is not a number in (0, 1)."""
     if expect not in EXPECTATIONS:
         raise ValueError(f"expect must be one of {', '.join(map(repr, EXPECTATIONS))}, "
                          f"got {expect!r}")
+    if check_real(rtol, "rtol", positive=True) >= 1:
+        raise ValueError(f"rtol must be a relative tolerance below 1, got {rtol!r}")
+
+
+def judge(lg, expect="unbiased", rtol=EXACT_RTOL):
+    """The verdict on a :class:`LossGradient` already computed (see :func:`check_loss`)."""
+    _check_args(expect, rtol)
     if expect == "kl":
         if lg.kl_gradient is None:
             raise ValueError("expect='kl' needs a task with a reference policy "
@@ -139,8 +147,6 @@ def check_loss(task, loss, group_size=1, expect="unbiased", *, symmetric=False,
         >>> check_loss(load_config("tabular"), presets.group_mean_reinforce(), 2).passed
         False
     """
-    if expect not in EXPECTATIONS:
-        raise ValueError(f"expect must be one of {', '.join(map(repr, EXPECTATIONS))}, "
-                         f"got {expect!r}")
+    _check_args(expect, rtol)
     lg = expected_loss_gradient(task, loss, group_size, symmetric, **kwargs)
     return judge(lg, expect, rtol)

@@ -101,6 +101,21 @@ class LossGradient:
         return float(bias @ bias + self.variance_trace / batches)
 
 
+def _check_vector(value, P, name):
+    """``value`` as a finite float64 ``(P,)`` array; else ``ValueError`` naming ``name``."""
+    try:
+        v = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name} must be an array of {P} numbers, got {value!r:.60}") from e
+    if v.shape != (P,):
+        raise ValueError(f"{name} must have shape ({P},), one entry per parameter, got "
+                         f"shape {v.shape}")
+    if not np.isfinite(v).all():
+        raise ValueError(f"{name} has {int((~np.isfinite(v)).sum())} NaN or infinite "
+                         f"entries of {P}")
+    return v
+
+
 def _check_output(out):
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"loss(batch) must return a torch scalar tensor, got "
@@ -118,18 +133,49 @@ def _tensors(a, k=None):
     return t
 
 
+# The tensors of a batch a loss might write into in place.
+_FIELDS = ("logp", "old_logp", "sampler_logp", "ref_logp", "mask", "rewards", "lengths",
+           "tokens", "logp_all", "sampler_logp_all", "ref_logp_all")
+
+
+def _changed_fields(batch, versions):
+    """The fields of ``batch`` whose tensors were written in place since ``versions``."""
+    return [k for k, v in versions.items() if getattr(batch, k)._version != v]
+
+
+def _plain(loss, t, prompt):
+    """``C (G, T, V)`` of one group by plain autograd, ``None`` when the loss has no
+    autograd path to ``logp_all`` (a ``.detach()``, ``.item()``, a constant)."""
+    lpa = t["logp_all"].requires_grad_(True)
+    batch = make_batch(lpa, t["sampler_logp_all"], t["ref_logp_all"], t["tokens"], t["mask"],
+                       t["rewards"], prompt)
+    versions = {k: getattr(batch, k)._version for k in _FIELDS
+                if getattr(batch, k) is not None}
+    try:
+        L = _check_output(loss(batch))
+        if not L.requires_grad:
+            return None
+        (c,) = torch.autograd.grad(L, lpa, allow_unused=True)
+    except RuntimeError as e:
+        changed = _changed_fields(batch, versions)
+        if "leaf Variable" in str(e):  # the one leaf that requires grad: refused before
+            changed = ["logp_all"]     # the write, so no version counter moved
+        if changed or "inplace" in str(e) or "in-place" in str(e):
+            named = ", ".join(f"batch.{k}" for k in changed) or "a field of the batch"
+            raise ValueError(f"the loss changed {named} in place, which the gradient "
+                             f"dL/dlogp needs unchanged: compute on a copy (e.g. "
+                             f"mask = batch.mask.clone()) instead ({e})") from e
+        raise
+    return None if c is None else c.numpy()
+
+
 def _loop(loss, a, prompt):
     """``C (n, G, T, V)`` one group at a time (plain autograd)."""
     out = np.zeros(a["logp_all"].shape)
     for k in range(out.shape[0]):
-        t = _tensors(a, k)
-        lpa = t["logp_all"].requires_grad_(True)
-        L = _check_output(loss(make_batch(lpa, t["sampler_logp_all"], t["ref_logp_all"],
-                                          t["tokens"], t["mask"], t["rewards"], prompt)))
-        if L.requires_grad:
-            (c,) = torch.autograd.grad(L, lpa, allow_unused=True)
-            if c is not None:
-                out[k] = c.numpy()
+        c = _plain(loss, _tensors(a, k), prompt)
+        if c is not None:
+            out[k] = c
     return out
 
 
@@ -147,18 +193,27 @@ def _vmapped(loss, a, prompt):
 
 class _Coefficients:
     """Evaluates ``C`` chunk by chunk, vectorised until the loss refuses ``vmap``, with
-    one torch thread (the tensors are small; more threads only contend)."""
+    one torch thread (the tensors are small; more threads only contend). Records
+    whether any coefficient was nonzero, and keeps the first group of each prompt to
+    probe, if none was, whether the loss reaches the log-probabilities at all."""
 
     def __init__(self, loss, vectorize):
         self.loss, self.vectorize = loss, vectorize
+        self.nonzero, self.probes = False, []
 
     def __call__(self, a, prompt):
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return self._evaluate(a, prompt)
+            C = self._evaluate(a, prompt)
         finally:
             torch.set_num_threads(threads)
+        if not self.nonzero:
+            self.nonzero = bool(np.any(np.where(a["mask"][..., None], C, 0.0) != 0))
+            if len(self.probes) < _PROBES:
+                self.probes.append(({k: None if v is None else v[:1] for k, v in a.items()},
+                                    prompt))
+        return C
 
     def _evaluate(self, a, prompt):
         if self.vectorize:
@@ -167,6 +222,24 @@ class _Coefficients:
             except Exception:  # the loss does not vectorise (.item(), data-dependent branches)
                 self.vectorize = False
         return _loop(self.loss, a, prompt)
+
+    def check_connected(self):
+        """Refuse a loss whose gradient vanished because it never reaches ``logp``: no
+        coefficient was nonzero and no probed group has an autograd path to it."""
+        if self.nonzero:
+            return
+        for a, prompt in self.probes:
+            if _plain(self.loss, _tensors(a, 0), prompt) is not None:
+                return
+        raise ValueError("loss(batch) does not depend on the log-probabilities: on the "
+                         "groups probed it returns a tensor with no autograd path to "
+                         "batch.logp or batch.logp_all (a .detach(), .item(), torch.no_grad "
+                         "or a constant), so its gradient is 0 by construction, not in "
+                         "expectation; compute the loss from batch.logp")
+
+
+# Groups (the first of a prompt's first chunks) probed for an autograd path.
+_PROBES = 8
 
 
 def loss_coefficients(loss, arrays, prompt, vectorize=True):
@@ -338,6 +411,8 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *,
     G = int(group_size)
     table = response_table(task, max_bytes)
     P = table.xi.shape[2]
+    if policy_gradient is not None:
+        policy_gradient = _check_vector(policy_gradient, P, "policy_gradient")
     coeffs, acc = _Coefficients(loss, vectorize), _Merged(P)
     T, V = task.max_len, task.model.vocab_size
     # bounded: the (n, P) gradients and the (n, G, T, V) distributions of one chunk
@@ -358,9 +433,10 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *,
                 _check_symmetric(coeffs, a, C, pr.prompt)
             first = False
             acc.add(w, _group_gradients(table, a, C))
+    coeffs.check_connected()
     if policy_gradient is None:
         policy_gradient = policy_gradient_of(table, _mean_reward(table))
-    return LossGradient(mean=acc.mean * acc.W, policy_gradient=np.asarray(policy_gradient),
+    return LossGradient(mean=acc.mean * acc.W, policy_gradient=policy_gradient,
                         variance=acc.M2 / acc.W if acc.W > 0 else acc.M2,
                         kl_gradient=kl_gradient(table), group_size=G, symmetric=bool(symmetric),
                         n_groups=n_groups)

@@ -24,6 +24,8 @@ import functools
 
 import torch
 
+from ..limits import check_real
+
 __all__ = ["AGGREGATIONS", "ADVANTAGES", "RATIOS", "aggregate", "advantages",
            "importance_weights", "policy_gradient_loss", "reinforce", "group_mean_reinforce",
            "rloo", "grpo", "dr_grpo", "dapo", "sequence_is", "token_is", "prefix_is",
@@ -37,6 +39,40 @@ ADVANTAGES = ("constant", "group_mean", "rloo", "grpo")
 RATIOS = (None, "sequence", "token", "prefix")
 #: GRPO's std-normalisation epsilon (verl's ``compute_grpo_outcome_advantage``).
 GRPO_EPS = 1e-6
+
+
+def _check_baseline(baseline):
+    """A constant baseline: a finite number. ``"mean"`` (:func:`fisher_ref.exact`'s
+    :math:`E_p[R]`) is not known inside a loss, which sees one group."""
+    if isinstance(baseline, str):
+        raise ValueError(f"baseline={baseline!r}: a loss sees one group, not E_p[R], so a "
+                         f"preset takes a constant baseline (a number); for the group's own "
+                         f"mean use advantage='group_mean' or 'rloo'")
+    return check_real(baseline, "baseline")
+
+
+def _check_cap(cap):
+    return None if cap is None else check_real(cap, "cap", positive=True)
+
+
+def _check_band(band):
+    """``(a, b)`` with ``0 <= a < b``, finite: the kept range of the weights."""
+    if band is None:
+        return None
+    if isinstance(band, (str, bytes)) or not hasattr(band, "__len__") or len(band) != 2:
+        raise ValueError(f"band must be a pair (a, b) of numbers with 0 <= a < b, got "
+                         f"{band!r}")
+    lo, hi = (check_real(v, "band") for v in band)
+    if not 0 <= lo < hi:
+        raise ValueError(f"band must be a pair (a, b) of numbers with 0 <= a < b (weights "
+                         f"outside it are masked), got {tuple(band)!r}")
+    return lo, hi
+
+
+def _check_kind(kind):
+    if kind not in ("k1", "k2", "k3"):
+        raise ValueError(f"unknown KL estimator {kind!r}; known: k1, k2, k3")
+    return kind
 
 
 def _named(name, doc):
@@ -142,6 +178,7 @@ def policy_gradient_loss(advantage="constant", ratio=None, aggregation="seq-mean
                                (ratio, RATIOS, "ratio")):
         if value not in known:
             raise ValueError(f"unknown {what} {value!r}; known: {known}")
+    baseline, cap, band = _check_baseline(baseline), _check_cap(cap), _check_band(band)
 
     def loss(batch):
         A = advantages(batch.rewards, advantage, baseline).detach()  # (B,)
@@ -245,6 +282,11 @@ def gspo(eps_low=3e-4, eps_high=4e-4, advantage="grpo"):
     :math:`L = -\frac1B\sum_i\min(s_iA_i, \mathrm{clip}(s_i, 1-\epsilon_l, 1+\epsilon_h)A_i)`
     (Qwen's GSPO; TRL ``importance_sampling_level="sequence"``). Its gradient is
     :math:`s_i A_i \frac{1}{|y_i|}\sum_t\nabla\log p_t` inside the band."""
+    eps_low = check_real(eps_low, "eps_low", positive=True)
+    eps_high = check_real(eps_high, "eps_high", positive=True)
+    if advantage not in ADVANTAGES:
+        raise ValueError(f"unknown advantage {advantage!r}; known: {ADVANTAGES}")
+
     def loss(batch):
         A = advantages(batch.rewards, advantage).detach()
         m = batch.mask.to(batch.logp.dtype)
@@ -259,6 +301,10 @@ def cispo(eps_high=0.2, advantage="grpo"):
     r"""CISPO at the first step: :math:`L = -\sum_{i,t}\mathrm{sg}(\min(r_{i,t},
     1+\epsilon_h))A_i\log p_{i,t}/\sum_i|y_i|`, :math:`r = p/p_{old} = 1` when
     :math:`\theta_{old} = \theta` (MiniMax-M1; verl and slime ``cispo``)."""
+    eps_high = check_real(eps_high, "eps_high", positive=True)
+    if advantage not in ADVANTAGES:
+        raise ValueError(f"unknown advantage {advantage!r}; known: {ADVANTAGES}")
+
     def loss(batch):
         A = advantages(batch.rewards, advantage).detach()
         r = torch.exp(batch.logp - batch.old_logp).clamp(max=1 + eps_high).detach()
@@ -268,6 +314,8 @@ def cispo(eps_high=0.2, advantage="grpo"):
 
 
 def _centered_loss(center, baseline, name):
+    baseline = _check_baseline(baseline)
+
     def loss(batch):
         A = (batch.rewards - baseline).detach()
         c = (center(batch).detach() * batch.logp_all).sum(-1)  # (B, T): sum_b c_b log p_b
@@ -288,6 +336,9 @@ def centered(baseline=0.0):
 def topk_centered(k, baseline=0.0):
     r"""Score centering with only the top-``k`` tokens of :math:`\mu` known, renormalised
     (ties: lowest id first): the ``top{k}`` stream of :func:`fisher_ref.exact`."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an integer >= 1 (tokens of mu kept), got {k!r}")
+
     def weights(b):
         mu = torch.exp(b.sampler_logp_all)  # (B, T, V)
         if k >= mu.shape[-1]:
@@ -305,9 +356,7 @@ def _kl_terms(batch, kind):
         return d
     if kind == "k2":
         return 0.5 * d * d
-    if kind == "k3":
-        return torch.exp(-d) - 1 + d
-    raise ValueError(f"unknown KL estimator {kind!r}; known: k1, k2, k3")
+    return torch.exp(-d) - 1 + d  # k3 (the kind is checked when the loss is built)
 
 
 def _need_reference(batch):
@@ -322,6 +371,8 @@ def kl_loss(kind="k3", beta=1.0):
     :math:`= e^{-\delta} - 1 + \delta` (per state :math:`\nabla KL_s(ref\|p)`, the forward
     KL). TRL GRPO's ``beta`` term is k3, token-mean; verl ``kl_loss_type``
     (``kl``/``mse``/``low_var_kl``); OpenRLHF ``kl_estimator`` k1/k2/k3."""
+    kind, beta = _check_kind(kind), check_real(beta, "beta", positive=True)
+
     def loss(batch):
         _need_reference(batch)
         return beta * aggregate(_kl_terms(batch, kind), batch.mask)
@@ -333,6 +384,8 @@ def rho_k3(beta=1.0):
     r""":math:`L = \beta\frac1B\sum_{i,t}\rho_{i,t}\,k_3(\delta_{i,t})` with the ratio
     :math:`\rho = p/p_{old}` differentiable (1 in value at the first step; TRL #6503):
     its gradient adds :math:`k_3\nabla\log p` to k3's."""
+    beta = check_real(beta, "beta", positive=True)
+
     def loss(batch):
         _need_reference(batch)
         rho = torch.exp(batch.logp - batch.old_logp)
@@ -346,6 +399,8 @@ def kl_in_reward(beta=1.0):
     :math:`R - \beta\sum_t\delta_t`, :math:`L = \beta\frac1B\sum_i \mathrm{sg}(\sum_t
     \delta_{i,t})\sum_t\log p_{i,t}`; on policy :math:`E[\nabla L] = \beta\nabla
     KL(p_{seq}\|ref_{seq})` (OpenRLHF and verl ``use_kl_in_reward``)."""
+    beta = check_real(beta, "beta", positive=True)
+
     def loss(batch):
         _need_reference(batch)
         d = ((batch.logp - batch.ref_logp) * batch.mask).sum(-1).detach()  # (B,)

@@ -101,3 +101,13 @@ def test_a_vanishing_target_fails_scale_fits(on):
     lg = check_loss(on, P.reinforce()).gradient
     lg.policy_gradient = 0 * lg.policy_gradient
     assert "vanishes" in judge(lg, "unbiased-up-to-scale").message
+
+
+@pytest.mark.parametrize("rtol,error", [(-1, ValueError), (float("nan"), ValueError),
+                                        (0, ValueError), (2.0, ValueError),
+                                        ("1e-10", TypeError), (None, TypeError)])
+def test_a_bad_rtol_is_refused(on, rtol, error):
+    """issue 46 item 12: rtol=-1 and rtol=nan were accepted and gave verdicts that
+    always fail."""
+    with pytest.raises(error, match="rtol"):
+        check_loss(on, P.reinforce(0.3), rtol=rtol)

@@ -163,3 +163,66 @@ def test_tabular_model_is_brute_force():
         _close(lg.mean, mean)
         _close(lg.variance, var)
         _close(lg.kl_gradient, klg)
+
+
+@pytest.mark.parametrize("loss", [
+    lambda b: reinforce(b).detach(),
+    lambda b: torch.tensor(1.0, dtype=torch.float64),
+    lambda b: (b.rewards * _seq(b).detach()).mean(),
+], ids=["detached", "constant", "no-path-to-logp"])
+@pytest.mark.parametrize("vectorize", [True, False])
+def test_a_loss_that_never_reaches_logp_is_refused(loss, vectorize):
+    """issue 46 item 11: a loss with no path to batch.logp gave an all-zero expected
+    gradient and the verdict 'the expected gradient vanishes'."""
+    with pytest.raises(ValueError, match="does not depend on the log-probabilities"):
+        expected_loss_gradient(tiny_task(), loss, 2, vectorize=vectorize)
+
+
+def test_a_loss_whose_gradient_is_zero_through_logp_is_not_refused():
+    """A loss that reaches logp with a zero coefficient has E[grad] = 0 in value, which
+    is the verdict's business (the 'vanishes' message), not a refusal."""
+    lg = expected_loss_gradient(tiny_task(), lambda b: 0.0 * _seq(b).sum(), 2)
+    assert not lg.mean.any()
+
+
+@pytest.mark.parametrize("pg,match", [
+    (np.zeros(3), r"shape \("),
+    (np.full(35, np.nan), "NaN"),
+    ("abc", "policy_gradient"),
+])
+def test_a_bad_policy_gradient_is_refused(pg, match):
+    """issue 46 item 12: a policy_gradient= of the wrong shape or all NaN was stored, and
+    .scale then failed with a broadcast error or every derived number was NaN."""
+    task = tiny_task()
+    assert task.theta.shape == (35,)
+    with pytest.raises(ValueError, match=match):
+        expected_loss_gradient(task, reinforce, policy_gradient=pg)
+
+
+@pytest.mark.parametrize("vectorize", [True, False])
+def test_a_loss_writing_into_the_mask_in_place_runs(vectorize):
+    """issue 46 item 17: a loss that writes into batch.mask in place got torch's
+    'modified by an inplace operation'; the loss now gets a mask of its own, and its
+    result is that of the same loss written out of place."""
+    def in_place(b):
+        b.mask[:, 0] = False  # drops the first token from the loss
+        return -(b.rewards * (b.logp * b.mask).sum(1)).mean()
+
+    def out_of_place(b):
+        m = b.mask.clone()
+        m[:, 0] = False
+        return -(b.rewards * (b.logp * m).sum(1)).mean()
+    task = tiny_task()
+    got = expected_loss_gradient(task, in_place, 2, vectorize=vectorize)
+    want = expected_loss_gradient(task, out_of_place, 2, vectorize=vectorize)
+    assert cases.rel(got.mean, want.mean) <= RTOL and cases.rel(got.variance, want.variance) <= RTOL
+    assert np.abs(got.mean).max() > 0
+
+
+def test_a_loss_writing_into_logp_all_in_place_is_named():
+    """issue 46 item 17: a write into a tensor the gradient needs names the field."""
+    def writes_logp_all(b):
+        b.logp_all.mul_(2.0)
+        return reinforce(b)
+    with pytest.raises(ValueError, match=r"batch\.logp_all in place"):
+        expected_loss_gradient(tiny_task(), writes_logp_all, 1)

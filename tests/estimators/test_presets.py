@@ -256,3 +256,35 @@ def test_unknown_choices_name_themselves():
         P.preset("ppo")
     with pytest.raises(ValueError, match="RLOO"):
         P.rloo()(_random_batch(0, B=1))
+
+
+@pytest.mark.parametrize("build,name", [
+    (lambda: P.sequence_tis(cap=-1), "cap"),
+    (lambda: P.token_tis(cap=0), "cap"),
+    (lambda: P.sequence_tis(cap=float("nan")), "cap"),
+    (lambda: P.token_mis(band=(2, 1)), "band"),
+    (lambda: P.sequence_mis(band=(-1, 2)), "band"),
+    (lambda: P.token_mis(band=(0.5,)), "band"),
+    (lambda: P.kl_in_reward(float("nan")), "beta"),
+    (lambda: P.kl_loss("k3", "0.1"), "beta"),
+    (lambda: P.kl_loss("k4"), "KL estimator"),
+    (lambda: P.rho_k3(-1.0), "beta"),
+    (lambda: P.reinforce(baseline=float("nan")), "baseline"),
+    (lambda: P.reinforce(baseline="mean"), "baseline"),
+    (lambda: P.centered(baseline=None), "baseline"),
+    (lambda: P.gspo(eps_low=-0.1), "eps_low"),
+    (lambda: P.cispo(eps_high=float("inf")), "eps_high"),
+    (lambda: P.topk_centered(0), "k"),
+])
+def test_preset_arguments_are_checked_when_the_loss_is_built(build, name):
+    """issue 46 item 10: a negative cap gave scale +1 (the loss ascended), a reversed band
+    masked every token, a NaN or string beta was built, baseline='mean' failed with a
+    tensor-minus-string error and baseline=nan with advice that never named it."""
+    with pytest.raises((ValueError, TypeError), match=name):
+        build()
+
+
+def test_a_negative_cap_no_longer_ascends(off):
+    """issue 46 item 10: the positive cap the check leaves is the documented TIS."""
+    lg = expected_loss_gradient(off, P.sequence_tis(cap=2.0, baseline=0.3))
+    assert lg.scale < 0
