@@ -1,24 +1,32 @@
-"""Run the README's curvlinops example (not part of the test suite: curvlinops is not a
+"""Run the curvlinops example of docs/check/golden.md (not part of the test suite: curvlinops is not a
 dependency) after the torch example it builds on, and print the comparison table.
 
     pip install curvlinops-for-pytorch
-    python scripts/check_curvlinops.py
+    python benchmarks/accuracy/check_curvlinops.py
 """
 import re
 from importlib.metadata import version
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "check" / "golden.md"
 
 
-def main():
-    text = README.read_text()
+def blocks(text=None):
+    """The page's torch block (the one defining ``GoldenMLP``) and its curvlinops block."""
+    text = PAGE.read_text() if text is None else text
     (torch_block,) = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S)
                       if "class GoldenMLP" in b]
     (curvlinops_block,) = re.findall(r"```py\n(.*?)```", text, flags=re.S)
+    return torch_block, curvlinops_block
+
+
+def main(argv=None):
+    import argparse
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    torch_block, curvlinops_block = blocks()
     namespace = {}
-    exec(compile(torch_block, "README.md (torch GGN)", "exec"), namespace)
-    exec(compile(curvlinops_block, "README.md (curvlinops)", "exec"), namespace)  # asserts
+    exec(compile(torch_block, "docs/check/golden.md (torch GGN)", "exec"), namespace)
+    exec(compile(curvlinops_block, "docs/check/golden.md (curvlinops)", "exec"), namespace)  # asserts
     result = namespace["compare_to_golden"](
         {"token_fisher_matrix_sum": namespace["G"].numpy()}, namespace["golden"])
     print(f"curvlinops-for-pytorch {version('curvlinops-for-pytorch')}, "

@@ -2,7 +2,7 @@
 by error propagation from its parts (fisher_ref.checks.tolerances), per shipped config with
 ``init_scale`` 3.
 
-    python scripts/peaked_compare.py [--configs default no_eos offpolicy_stale]
+    python benchmarks/accuracy/peaked_compare.py [--configs default no_eos offpolicy_stale]
 
 Prints a markdown table: for each config and stream, the worst relative error of the
 float32 correlation under both rules, the worst of its parts (covariance, bound) and
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

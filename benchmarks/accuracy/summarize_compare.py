@@ -1,12 +1,11 @@
 """Summarise `python -m fisher_ref compare --json` files as one markdown table.
 
-    python scripts/summarize_compare.py docs/gpu/*.json
+    python benchmarks/accuracy/summarize_compare.py docs/gpu/*.json
 
 One row per (task, dtype): rows passing, the worst relative error and the
 quantity it came from, the tolerance; and the Monte Carlo statistic.
 """
 import json
-import sys
 
 
 def summarize(paths):
@@ -31,5 +30,12 @@ def summarize(paths):
     return "\n".join(lines)
 
 
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("paths", nargs="+", metavar="FILE", help="compare --json records")
+    print(summarize(ap.parse_args(argv).paths))
+
+
 if __name__ == "__main__":
-    print(summarize(sys.argv[1:]))
+    main()

@@ -1,9 +1,9 @@
 """The torch engine's arrays from another device held against the numpy engine here.
 
-    python scripts/cross_device.py --arrays docs/gpu/gpt2_p100k_arrays.npz --config gpt2_p100k
+    python benchmarks/gpu/cross_device.py --arrays docs/gpu/gpt2_p100k_arrays.npz --config gpt2_p100k
                                    [--workers N] [--out FILE]
 
-``--arrays`` is a file written by ``scripts/torch_big_task.py --config NAME --arrays FILE``
+``--arrays`` is a file written by ``benchmarks/memory/torch_big_task.py --config NAME --arrays FILE``
 (on a GPU, say). This script runs ``fisher_ref.exact`` on the same scale config here
 (``--workers``, default ``"auto"``: every core once the single-core estimate passes 10 s)
 and records, for each saved array of the policy stream, its relative error on the scale
@@ -26,7 +26,7 @@ from pathlib import Path
 for _k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
     os.environ.setdefault(_k, "1")  # before numpy: one BLAS thread per process
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 RTOL = 1e-12
 FIELDS = {"sequence_fisher": "sequence_fisher", "token_fisher_sum": "token_fisher_sum",
@@ -75,7 +75,8 @@ def main(argv=None):
                                           max(abs(pol.expected_reward), pol.reward_std))[1]
     overlap_here = topk_overlap(pol.gradient, pol.sequence_fisher, (0.01,))[0]
     overlap_there = topk_overlap(other["gradient"], other["sequence_fisher"], (0.01,))[0]
-    rec = {"config": args.config, "P": task.model.num_params, "numpy_workers": r.cost.workers,
+    from benchmarks.common import made_by
+    rec = {"command": made_by(argv, __file__), "config": args.config, "P": task.model.num_params, "numpy_workers": r.cost.workers,
            "numpy_seconds": round(seconds, 2), "relative_errors": errors, "rule": RTOL,
            "top1pct_overlap_numpy": overlap_here[2], "top1pct_overlap_other": overlap_there[2],
            "commit": git_commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()),

@@ -2,17 +2,17 @@
 # Compare the torch engine with fisher_ref on a CUDA machine, and time it.
 #
 # Run from the repository root of a copy of the working tree:
-#     OUT=/some/dir bash scripts/gpu_compare.sh
+#     OUT=/some/dir bash benchmarks/gpu/gpu_compare.sh
 # For every shipped config it runs
 #     python -m fisher_ref compare --config NAME --device cuda --dtype float64,float32,bfloat16
 # and writes NAME.txt (the table) and NAME.json (the rows) to $OUT. The GPT-2 configs
 # need transformers; where it cannot be imported they are listed as skipped (not failed).
 # Then: the benchmark of the default config and of the V=16 scale config
 # (bench_default.txt/json, bench_v16.txt/json; one process per side, one thread each on
-# the CPU), the torch shards merged against one run on CUDA (scripts/torch_shards_check.py:
-# shards_cuda.txt/json), the large task of scripts/torch_big_task.py run on CUDA
+# the CPU), the torch shards merged against one run on CUDA (benchmarks/gpu/torch_shards_check.py:
+# shards_cuda.txt/json), the large task of benchmarks/memory/torch_big_task.py run on CUDA
 # (big_task_cuda.json), the scale config gpt2_p100k (P=101,696) run on CUDA with its arrays
-# saved (gpt2_p100k_cuda.json, gpt2_p100k_arrays.npz, for scripts/cross_device.py to hold
+# saved (gpt2_p100k_cuda.json, gpt2_p100k_arrays.npz, for benchmarks/gpu/cross_device.py to hold
 # against the numpy engine), the GPU name, and the seconds each stage took (stages.txt).
 # DEVICE (default cuda) names another device, to try the script where there is no GPU;
 # STAGE_LIMIT (seconds, default 300) bounds each of the two large runs (timeout(1)). On a
@@ -71,16 +71,16 @@ stage "bench default"
     --json "$OUT/bench_v16.json" > "$OUT/bench_v16.txt" 2>&1
 cat "$OUT/bench_v16.txt"
 stage "bench v16"
-"$PY" scripts/torch_shards_check.py --device "$DEV" --out "$OUT/shards_$DEV.json" \
+"$PY" benchmarks/gpu/torch_shards_check.py --device "$DEV" --out "$OUT/shards_$DEV.json" \
     > "$OUT/shards_$DEV.txt" 2>&1 || status=1
 cat "$OUT/shards_$DEV.txt"
 stage "shards"
-timeout "$LIMIT" "$PY" scripts/torch_big_task.py --config gpt2_p100k --device "$DEV" \
+timeout "$LIMIT" "$PY" benchmarks/memory/torch_big_task.py --config gpt2_p100k --device "$DEV" \
     --out "$OUT/gpt2_p100k_$DEV.json" --arrays "$OUT/gpt2_p100k_arrays.npz" \
     > "$OUT/gpt2_p100k_$DEV.txt" 2>&1 || status=1
 tail -n 16 "$OUT/gpt2_p100k_$DEV.txt"
 stage "gpt2_p100k"
-timeout "$LIMIT" "$PY" scripts/torch_big_task.py --device "$DEV" --out "$OUT/big_task_$DEV.json" \
+timeout "$LIMIT" "$PY" benchmarks/memory/torch_big_task.py --device "$DEV" --out "$OUT/big_task_$DEV.json" \
     > "$OUT/big_task_$DEV.txt" 2>&1 || status=1
 tail -n 14 "$OUT/big_task_$DEV.txt"
 stage "big task"

@@ -1,6 +1,6 @@
 """Shards of the torch engine on one device, merged, against one run on that device.
 
-    python scripts/torch_shards_check.py [--device cuda] [--configs default gpt2_small ...]
+    python benchmarks/gpu/torch_shards_check.py [--device cuda] [--configs default gpt2_small ...]
                                          [--scale v16] [--shards 2 3 5] [--out FILE]
 
 For each task (shipped configs, and the scale configs named by ``--scale``) it runs
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 RTOL = 1e-12
 CONFIGS = ("default", "offpolicy_temperature", "no_eos", "gpt2_small", "weighted_prompts")
@@ -93,7 +93,8 @@ def main(argv=None):
     bad = [r for r in records if not r["ok"]]
     print(f"{len(records) - len(bad)}/{len(records)} merges within {RTOL:g}")
     if args.out:
-        rec = {"device": args.device, "torch": torch.__version__, "rule": RTOL,
+        from benchmarks.common import made_by
+        rec = {"command": made_by(argv, __file__), "device": args.device, "torch": torch.__version__, "rule": RTOL,
                "records": records}
         with atomic_output(args.out, "--out file") as tmp:
             Path(tmp).write_text(json.dumps(rec, indent=1) + "\n")

@@ -1,5 +1,5 @@
 """What fresh memory costs ``exact``: one thread, a scale task (v16 by default), timed
-alone and right after the independent torch peer (``scripts/torch_peer.py``) ran in the
+alone and right after the independent torch peer (``benchmarks/speed/peer.py``) ran in the
 same process, with the minor page faults and system time of one run; then the same in a
 process whose glibc keeps freed memory (``fisher_ref.perf.bench.KEEP_MEMORY``), so that
 later runs reuse pages instead of faulting in new ones; then in a process started with
@@ -9,7 +9,7 @@ what it returns. With ``--rounds R``
 the six processes run by turns, ``R`` times over, so that the machine's load drifts hit
 every condition alike; the medians are over every run of every round.
 
-Usage: python scripts/alloc_effects.py [--config v16] [--repeats 5] [--rounds 1]
+Usage: python benchmarks/memory/alloc_effects.py [--config v16] [--repeats 5] [--rounds 1]
 """
 import argparse
 import json
@@ -18,9 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import MADE_BY, made_by  # noqa: E402
 from fisher_ref.perf.bench import condition_env  # noqa: E402  the harness's conditions
 from fisher_ref.perf.memory import (MemoryConditionError, check_memory_condition,  # noqa: E402
                                     probe_process)
@@ -32,9 +33,9 @@ def _child(config, repeats, after_peer, call):
     import numpy as np
     import torch
     torch.set_num_threads(1)
-    sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+    sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks" / "speed")]  # the peer
     from fisher_ref import exact, keep_freed_memory, task_from_json
-    from torch_peer import peer_exact
+    from peer import peer_exact
     if call and not keep_freed_memory():
         raise SystemExit("keep_freed_memory() returned False: this C library has no mallopt "
                          "or refused a setting")
@@ -74,6 +75,7 @@ def main(argv=None):
     import numpy as np
 
     from fisher_ref.perf.scaling import git_commit, machine
+    print(MADE_BY + made_by(argv, __file__))
     print(f"commit {git_commit()}; {machine()}")
     print(f"{args.config}; {args.rounds} round(s) of {args.repeats} runs in a new process per "
           "condition, the conditions by turns; one thread")

@@ -11,7 +11,7 @@ counted once, in default memory, and shown on both memory rows: valgrind puts it
 malloc in place of glibc's and counts user-space instructions only, so the memory
 condition cannot move it.
 
-Usage: python scripts/sub_block_effects.py [--configs medium v16]
+Usage: python benchmarks/memory/sub_block_effects.py [--configs medium v16]
            [--budgets 1048576 4194304] [--repeats 5] [--rounds 1] [--instructions]
 """
 import argparse
@@ -23,9 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import MADE_BY, made_by, positive  # noqa: E402
 from fisher_ref.perf.bench import condition_env  # noqa: E402  the harness's conditions
 from fisher_ref.perf.memory import (MemoryConditionError, check_memory_condition,  # noqa: E402
                                     probe_process)
@@ -77,22 +78,12 @@ def _instructions(config, budget):
     return (counts[1] - counts[0]) / 2
 
 
-def _positive(text):
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return n
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", nargs="+", default=["medium", "v16"])
-    ap.add_argument("--budgets", nargs="+", type=_positive, default=[2 ** 20, 2 ** 22])
-    ap.add_argument("--repeats", type=_positive, default=5)
-    ap.add_argument("--rounds", type=_positive, default=1)
+    ap.add_argument("--budgets", nargs="+", type=positive, default=[2 ** 20, 2 ** 22])
+    ap.add_argument("--repeats", type=positive, default=5)
+    ap.add_argument("--rounds", type=positive, default=1)
     ap.add_argument("--instructions", action="store_true",
                     help="also count one run's instructions with valgrind's cachegrind")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -113,6 +104,7 @@ def main(argv=None):
     if args.instructions and shutil.which("valgrind") is None:
         ap.error("--instructions needs valgrind on PATH (Debian: apt-get install valgrind)")
     import numpy as np
+    print(MADE_BY + made_by(argv, __file__))
     print(f"commit {git_commit()}; {machine()}")
     print(f"{args.rounds} round(s) of {args.repeats} runs in a new process per task, budget "
           "and memory condition, by turns; one thread")

@@ -1,7 +1,7 @@
 """A large task run by the torch engine on the CPU in bounded memory, by the same code
 path that runs on a GPU.
 
-    python scripts/torch_big_task.py [--vocab 16 --max-len 5 --hidden 768] [--out FILE]
+    python benchmarks/memory/torch_big_task.py [--vocab 16 --max-len 5 --hidden 768] [--out FILE]
                                      [--device cpu] [--chunk N]
                                      [--config NAME] [--arrays FILE.npz]
 
@@ -22,7 +22,7 @@ relative errors. The record goes to ``--out`` as JSON (written atomically). Exit
 instead of the ``scale_task`` of ``--vocab``, ``--max-len`` and ``--hidden``.
 ``--arrays FILE.npz`` also saves the policy stream's ``(P,)`` arrays (``F``, the token
 sum, ``G``, ``E[h]``, the autodiff gradient) and ``E[R]``, for
-``scripts/cross_device.py`` to hold against the numpy engine on another machine. On a
+``benchmarks/gpu/cross_device.py`` to hold against the numpy engine on another machine. On a
 CUDA device the record also gives the peak GPU memory torch allocated.
 """
 import argparse
@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fisher_ref.perf.memory import peak_rss_bytes  # noqa: E402
 
@@ -79,7 +79,8 @@ def main(argv=None):
     peak = peak_rss_bytes()
     pol = out["streams"]["policy"]
     F, tsum, G = pol["sequence_fisher"], pol["token_fisher_sum"], pol["gradient"]
-    rec = {"task": {"config": args.config, "vocab_size": task.model.vocab_size,
+    from benchmarks.common import made_by
+    rec = {"command": made_by(argv, __file__), "task": {"config": args.config, "vocab_size": task.model.vocab_size,
                     "max_len": task.max_len, "hidden": None if args.config else args.hidden,
                     "num_params": cost.num_params, "n_states": cost.n_states,
                     "n_responses": cost.n_responses},

@@ -1,6 +1,6 @@
 """Peak resident memory and wall time of the exact engines, each run in a fresh process.
 
-    python scripts/torch_memory.py [--tasks v16 medium] [--threads 1]
+    python benchmarks/memory/torch_memory.py [--tasks v16 medium] [--threads 1]
 
 For every scale config named (``fisher_ref/configs/scale/NAME.json``) it starts one
 Python process per run — ``torch_exact`` with its defaults (per-state and per-response
@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUN = """
 import json, sys, time, torch
 from fisher_ref.perf.memory import peak_rss_bytes

@@ -2,7 +2,7 @@
 ``ProcessPoolExecutor`` (spawned, as ``exact(workers=N)`` starts them) against one copy
 through shared memory, for arrays of 0.1 to 24 MiB (best of 5 each).
 
-    python scripts/ipc_cost.py
+    python benchmarks/scaling/ipc_cost.py
 
 ``fisher_ref.engine.workers.SHARED_BYTES`` sends a worker's large arrays through shared
 memory because of what this prints.
@@ -55,4 +55,6 @@ def main():
 
 
 if __name__ == "__main__":
+    import argparse
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     main()

@@ -1,7 +1,7 @@
 """Exact cases at a scale that means something, on every core: time, peak memory per
 worker, and how far the top 1% of parameters by |G| and by F overlap.
 
-Usage: python scripts/large_case.py [--cases gpt2_p100k v16_t5] [--workers N]
+Usage: python benchmarks/scaling/large_case.py [--cases gpt2_p100k v16_t5] [--workers N]
                                     [--out docs/guide/large_case.json]
 
 Each case (a config of fisher_ref/configs/scale/) runs in a fresh child process of this
@@ -18,6 +18,9 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's package
 
 for _k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
     os.environ.setdefault(_k, "1")  # before numpy: one BLAS thread per process
@@ -78,7 +81,8 @@ def main(argv=None):
         print(rec, flush=True)
         records.append(rec)
     from fisher_ref.perf.scaling import git_commit
-    doc = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+    from benchmarks.common import made_by
+    doc = {"command": made_by(argv, __file__), "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
                       f"python {platform.python_version()}",
            "commit": git_commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
            "records": records}

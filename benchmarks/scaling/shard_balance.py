@@ -1,7 +1,7 @@
 """Where two parameter shards of an MLP run are even: the measurements behind
 ``fisher_ref.models.mlp_scores.WORK`` and ``LAST_SHARE``.
 
-Usage: python scripts/shard_balance.py [--config v16] [--units 90 98 105 112 120]
+Usage: python benchmarks/scaling/shard_balance.py [--config v16] [--units 90 98 105 112 120]
        [--repeats 15]
 
 For each cut ``u`` between hidden units (shard 0: ``E`` and units ``0..u``; shard 1: units
@@ -32,9 +32,13 @@ for _k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_N
 
 import multiprocessing  # noqa: E402
 
+from pathlib import Path  # noqa: E402
+
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's package
 import fisher_ref.engine.fast as fast  # noqa: E402
+from benchmarks.common import MADE_BY, made_by  # noqa: E402
 from fisher_ref.engine.factored import shard_columns  # noqa: E402
 from fisher_ref.engine.workers import _init_worker  # noqa: E402
 from fisher_ref.models.mlp_scores import _order_columns, mlp_blocks  # noqa: E402
@@ -89,6 +93,7 @@ def main(argv=None):
     H = task.model.spec.hidden
     if not all(0 < u < H for u in args.units) or args.repeats < 1:
         ap.error(f"--units must lie in 1..{H - 1} and --repeats be positive")
+    print(MADE_BY + made_by(argv, __file__))
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; python "
           f"{platform.python_version()}, numpy {np.__version__}; commit {git_commit()}")
     print(f"task: {args.config}, P={task.model.num_params:,}, hidden units {H}; medians of "

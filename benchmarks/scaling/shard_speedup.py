@@ -1,6 +1,6 @@
 """exact(task, workers=N) against workers=1 on one task, side by side in one run.
 
-Usage: python scripts/shard_speedup.py [--config v16] [--workers 2] [--repeats 5]
+Usage: python benchmarks/scaling/shard_speedup.py [--config v16] [--workers 2] [--repeats 5]
 
 The first workers=N call starts the pool (spawned processes, one BLAS thread each):
 it is timed and reported apart ("cold"). Then the two settings alternate, each run
@@ -29,8 +29,12 @@ import time
 for _k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
     os.environ[_k] = "1"  # before numpy is imported
 
+from pathlib import Path  # noqa: E402
+
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's package
+from benchmarks.common import MADE_BY, made_by  # noqa: E402
 from fisher_ref import load_config  # noqa: E402
 from fisher_ref.engine.fast import exact  # noqa: E402
 from fisher_ref.engine.shards import merge  # noqa: E402
@@ -120,6 +124,7 @@ def main(argv=None):
     if args.repeats < 1:
         ap.error(f"--repeats must be a positive integer, got {args.repeats}")
     task = _load(args.config)
+    print(MADE_BY + made_by(argv, __file__))
     print(f"machine: {platform.machine()} {platform.processor() or ''}, "
           f"{available_cores()} cores available; python {platform.python_version()}, "
           f"numpy {np.__version__}; commit {git_commit()}")

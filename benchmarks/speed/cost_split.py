@@ -1,6 +1,6 @@
 r"""How a run's time splits into a part fixed by the prefix tree and a part per parameter,
 for ``exact`` (every quantity), ``exact(quantities="fisher")`` and the independent peer
-(``scripts/torch_peer.py``), side by side.
+(``benchmarks/speed/peer.py``), side by side.
 
 The tree of a task (its states and responses) is set by the vocabulary, the length, the
 prompts and EOS; the number of parameters P by the model's width. This script keeps a scale
@@ -11,12 +11,12 @@ the tree (the walk, the per-state and per-response work, and every numpy call's 
 overhead), :math:`b` the cost of one more parameter. The fits show which of the two a
 side's lead or lag comes from.
 
-Usage: python scripts/cost_split.py [--configs medium v16] [--hidden 1 16 64]
+Usage: python benchmarks/speed/cost_split.py [--configs medium v16] [--hidden 1 16 64]
            [--repeats 5] [--keep-memory] [--out FILE]
 
 The config's own hidden width is always among the widths, so the ratio at the task as
 shipped is measured too. ``--keep-memory`` runs the script again with glibc told to keep
-freed memory (``fisher_ref.perf.bench.KEEP_MEMORY``), as ``torch_peer.py --keep-memory``
+freed memory (``fisher_ref.perf.bench.KEEP_MEMORY``), as ``peer_timing.py --keep-memory``
 does. ``--out FILE`` also writes the output to FILE (never over an existing file).
 """
 from __future__ import annotations
@@ -35,11 +35,11 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # the package; torch_peer beside this
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]  # the package; the peer
 SIDES = ("exact", "exact fisher", "peer")
 
-from sub_block_effects import _positive  # noqa: E402  the scripts' argument check
+from benchmarks.common import MADE_BY, made_by, positive  # noqa: E402
 
 
 def fit_line(P, t):
@@ -64,7 +64,7 @@ def _spec(config, hidden=None):
 def time_sides(spec, repeats):
     """Medians (s) of ``repeats`` runs of each side on task file ``spec``, by turns."""
     from fisher_ref import exact, task_from_json
-    from torch_peer import peer_exact
+    from peer import peer_exact
     runs = {"exact": lambda: exact(task_from_json(spec), progress=False, workers=1)
             .states["token_fisher"],
             "exact fisher": lambda: exact(task_from_json(spec), progress=False, workers=1,
@@ -84,9 +84,9 @@ def time_sides(spec, repeats):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", nargs="+", default=["medium", "v16"])
-    ap.add_argument("--hidden", nargs="+", type=_positive, default=[1, 16, 64],
+    ap.add_argument("--hidden", nargs="+", type=positive, default=[1, 16, 64],
                     help="hidden widths besides the config's own")
-    ap.add_argument("--repeats", type=_positive, default=5)
+    ap.add_argument("--repeats", type=positive, default=5)
     ap.add_argument("--keep-memory", action="store_true",
                     help="run again with glibc told to keep freed memory")
     ap.add_argument("--out", default=None, metavar="FILE",
@@ -105,8 +105,8 @@ def main(argv=None):
         if "hidden" not in _spec(config)["model"]:
             ap.error(f"--configs: {config} is not an MLP config (no hidden width)")
     from fisher_ref.perf.bench import KEEP_MEMORY, condition_env
-    from torch_peer import _memory_condition, _memory_kept, _threads
-    if args.keep_memory and not _memory_kept(KEEP_MEMORY):
+    from peer_timing import kept_at_start, memory_condition, threads_line
+    if args.keep_memory and not kept_at_start(KEEP_MEMORY):
         import subprocess  # glibc reads the variables at start: run again with them set
         return subprocess.call([sys.executable, __file__] + list(sys.argv[1:] if argv is None
                                                                  else argv),
@@ -118,14 +118,14 @@ def main(argv=None):
     from fisher_ref import task_from_json
     from fisher_ref.perf.scaling import git_commit, machine
     try:
-        check_memory_condition(_memory_kept(KEEP_MEMORY), probe_process(), "cost_split.py",
+        check_memory_condition(kept_at_start(KEEP_MEMORY), probe_process(), "cost_split.py",
                                startup_environ())
     except MemoryConditionError as exc:
         sys.exit(str(exc))
     torch.set_num_threads(1)
-    lines = [f"commit {git_commit(ROOT)}; {machine()}",
-             f"{args.repeats} runs a side by turns after a warm-up, medians; {_threads()}; "
-             f"memory: {_memory_condition(KEEP_MEMORY)}", "",
+    lines = [MADE_BY + made_by(argv, __file__), f"commit {git_commit(ROOT)}; {machine()}",
+             f"{args.repeats} runs a side by turns after a warm-up, medians; {threads_line()}; "
+             f"memory: {memory_condition(KEEP_MEMORY)}", "",
              "| task | hidden | P | exact (s) | exact fisher (s) | peer (s) | exact / peer |",
              "|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)

@@ -1,13 +1,13 @@
 """The first exact() run of a fresh process, with glibc's default malloc settings and with
 freed memory kept (:data:`fisher_ref.perf.bench.KEEP_MEMORY`), by turns.
 
-    python scripts/fresh_run.py [--tasks medium v16] [--repeats 5] [--peer] [--json FILE]
+    python benchmarks/speed/fresh_run.py [--tasks medium v16] [--repeats 5] [--peer] [--json FILE]
 
 Each repeat starts one new process per side and condition (one BLAS thread, one torch
 thread; a process started alike first checks that the allocator keeps, or hands back, a
 freed block as the condition says); the process runs the tiny default config first
 (imports and code paths warm, little memory touched), then times one ``exact(task, workers=1)`` (with ``--peer``, also
-one ``peer_exact`` of ``scripts/torch_peer.py``, in processes of its own) and reports its wall, user and kernel seconds, minor page faults
+one ``peer_exact`` of ``benchmarks/speed/peer.py``, in processes of its own) and reports its wall, user and kernel seconds, minor page faults
 and peak RSS. Prints the medians per task and condition; ``--json FILE`` writes them with
 the commit and the machine.
 """
@@ -19,9 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import made_by  # noqa: E402
 from fisher_ref.perf.bench import KEEP_MEMORY, condition_env  # noqa: E402
 from fisher_ref.perf.memory import (MemoryConditionError, check_memory_condition,  # noqa: E402
                                     probe_process)
@@ -38,7 +39,7 @@ if side == "peer":
     import importlib.util
     import torch
     torch.set_num_threads(1)
-    spec = importlib.util.spec_from_file_location("torch_peer", root + "/scripts/torch_peer.py")
+    spec = importlib.util.spec_from_file_location("peer", root + "/benchmarks/speed/peer.py")
     peer = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(peer)
     read = lambda path: json.loads(open(path).read())
@@ -87,7 +88,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", default=None)
     ap.add_argument("--peer", action="store_true",
-                    help="also the torch peer (scripts/torch_peer.py), its first run likewise")
+                    help="also the torch peer (benchmarks/speed/peer.py), its first run likewise")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be a positive integer, got {args.repeats}")
@@ -113,7 +114,8 @@ def main(argv=None):
     if args.json:
         with open(args.json, "x") as fh:  # checked above: never over a record
             fh.write(json.dumps(
-                {"commit": commit, "machine": machine(), "keep_memory": KEEP_MEMORY,
+                {"command": made_by(argv, __file__), "commit": commit, "machine": machine(),
+                 "keep_memory": KEEP_MEMORY,
                  "freed_memory_reused": probes, "rows": rows,
                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
                      timespec="seconds")}, indent=1) + "\n")

@@ -1,6 +1,6 @@
-"""Time the exact engine on the shipped GPT-2 configs, one thread (the README's figure).
+"""Time the exact engine on the shipped GPT-2 configs, one thread, every per-state array formed.
 
-    python scripts/gpt2_exact_time.py        # median and minimum of 5 runs per config
+    python benchmarks/speed/gpt2_exact_time.py        # median and minimum of 5 runs per config
 
 Threads are pinned to 1 before numpy is imported; the load average is printed with
 the result because the development machine is shared.
@@ -37,4 +37,6 @@ def main():
 
 
 if __name__ == "__main__":
+    import argparse
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     main()

@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import made_by  # noqa: E402
 from fisher_ref import list_configs, load_config  # noqa: E402
 from fisher_ref.perf.bench import bench  # noqa: E402
 from fisher_ref.perf.scaling import git_commit, load_scale_config  # noqa: E402
@@ -46,7 +47,7 @@ def main(argv=None):
         task = load_config(name) if name in list_configs() else load_scale_config(name)
         task.name = name
         res = bench(task, repeats=args.repeats, threads=1, keep_memory=args.keep_memory)
-        res.update(commit=_commit(), numpy=numpy.__version__, torch=torch.__version__,
+        res.update(command=made_by(argv, __file__), commit=_commit(), numpy=numpy.__version__, torch=torch.__version__,
                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         (out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
         print(f"{name}: fisher_ref/peer {res['ratio'].get('torch_peer', float('nan')):.2f}, "

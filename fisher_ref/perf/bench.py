@@ -9,7 +9,7 @@ Measurements (each a function ``task -> zero-argument callable`` in :data:`MEASU
   their fourth moments, the exact variances, per-state and per-response arrays, the
   autograd gradient), depth-first in bounded blocks;
 - ``torch_cuda_float64`` — the same on CUDA, synchronised, when present;
-- ``torch_peer`` — when ``scripts/torch_peer.py`` exists in the checkout and the model
+- ``torch_peer`` — when ``benchmarks/speed/peer.py`` exists in the checkout and the model
   is the MLP: an independent minimal torch implementation of ``F``, ``E[h]`` and the
   token Fisher per state only (:data:`WORK` says what each side computes);
 - ``fisher_ref_fisher`` — with the peer: ``exact(task, quantities="fisher")``, the numpy
@@ -70,14 +70,14 @@ DEFAULT_REPEATS = 5
 DEFAULT_THREADS = 1
 REFERENCE = "fisher_ref"
 # the independent torch peer of a source checkout (``--peer PATH`` names another)
-PEER_SCRIPT = Path(str(resources.files("fisher_ref"))).parent / "scripts" / "torch_peer.py"
+PEER_SCRIPT = Path(str(resources.files("fisher_ref"))).parent / "benchmarks" / "speed" / "peer.py"
 THREAD_VARS = BLAS_THREAD_VARS  # set to ``threads`` in every side's process
 WORK = {
     "fisher_ref": "every quantity: all streams, E[h^4], cross terms and their 4th moments, "
                   "exact variances, autodiff gradient, per-state and per-response arrays",
     "torch_cpu_float64": "the same quantities as fisher_ref",
     "torch_cuda_float64": "the same quantities as fisher_ref",
-    "torch_peer": "F, E[h] and the token Fisher per state only (scripts/torch_peer.py)",
+    "torch_peer": "F, E[h] and the token Fisher per state only (benchmarks/speed/peer.py)",
     "fisher_ref_fisher": "quantities='fisher' on the policy stream (the sampler dropped, as "
                          "the peer ignores it): E[h], E[h^2], token_fisher_sum and by depth, "
                          "the token Fisher per state formed (the uniform Fisher and E[xi|s] "
@@ -131,7 +131,7 @@ def _load_peer():
 
 
 def measure_peer(task):
-    """``peer_exact(task JSON)`` of ``scripts/torch_peer.py`` (F, E[h], token Fisher only)."""
+    """``peer_exact(task JSON)`` of ``benchmarks/speed/peer.py`` (F, E[h], token Fisher only)."""
     peer = _load_peer()
     spec = dict(task.to_json(), theta=task.theta.tolist())
     return lambda: peer.peer_exact(spec)

@@ -1,4 +1,4 @@
-"""scripts/sub_block_effects.py: exact's time, page faults and instructions for each
+"""benchmarks/memory/sub_block_effects.py: exact's time, page faults and instructions for each
 sub-block budget in glibc's default memory and with freed memory kept."""
 import importlib.util
 import platform
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "sub_block_effects.py"
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "memory" / "sub_block_effects.py"
 
 
 def _run(*args, env=None, timeout=120):
@@ -56,5 +56,7 @@ def test_sub_block_effects_measures_every_budget_and_condition():
                       r"[\d.]+ \| [\d,]+ \| [\d.]+ \| - \|$", out.stdout, re.M)
     assert sorted(rows) == sorted((m, b) for m in ("glibc default", "kept")
                                   for b in ("2**20", "2**22")), out.stdout
-    first = out.stdout.splitlines()[0]
+    made, first = out.stdout.splitlines()[:2]
+    assert made.startswith("# made by: python benchmarks/memory/sub_block_effects.py "
+                           "--configs medium --budgets 1048576 4194304"), made
     assert first.startswith("commit ") and "glibc" in first, first

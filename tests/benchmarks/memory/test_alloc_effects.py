@@ -1,4 +1,4 @@
-"""scripts/alloc_effects.py: exact's page faults and time in glibc's default memory, with
+"""benchmarks/memory/alloc_effects.py: exact's page faults and time in glibc's default memory, with
 freed memory kept from the start, and after fisher_ref.keep_freed_memory()."""
 import platform
 import re
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "alloc_effects.py"
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "memory" / "alloc_effects.py"
 
 
 @pytest.mark.parametrize("flag", ["--repeats", "--rounds"])
@@ -35,5 +35,7 @@ def test_alloc_effects_measures_every_condition():
     assert sorted(rows) == sorted((start, call, m) for start, call in (
         ("glibc default", "no"), ("kept memory", "no"), ("glibc default", "yes"))
         for m in ("alone", "after the peer")), out.stdout
-    first = out.stdout.splitlines()[0]
+    made, first = out.stdout.splitlines()[:2]
+    assert made == ("# made by: python benchmarks/memory/alloc_effects.py --config medium "
+                    "--repeats 1 --rounds 2"), made
     assert first.startswith("commit ") and "glibc" in first, first

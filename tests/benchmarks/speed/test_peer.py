@@ -1,4 +1,4 @@
-"""The torch peer (``scripts/torch_peer.py``, the benchmark baseline) against fisher_ref.
+"""The torch peer (``benchmarks/speed/peer.py``, the benchmark baseline) against fisher_ref.
 
 The peer shares no code with fisher_ref (its own parameters, windows, MLP and
 walk, scores by ``torch.func``); it must give the sequence Fisher, the score mean
@@ -15,13 +15,11 @@ from hypothesis import given, settings, strategies as st
 
 from cases import RTOL, rel
 from fisher_ref import exact, task_from_json
-from fisher_ref.engine.plan import Budgets
-from fisher_ref.engine.workers import memory_kept
 
 torch = pytest.importorskip("torch", reason="the torch peer needs torch (CI installs it)")
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("torch_peer", ROOT / "scripts" / "torch_peer.py")
+ROOT = Path(__file__).resolve().parents[3]
+_spec = importlib.util.spec_from_file_location("torch_peer", ROOT / "benchmarks" / "speed" / "peer.py")
 torch_peer = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(torch_peer)
 
@@ -119,38 +117,3 @@ def test_peer_matches_fisher_ref_on_random_task_files(V, eos, k, d, H, seed, sca
             "reward": {"name": "count", "token": 0}}
     assert_peer_matches(spec)
     assert_peer_matches(spec, expand=False)
-
-
-def test_timing_script_writes_a_record_and_refuses_to_overwrite_it(tmp_path, capsys):
-    """``torch_peer.py --json`` writes what the speed page quotes: timings per side, ratios,
-    the commit and the memory condition. Wall times are not asserted."""
-    path = tmp_path / "peer.json"
-    assert torch_peer.main(["--tasks", "medium", "--repeats", "1", "--json", str(path)]) is None
-    rec = json.loads(path.read_text())
-    t = rec["tasks"]["medium"]
-    assert rec["repeats"] == 1 and rec["memory_kept"] is False and rec["commit"]
-    # the last level's budget, the engine's own for this process's memory
-    assert rec["sub_elements_given"] is None and rec["sub_elements"] == \
-        Budgets().sub_block_elements(factored=True, kept=memory_kept())
-    assert t["num_params"] == 1044 and set(t["median"]) == {"exact", "exact fisher", "peer",
-                                                            "peer per h"}
-    assert t["ratio"]["exact / peer"] == t["median"]["exact"] / t["median"]["peer"]
-    assert all(len(v) == 1 for v in t["wall"].values())
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exc:
-        torch_peer.main(["--tasks", "medium", "--json", str(path)])
-    assert exc.value.code == 2 and "not overwritten" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        torch_peer.main(["--repeats", "0"])
-    with pytest.raises(SystemExit) as exc:
-        torch_peer.main(["--json", str(tmp_path / "no such dir" / "peer.json")])
-    assert exc.value.code == 2 and "the directory does not exist" in capsys.readouterr().err
-
-
-def test_timing_script_records_a_budget_of_ones_own(tmp_path, capsys):
-    path = tmp_path / "peer.json"
-    assert torch_peer.main(["--tasks", "medium", "--repeats", "1", "--sub-elements", "4096",
-                            "--json", str(path)]) is None
-    rec = json.loads(path.read_text())
-    assert rec["sub_elements"] == 4096 and rec["sub_elements_given"] == 4096
-    assert "sub-block budget at the last level: 4,096 elements" in capsys.readouterr().out

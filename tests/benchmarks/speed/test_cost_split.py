@@ -1,4 +1,4 @@
-"""scripts/cost_split.py: a run's time split into a part fixed by the prefix tree and a part
+"""benchmarks/speed/cost_split.py: a run's time split into a part fixed by the prefix tree and a part
 per parameter, for exact, exact(quantities="fisher") and the torch peer."""
 import importlib.util
 import re
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "cost_split.py"
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "speed" / "cost_split.py"
 
 
 def _module():
@@ -73,7 +73,10 @@ def test_cost_split_times_every_side_and_fits_each(tmp_path):
     out = _run("--configs", "medium", "--hidden", "1", "--repeats", "1", "--out", str(dest))
     assert out.returncode == 0, out.stderr[-2000:]
     text = dest.read_text()
-    assert text.splitlines()[0].startswith("commit ") and "cores" in text.splitlines()[0]
+    made, first = text.splitlines()[:2]
+    assert made == (f"# made by: python benchmarks/speed/cost_split.py --configs medium --hidden 1 "
+                    f"--repeats 1 --out {dest}"), made
+    assert first.startswith("commit ") and "cores" in first, first
     rows = re.findall(r"^\| medium \| (\d+)( \(the config's\))? \| ([\d,]+) \| [\d.]+ \| "
                       r"[\d.]+ \| [\d.]+ \| [\d.]+ \|$", text, re.M)
     assert [(h, mark != "", P) for h, mark, P in rows] == \
