@@ -1,5 +1,5 @@
-"""Run the curvlinops example of docs/check/golden.md (not part of the test suite: curvlinops is not a
-dependency) after the torch example it builds on, and print the comparison table.
+"""Run the curvlinops example of docs/check/golden.md (not part of the test suite:
+curvlinops is not a dependency) after the torch example it builds on, and print the comparison table.
 
     pip install curvlinops-for-pytorch
     python benchmarks/accuracy/check_curvlinops.py
@@ -26,7 +26,8 @@ def main(argv=None):
     torch_block, curvlinops_block = blocks()
     namespace = {}
     exec(compile(torch_block, "docs/check/golden.md (torch GGN)", "exec"), namespace)
-    exec(compile(curvlinops_block, "docs/check/golden.md (curvlinops)", "exec"), namespace)  # asserts
+    exec(compile(curvlinops_block, "docs/check/golden.md (curvlinops)", "exec"),
+         namespace)  # it asserts
     result = namespace["compare_to_golden"](
         {"token_fisher_matrix_sum": namespace["G"].numpy()}, namespace["golden"])
     print(f"curvlinops-for-pytorch {version('curvlinops-for-pytorch')}, "

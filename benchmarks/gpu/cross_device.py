@@ -1,9 +1,11 @@
 """The torch engine's arrays from another device held against the numpy engine here.
 
-    python benchmarks/gpu/cross_device.py --arrays docs/gpu/gpt2_p100k_arrays.npz --config gpt2_p100k
+    python benchmarks/gpu/cross_device.py --arrays docs/gpu/gpt2_p100k_arrays.npz
+                                   --config gpt2_p100k
                                    [--workers N] [--out FILE]
 
-``--arrays`` is a file written by ``benchmarks/memory/torch_big_task.py --config NAME --arrays FILE``
+``--arrays`` is a file written by
+``benchmarks/memory/torch_big_task.py --config NAME --arrays FILE``
 (on a GPU, say). This script runs ``fisher_ref.exact`` on the same scale config here
 (``--workers``, default ``"auto"``: every core once the single-core estimate passes 10 s)
 and records, for each saved array of the policy stream, its relative error on the scale

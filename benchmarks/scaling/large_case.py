@@ -82,7 +82,8 @@ def main(argv=None):
         records.append(rec)
     from fisher_ref.perf.scaling import git_commit
     from benchmarks.common import made_by
-    doc = {"command": made_by(argv, __file__), "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+    doc = {"command": made_by(argv, __file__),
+           "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
                       f"python {platform.python_version()}",
            "commit": git_commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
            "records": records}

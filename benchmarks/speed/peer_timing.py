@@ -48,7 +48,7 @@ def threads_line():
     """This process's torch threads and BLAS thread variables, in one line."""
     blas = {v: os.environ.get(v, "unset") for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                                                    "MKL_NUM_THREADS")}
-    return f"torch threads {torch.get_numthreads_line()}, " + ", ".join(
+    return f"torch threads {torch.get_num_threads()}, " + ", ".join(
         f"{k}={v}" for k, v in blas.items())
 
 
@@ -116,7 +116,8 @@ def main(argv=None):
     from fisher_ref.perf.scaling import git_commit, machine
     # the code this process runs is the checkout's now, whatever changes during the runs
     from benchmarks.common import made_by
-    record = {"command": made_by(argv, __file__), "commit": git_commit(ROOT), "machine": None, "threads": threads_line(),
+    record = {"command": made_by(argv, __file__), "commit": git_commit(ROOT), "machine": None,
+              "threads": threads_line(),
               "memory": memory_condition(KEEP_MEMORY), "memory_kept": kept_at_start(KEEP_MEMORY),
               "freed_memory_reused": reused, "sub_elements": sub,
               "sub_elements_given": args.sub_elements,

@@ -1,15 +1,17 @@
 """Record ``bench`` runs as JSON for the performance pages, with the commit they measured.
 
-    python docs/performance/record_bench.py [--tasks default medium v16] [--repeats 5]
-                                           [--keep-memory]
+    python benchmarks/speed/record_bench.py [--tasks default medium v16] [--repeats 5]
+                                            [--keep-memory]
 
 Writes ``docs/bench/<task>.json`` (with ``--keep-memory``, ``docs/bench/kept/<task>.json``:
 every side's process started with glibc told to keep freed memory,
 :data:`fisher_ref.perf.bench.KEEP_MEMORY`): the dict :func:`fisher_ref.perf.bench.bench`
 returns (one process per side, one thread each, interleaved repeats, medians and minima, the
-load average, page faults and kernel seconds per run), plus ``commit`` (``git rev-parse HEAD``, with ``+dirty`` when the code differs from it:
-:func:`fisher_ref.perf.scaling.git_commit`), ``numpy``, ``torch`` and ``date``. Shipped configs and the scale configs of
-``fisher_ref/configs/scale/`` (``medium``, ``v16``) are accepted by name.
+load average, page faults and kernel seconds per run), plus ``commit`` (``git rev-parse
+HEAD``, with ``+dirty`` when the code differs from it:
+:func:`fisher_ref.perf.scaling.git_commit`), ``numpy``, ``torch``, ``date`` and ``command``
+(this command line). Shipped configs and the scale configs of ``fisher_ref/configs/scale/``
+(``medium``, ``v16``) are accepted by name.
 """
 import argparse
 import datetime
@@ -47,7 +49,8 @@ def main(argv=None):
         task = load_config(name) if name in list_configs() else load_scale_config(name)
         task.name = name
         res = bench(task, repeats=args.repeats, threads=1, keep_memory=args.keep_memory)
-        res.update(command=made_by(argv, __file__), commit=_commit(), numpy=numpy.__version__, torch=torch.__version__,
+        res.update(command=made_by(argv, __file__), commit=_commit(), numpy=numpy.__version__,
+                   torch=torch.__version__,
                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         (out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
         print(f"{name}: fisher_ref/peer {res['ratio'].get('torch_peer', float('nan')):.2f}, "
