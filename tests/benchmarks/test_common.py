@@ -19,6 +19,7 @@ def test_made_by_is_the_command_from_the_repository_root_shell_quoted():
 
 @pytest.mark.parametrize("text", ["0", "-3", "two", ""])
 def test_positive_refuses_what_is_not_a_positive_integer(text):
-    with pytest.raises(argparse.ArgumentTypeError, match=f"must be a positive integer, got {text!r}"):
+    with pytest.raises(argparse.ArgumentTypeError,
+                       match=f"must be a positive integer, got {text!r}"):
         positive(text)
     assert positive("7") == 7

@@ -1,5 +1,5 @@
-"""benchmarks/speed/cost_split.py: a run's time split into a part fixed by the prefix tree and a part
-per parameter, for exact, exact(quantities="fisher") and the torch peer."""
+"""benchmarks/speed/cost_split.py: a run's time split into a part fixed by the prefix tree
+and a part per parameter, for exact, exact(quantities="fisher") and the torch peer."""
 import importlib.util
 import re
 import subprocess

@@ -19,7 +19,8 @@ from fisher_ref import exact, task_from_json
 torch = pytest.importorskip("torch", reason="the torch peer needs torch (CI installs it)")
 
 ROOT = Path(__file__).resolve().parents[3]
-_spec = importlib.util.spec_from_file_location("torch_peer", ROOT / "benchmarks" / "speed" / "peer.py")
+_spec = importlib.util.spec_from_file_location("torch_peer",
+                                              ROOT / "benchmarks" / "speed" / "peer.py")
 torch_peer = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(torch_peer)
 
