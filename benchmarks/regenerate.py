@@ -16,7 +16,9 @@ runs, the files it writes are removed (they are in git: ``git diff`` shows what 
 written to its file. Afterwards every JSON record without a ``command`` field gets the
 entry's command, and every text record whose first line does not name its command gets
 ``# made by: COMMAND`` (the scripts under ``benchmarks/`` write both themselves; the
-package's own commands, ``python -m fisher_ref ...``, do not).
+package's own commands, ``python -m fisher_ref ...``, do not). The GPU run also writes the
+notes the accuracy page reads beside its records: its output (``log.txt``), the commit and
+the date.
 
 Most entries take minutes on two cores, some tens of minutes: the machine should be
 otherwise idle, since every record keeps the load average it ran under. The GPU entry runs
@@ -25,6 +27,7 @@ only with ``--gpu``, and only where torch sees a CUDA device.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import shlex
@@ -114,7 +117,8 @@ def records():
     return [
         *_compare_records(),
         Record("gpu", "env OUT=docs/gpu bash benchmarks/gpu/gpu_compare.sh",
-               ("docs/gpu/",), gpu=True, cited_by="docs/performance/accuracy.md"),
+               ("docs/gpu/",), stdout="docs/gpu/log.txt", gpu=True,
+               cited_by="docs/performance/accuracy.md"),
         Record("cross-device", "python benchmarks/gpu/cross_device.py --arrays "
                "docs/gpu/gpt2_p100k_arrays.npz --config gpt2_p100k --out "
                "docs/gpu/gpt2_p100k_cross.json", ("docs/gpu/gpt2_p100k_cross.json",),
@@ -200,6 +204,14 @@ def run(record, dry_run=False):
         return 0
     for path in _files(record):
         path.unlink()
+    if record.gpu:  # the run's own notes: its log (the output), stages, commit and date
+        folder = ROOT / record.outputs[0]
+        (folder / "stages.txt").unlink(missing_ok=True)
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+                                capture_output=True, text=True).stdout.strip()
+        (folder / "commit.txt").write_text(commit + "\n")
+        now = datetime.datetime.now(datetime.timezone.utc)  # as date(1) prints it
+        (folder / "date.txt").write_text(now.strftime("%a %b %e %I:%M:%S %p UTC %Y") + "\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     argv = shlex.split(record.command)
