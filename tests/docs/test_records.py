@@ -121,7 +121,7 @@ def test_the_shipped_cost_split_record_fits_every_side_of_each_task():
 
 
 def test_the_speed_page_quotes_the_shipped_peer_and_split_records():
-    """Each number the speed page's prose gives for the torch_peer.py records
+    """Each number the speed page's prose gives for the peer_timing.py records
     (docs/bench/peer/) and the cost split (docs/bench/split/) is the records' own."""
     import math
     docs = Path(records.__file__).parent.parent
