@@ -4,7 +4,9 @@ the performance pages (the pages' code cells call these functions when the site 
 A record says where it was measured when it can: a ``commit`` and ``machine`` field, or the
 ``commit.txt`` / ``gpu_name.txt`` / ``log.txt`` files beside a GPU run. Where a record does
 not say, :func:`provenance` falls back on the commit that last wrote the file (``git log``)
-and says so.
+and says so. A record also names the command that made it (a ``command`` field, or a first
+line ``# made by: COMMAND`` in a text record; ``python benchmarks/regenerate.py --list``
+lists them all).
 """
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ def committed_in(path):
 
 
 def provenance(path, record=None):
-    """One sentence: the commit and machine a record was measured on."""
+    """One sentence: the commit and machine a record was measured on, and the command that
+    made it where the record names one."""
     record = load(path) if record is None and str(path).endswith(".json") else (record or {})
     commit = record.get("commit")
     machine = record.get("machine")
@@ -63,14 +66,38 @@ def provenance(path, record=None):
         parts.append(f"recorded in commit `{c[0]}` ({c[1]}); the record does not name the "
                      "commit it measured" if c else "the record names no commit")
     parts.append(f"on {machine}" if machine else "machine not named in the record")
+    if record.get("command"):
+        parts.append(f"made by `{record['command']}`")
     return f"`docs/{path}`: " + ", ".join(parts) + "."
 
 
+MADE_BY = "# made by: "
+
+
+def made_by(path):
+    """``(command, lines)`` of the text record at ``path`` (relative to ``docs/``): the
+    command its ``# made by:`` line names (``None`` without one) and its other lines, the
+    comment lines (``#``) left out."""
+    lines = (DOCS / path).read_text().splitlines()
+    command = next((line[len(MADE_BY):] for line in lines if line.startswith(MADE_BY)), None)
+    return command, [line for line in lines if not line.startswith("#")]
+
+
+
+def command(path):
+    """The command that made the record at ``path``: its ``command`` field or its
+    ``# made by:`` line; ``None`` where it names none."""
+    if str(path).endswith(".json"):
+        return load(path).get("command")
+    return made_by(path)[0]
+
+
 def _summarize_compare():
-    """``scripts/summarize_compare.py`` as a module (its table is the one the pages show)."""
+    """``benchmarks/accuracy/summarize_compare.py`` as a module (its table is the one the
+    pages show)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("summarize_compare",
-                                                  ROOT / "scripts" / "summarize_compare.py")
+    spec = importlib.util.spec_from_file_location(
+        "summarize_compare", ROOT / "benchmarks" / "accuracy" / "summarize_compare.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -78,7 +105,7 @@ def _summarize_compare():
 
 def compare_summary(paths):
     """Markdown tables of ``compare --json`` records: per config and dtype the rows passing,
-    the worst relative error and the tolerance (``scripts/summarize_compare.py``'s table),
+    the worst relative error and the tolerance (``summarize_compare.py``'s table),
     and the Monte Carlo statistics, one column per row."""
     table = _summarize_compare().summarize([str(DOCS / p) for p in paths])
     table = table.split("\n\nMonte Carlo rows")[0]
@@ -171,7 +198,7 @@ def kernel_table(records):
 
 
 def fresh_table(path="bench/fresh/fresh_run.json"):
-    """Markdown table of ``scripts/fresh_run.py --json``: the first run in a fresh process,
+    """Markdown table of ``benchmarks/speed/fresh_run.py --json``: the first run in a fresh process,
     exact against the peer, per task and memory condition (medians), with what each run
     cost the kernel and its peak memory; ``None`` when the record is not there."""
     if not (DOCS / path).exists():
@@ -191,26 +218,30 @@ def fresh_table(path="bench/fresh/fresh_run.json"):
                 lines.append(f"| {task} | {mem} | {e['wall']:.3f} | {q['wall']:.3f} | "
                              f"{e['wall'] / q['wall']:.2f} | {cost(e)} | {cost(q)} |")
     return (f"{provenance(path, fr)[:-1]}; {fr['date'][:10]}; medians of {fr['rows'][0]['repeats']} "
-            "processes per side and condition.\n\n" + "\n".join(lines))
+            f"processes per side and condition; made by `{fr.get('command')}`.\n\n"
+            + "\n".join(lines))
 
 
 def alloc_outputs(folder="bench/alloc"):
-    """The saved outputs in ``folder`` of ``scripts/alloc_effects.py`` (``bench/alloc``, one
-    ``<config>.txt`` per task) or ``scripts/sub_block_effects.py`` (``bench/subblock``):
-    the commit and machine, the setup, then a markdown table, each under its file's name;
-    ``None`` when there are none."""
+    """The saved outputs in ``folder`` of ``benchmarks/memory/alloc_effects.py``
+    (``bench/alloc``, one ``<config>.txt`` per task), ``benchmarks/memory/sub_block_effects.py``
+    (``bench/subblock``) or ``benchmarks/speed/cost_split.py`` (``bench/split``): the commit
+    and machine, the setup, then a markdown table, each under its file's name with the command
+    that made it; ``None`` when there are none."""
     paths = sorted((DOCS / folder).glob("*.txt"))
     if not paths:
         return None
     def shown(p):  # the lines before the table in one sentence, then the table
-        head, _, table = p.read_text().strip().partition("\n\n")
-        return f"**{p.stem}** (`{p.relative_to(DOCS)}`): {'; '.join(head.splitlines())}." + (
-            f"\n\n{table}" if table else "")
+        cmd, lines = made_by(p.relative_to(DOCS))
+        head, _, table = "\n".join(lines).strip().partition("\n\n")
+        made = f" Made by `{cmd}`." if cmd else ""
+        return (f"**{p.stem}** (`{p.relative_to(DOCS)}`): {'; '.join(head.splitlines())}."
+                f"{made}" + (f"\n\n{table}" if table else ""))
     return "\n\n".join(shown(p) for p in paths)
 
 
 def peer_table(folder="bench/peer"):
-    """Markdown table of ``scripts/torch_peer.py --json`` records (one process, by turns):
+    """Markdown table of ``benchmarks/speed/peer_timing.py --json`` records (one process, by turns):
     exact / peer for every quantity and like for like (fisher only), and the medians of
     exact and the peer, per task, memory condition and sub-block budget, with each record's
     provenance; ``None`` when there are none."""

@@ -31,7 +31,7 @@ def add_arguments(parser):
                              "and reuse it (fisher_ref.perf.bench.KEEP_MEMORY); default: "
                              "the C library's own settings")
     parser.add_argument("--no-peer", action="store_true",
-                        help="leave out scripts/torch_peer.py even when it exists")
+                        help="leave out benchmarks/speed/peer.py even when it exists")
     parser.add_argument("--json", default=None, metavar="FILE",
                         help="also write the timings as JSON (atomically)")
     parser.add_argument("--scaling", nargs="?", const="docs", default=None, metavar="DIR",

@@ -9,7 +9,7 @@ Measurements (each a function ``task -> zero-argument callable`` in :data:`MEASU
   their fourth moments, the exact variances, per-state and per-response arrays, the
   autograd gradient), depth-first in bounded blocks;
 - ``torch_cuda_float64`` — the same on CUDA, synchronised, when present;
-- ``torch_peer`` — when ``scripts/torch_peer.py`` exists in the checkout and the model
+- ``torch_peer`` — when ``benchmarks/speed/peer.py`` exists in the checkout and the model
   is the MLP: an independent minimal torch implementation of ``F``, ``E[h]`` and the
   token Fisher per state only (:data:`WORK` says what each side computes);
 - ``fisher_ref_fisher`` — with the peer: ``exact(task, quantities="fisher")``, the numpy
@@ -48,18 +48,18 @@ sent to another process (a Python callable reward).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import pickle
 import statistics
-import sys
-import time
-from importlib import resources
-from pathlib import Path
 
-from fisher_ref.engine.workers import BLAS_THREAD_VARS, environment, kept_in_process
+from fisher_ref.engine.workers import kept_in_process
 from fisher_ref.perf.memory import (MEMORY_LABELS, check_memory_condition, probe_process,
                                     startup_environ)
+from fisher_ref.perf.processes import (KEEP_MEMORY, THREAD_VARS, InProcess, MeasurementFailed,
+                                       SideProcess, check_keep_memory, condition_env,
+                                       memory_vars, pinned_here, thread_report, time_call)
+from fisher_ref.perf.sides import (LIKE_FOR_LIKE, MEASUREMENTS, PEER_SCRIPT, REFERENCE, WORK,
+                                   measurements)
 
 
 __all__ = ["MEASUREMENTS", "WORK", "LIKE_FOR_LIKE", "DEFAULT_REPEATS", "DEFAULT_THREADS", "PEER_SCRIPT",
@@ -68,298 +68,6 @@ __all__ = ["MEASUREMENTS", "WORK", "LIKE_FOR_LIKE", "DEFAULT_REPEATS", "DEFAULT_
 
 DEFAULT_REPEATS = 5
 DEFAULT_THREADS = 1
-REFERENCE = "fisher_ref"
-# the independent torch peer of a source checkout (``--peer PATH`` names another)
-PEER_SCRIPT = Path(str(resources.files("fisher_ref"))).parent / "scripts" / "torch_peer.py"
-THREAD_VARS = BLAS_THREAD_VARS  # set to ``threads`` in every side's process
-WORK = {
-    "fisher_ref": "every quantity: all streams, E[h^4], cross terms and their 4th moments, "
-                  "exact variances, autodiff gradient, per-state and per-response arrays",
-    "torch_cpu_float64": "the same quantities as fisher_ref",
-    "torch_cuda_float64": "the same quantities as fisher_ref",
-    "torch_peer": "F, E[h] and the token Fisher per state only (scripts/torch_peer.py)",
-    "fisher_ref_fisher": "quantities='fisher' on the policy stream (the sampler dropped, as "
-                         "the peer ignores it): E[h], E[h^2], token_fisher_sum and by depth, "
-                         "the token Fisher per state formed (the uniform Fisher and E[xi|s] "
-                         "kept per window)",
-}
-#: glibc's settings of ``bench(keep_memory=True)``, read when a process starts: no freed
-#: block is handed back to the system (an mmap threshold of 1 GiB, no trimming)
-KEEP_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(2 ** 30), "MALLOC_TRIM_THRESHOLD_": str(2 ** 62)}
-#: For a measurement that does less than fisher_ref, the fisher_ref measurement doing the
-#: same work: ``ratio_like[name] = median(LIKE_FOR_LIKE[name]) / median(name)``.
-LIKE_FOR_LIKE = {"torch_peer": "fisher_ref_fisher"}
-NUMPY_SIDES = (REFERENCE, "fisher_ref_fisher")
-
-
-def measure_fisher_ref(task):
-    """``exact(task)`` — the numpy engine, CPU float64, with every per-state array formed
-    (as the torch engine stores them)."""
-    from fisher_ref.engine.fast import exact
-    return lambda: exact(task, progress=False, workers=1).gathered()
-
-
-def measure_fisher_only(task):
-    """``exact(task, quantities="fisher")`` on the policy stream with its per-state token
-    Fisher formed: the peer's work and output. The peer reads no sampler, so neither does
-    this side: an off-policy task is timed without its sampler."""
-    from fisher_ref.engine.fast import exact
-    task = task.with_(sampler=None) if task.sampler is not None else task
-    return lambda: exact(task, progress=False, quantities="fisher", workers=1).states["token_fisher"]
-
-
-def _measure_torch(device):
-    def make(task):
-        import torch
-        from fisher_ref.torch.exact import torch_exact
-
-        def call():
-            out = torch_exact(task, device=device, dtype="float64")
-            if device == "cuda":
-                torch.cuda.synchronize()
-            return out
-        return call
-    make.__doc__ = f"``torch_exact(task)`` on {device} in float64 (the same quantities)."
-    return make
-
-
-def _load_peer():
-    spec = importlib.util.spec_from_file_location("fisher_ref_torch_peer", PEER_SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def measure_peer(task):
-    """``peer_exact(task JSON)`` of ``scripts/torch_peer.py`` (F, E[h], token Fisher only)."""
-    peer = _load_peer()
-    spec = dict(task.to_json(), theta=task.theta.tolist())
-    return lambda: peer.peer_exact(spec)
-
-
-MEASUREMENTS = {
-    REFERENCE: measure_fisher_ref,
-    "torch_cpu_float64": _measure_torch("cpu"),
-    "torch_cuda_float64": _measure_torch("cuda"),
-    "torch_peer": measure_peer,
-    "fisher_ref_fisher": measure_fisher_only,
-}
-
-
-def peer_available(task=None):
-    """Whether the optional peer row applies: the script exists and the model is the MLP."""
-    arch = None if task is None else getattr(task.model, "name", None)
-    return PEER_SCRIPT.is_file() and arch in (None, "mlp_window")
-
-
-def measurements(device=None, task=None, peer=True):
-    """Names to run: fisher_ref, torch on the CPU, torch on CUDA when ``device`` is
-    ``"cuda"`` or (``device=None``) when CUDA is present, and the peer when available
-    (with ``fisher_ref_fisher``, its like-for-like side)."""
-    import torch
-    names = [REFERENCE, "torch_cpu_float64"]
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda asked for, but torch sees no CUDA device")
-    if device == "cuda" or (device is None and torch.cuda.is_available()):
-        names.append("torch_cuda_float64")
-    if peer and peer_available(task):
-        names += ["torch_peer", LIKE_FOR_LIKE["torch_peer"]]
-    return names
-
-
-def time_call(fn):
-    """Wall time of one call of ``fn`` in seconds (``time.perf_counter``)."""
-    return _timed_call(fn)[0]
-
-
-def _kernel_counts():
-    """``(minor page faults, system seconds)`` of this process so far; ``None`` without
-    ``getrusage``."""
-    try:
-        import resource
-    except ImportError:  # not POSIX
-        return None
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_minflt, r.ru_stime
-
-
-def _timed_call(fn):
-    """``(wall seconds, minor page faults, system seconds)`` of one call of ``fn`` (the
-    last two ``None`` where the system does not count them)."""
-    k0 = _kernel_counts()
-    t0 = time.perf_counter()
-    fn()
-    wall = time.perf_counter() - t0
-    k1 = _kernel_counts()
-    if k0 is None or k1 is None:
-        return wall, None, None
-    return wall, k1[0] - k0[0], k1[1] - k0[1]
-
-
-def thread_report():
-    """This process's thread settings: torch's intra-op threads (if torch is loaded), BLAS
-    thread pools as threadpoolctl reports them)."""
-    from threadpoolctl import threadpool_info
-    out = {"torch_threads": None, "blas_source": "threadpoolctl"}
-    if "torch" in sys.modules:
-        out["torch_threads"] = sys.modules["torch"].get_num_threads()
-    out["blas"] = [{"api": p.get("internal_api"), "threads": p.get("num_threads")}
-                   for p in threadpool_info()]
-    return out
-
-
-def _max_rss_bytes():
-    from fisher_ref.perf.memory import peak_rss_bytes
-    return peak_rss_bytes()
-
-
-def _worker(conn, name, task_bytes, threads):
-    """A measurement's own process: build, warm up, then time one call per ``"run"``."""
-    try:
-        if threads and name not in NUMPY_SIDES:  # the numpy sides never load torch
-            import torch
-            torch.set_num_threads(threads)
-        fn = MEASUREMENTS[name](pickle.loads(task_bytes))
-        fn()  # warm-up: imports, allocator, kernels
-        conn.send(("ready", None))
-        while conn.recv() == "run":
-            conn.send(("time", _timed_call(fn)))
-        conn.send(("done", dict(thread_report(), max_rss_bytes=_max_rss_bytes(),
-                                malloc={k: os.environ.get(k) for k in KEEP_MEMORY})))
-    except Exception as exc:  # reported to the parent, which raises
-        import traceback
-        conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-
-
-class MeasurementFailed(RuntimeError):
-    """A measurement's process raised, or ended without an answer (killed, crashed)."""
-
-
-def memory_vars(keep):
-    """The malloc variables of a memory condition, for
-    :func:`fisher_ref.engine.workers.environment`: :data:`KEEP_MEMORY`'s values, or each
-    unset (``None``) for the C library's default even where this process has them set."""
-    return dict(KEEP_MEMORY) if keep else dict.fromkeys(KEEP_MEMORY)
-
-
-def condition_env(keep, threads=1):
-    """A whole environment for a new process in a memory condition: this process's, the
-    malloc variables set or unset (:func:`memory_vars`), and the BLAS thread variables at
-    ``threads`` (left as they are when ``threads`` is 0)."""
-    env = dict(os.environ)
-    change = {**(dict.fromkeys(THREAD_VARS, str(threads)) if threads else {}),
-              **memory_vars(keep)}
-    for k, v in change.items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    return env
-
-
-class _Process:
-    """A measurement in a spawned process whose thread variables are set before start."""
-
-    def __init__(self, name, task_bytes, threads, keep_memory=False):
-        import multiprocessing as mp
-        ctx = mp.get_context("spawn")
-        self.name, (self.conn, child) = name, ctx.Pipe()
-        env = {v: str(threads) for v in THREAD_VARS} if threads else {}
-        with environment({**env, **memory_vars(keep_memory)}):
-            self.proc = ctx.Process(target=_worker, args=(child, name, task_bytes, threads),
-                                    daemon=True)
-            self.proc.start()
-        child.close()  # the child's end lives in the child: its exit ends our recv()
-        self._expect("ready")
-
-    def _ended(self):
-        self.close()
-        code = self.proc.exitcode
-        how = f"killed by signal {-code}" if code is not None and code < 0 else \
-            f"exit code {code}"
-        return MeasurementFailed(f"measurement {self.name!r}: its process ended without an "
-                                 f"answer ({how})")
-
-    def _send(self, message):
-        try:
-            self.conn.send(message)
-        except (BrokenPipeError, OSError):  # the process is gone
-            raise self._ended() from None
-
-    def _expect(self, kind):
-        try:
-            got, value = self.conn.recv()
-        except (EOFError, OSError):  # the process ended without a word: killed, crashed
-            raise self._ended() from None
-        if got == "error":
-            self.close()
-            raise MeasurementFailed(f"measurement {self.name!r} failed in its process: "
-                                    f"{value}")
-        return value
-
-    def __call__(self):
-        self._send("run")
-        return self._expect("time")
-
-    def finish(self):
-        self._send("stop")
-        info = self._expect("done")
-        self.close()
-        return info
-
-    def close(self):
-        self.proc.join(timeout=10)
-        if self.proc.is_alive():
-            self.proc.terminate()
-
-
-class _InProcess:
-    """A measurement timed in this process (threads pinned by the caller)."""
-
-    def __init__(self, name, task):
-        self.fn = MEASUREMENTS[name](task)
-        self.fn()  # warm-up
-
-    def __call__(self):
-        return _timed_call(self.fn)
-
-    def finish(self):
-        return dict(thread_report(), max_rss_bytes=None,
-                    malloc={k: os.environ.get(k) for k in KEEP_MEMORY})
-
-    def close(self):
-        pass
-
-
-@contextlib.contextmanager
-def _pinned_here(threads):
-    """Pin torch (and BLAS, with threadpoolctl) in this process; restore afterwards."""
-    import torch
-    from threadpoolctl import threadpool_limits
-    old = torch.get_num_threads()
-    try:
-        with contextlib.ExitStack() as stack:
-            if threads:  # BLAS (and OpenMP) limited first: torch's own count set after
-                stack.enter_context(threadpool_limits(threads))
-                torch.set_num_threads(threads)
-            yield
-    finally:  # after threadpoolctl restored the OpenMP pools it saw at entry
-        torch.set_num_threads(old)
-
-
-def _check_keep_memory(keep_memory, isolate):
-    if not isinstance(keep_memory, bool):
-        raise ValueError(f"keep_memory must be True or False, got {keep_memory!r}")
-    if not keep_memory:
-        return
-    import platform
-    libc = platform.libc_ver()[0]
-    if libc != "glibc":
-        raise ValueError(f"keep_memory=True sets glibc's malloc variables, and this Python "
-                         f"runs on {libc or 'another C library'}")
-    if isolate is False:
-        raise ValueError("keep_memory=True needs one process per measurement (glibc reads "
-                         "its malloc variables when a process starts), not isolate=False")
 
 
 def _check_args(repeats, threads, names):
@@ -408,7 +116,7 @@ def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, is
     from fisher_ref.engine.plan import estimate_cost
     names = measurements(task=task) if names is None else list(names)
     _check_args(repeats, threads, names)
-    _check_keep_memory(keep_memory, isolate)
+    check_keep_memory(keep_memory, isolate)
     try:
         task_bytes = pickle.dumps(task)
     except Exception as exc:
@@ -429,11 +137,11 @@ def bench(task, repeats=DEFAULT_REPEATS, names=None, threads=DEFAULT_THREADS, is
     kernel = {n: {"page_faults": [], "seconds": []} for n in names}
     with contextlib.ExitStack() as stack:
         if not isolate:
-            stack.enter_context(_pinned_here(threads))
+            stack.enter_context(pinned_here(threads))
         try:
             for n in names:
-                runs[n] = _Process(n, task_bytes, threads, keep_memory) if isolate else \
-                    _InProcess(n, task)
+                runs[n] = SideProcess(n, task_bytes, threads, keep_memory) if isolate else \
+                    InProcess(n, task)
             for _ in range(repeats):
                 loadavg.append(list(os.getloadavg()))
                 for n in names:

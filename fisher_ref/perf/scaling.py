@@ -129,7 +129,7 @@ def engine_speedup(task, repeats=3):
 
 
 #: The paths whose changes make a measurement's code differ from its commit.
-CODE_PATHS = ("fisher_ref", "scripts")
+CODE_PATHS = ("fisher_ref", "benchmarks")
 
 
 def git_commit(cwd=None, short=True):

@@ -129,7 +129,7 @@ def test_matmul_precision_is_highest_inside_and_restored():
 def test_gpu_script_is_valid_bash():
     import pathlib
     import subprocess
-    script = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "gpu_compare.sh"
+    script = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "gpu_compare.sh"
     res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "--device cuda --dtype float64,float32,bfloat16" in script.read_text()

@@ -45,9 +45,9 @@ def test_cli_bench_keep_memory_the_allocator_ignores_exits_1(monkeypatch, capsys
     """A C library that does not keep freed memory with the settings: an error message and
     exit 1, no table (a 1 MiB threshold stands in for a refused one)."""
     pytest.importorskip("torch", reason="bench times the torch engine (the torch extra)")
-    import fisher_ref.perf.bench as fb
-    monkeypatch.setattr(fb, "KEEP_MEMORY", {"MALLOC_MMAP_THRESHOLD_": str(2 ** 20),
-                                            "MALLOC_TRIM_THRESHOLD_": str(2 ** 62)})
+    import fisher_ref.perf.processes as processes
+    monkeypatch.setattr(processes, "KEEP_MEMORY", {"MALLOC_MMAP_THRESHOLD_": str(2 ** 20),
+                                                   "MALLOC_TRIM_THRESHOLD_": str(2 ** 62)})
     assert main(["bench", "--config", "default", "--repeats", "1", "--device", "cpu",
                  "--no-peer", "--keep-memory"]) == 1
     out = capsys.readouterr()

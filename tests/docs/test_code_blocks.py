@@ -141,7 +141,7 @@ def test_task_examples_are_valid_tasks():
 
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-REPO_PATH = re.compile(r"^(?:fisher_ref|scripts|lessons|docs|tests)/[\w./-]*$")
+REPO_PATH = re.compile(r"^(?:fisher_ref|benchmarks|lessons|docs|tests)/[\w./-]*$")
 # a module named inside the package, as the developer notes do: `engine/fast.py`
 PACKAGE_PATH = re.compile(r"^(?:engine|torch|models|checks|monte_carlo|golden|cli|perf|teaching|"
                           r"estimators|distributed)/[\w/]+\.py$")

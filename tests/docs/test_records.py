@@ -1,6 +1,6 @@
 """The performance pages' record readers (docs/performance/records.py): the tables the
-speed page shows from torch_peer.py and fresh_run.py records, and the provenance line of a
-record measured on uncommitted code."""
+speed page shows from peer_timing.py and fresh_run.py records, the provenance line of a
+record measured on uncommitted code, and the command each shipped record names."""
 import importlib.util
 import json
 from pathlib import Path
@@ -69,6 +69,12 @@ def test_alloc_outputs_show_each_saved_output(docs):
     out = records.alloc_outputs()
     assert out == ("**medium** (`bench/alloc/medium.txt`): commit abc1234; m; medium; 5 runs."
                    "\n\n| a | b |\n|---|---|\n| 1 | 2 |")
+    (docs / "bench" / "alloc" / "medium.txt").write_text(
+        "# made by: python benchmarks/memory/alloc_effects.py --config medium\n# a note\n"
+        "commit abc1234; m\nmedium; 5 runs\n\n| a | b |\n")
+    assert records.alloc_outputs() == (
+        "**medium** (`bench/alloc/medium.txt`): commit abc1234; m; medium; 5 runs. Made by "
+        "`python benchmarks/memory/alloc_effects.py --config medium`.\n\n| a | b |")
 
 
 def test_peer_table_marks_the_engines_own_budget(docs):
@@ -86,8 +92,8 @@ def test_peer_table_marks_the_engines_own_budget(docs):
 def test_the_shipped_sub_block_record_holds_every_budget_and_condition():
     """docs/bench/subblock/: the commit and machine first, a row per task, budget and
     memory condition, each with its instruction count."""
-    path = Path(records.__file__).parent.parent / "bench" / "subblock" / "medium_v16.txt"
-    lines = path.read_text().splitlines()
+    command, lines = records.made_by("bench/subblock/medium_v16.txt")
+    assert command.startswith("python benchmarks/memory/sub_block_effects.py ")
     assert lines[0].startswith("commit ") and "glibc" in lines[0]
     rows = {tuple(c.strip() for c in line.split("|")[1:4]) for line in lines
             if line.startswith("| medium") or line.startswith("| v16")}
@@ -98,11 +104,11 @@ def test_the_shipped_sub_block_record_holds_every_budget_and_condition():
 
 
 def test_the_shipped_cost_split_record_fits_every_side_of_each_task():
-    """docs/bench/split/: scripts/cost_split.py's output, the commit and machine first, a
+    """docs/bench/split/: benchmarks/speed/cost_split.py's output, the commit and machine first, a
     row per task and width (each task's own width among them) and a fit per task and side;
     shown on the speed page by ``alloc_outputs``."""
-    path = Path(records.__file__).parent.parent / "bench" / "split" / "medium_v16.txt"
-    lines = path.read_text().splitlines()
+    command, lines = records.made_by("bench/split/medium_v16.txt")
+    assert command.startswith("python benchmarks/speed/cost_split.py ")
     assert lines[0].startswith("commit ") and "glibc" in lines[0], lines[0]
     assert "freed memory kept" in lines[1], lines[1]
     own = {line.split("|")[1].strip() for line in lines if "(the config's)" in line}
@@ -115,7 +121,7 @@ def test_the_shipped_cost_split_record_fits_every_side_of_each_task():
 
 
 def test_the_speed_page_quotes_the_shipped_peer_and_split_records():
-    """Each number the speed page's prose gives for the torch_peer.py records
+    """Each number the speed page's prose gives for the peer_timing.py records
     (docs/bench/peer/) and the cost split (docs/bench/split/) is the records' own."""
     import math
     docs = Path(records.__file__).parent.parent
@@ -172,3 +178,36 @@ def test_the_speed_page_quotes_the_shipped_peer_and_split_records():
     assert (f"{a['medium', 'exact']} against {a['medium', 'peer']} ms on medium, "
             f"{a['v16', 'exact']} against {a['v16', 'peer']} ms on V=16") in page
     assert f"its medium points least well ({fits['medium', 'peer'][3]})" in page
+
+
+def test_provenance_names_the_command_of_a_record_that_has_one(docs):
+    (docs / "r.json").write_text(json.dumps({"commit": "abc1234", "machine": "m",
+                                             "command": "python benchmarks/x.py --y"}))
+    assert records.provenance("r.json") == ("`docs/r.json`: measured at commit `abc1234`, on m, "
+                                            "made by `python benchmarks/x.py --y`.")
+    assert records.command("r.json") == "python benchmarks/x.py --y"
+
+
+def test_every_shipped_record_names_the_command_that_made_it():
+    """Every record that benchmarks/regenerate.py lists, as shipped in docs/, names its
+    command (a ``command`` field, a ``# made by:`` line), and it is the command the list
+    gives; the CSV and the picture of the scaling run are named by docs/scaling.md."""
+    import sys
+    root = Path(records.__file__).resolve().parents[2]
+    sys.path.insert(0, str(root))
+    try:
+        from benchmarks.regenerate import _files, records as listed
+    finally:
+        sys.path.remove(str(root))
+    seen = 0
+    for entry in listed():
+        for path in _files(entry):
+            rel = path.relative_to(records.DOCS).as_posix()
+            if path.suffix in (".json", ".txt"):
+                made = records.command(rel)
+                # the GPU run's script names its own parts' commands where they write them
+                assert made == entry.command or (entry.gpu and made.startswith(
+                    "python benchmarks/")), (rel, made, entry.command)
+                seen += 1
+    assert seen >= 70, seen
+    assert "by `python -m fisher_ref bench --scaling`" in (records.DOCS / "scaling.md").read_text()

@@ -160,8 +160,9 @@ def test_shards_module_names_its_public_parts():
 
 
 def test_the_large_case_table_is_the_recorded_run():
-    """docs/guide/distributed.md's table of large cases states what scripts/large_case.py
-    wrote to docs/guide/large_case.json (machine, commit and every number)."""
+    """docs/guide/distributed.md's table of large cases states what
+    benchmarks/scaling/large_case.py wrote to docs/guide/large_case.json (machine, commit and
+    every number)."""
     import json
     from pathlib import Path
     root = Path(__file__).resolve().parents[2]

@@ -6,9 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="bench times the torch engine (the torch extra)")
 
-import fisher_ref.perf.bench as fb  # noqa: E402
+import fisher_ref.perf.processes as processes  # noqa: E402
 from fisher_ref import load_config  # noqa: E402
-from fisher_ref.perf.bench import MEASUREMENTS, bench, format_table, measurements  # noqa: E402
+from fisher_ref.perf.bench import MEASUREMENTS, bench, format_table  # noqa: E402
 from fisher_ref.perf.memory import MemoryConditionError  # noqa: E402
 from fisher_ref.rewards import FunctionReward  # noqa: E402
 
@@ -55,32 +55,6 @@ def test_gpt2_config_benches_against_the_transformers_adapter():
     assert res["ratio"]["torch_cpu_float64"] > 0
 
 
-def test_peer_row_is_optional(tmp_path, monkeypatch):
-    monkeypatch.setattr(fb, "PEER_SCRIPT", tmp_path / "absent.py")
-    assert "torch_peer" not in measurements("cpu", load_config("default"))
-    script = tmp_path / "torch_peer.py"
-    script.write_text("def peer_exact(spec):\n    return {'fisher': len(spec['theta'])}\n")
-    monkeypatch.setattr(fb, "PEER_SCRIPT", script)
-    assert measurements("cpu", load_config("default"))[-2:] == ["torch_peer",
-                                                                "fisher_ref_fisher"]
-    assert "torch_peer" not in measurements("cpu", load_config("gpt2_small"))  # MLP only
-    assert "torch_peer" not in measurements("cpu", load_config("default"), peer=False)
-    res = bench(load_config("default"), repeats=2,
-                names=["fisher_ref", "torch_peer", "fisher_ref_fisher"], isolate=False)
-    assert res["ratio"]["torch_peer"] > 0 and "token Fisher" in res["work"]["torch_peer"]
-    # the like-for-like ratio: the numpy engine doing only the peer's work
-    assert res["ratio_like"]["torch_peer"] == pytest.approx(
-        res["median"]["fisher_ref_fisher"] / res["median"]["torch_peer"])
-    assert res["ratio_like_min"]["torch_peer"] == pytest.approx(
-        res["min"]["fisher_ref_fisher"] / res["min"]["torch_peer"])
-    assert "quantities='fisher'" in res["work"]["fisher_ref_fisher"]
-    assert "ratio fisher_ref_fisher/torch_peer = " in format_table(res)
-    assert "fisher_ref_fisher" not in res["ratio"]  # compared with the peer only
-    without = bench(load_config("default"), repeats=1, names=["fisher_ref", "torch_peer"],
-                    isolate=False)
-    assert without["ratio_like"] == {}  # no like-for-like side, no like-for-like ratio
-
-
 def test_numpy_sides_run_without_torch():
     res = bench(load_config("default"), repeats=1, names=["fisher_ref", "fisher_ref_fisher"],
                 threads=1)
@@ -96,7 +70,7 @@ def test_each_run_counts_its_page_faults_and_kept_memory_reaches_each_process(mo
     import os
     from fisher_ref.perf.scaling import load_scale_config
     task = load_scale_config("medium")
-    monkeypatch.setitem(os.environ, "MALLOC_TRIM_THRESHOLD_", fb.KEEP_MEMORY[
+    monkeypatch.setitem(os.environ, "MALLOC_TRIM_THRESHOLD_", processes.KEEP_MEMORY[
         "MALLOC_TRIM_THRESHOLD_"])  # set here: the plain sides still get the defaults
     plain = bench(task, repeats=3, names=["fisher_ref"], threads=1)
     kept = bench(task, repeats=3, names=["fisher_ref"], threads=1, keep_memory=True)
@@ -107,8 +81,8 @@ def test_each_run_counts_its_page_faults_and_kept_memory_reaches_each_process(mo
         assert all(x >= 0 for x in k["seconds"])
         assert "faults/run" in format_table(res)
     assert not plain["keep_memory"] and kept["keep_memory"]
-    assert kept["env"]["fisher_ref"]["malloc"] == fb.KEEP_MEMORY
-    assert plain["env"]["fisher_ref"]["malloc"] == dict.fromkeys(fb.KEEP_MEMORY)
+    assert kept["env"]["fisher_ref"]["malloc"] == processes.KEEP_MEMORY
+    assert plain["env"]["fisher_ref"]["malloc"] == dict.fromkeys(processes.KEEP_MEMORY)
     assert "freed memory kept" in format_table(kept)
     # the allocator, probed in a process started as the sides are
     assert kept["freed_memory_reused"] is True and plain["freed_memory_reused"] is False
@@ -125,7 +99,7 @@ def test_keep_memory_that_the_allocator_ignores_is_an_error(monkeypatch):
     """A glibc that refuses the mmap threshold (some cap it at 32 MiB) hands freed blocks
     back even with the variables set; the run must not be recorded as kept memory. A
     threshold of 1 MiB stands in for a refused one: the probe's 64 MiB block lies above it."""
-    monkeypatch.setattr(fb, "KEEP_MEMORY", {"MALLOC_MMAP_THRESHOLD_": str(2 ** 20),
+    monkeypatch.setattr(processes, "KEEP_MEMORY", {"MALLOC_MMAP_THRESHOLD_": str(2 ** 20),
                                             "MALLOC_TRIM_THRESHOLD_": str(2 ** 62)})
     with pytest.raises(MemoryConditionError, match="asks for kept memory, but a process started "
                                                    "alike handed a freed 64 MiB block back"):
@@ -142,7 +116,6 @@ def test_default_memory_that_the_environment_keeps_is_an_error(monkeypatch):
     with pytest.raises(MemoryConditionError, match="asks for the C library's default, but a "
                                                    "process started alike kept a freed 64 MiB"):
         bench(load_config("no_eos"), repeats=1, names=["fisher_ref"])
-
 
 
 @glibc_only
@@ -172,17 +145,6 @@ def test_in_process_the_probe_sees_the_settings_this_process_started_with():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, env=env)
     assert out.stdout.strip().endswith("no error"), (out.stdout, out.stderr)
-
-
-def test_condition_env_sets_or_unsets_the_variables(monkeypatch):
-    import os
-    monkeypatch.setitem(os.environ, "MALLOC_MMAP_THRESHOLD_", "5")
-    monkeypatch.setitem(os.environ, "OMP_NUM_THREADS", "7")
-    plain, kept = fb.condition_env(False, 1), fb.condition_env(True, 2)
-    assert "MALLOC_MMAP_THRESHOLD_" not in plain and plain["OMP_NUM_THREADS"] == "1"
-    assert all(kept[k] == v for k, v in fb.KEEP_MEMORY.items())
-    assert all(kept[k] == "2" for k in fb.THREAD_VARS)
-    assert fb.condition_env(False, 0)["OMP_NUM_THREADS"] == "7"  # 0: threads left alone
 
 
 def test_the_probe_leaves_the_sides_peak_memory_alone():
@@ -216,24 +178,10 @@ def test_keep_memory_needs_a_process_per_side():
         bench(task, repeats=1, names=["fisher_ref"], keep_memory=True)
 
 
-
 def test_keep_memory_is_refused_on_another_c_library(monkeypatch):
     monkeypatch.setattr(platform, "libc_ver", lambda *a, **k: ("", ""))  # musl, macOS
     with pytest.raises(ValueError, match="runs on another C library"):
         bench(load_config("no_eos"), repeats=1, names=["fisher_ref"], keep_memory=True)
-
-
-def test_measurements_are_functions_of_the_task():
-    assert {"fisher_ref", "torch_cpu_float64", "torch_cuda_float64", "torch_peer"} <= \
-        set(MEASUREMENTS)
-    assert callable(MEASUREMENTS["fisher_ref"](load_config("no_eos")))
-
-
-def test_cuda_without_device_is_refused(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert measurements(None, peer=False) == ["fisher_ref", "torch_cpu_float64"]
-    with pytest.raises(ValueError, match="no CUDA device"):
-        measurements("cuda")
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -244,36 +192,3 @@ def test_cuda_without_device_is_refused(monkeypatch):
 def test_bad_arguments_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         bench(load_config("no_eos"), **kwargs)
-
-
-def test_failure_inside_a_measurement_process_is_reported():
-    import pickle
-    with pytest.raises(fb.MeasurementFailed, match="'fisher_ref' failed in its process"):
-        fb._Process("fisher_ref", pickle.dumps(None), 1)  # exact(None) raises in the worker
-
-
-class _ExitOnLoad:
-    """Unpickled, it ends the process at once (as a crash or the OOM killer would)."""
-
-    def __reduce__(self):
-        import os
-        return os._exit, (3,)
-
-
-def test_a_measurement_process_that_dies_is_an_error_not_a_hang():
-    """Were the parent to hold the child's end of the pipe, recv() would block for ever: a
-    watchdog ends the test with a failure instead."""
-    import pickle
-    import signal
-
-    def hung(*_):
-        raise AssertionError("_Process waited for a dead process for 120 s")
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(120)
-    try:
-        with pytest.raises(fb.MeasurementFailed,
-                           match=r"ended without an answer \(exit code 3\)"):
-            fb._Process("fisher_ref", pickle.dumps(_ExitOnLoad()), 1)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
