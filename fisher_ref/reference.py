@@ -287,7 +287,7 @@ def stream_result(task, stream, states, responses, R):
     if R is None:
         return FisherStreamResult(**fisher)
     mass, F = fisher["mass"], fisher["sequence_fisher"]
-    ER = float(w @ R) / mass  # E[R]
+    ER = float(R[0]) + float(w @ (R - R[0])) / mass  # E[R]; exactly R[0] if all R are
     b = ER if task.baseline == "mean" else float(task.baseline)  # §5
     A = R - b  # (M,) the advantage
     unit = float(np.abs(R).max(initial=0.0)) or 1.0  # rewards in units of their size

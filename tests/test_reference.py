@@ -144,3 +144,14 @@ def test_the_independent_reference_shares_no_code():
     path = Path(__file__).resolve().parent / "independent_reference.py"
     mods = list(_imported_modules(path))
     assert "autograd" in mods and not [m for m in mods if m.split(".")[0] == "fisher_ref"]
+
+
+def test_a_constant_reward_has_exactly_zero_spread():
+    """Every response of the same length: E[R] is that reward exactly (not its sum times a
+    total probability of 1 - 1e-16), so std(A), the advantages and the covariance are 0.
+    (Hypothesis found the rounding in a GPT-2 task; the fast engine keeps it exact.)"""
+    task = load_config("tabular")  # total probability 1 - 2e-16
+    task = task.with_(reward=FunctionReward(lambda prompt, response: 3.0), baseline="mean")
+    r = exact_reference(task, progress=False)
+    assert r.expected_reward == 3.0 and r.reward_std == 0.0
+    assert not r.sequences["advantage"].any() and not r.covariance.any()
