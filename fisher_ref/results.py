@@ -213,7 +213,7 @@ class GatheredStates(Mapping):
     """Per-state arrays (``ExactResult.states``), some of them kept once per distinct
     window and gathered into per-state rows on first access.
 
-    A read-only mapping (the plain engine's ``states`` is a ``dict``): ``dict(states)``
+    A read-only mapping (the judge's ``states`` is a ``dict``): ``dict(states)``
     forms every array and gives a plain dictionary.
 
     A state enters its token-level arrays only through its window, so the fast

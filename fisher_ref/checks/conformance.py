@@ -297,8 +297,10 @@ def parametrize_with_cases(fn, *, cases=None, **kwargs):
     case's :class:`CaseCheck` as its argument ``check``.
 
     Args:
-        fn, cases, **kwargs: as for :func:`case_checks` (``convert``, ``to_numpy``,
-            ``dtype``, ``rtol``).
+        fn: the token Fisher to check, as for :func:`check_token_fisher`.
+        cases: a list from :func:`conformance_cases` (default: all of them).
+        **kwargs: ``convert``, ``to_numpy``, ``dtype``, ``rtol`` of
+            :func:`check_token_fisher`.
 
     Example (a test file)::
 
