@@ -24,7 +24,7 @@ MOVED = {  # old module (under fisher_ref) -> its home since the reorganisation
     "token_fisher": "numerics",
     "enumeration": "engine.plan",
     "walk": ("engine.run", "engine.autodiff"),
-    "exact_reference": "engine.reference",
+    "exact_reference": "reference",
     "window_cache": ("engine.window_cache", "engine.run"),
     "grouped": "engine.parent_sums",
     "mc_stats": "monte_carlo",

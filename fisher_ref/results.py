@@ -1,4 +1,5 @@
-r"""The exact results: one stream's quantities (:class:`StreamResult`, and
+r"""The exact results: the streams a run computes (:class:`Stream`, :func:`stream_specs`),
+one stream's quantities (:class:`StreamResult`, and
 :class:`FisherStreamResult` for ``exact(..., quantities="fisher")``), the whole run's
 :class:`ExactResult`, its per-state arrays gathered on demand (:class:`GatheredStates`),
 and the top-k overlap of two parameter rankings.
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 __all__ = ["StreamResult", "FisherStreamResult", "ExactResult", "GatheredStates",
            "topk_overlap", "QUANTITIES", "check_quantities", "require_all_quantities",
-           "sorted_by_tokens"]
+           "sorted_by_tokens", "Stream", "stream_specs", "check_topk"]
 
 #: What ``exact(..., quantities=...)`` computes: ``"all"`` (the default) every quantity;
 #: ``"fisher"`` only the Fisher ones of each stream (:class:`FisherStreamResult`), with
@@ -48,6 +50,38 @@ def _not_computed(obj, name, fields):
             f"which computes only {', '.join(obj.computed)}; run exact(..., quantities='all') "
             "for every quantity")
     return AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
+
+
+def check_topk(topk):
+    """``topk`` as a tuple of positive integers (``k >= V`` means full centering)."""
+    try:
+        ks = tuple(topk)
+    except TypeError:
+        raise ValueError(f"topk must be a sequence of positive integers, got {topk!r}") from None
+    for k in ks:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"topk entries must be positive integers, got {k!r} in {topk!r}")
+    return tuple(int(k) for k in ks)
+
+
+class Stream(NamedTuple):
+    """One expectation the engines compute: its ``name``, the distribution its responses are
+    ``drawn_from`` (``"p"`` the policy, ``"q"`` the sampler) and where its scores are
+    ``center``-ed (``"p"``, ``"q"`` or ``k``: the renormalised top-``k`` of the sampler)."""
+
+    name: str
+    drawn_from: str
+    center: object
+
+
+def stream_specs(task, topk):
+    """The :class:`Stream` of every stream of ``task``: ``policy``; with a sampler also
+    ``raw``, ``centered`` and ``top{k}`` for each ``k`` in ``topk``."""
+    if task.sampler is None:
+        return [Stream("policy", "p", "p")]
+    out = [Stream("policy", "p", "p"), Stream("raw", "q", "p"), Stream("centered", "q", "q")]
+    out += [Stream(f"top{k}", "q", k) for k in topk]
+    return out
 
 
 @dataclass
@@ -179,7 +213,7 @@ class GatheredStates(Mapping):
     """Per-state arrays (``ExactResult.states``), some of them kept once per distinct
     window and gathered into per-state rows on first access.
 
-    A read-only mapping (the plain engine's ``states`` is a ``dict``): ``dict(states)``
+    A read-only mapping (the judge's ``states`` is a ``dict``): ``dict(states)``
     forms every array and gives a plain dictionary.
 
     A state enters its token-level arrays only through its window, so the fast

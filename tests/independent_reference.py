@@ -11,6 +11,13 @@ golden files are checked by a second route, not only by the code that wrote them
 
 Entry point: :func:`reference(meta, theta)` returns a dict with the keys of a
 golden file (``docs/golden_format.md``).
+
+Kept, beside the readable judge in the package (``fisher_ref/reference.py``), on purpose.
+The judge is what a reader follows to see how the numbers are made, and it shares the
+package's models, sensitivities, rewards, samplers and formulas, so a mistake there would
+reach the fast engine and the judge alike and they would agree on it. This file shares no
+code with the package: it is the one route to the golden files that such a mistake cannot
+reach. It stays under ``tests/`` and stays independent: it must never import fisher_ref.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
 """fisher_ref.limits: readable numbers, the limit checks, and the README's table of limits."""
+import itertools
 import json
 import math
 import re
@@ -7,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from fisher_ref import limits
-from fisher_ref.limits import check_limit, check_size, is_real, readable, readable_log10
+from fisher_ref.limits import (Cost, EnumerationTooLarge, check_cost, check_limit, check_size,
+                               count_states, is_real, readable, readable_log10)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,3 +89,38 @@ def test_docs_table_of_model_defaults_is_the_code():
     for a, defaults in code.items():  # every default of the code is in the table
         for key in set(defaults) - {"arch"}:
             assert (a, key) in doc or ("all", key) in doc, (a, key)
+
+
+# ---------------------------------------------------------------- counts and refusals
+
+def _brute_counts(V, T, eos):
+    states = responses = 0
+    for t in range(T + 1):
+        for seq in itertools.product(range(V), repeat=t):
+            ended = eos and 0 in seq[:-1]
+            if ended:
+                continue
+            done = t == T or (eos and t > 0 and seq[-1] == 0)
+            if done and t > 0:
+                responses += 1
+            elif t < T:
+                states += 1
+    return states, responses
+
+
+@pytest.mark.parametrize("V, T, eos", [(V, T, e) for V in (2, 3, 4) for T in (1, 2, 3)
+                                       for e in (True, False)])
+def test_count_states_matches_brute_force(V, T, eos):
+    assert count_states(V, T, eos) == _brute_counts(V, T, eos)
+    n, m = count_states(V, T, eos, n_prompts=3)
+    assert (n, m) == tuple(3 * x for x in _brute_counts(V, T, eos))
+
+
+def test_check_cost_names_each_limit_it_passes():
+    cost = Cost(42, 170, 119, 5, 3, 1, 42, seconds=2.0, bytes=3 * 2 ** 30)
+    check_cost(cost, max_seconds=2.0, max_bytes=3 * 2 ** 30)  # at the limits: allowed
+    with pytest.raises(EnumerationTooLarge, match="estimated time 2.* exceeds the limit 1 s; "
+                                                  "estimated memory 3.00 GiB exceeds"):
+        check_cost(cost, max_seconds=1.0, max_bytes=2 ** 30)
+    with pytest.raises(ValueError, match="max_seconds must be a positive number"):
+        check_cost(cost, max_seconds=0)

@@ -35,6 +35,9 @@ Example:
     ...     return (p[..., None, :] * c ** 2).sum(-1)
     >>> check_token_fisher(f).passed
     True
+
+In a test suite, :func:`parametrize_with_cases` makes each case its own pytest item (as
+scikit-learn's ``parametrize_with_checks`` does for estimators).
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ from fisher_ref.limits import TOL_FLOAT64
 from fisher_ref.numerics import log_softmax, token_fisher
 
 __all__ = ["check_token_fisher", "conformance_cases", "ConformanceReport", "CaseResult",
-           "FLOOR", "EPS"]
+           "FLOOR", "EPS", "CaseCheck", "case_checks", "parametrize_with_cases"]
 
 FLOOR = {"float64": TOL_FLOAT64, "float32": 1e-5, "bfloat16": 5e-2}
 EPS = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "bfloat16": 2.0 ** -8}
@@ -232,3 +235,81 @@ def _check_batch_consistency(results, outputs, dtype):
             if diff > r.tol:
                 r.passed = False
                 r.problem = f"differs from row 0 of the batched call by {diff:.2e} (relative)"
+
+
+#: Cases whose check reads another case's output too: ``single_vs_batch`` is compared
+#: with row 0 of ``uniform_shift``.
+_NEEDS = {"single_vs_batch": ("uniform_shift",)}
+
+
+class CaseCheck:
+    """One conformance case of ``fn``, as a callable: ``check()`` runs
+    :func:`check_token_fisher` on that case (and on the cases it is compared with) and
+    returns its :class:`CaseResult`, raising ``AssertionError`` with the case's row of the
+    report when it failed. ``repr`` is the case's name (the pytest id)."""
+
+    def __init__(self, fn, name, cases, kwargs):
+        self.fn, self.name, self.cases, self.kwargs = fn, name, cases, kwargs
+
+    def __call__(self):
+        report = check_token_fisher(self.fn, cases=self.cases, **self.kwargs)
+        result = report[self.name]
+        if not result.passed:
+            raise AssertionError(str(ConformanceReport([result], report.dtype)))
+        return result
+
+    def __repr__(self):
+        return self.name
+
+
+def case_checks(fn, *, cases=None, **kwargs):
+    """A :class:`CaseCheck` for each case (default: :func:`conformance_cases`), in order.
+
+    Args:
+        fn: the token Fisher to check, as for :func:`check_token_fisher`.
+        cases: a list from :func:`conformance_cases`.
+        **kwargs: ``convert``, ``to_numpy``, ``dtype``, ``rtol`` of
+            :func:`check_token_fisher`.
+
+    Example:
+        >>> import numpy as np
+        >>> def f(z, j):
+        ...     p = np.exp(z - z.max(-1, keepdims=True)); p /= p.sum(-1, keepdims=True)
+        ...     c = j - (j * p[..., None, :]).sum(-1, keepdims=True)
+        ...     return (p[..., None, :] * c ** 2).sum(-1)
+        >>> [check.name for check in case_checks(f)][:3]
+        ['random', 'batch', 'peaked']
+        >>> case_checks(f)[2]().passed
+        True
+    """
+    cases = conformance_cases() if cases is None else list(cases)
+    by_name = {case["name"]: case for case in cases}
+    out = []
+    for case in cases:
+        needed = [by_name[n] for n in _NEEDS.get(case["name"], ()) if n in by_name]
+        out.append(CaseCheck(fn, case["name"], [case] + needed, kwargs))
+    return out
+
+
+def parametrize_with_cases(fn, *, cases=None, **kwargs):
+    """A pytest decorator: the decorated test runs once per conformance case of ``fn``,
+    each its own item with the case's name as id (``test_mine[peaked]``), and takes the
+    case's :class:`CaseCheck` as its argument ``check``.
+
+    Args:
+        fn: the token Fisher to check, as for :func:`check_token_fisher`.
+        cases: a list from :func:`conformance_cases` (default: all of them).
+        **kwargs: ``convert``, ``to_numpy``, ``dtype``, ``rtol`` of
+            :func:`check_token_fisher`.
+
+    Example (a test file)::
+
+        from fisher_ref.checks.conformance import parametrize_with_cases
+
+        @parametrize_with_cases(my_token_fisher, dtype="float32")
+        def test_my_token_fisher(check):
+            check()  # raises AssertionError with the case's row when it fails
+    """
+    import pytest  # only the test suite needs it
+    checks = case_checks(fn, cases=cases, **kwargs)
+    return pytest.mark.parametrize("check", checks, ids=[c.name for c in checks])

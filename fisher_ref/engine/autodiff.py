@@ -9,22 +9,7 @@ from autograd import make_vjp
 
 from fisher_ref.numerics import log_softmax, softmax
 
-__all__ = ["autodiff_gradient", "reward_gradient", "parts_gradient"]
-
-
-def autodiff_gradient(task, theta, tokens, lengths, prompt_len, weights, R):
-    r"""grad_theta of :math:`\sum_m w_m \prod_t p(y_t|s_t) R_m` over responses (autograd).
-
-    The windows of every response's states are listed and made distinct
-    (``numpy.unique``), then :func:`reward_gradient` differentiates."""
-    M, T = tokens.shape[0], task.max_len
-    t = np.arange(T)[None, :]
-    live = t < (lengths - prompt_len)[:, None]  # (M, T) slots holding a generated token
-    state_len = np.minimum(prompt_len[:, None] + t, lengths[:, None] - 1)  # (M, T)
-    W = task.model.windows(np.repeat(tokens, T, axis=0), state_len.ravel())  # (M*T, k)
-    Wu, inv = np.unique(W, axis=0, return_inverse=True)  # (U, k), (M*T,)
-    nxt = tokens[np.arange(M)[:, None], state_len]  # (M, T)
-    return reward_gradient(task, theta, Wu, inv.reshape(M, T), nxt, live, weights, R)
+__all__ = ["reward_gradient", "parts_gradient"]
 
 
 def reward_gradient(task, theta, Wu, win, nxt, live, weights, R):

@@ -1,13 +1,13 @@
 r"""The fast exact engine: every quantity of docs/theory.md §2-3 by enumerating
 every response.
 
-It computes what :func:`fisher_ref.engine.reference.exact_reference` computes —
+It computes what the readable judge :func:`fisher_ref.reference.exact_reference` computes —
 the same streams (``"policy"``; with a sampler ``"raw"``, ``"centered"``,
 ``"top{k}"``), every response-level expectation as a sum over complete
 responses of probability times the response's own value, every token-level one
 as a sum over states of reach times the state's value — and nothing here
 assumes the identities of docs/theory.md §2.9 that relate the two routes. The
-plain engine is the judge at 1e-10 (tests/engine/test_fast.py).
+judge holds it to 1e-10 (tests/test_reference.py).
 
 The sums are regrouped (docs/theory.md §7.5):
 
@@ -36,7 +36,6 @@ from fisher_ref.engine.complete import complete, complete_fisher
 from fisher_ref.engine.factored import factors_last_level, shard_columns
 from fisher_ref.engine.plan import (DEFAULT_BUDGETS, DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS,
                                     Budgets, EngineOptions)
-from fisher_ref.engine.reference import exact_reference
 from fisher_ref.engine.run import (BlockArrays, Run, check_support, last_scores, plan,
                                    state_places)
 from fisher_ref.engine.autodiff import parts_gradient
@@ -46,6 +45,7 @@ from fisher_ref.engine.shards import merge
 from fisher_ref.engine.window_cache import WindowCache
 from fisher_ref.engine.workers import local_workers, memory_kept, run_shards
 from fisher_ref.numerics import topk_center
+from fisher_ref.reference import exact_reference
 from fisher_ref.results import GatheredStates
 
 __all__ = ["exact", "topk_center", "Budgets"]
@@ -244,8 +244,8 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
             (``"auto"``: when they fit in about 1 GiB).
         max_seconds, max_bytes: refuse (:class:`EnumerationTooLarge`) past these.
         progress: show a progress bar on stderr once the run exceeds 2 s.
-        reference: run the plain engine
-            (:func:`fisher_ref.engine.reference.exact_reference`) instead.
+        reference: run the readable judge (:func:`fisher_ref.reference.exact_reference`)
+            instead (``chunk`` does not apply to it).
         quantities: ``"all"`` (every quantity) or ``"fisher"``: per stream only
             :math:`E[h]`, :math:`E[h^2]`, ``token_fisher_sum``, ``token_fisher_by_depth``,
             the largest conditional score mean and the mass
@@ -292,7 +292,8 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         if shard is not None or param_shard is not None:
             raise ValueError("shard=(i, n) and param_shard=(i, n) run the fast engine; the "
                              "plain one (reference=True) takes neither")
-        return exact_reference(task, **options.as_kwargs())
+        return exact_reference(task, **{k: v for k, v in options.as_kwargs().items()
+                                        if k != "chunk"})  # the judge holds whole levels
     if shard is not None or param_shard is not None:
         n = 1
     else:

@@ -116,33 +116,8 @@ class Moments:
             return 0.0
         return float(self.spread_unit * np.sqrt(self.spread_m2 / self.spread_mass))
 
-    def add_responses(self, w, R, hist, g, w_policy):
-        """Responses: weights ``w (M,)``, rewards ``R (M,)``, scores ``hist (M, T, P)``,
-        path sums ``g (M, P)``, policy probabilities ``w_policy (M,)`` (importance weights)."""
-        h = hist.sum(axis=1)  # (M, P)
-        self.add_reward_spread(w, R)
-        R = self.centered(R)
-        h2 = h * h
-        self.mass += w.sum()
-        self.R += w @ R
-        self.h += w @ h
-        self.h2 += w @ h2
-        self.h4 += w @ (h2 * h2)
-        self.Rh += (w * R) @ h
-        self.Rh2 += (w * R) @ h2
-        self.R2h2 += (w * R * R) @ h2
-        self.cross += np.einsum("m,mup,mtp->utp", w, hist, hist)
-        sq = hist * hist
-        self.cross4 += np.einsum("m,mup,mtp->utp", w, sq, sq)
-        self.g += w @ g
-        self.g2 += w @ (g * g)
-        rho_w = importance_weighted(w, w_policy)  # (M,)
-        self.is_Rh += (rho_w * R) @ h
-        self.is_h += rho_w @ h
-
     def add_sums(self, cross=None, cross4=None, **sums):
-        """Add sums over responses computed elsewhere (the fast engine's regrouped
-        sums): ``sums`` maps attribute names (``mass``, ``R``, ``h``, ``h2``, ...) to
+        """Add sums over responses (the fast engine's regrouped sums): ``sums`` maps attribute names (``mass``, ``R``, ``h``, ``h2``, ...) to
         values; ``cross``, ``cross4`` ``(n, n, P)`` add to the leading ``n x n`` slots."""
         for name, value in sums.items():
             setattr(self, name, getattr(self, name) + value)

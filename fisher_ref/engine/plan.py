@@ -8,19 +8,21 @@ vocabulary, with reach probability :math:`\pi(s)\,p(a|s)`.
 
 :func:`estimate_cost` counts states and responses in closed form and estimates
 time and memory before anything runs; :func:`check_cost` refuses a task past
-the limits with :class:`EnumerationTooLarge`.
+the limits with :class:`EnumerationTooLarge`. The counting, the :class:`Cost` record and the
+refusal live in :mod:`fisher_ref.limits`, which the readable judge
+(:mod:`fisher_ref.reference`) shares; this module holds the fast engine's estimate.
 
 The walk itself is :mod:`fisher_ref.engine.tree`; this module plans it: counts, costs,
 block sizes and what is kept.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from fisher_ref.limits import MAX_COUNT, check_limit, readable, readable_log10
+from fisher_ref.limits import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, KEEP_BYTES, Cost,
+                               EnumerationTooLarge, check_cost, count_states, resolve_keep)
 from fisher_ref.rewards import Reward
 
 __all__ = ["Cost", "EnumerationTooLarge", "estimate_cost", "check_cost", "count_states",
@@ -28,8 +30,6 @@ __all__ = ["Cost", "EnumerationTooLarge", "estimate_cost", "check_cost", "count_
            "DEFAULT_MAX_SECONDS", "DEFAULT_MAX_BYTES", "Budgets", "DEFAULT_BUDGETS",
            "EngineOptions", "SUB_ELEMENTS", "KEPT_SUB_ELEMENTS"]
 
-DEFAULT_MAX_SECONDS = 900.0
-DEFAULT_MAX_BYTES = 8 * 2 ** 30
 # Throughput assumed by the estimate (floating-point operations per second of
 # vectorised numpy on one core, seconds of Python work per response: the reward,
 # per block of responses for the built-in rewards and one call each for any other,
@@ -141,89 +141,6 @@ class EngineOptions:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-class EnumerationTooLarge(ValueError):
-    """Raised when exact enumeration would exceed the time or memory limit."""
-
-
-@dataclass(frozen=True)
-class Cost:
-    """Size of an enumeration and its estimated time and peak memory."""
-
-    n_states: int
-    n_responses: int
-    num_params: int
-    vocab_size: int
-    max_len: int
-    n_streams: int
-    chunk: int
-    seconds: float
-    bytes: int
-    workers: int = 1
-
-    def describe(self):
-        """The size and estimates in words, numbers of any size kept readable."""
-        return (f"{readable(self.n_states)} states, {readable(self.n_responses)} responses, "
-                f"P={readable(self.num_params)} parameters, V={readable(self.vocab_size)}, "
-                f"T={readable(self.max_len)}: about {_seconds(self.seconds)} and "
-                f"{_gib(self.bytes)}")
-
-
-def _seconds(x):
-    return f"{readable(float(x))} s"
-
-
-def _gib(x):
-    g = x / 2 ** 30
-    return f"{g:,.2f} GiB" if g < 1e6 else f"{readable(float(g))} GiB"
-
-
-def _geometric(b, n):
-    r""":math:`\sum_{t<n} b^t` for an integer ``b >= 1`` (``n`` if ``b = 1``)."""
-    return n if b == 1 else (b ** n - 1) // (b - 1)
-
-
-def count_states(vocab_size, max_len, eos, n_prompts=1):
-    r"""``(n_states, n_responses)`` of the full enumeration, in closed form.
-
-    With ``b = V - 1`` expandable children per state under EOS (``V`` without),
-    each prompt has :math:`\sum_{t<T} b^t` states and
-    :math:`\sum_{t<T-1} b^t + b^{T-1} V` responses under EOS (:math:`V^T` without).
-    The counts are exact ints, formed only when their base-10 logarithms say they are
-    near ``MAX_COUNT`` (1e60) or below, so ``max_len = 10**6`` is refused at once.
-
-    Raises:
-        EnumerationTooLarge: more than ``MAX_COUNT`` states or responses (the
-            message gives the size, e.g. "about 1.1e+602 responses").
-
-    Example:
-        >>> count_states(3, 2, eos=True)
-        (3, 7)
-    """
-    V, T, n_p = int(vocab_size), int(max_len), int(n_prompts)
-    b = V - 1 if eos else V
-    if b > 1:  # the counts grow like b^T: judge their size by logarithms first
-        big = math.log10(T) > 300  # T itself past float range
-        lb = math.log10(b)
-        log_states = math.log10(n_p) + (math.inf if big else T * lb) - math.log10(b - 1)
-        log_resp = math.log10(n_p) + (math.inf if big else (T - 1) * lb) + \
-            math.log10(V + 1 / (b - 1) if eos else V)  # ~ n b^(T-1) (V + 1/(b-1))
-        if max(log_states, log_resp) > math.log10(MAX_COUNT) + 1:
-            _too_many(readable_log10(log_states), readable_log10(log_resp), V, T, n_p)
-    n_states = _geometric(b, T) * n_p
-    n_resp = (_geometric(b, T - 1) + b ** (T - 1) * V if eos else V ** T) * n_p
-    if max(n_states, n_resp) > MAX_COUNT:
-        _too_many(readable(n_states), readable(n_resp), V, T, n_p)
-    return n_states, n_resp
-
-
-def _too_many(states, responses, V, T, n_p):
-    raise EnumerationTooLarge(
-        f"exact enumeration refused: about {states} states and {responses} responses "
-        f"(V={readable(V)}, T={readable(T)}, n_prompts={n_p}), more than "
-        f"{readable(MAX_COUNT)}, which no machine lists. Use Monte Carlo instead "
-        "(fisher_ref.monte_carlo), shorten max_len or shrink the vocabulary.")
-
-
 def default_chunk(num_params, vocab_size, max_len, n_streams, budget_bytes=256 * 2 ** 20,
                   siblings=None):
     """Rows per block so that one block's children fit in ``budget_bytes``.
@@ -246,9 +163,6 @@ def default_chunk(num_params, vocab_size, max_len, n_streams, budget_bytes=256 *
     return chunk
 
 
-#: Per-state and per-response arrays are kept by default ("auto") when they fit in this.
-KEEP_BYTES = 2 ** 30
-
 
 def check_chunk(chunk):
     """``chunk`` (states per block) checked: a positive integer, or ``None`` (sized)."""
@@ -257,17 +171,6 @@ def check_chunk(chunk):
         raise ValueError(f"chunk must be a positive integer (states per block) or None, "
                          f"got {chunk!r}")
     return None if chunk is None else int(chunk)
-
-
-def resolve_keep(keep_states, keep_sequences, n_states, n_responses, num_params, max_len):
-    """``(keep_states, keep_sequences)`` with each ``"auto"`` resolved: keep the per-state
-    arrays (three ``(N, P)``) and the per-response ones (``T + 6`` numbers each) when they
-    fit in :data:`KEEP_BYTES`."""
-    if keep_states == "auto":
-        keep_states = n_states * num_params * 8 * 3 < KEEP_BYTES
-    if keep_sequences == "auto":
-        keep_sequences = n_responses * (max_len + 6) * 8 < KEEP_BYTES
-    return keep_states, keep_sequences
 
 
 def estimate_cost(task, n_streams=None, chunk=None, keep_states=False, keep_sequences=False,
@@ -311,33 +214,3 @@ def estimate_cost(task, n_streams=None, chunk=None, keep_states=False, keep_sequ
     per_worker = block + 8 * S * T * T * P * 2
     total = per_worker + kept if workers == 1 else workers * per_worker + 2 * kept
     return Cost(N, M, P, V, T, S, chunk, float(seconds), int(total), workers)
-
-
-def check_cost(cost, max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES):
-    """Raise :class:`EnumerationTooLarge` naming the numbers if ``cost`` is past a limit.
-
-    Raises:
-        TypeError: ``max_seconds`` or ``max_bytes`` is not a number.
-        ValueError: a limit that is NaN, zero or negative (``inf`` means no limit).
-    """
-    max_seconds = check_limit(max_seconds, "max_seconds")
-    max_bytes = check_limit(max_bytes, "max_bytes")
-    problems = []
-    if cost.seconds > max_seconds:
-        problems.append(f"estimated time {_seconds(cost.seconds)} exceeds the limit "
-                        f"{_seconds(max_seconds)}")
-    if cost.bytes > max_bytes:
-        problems.append(f"estimated memory {_gib(cost.bytes)} exceeds the limit "
-                        f"{_gib(max_bytes)}")
-    if problems:
-        raise EnumerationTooLarge(
-            "exact enumeration refused: " + "; ".join(problems) + f" ({cost.describe()}). "
-            "Use Monte Carlo instead (fisher_ref.monte_carlo), shorten max_len, "
-            "shrink the vocabulary, or raise max_seconds/max_bytes if you mean it.")
-
-
-#: Per-stream arrays a block may carry, stream axis first: ``hist (S, B, T, P)`` the
-#: score :math:`\xi_u` of each generated token so far, ``H (S, B, P)`` the running
-#: score sum, ``G (S, B, P)`` the running path sum of the token moments ``m``.
-
-

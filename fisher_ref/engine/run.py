@@ -1,20 +1,23 @@
-r"""The walk over the prefix tree that both exact engines share, and what it feeds.
+r"""The walk over the prefix tree of the fast engine, and what it feeds.
 
-Both numpy engines (:mod:`fisher_ref.engine.reference`, the plain judge, and
-:mod:`fisher_ref.exact`, the fast one) are thin strategies over this module:
+The fast engine (:mod:`fisher_ref.engine.fast`) is a thin strategy over this module (the
+readable judge, :mod:`fisher_ref.reference`, walks the tree its own way):
 
 - :func:`plan` validates the engine arguments, sizes the run and refuses it past
   the limits (:mod:`fisher_ref.engine.plan` counts in closed form);
-- :func:`model_probs`, :func:`checked_sensitivities`, :func:`check_support` give
-  the checked per-state probabilities of the policy and the sampler and the logit
-  sensitivities :math:`j_{i,a}(s) = \partial z_a(s)/\partial\theta_i`;
-- :func:`stream_specs` names the streams (distribution drawn from, centering);
+- :func:`fisher_ref.next_token.model_probs`, :func:`~fisher_ref.next_token.checked_sensitivities`,
+  :func:`~fisher_ref.next_token.check_support` give the checked per-state probabilities of
+  the policy and the sampler and the logit sensitivities
+  :math:`j_{i,a}(s) = \partial z_a(s)/\partial\theta_i` (shared with the readable judge,
+  :mod:`fisher_ref.reference`);
+- :func:`fisher_ref.results.stream_specs` names the streams (distribution drawn from,
+  centering);
 - :class:`Run` walks every state depth-first in bounded blocks and accumulates
   per-stream :class:`fisher_ref.engine.moments.Moments`, the autodiff gradient and the
   kept per-state and per-response records;
 - :mod:`fisher_ref.engine.autodiff` holds the second route to the policy gradient
-  (the derivative of the exact expected reward by autograd), which both engines add
-  up as they walk.
+  (the derivative of the exact expected reward by autograd), which the engine adds
+  up as it walks.
 
 Streams (see docs/theory.md): ``"policy"`` — drawn from ``p``, centered at
 :math:`\bar j_p`; with a sampler ``"raw"`` (from ``mu``, centered at
@@ -25,108 +28,29 @@ from __future__ import annotations
 
 from collections import namedtuple
 from functools import lru_cache
-from typing import NamedTuple
 
 import numpy as np
 
-from fisher_ref.engine.tree import carry, depth_first, expand, root_block, terminal
+from fisher_ref.engine.tree import depth_first, expand, root_block, terminal
 from fisher_ref.engine.plan import (DEFAULT_BUDGETS, EngineOptions, check_chunk, check_cost,
                                     count_states, estimate_cost, resolve_keep)
 from fisher_ref.engine.shards import ShardWalk, first_reward
-from fisher_ref.numerics import softmax
 from fisher_ref._progress import Progress
 from fisher_ref.engine.moments import Moments, finish_fisher, finish_stream
 from fisher_ref.engine.param_shards import column_count
-from fisher_ref.results import ExactResult, check_quantities
-from fisher_ref.models.sensitivities import sensitivities
+from fisher_ref.next_token import check_logits, check_support, checked_sensitivities, model_probs
+from fisher_ref.results import ExactResult, Stream, check_quantities, check_topk, stream_specs
 from fisher_ref.tasks import require_task
 
 __all__ = ["BlockArrays", "Stream", "check_topk", "stream_specs", "check_logits",
            "model_probs", "checked_sensitivities", "check_support", "plan", "state_places",
-           "response_places", "children", "last_scores", "Run"]
+           "response_places", "last_scores", "Run"]
 
 #: What a block's states pass on to their children: probabilities ``p, q (B, V)``,
 #: ``rows (B,)`` the row of each state in the ``xiT`` arrays, ``xiT`` one array
 #: ``(U, V, P)`` per stream (the score of every candidate token), and ``G (S, B, P)``
 #: the path sums of ``m`` including the states' own.
 BlockArrays = namedtuple("BlockArrays", "p q rows xiT G")
-
-
-def check_topk(topk):
-    """``topk`` as a tuple of positive integers (``k >= V`` means full centering)."""
-    try:
-        ks = tuple(topk)
-    except TypeError:
-        raise ValueError(f"topk must be a sequence of positive integers, got {topk!r}") from None
-    for k in ks:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"topk entries must be positive integers, got {k!r} in {topk!r}")
-    return tuple(int(k) for k in ks)
-
-
-class Stream(NamedTuple):
-    """One expectation the engines compute: its ``name``, the distribution its responses are
-    ``drawn_from`` (``"p"`` the policy, ``"q"`` the sampler) and where its scores are
-    ``center``-ed (``"p"``, ``"q"`` or ``k``: the renormalised top-``k`` of the sampler)."""
-
-    name: str
-    drawn_from: str
-    center: object
-
-
-def stream_specs(task, topk):
-    """The :class:`Stream` of every stream of ``task``: ``policy``; with a sampler also
-    ``raw``, ``centered`` and ``top{k}`` for each ``k`` in ``topk``."""
-    if task.sampler is None:
-        return [Stream("policy", "p", "p")]
-    out = [Stream("policy", "p", "p"), Stream("raw", "q", "p"), Stream("centered", "q", "q")]
-    out += [Stream(f"top{k}", "q", k) for k in topk]
-    return out
-
-
-def check_logits(z, W, V, who):
-    if z.shape != (W.shape[0], V):
-        raise ValueError(f"the {who} returned logits of shape {z.shape} for {W.shape[0]} "
-                         f"windows; expected ({W.shape[0]}, {V}) (V={V})")
-
-
-def model_probs(task, theta, W):
-    """Policy and sampler probabilities ``(B, V)`` each, with the logits checked."""
-    z = np.asarray(task.model.logits(theta, W), dtype=float)  # (B, V)
-    check_logits(z, W, task.model.vocab_size, "model")
-    if np.isnan(z).any() or np.isposinf(z).any():
-        raise ValueError("the model returned NaN or +inf logits")
-    if np.isneginf(z).all(axis=-1).any():
-        raise ValueError("the model returned a state whose logits are all -inf")
-    p = softmax(z)  # (B, V)
-    if task.sampler is None:
-        return p, p
-    zq = np.asarray(task.sampler.logits(task.model, theta, W), dtype=float)  # (B, V)
-    check_logits(zq, W, task.model.vocab_size, "sampler")
-    if np.isnan(zq).any() or np.isposinf(zq).any() or np.isneginf(zq).all(axis=-1).any():
-        raise ValueError("the sampler returned NaN, +inf or all -inf logits")
-    return p, softmax(zq)
-
-
-def checked_sensitivities(task, W, tokens_first=False, out=None):
-    """Logit sensitivities ``j (B, P, V)`` of windows ``W (B, k)`` (``(B, V, P)`` with
-    ``tokens_first``, into ``out`` when given), checked finite."""
-    J = sensitivities(task.model, task.theta, W, tokens_first, out)  # (B, P, V) or (B, V, P)
-    if not np.isfinite(J).all():
-        raise ValueError("non-finite logit sensitivities (check the model's derivatives)")
-    return J
-
-
-def check_support(block, p, q):
-    bad = (p > 0) & (q == 0) & (block.rp[:, None] > 0)  # (B, V)
-    if bad.any():
-        b, a = map(int, np.argwhere(bad)[0])
-        state = block.tokens[b, :block.length[b]].tolist()
-        raise ValueError(
-            f"the sampler gives probability 0 to token {a} at state {state} (prompt "
-            f"{int(block.prompt[b])}), which the policy emits with probability {p[b, a]:.3g}; "
-            "responses the policy can produce would never be sampled, so importance "
-            "weights p/mu are undefined there")
 
 
 def plan(task, options, workers=1):
@@ -226,28 +150,13 @@ def _subtree_responses(V, T, eos):
     return tuple(count_states(V, T - t, eos)[1] for t in range(T)) + (1,)
 
 
-def children(task, block, idx, arrs):
-    """Children ``idx`` of a block with the score of each one's last token.
-
-    Returns:
-        ``(par, xi, child)``: parent rows ``(C,)``, ``S`` arrays ``(C, P)``, the child block
-        (without per-stream arrays).
-    """
-    par, tok, child = expand(task, block, idx, arrs.p, arrs.q)
-    return par, last_scores(arrs, par, tok), child
-
-
 def last_scores(arrs, par, tok):
     """The score of token ``tok (C,)`` at parent rows ``par (C,)``: ``S`` arrays ``(C, P)``."""
     return [x[arrs.rows[par], tok] for x in arrs.xiT]
 
 
-def _scored_carry(block, par, tok, arrs):
-    return carry(block, par, last_scores(arrs, par, tok), arrs.G)
-
-
 class Run:
-    """One enumeration, shared by both engines: the walk over the prefix tree and
+    """One enumeration of the fast engine: the walk over the prefix tree and
     what it accumulates (per-stream :class:`Moments`, the autodiff gradient, the
     kept per-state and per-response records)."""
 
@@ -281,7 +190,7 @@ class Run:
         self.bar = Progress(self.cost.n_states if shard is None else self.shard.n_states,
                             "exact enumeration", enabled=options.progress)
 
-    def walk(self, carried, block_arrays, complete, carry=None, last_chunk=None):
+    def walk(self, carried, block_arrays, complete, carry, last_chunk=None):
         """Visit every state depth-first (then call :meth:`finish`).
 
         Args:
@@ -291,12 +200,10 @@ class Run:
                 ``idx`` (rows ``b*V + a``, sorted) of the block.
             carry: ``(block, par, tok, arrs) -> {field: value}``, the
                 :class:`fisher_ref.engine.tree.Block` fields the children with parent rows
-                ``par (C,)`` and last tokens ``tok (C,)`` carry (default:
-                :func:`fisher_ref.engine.tree.carry` of their last tokens' scores).
+                ``par (C,)`` and last tokens ``tok (C,)`` carry.
             last_chunk: the states of one block of the last level, when the engine sums
                 that level in bounded pieces of its own (default ``chunk``).
         """
-        carry = carry or _scored_carry
         stack = [root_block(self.task, len(self.streams), carried, self.P)]
         if self.shard is not None:  # its subtrees, and silent blocks above them
             stack = self.shard.roots(stack[0])

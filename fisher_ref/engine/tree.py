@@ -1,4 +1,4 @@
-r"""The walk over the prefix tree, shared by both numpy engines.
+r"""The walk over the prefix tree of the fast engine.
 
 States are visited depth-first in blocks of at most ``chunk`` rows (:func:`depth_first`),
 so memory stays bounded by one block's children, not by ``V^T``. A *block*
@@ -14,13 +14,11 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from fisher_ref.rewards import evaluate_reward
-
 __all__ = ["Block", "PER_STREAM", "root_block", "take_rows", "depth_first", "terminal",
-           "expand", "carry", "responses"]
+           "expand"]
 
 
-PER_STREAM = ("hist", "H", "G")
+PER_STREAM = ("H", "G")
 
 
 @dataclass
@@ -35,8 +33,8 @@ class Block:
         tokens: ``(B, L + 1)`` prompt then generated tokens, ``-1`` padded (``L`` = longest
             prompt + ``max_len``); length: ``(B,)`` real tokens per row. (``None`` in a
             block of complete responses whose tokens the caller writes itself.)
-        hist: ``(S, B, T, P)`` the scores of the generated tokens (the plain engine);
-        H: ``(S, B, P)`` their sum; G: ``(S, B, P)`` the path sum of token moments.
+        H: ``(S, B, P)`` the sum of the scores of the generated tokens; G: ``(S, B, P)`` the
+            path sum of token moments.
         wpath: ``(B, T)`` run-wide window ids of the states' ancestors (the fast engine);
         wid: ``(B,)`` the states' own window ids; path_rows: ``(B, depth)`` the ancestors'
             window-cache rows (both set when the block's arrays are formed).
@@ -57,7 +55,6 @@ class Block:
     rq: np.ndarray
     tokens: np.ndarray = None
     length: np.ndarray = None
-    hist: np.ndarray = None
     H: np.ndarray = None
     G: np.ndarray = None
     wpath: np.ndarray = None
@@ -107,7 +104,7 @@ def root_block(task, n_streams, carried, P=None):
     block = Block(prompt=np.arange(n), depth=0, rp=w.copy(), rq=w.copy(), tokens=tokens,
                   length=np.array([len(p) for p in task.prompts], dtype=np.int64))
     for k in carried:
-        setattr(block, k, np.zeros((n_streams, n, T, P) if k == "hist" else (n_streams, n, P)))
+        setattr(block, k, np.zeros((n_streams, n, P)))
     return block
 
 
@@ -175,41 +172,3 @@ def expand(task, block, idx, p, q, tokens=True):
         rows[np.arange(len(idx)), block.length[par]] = tok
         child.update(tokens=rows, length=block.length[par] + 1)
     return par, tok, child
-
-
-def carry(block, par, xi, G):
-    """Per-stream arrays of the children with parents ``par (C,)``: the score
-    history with ``xi`` in slot ``depth``, ``H + xi`` if the block carries ``H``,
-    and the path sums ``G (S, B, P)`` that already include the parents' own ``m``.
-
-    Args:
-        xi: ``S`` arrays ``(C, P)``, the score of each child's last token.
-    """
-    depth = block.depth
-    out = {"hist": block.hist[:, par]}  # (S, C, T, P)
-    if block.H is not None:
-        out["H"] = block.H[:, par]  # (S, C, P)
-    for s, x in enumerate(xi):
-        out["hist"][s, :, depth, :] = x
-        if "H" in out:
-            out["H"][s] += x
-    out["G"] = G[:, par]  # (S, C, P)
-    return out
-
-
-def responses(task, done):
-    """Response tokens, rewards and prompt lengths of a block of complete responses.
-
-    Returns:
-        ``(resp, R, plen)``: ``(M, T)`` int (-1 padded), ``(M,)`` float, ``(M,)`` int.
-    """
-    T = task.max_len
-    M = done.tokens.shape[0]
-    plen = np.array([len(p) for p in task.prompts], dtype=np.int64)[done.prompt]  # (M,)
-    n_resp = done.length - plen  # (M,)
-    col = plen[:, None] + np.arange(T)[None, :]  # (M, T)
-    resp = done.tokens[np.arange(M)[:, None], np.minimum(col, done.tokens.shape[1] - 1)]
-    resp = np.where(np.arange(T)[None, :] < n_resp[:, None], resp, -1)  # (M, T)
-    R = np.array([evaluate_reward(task.reward, task.prompts[pi], r[:k].tolist())
-                  for pi, r, k in zip(done.prompt, resp, n_resp)], dtype=float)  # (M,)
-    return resp, R, plen

@@ -109,7 +109,8 @@ def sweep(grid=GRID, **exact_kwargs):
 
 
 def engine_speedup(task, repeats=3):
-    """Median wall times of the plain reference engine and the fast one, interleaved.
+    """Median wall times of the readable judge (``reference=True``) and the fast engine,
+    interleaved.
 
     Returns:
         dict: ``reference_s``, ``fast_s`` (medians) and ``speedup`` (their ratio).

@@ -145,3 +145,77 @@ def test_uniform_shift_case_really_shifts():
 
 def test_doctests():
     assert doctest.testmod(conformance).failed == 0
+
+
+# ---------------------------------------------------------------- parametrize_with_cases
+
+
+@conformance.parametrize_with_cases(numpy_token_fisher)
+def test_parametrize_with_cases_passes_a_correct_implementation(check):
+    """One item per case (``...[peaked]``), each passing for a correct implementation."""
+    assert check().passed
+
+
+def numpy_uncentered(z, j):
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p = p / p.sum(-1, keepdims=True)  # (..., V)
+    return (p[..., None, :] * j ** 2).sum(-1)  # (..., P): the centering forgotten
+
+
+def test_each_case_check_fails_alone_for_a_wrong_implementation():
+    """The per-case checks of a wrong implementation fail one by one, each raising an
+    AssertionError that names its case; the whole report agrees on which."""
+    checks = conformance.case_checks(numpy_uncentered)
+    assert [c.name for c in checks] == ALL_CASES and [repr(c) for c in checks] == ALL_CASES
+    failed = []
+    for check in checks:
+        try:
+            check()
+        except AssertionError as exc:
+            assert check.name in str(exc) and "FAIL" in str(exc)
+            failed.append(check.name)
+    assert failed and failed == check_token_fisher(numpy_uncentered).failed
+
+
+def test_single_vs_batch_is_checked_with_the_batch_it_is_compared_with():
+    """An implementation whose single-state call disagrees with its batched one fails
+    ``single_vs_batch`` on its own item too."""
+    def off_when_single(z, j):
+        return numpy_token_fisher(z, j) * (1.001 if z.ndim == 1 else 1.0)
+    check = {c.name: c for c in conformance.case_checks(off_when_single)}["single_vs_batch"]
+    assert [c["name"] for c in check.cases] == ["single_vs_batch", "uniform_shift"]
+    with pytest.raises(AssertionError, match="single_vs_batch"):
+        check()
+
+
+def test_a_users_pytest_reports_each_case_as_an_item(tmp_path):
+    """In a user's test file, pytest lists one item per case, ids the case names: a correct
+    function passes every item, a wrong one fails the cases it gets wrong."""
+    import os
+    import subprocess
+    import sys
+    test = tmp_path / "test_mine.py"
+    test.write_text(
+        "import numpy as np\n"
+        "from fisher_ref.checks.conformance import parametrize_with_cases\n"
+        "def good(z, j):\n"
+        "    p = np.exp(z - z.max(-1, keepdims=True)); p = p / p.sum(-1, keepdims=True)\n"
+        "    c = j - (j * p[..., None, :]).sum(-1, keepdims=True)\n"
+        "    return (p[..., None, :] * c ** 2).sum(-1)\n"
+        "def bad(z, j):\n"
+        "    return 2 * good(z, j)\n"
+        "@parametrize_with_cases(good)\n"
+        "def test_good(check):\n"
+        "    check()\n"
+        "@parametrize_with_cases(bad)\n"
+        "def test_bad(check):\n"
+        "    check()\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
+                          "-p", "no:xdist", str(test)], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=120).stdout
+    for name in ALL_CASES:
+        assert f"test_good[{name}] PASSED" in out, out
+        assert f"test_bad[{name}] FAILED" in out, out
+    assert f"{len(ALL_CASES)} failed, {len(ALL_CASES)} passed" in out, out

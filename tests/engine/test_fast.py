@@ -1,14 +1,15 @@
-"""The fast exact engine against the plain reference engine, quantity by quantity.
+"""The fast exact engine against the readable judge, quantity by quantity.
 
-:func:`fisher_ref.exact.exact` regroups the finite sums over responses (powers
+:func:`fisher_ref.engine.fast.exact` regroups the finite sums over responses (powers
 of ``h = H + xi`` expanded, sums per parent and per window), reuses per-window
 arrays between states and reuses the walk's window ids in the autodiff
-gradient; :func:`fisher_ref.engine.reference.exact_reference` carries every
+gradient; the judge :func:`fisher_ref.reference.exact_reference` carries every
 response's score history and sums response by response. Every array of the
-result must agree at 1e-10 relative on every case of ``tests/cases.py``, on
+result must agree at 1e-10 relative on every case of ``tests/cases.py`` (every shipped
+config among them), on the tasks of ``fisher_ref/golden_data/tasks``, on
 hypothesis-generated MLP and GPT-2 tasks, for small chunks (block splitting),
 one parent per sub-block, a window cache too small to hold a block and deferred
-products used early. Each test compares the fast engine with the plain one or
+products used early. Each test compares the fast engine with the judge or
 with the brute force of ``tests/cases.py``, never a code path with itself.
 """
 import json
@@ -17,10 +18,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from fisher_ref import load_config, task_from_json
+from fisher_ref import list_configs, load_config, task_from_json
+from fisher_ref.golden.export import GOLDEN_TASKS, golden_task
 from fisher_ref.engine.fast import exact
 from fisher_ref.engine.plan import Budgets
-from fisher_ref.engine.reference import exact_reference
+from fisher_ref.reference import exact_reference
 from fisher_ref.perf.scaling import load_scale_config
 
 from cases import CASES, RTOL, rel
@@ -108,15 +110,27 @@ def assert_same(fast, ref, label):
 
 
 def run_both(task, **kw):
+    """The fast engine and the judge on ``task`` (``chunk``, the fast engine's block size,
+    is not the judge's)."""
     kw.setdefault("progress", False)
     if task.sampler is not None:
         kw.setdefault("topk", (1, 2))
-    return exact(task, **kw), exact_reference(task, **kw)
+    return exact(task, **kw), exact_reference(task, **{k: v for k, v in kw.items()
+                                                       if k != "chunk"})
 
 
 @pytest.mark.parametrize("case", sorted(CASES))  # every shipped config and hand-made case
 def test_fast_engine_matches_reference(case):
     assert_same(*run_both(CASES[case]()), case)
+
+
+def test_every_shipped_config_is_a_case():
+    assert {f"config:{name}" for name in list_configs()} <= set(CASES)
+
+
+@pytest.mark.parametrize("name", GOLDEN_TASKS)  # the task files of fisher_ref/golden_data/tasks
+def test_fast_engine_matches_reference_on_golden_tasks(name):
+    assert_same(*run_both(golden_task(name)), name)
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 7])
@@ -159,9 +173,9 @@ def test_exact_refuses_budgets_of_another_type():
         exact(load_config("tabular"), progress=False, budgets={"sub_elements": 1})
 
 
-def test_reference_flag_dispatches_to_the_plain_engine(monkeypatch):
-    """``reference=True`` hands the task and every option to the plain engine, and the
-    default never calls it. (Running both engines and comparing their results would run
+def test_reference_flag_dispatches_to_the_judge(monkeypatch):
+    """``reference=True`` hands the task and every option but ``chunk`` (the fast engine's
+    block size) to the judge, and the default never calls it. (Running both engines and comparing their results would run
     the same code on both sides whenever the flag is honoured.)"""
     task, calls = load_config("no_eos"), []
 
@@ -172,7 +186,7 @@ def test_reference_flag_dispatches_to_the_plain_engine(monkeypatch):
     monkeypatch.setattr(exact_mod, "exact_reference", plain)
     assert exact(task, reference=True, progress=False, chunk=3, topk=()) == "plain engine"
     assert len(calls) == 1 and calls[0][0] is task
-    assert calls[0][1]["chunk"] == 3 and calls[0][1]["progress"] is False
+    assert "chunk" not in calls[0][1] and calls[0][1]["progress"] is False
     assert exact(task, progress=False).sequence_fisher.shape == (task.model.num_params,)
     assert len(calls) == 1  # the fast engine ran without the plain one
 
@@ -242,7 +256,7 @@ def fisher_run(task, **kw):
 
 
 def full_reference(task, **kw):
-    """The plain engine's full run, the judge of every quantities="fisher" run."""
+    """The judge's full run, the judge of every quantities="fisher" run."""
     return exact_reference(task, progress=False,
                            topk=(1, 2) if task.sampler is not None else (), **kw)
 
@@ -251,7 +265,7 @@ def full_reference(task, **kw):
 def test_fisher_quantities_match_the_full_reference(case):
     """``exact(quantities="fisher")`` takes its own route (no rewards, no path sums, no
     cross terms, H formed only for sum w h and sum w h^2); each field it computes equals
-    the plain engine's full run. So does the plain engine's own fisher result."""
+    the judge's full run. So does the judge's own fisher result."""
     task = CASES[case]()
     fast, ref = fisher_run(task), full_reference(task)
     assert fast.quantities == "fisher" and fast.streams.keys() == ref.streams.keys()
@@ -259,7 +273,7 @@ def test_fisher_quantities_match_the_full_reference(case):
         "score_mean", "sequence_fisher", "token_fisher_sum", "token_fisher_by_depth",
         "cond_score_max", "mass"}
     assert_same(fast, ref, f"{case}, quantities='fisher'")
-    assert_same(fisher_run(task, reference=True), ref, f"{case}, plain engine, 'fisher'")
+    assert_same(fisher_run(task, reference=True), ref, f"{case}, judge, 'fisher'")
 
 
 @pytest.mark.parametrize("knob, value", [("sub_elements", 1), ("window_cache_bytes", 1),

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from cases import all_responses, get_task
 from fisher_ref import exact, load_config
-from fisher_ref.engine.reference import exact_reference
+from fisher_ref.reference import exact_reference
 from fisher_ref.engine.run import response_places, state_places
 from fisher_ref.engine.tree import Block
 

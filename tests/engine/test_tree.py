@@ -1,21 +1,19 @@
 """The walk over the prefix tree (fisher_ref.engine.tree): blocks of at most ``chunk``
-states, every response reached once with the product of its token probabilities, the
-responses' tokens and rewards as the task gives them, and a Block that refuses a field it
-does not have."""
+states, every response reached once with the product of its token probabilities, and a
+Block that refuses a field it does not have."""
 import numpy as np
 import pytest
 
 from cases import all_responses
 from fisher_ref import load_config
 from fisher_ref.engine.plan import count_states
-from fisher_ref.engine.tree import (Block, depth_first, expand, responses, root_block, take_rows,
-                                    terminal)
+from fisher_ref.engine.tree import Block, depth_first, expand, root_block, take_rows, terminal
 
 
 def walk(task, p_tok, q_tok, chunk):
     """Walk the tree with next-token probabilities that depend on the token only; returns
     the number of open states visited, the largest block, and every complete response as
-    ``{(prompt, response): (rp, rq, R)}``."""
+    ``{(prompt, response): (rp, rq)}``."""
     stack, done, visited, largest = [root_block(task, 1, ())], {}, 0, 0
     for block in depth_first(stack, chunk):
         visited += block.size
@@ -25,12 +23,11 @@ def walk(task, p_tok, q_tok, chunk):
         _, _, complete = expand(task, block, np.flatnonzero(ends), p, q)
         if (~ends).any():
             stack.append(expand(task, block, np.flatnonzero(~ends), p, q)[2])
-        if complete.size:
-            resp, R, _ = responses(task, complete)
-            for pi, y, rp, rq, r in zip(complete.prompt, resp, complete.rp, complete.rq, R):
-                key = (int(pi), tuple(int(a) for a in y if a >= 0))
-                assert key not in done, key
-                done[key] = (rp, rq, r)
+        for pi, row, n, rp, rq in zip(complete.prompt, complete.tokens, complete.length,
+                                      complete.rp, complete.rq):
+            key = (int(pi), tuple(int(a) for a in row[len(task.prompts[pi]):n]))
+            assert key not in done, key
+            done[key] = (rp, rq)
     return visited, largest, done
 
 
@@ -47,10 +44,9 @@ def test_every_response_is_reached_once_with_its_probability(name, chunk):
     ys = all_responses(V, T, eos)
     assert set(done) == {(i, y) for i in range(len(task.prompts)) for y in ys}
     w = task.prompt_weights
-    for (i, y), (rp, rq, r) in done.items():
+    for (i, y), (rp, rq) in done.items():
         assert rp == pytest.approx(w[i] * np.prod(p_tok[list(y)]), rel=1e-12, abs=0)
         assert rq == pytest.approx(w[i] * np.prod(q_tok[list(y)]), rel=1e-12, abs=0)
-        assert r == task.reward(task.prompts[i], list(y))
     for k in (0, 1):  # the reach of the complete responses adds up to the prompt weights
         total = np.zeros(len(w))
         for (i, _), v in done.items():
@@ -62,7 +58,7 @@ def test_root_block_take_rows_and_update():
     task = load_config("weighted_prompts")
     P = task.model.num_params
     root = root_block(task, 2, ("H", "G"))
-    assert root.size == 3 and root.depth == 0 and root.hist is None
+    assert root.size == 3 and root.depth == 0
     assert root.H.shape == root.G.shape == (2, 3, P) and not root.H.any()
     assert root.tokens[0].tolist() == [1, 2, 3] + [-1] * 4  # longest prompt 3 + T 3, + 1
     assert root.tokens[2].tolist() == [-1] * 7 and root.length.tolist() == [3, 1, 0]
