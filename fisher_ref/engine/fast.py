@@ -44,7 +44,8 @@ from fisher_ref.engine.param_shards import param_shard_result
 from fisher_ref.engine.shard_result import check_shard
 from fisher_ref.engine.shards import merge
 from fisher_ref.engine.window_cache import WindowCache
-from fisher_ref.engine.workers import local_workers, memory_kept, run_shards
+from fisher_ref.engine.keep_memory import memory_kept
+from fisher_ref.engine.workers import local_workers, run_shards
 from fisher_ref.numerics import topk_center
 from fisher_ref.results import GatheredStates
 

@@ -57,7 +57,8 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from fisher_ref.engine.workers import BLAS_THREAD_VARS, environment, kept_in_process
+from fisher_ref.engine.keep_memory import kept_in_process
+from fisher_ref.engine.workers import BLAS_THREAD_VARS, environment
 from fisher_ref.perf.memory import (MEMORY_LABELS, check_memory_condition, probe_process,
                                     startup_environ)
 
