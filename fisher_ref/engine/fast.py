@@ -30,6 +30,8 @@ parents' a sub-block at a time (:func:`fisher_ref.engine.complete.last_level`).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from fisher_ref.engine.complete import complete, complete_fisher
@@ -356,9 +358,9 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     run.grad_ad += batch.flush()
     _finish(run, cache)
     result = run.finish()
-    if shard is not None:
+    if shard is not None:  # its checksum taken again with its tables in
         if run.keep_states:
-            result.window_tables = cache.kept_tables()
+            result = replace(result, window_tables=cache.kept_tables(), checksum=None)
         return result
     tables = cache.kept_tables() if run.keep_states else None
     if param_shard is not None:  # its tables' windows, by id: merged by content

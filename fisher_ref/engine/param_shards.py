@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from fisher_ref.engine.moments import Moments, finish_fisher, finish_stream
-from fisher_ref.engine.shard_result import ShardError, ShardResult, task_key
+from fisher_ref.engine.shard_result import ShardError, ShardResult, check_arrays, task_key
 from fisher_ref.results import ExactResult, GatheredStates
 
 __all__ = ["param_columns", "column_index", "column_count", "param_shard_result",
@@ -78,6 +78,7 @@ def merge_params(task, parts):
         if widths != {len(at)}:
             raise ShardError(f"parameter shard {p.shard} names {len(at)} parameters "
                              f"({p.columns}) but holds sums {sorted(widths)} wide")
+        check_arrays(p, P, T, len(at))
     places = [c if isinstance(c, slice) else at for c, at in zip(cols, index)]
     for p in parts[1:]:  # the sums without parameters: the same walk gave the same numbers
         for name, m in p.moments.items():  # (to rounding: the sub-blocks follow the width)

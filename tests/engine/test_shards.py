@@ -9,6 +9,8 @@ hypothesis tasks, 1 to 5 shards (more than the task has subtrees included), off 
 in small blocks, with ``quantities="fisher"`` and after pickling (in worker processes:
 tests/engine/test_workers.py).
 """
+import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -134,6 +136,68 @@ def test_merge_refuses_a_partial_or_foreign_set():
         merge(task, [parts[0], other, parts[2]])
     with pytest.raises(ShardError, match="ShardResult"):
         merge(task, [exact(task, progress=False)])
+
+
+def _scaled(part, factor):
+    """``part`` with every array of its sums multiplied by ``factor``, in place (a shard
+    changed after it was made: edited, or damaged in transit)."""
+    for m in part.moments.values():
+        for k, v in m.items():
+            if isinstance(v, np.ndarray):
+                m[k] = v * factor
+    return part
+
+
+@pytest.mark.parametrize("by", ["shard", "param_shard"])
+def test_changed_shard_sums_are_refused_naming_the_shard(by):
+    """issue 46 item 9: a shard whose sums were scaled by 1.5 after it was made merged into a
+    gradient 34% off; its checksum (a SHA-256 of its payload, taken when it was made) no
+    longer matches, and the merge names it."""
+    task = load_config("default")
+    parts = [exact(task, progress=False, **{by: (i, 2)}) for i in range(2)]
+    merge(task, parts)  # as made: merged
+    kind = "parameter shard" if by == "param_shard" else "shard"
+    with pytest.raises(ShardError, match=f"^{kind} 1 of 2: .*checksum"):
+        merge(task, [parts[0], _scaled(copy.deepcopy(parts[1]), 1.5)])
+    changed = copy.deepcopy(parts[0])
+    changed.grad_ad[3] += 1e-9  # one number, in place
+    with pytest.raises(ShardError, match=f"^{kind} 0 of 2: .*checksum"):
+        merge(task, [changed, parts[1]])
+    relabelled = dataclasses.replace(parts[1], shard=(0, 2))  # the checksum kept: refused
+    with pytest.raises(ShardError, match=f"^{kind} 0 of 2: .*checksum"):
+        merge(task, [relabelled, parts[1]])  # shard 1's sums as shard 0
+
+
+def test_a_truncated_shard_is_refused_naming_it():
+    """issue 46 item 16: a shard whose arrays were cut short failed merge with numpy's
+    "operands could not be broadcast together"; it is refused by name, by its checksum, and
+    by the shapes of its sums where its checksum was taken again after the cut."""
+    task = load_config("default")
+    parts = [exact(task, progress=False, shard=(i, 2), keep_states=True) for i in range(2)]
+    for field in ("h", "cross"):
+        cut = copy.deepcopy(parts[1])
+        cut.moments["policy"][field] = cut.moments["policy"][field][..., :5]
+        with pytest.raises(ShardError, match="^shard 1 of 2: .*checksum"):
+            merge(task, [parts[0], cut])
+        resealed = dataclasses.replace(cut, checksum=None)  # a checksum of the cut arrays
+        with pytest.raises(ShardError, match=f"^shard 1 of 2: the sum '{field}' of stream "
+                                             r"'policy' has shape \("):
+            merge(task, [parts[0], resealed])
+    cut = dataclasses.replace(parts[0], grad_ad=parts[0].grad_ad[:-1], checksum=None)
+    with pytest.raises(ShardError, match="^shard 0 of 2: its autodiff gradient has shape"):
+        merge(task, [cut, parts[1]])
+    rows = dict(parts[0].states, place=parts[0].states["place"][:-1])
+    cut = dataclasses.replace(parts[0], states=rows, checksum=None)
+    with pytest.raises(ShardError, match="^shard 0 of 2: its per-state arrays differ"):
+        merge(task, [cut, parts[1]])
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2", None])
+def test_plan_shards_refuses_a_count_that_is_not_a_positive_integer(bad):
+    """issue 46 item 16: plan_shards(task, 0) raised ZeroDivisionError and (task, -2)
+    returned a plan of n=-2."""
+    with pytest.raises(ValueError, match=r"plan_shards: n \(the number of shards\)"):
+        plan_shards(load_config("default"), bad)
 
 
 def test_reference_engine_takes_no_shard():
