@@ -10,7 +10,7 @@ import os
 import weakref
 
 __all__ = ["FIELDS", "SHARED_BYTES", "busy_blocks", "close_attached", "drop_blocks", "share",
-           "unpack"]
+           "unlink_blocks", "unpack"]
 
 #: Arrays of a worker's result at least this large come back through shared memory: on
 #: the development machine 12 MiB took 47 ms through the result pipe and 16 ms through
@@ -57,6 +57,18 @@ def drop_blocks():
         for mem in blocks:
             _drop(mem)
     _BLOCKS["mem"] = []
+
+
+def unlink_blocks():
+    """The names of this worker's blocks removed, its mappings of them left as they are (a
+    thread may still be writing into one): what a worker whose caller died does before it
+    ends (:func:`fisher_ref.engine.worker_process.watch_parent`)."""
+    for blocks in _BLOCKS["mem"]:
+        for mem in blocks:
+            try:
+                mem.unlink()
+            except FileNotFoundError:  # the caller removed the name when it mapped the block
+                pass
 
 
 def _block(run, size, busy=frozenset()):

@@ -117,3 +117,19 @@ def test_a_worker_keeps_its_block_from_run_to_run(monkeypatch):
         worker_memory.drop_blocks()
         worker_memory.close_attached()
     assert worker_memory._ATTACHED == {} and worker_memory._BLOCKS["mem"] == []
+
+
+def test_a_worker_whose_caller_died_removes_its_blocks_names(monkeypatch):
+    """issue 46 item 13: what a worker does before it ends because its caller died
+    (worker_process.watch_parent): the names of the blocks it keeps leave /dev/shm, while
+    its own mapping stays writable (its main thread may be writing a result)."""
+    monkeypatch.setattr(worker_memory, "_BLOCKS", {"run": None, "used": 0, "mem": []})
+    mem, j = worker_memory._block(1, 4096)
+    try:
+        assert os.path.exists(f"/dev/shm/{mem.name.lstrip('/')}")
+        worker_memory.unlink_blocks()
+        assert not os.path.exists(f"/dev/shm/{mem.name.lstrip('/')}")
+        mem.buf[:3] = b"ok!"
+        worker_memory.unlink_blocks()  # twice: nothing left to remove, no error
+    finally:
+        worker_memory.drop_blocks()
