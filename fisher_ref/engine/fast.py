@@ -268,7 +268,9 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
             each walks the whole tree for its share of the parameters, so the per-window
             and per-state work is split, not repeated (the sensitivities too for the MLP;
             other models form all of a window's and keep their columns). ``"auto"``: the available cores, 1 (this
-            process) for a run estimated under 10 s. The result is the same to rounding.
+            process) for a run estimated under 10 s. A count past the cores or the
+            parameters is capped there, with a ``WorkersCapped`` warning. The result is the
+            same to rounding.
         budgets: the fast engine's memory and batching knobs
             (:class:`fisher_ref.engine.plan.Budgets`; speed and memory only, never the
             numbers). ``None``: the defaults.

@@ -47,6 +47,7 @@ import sys
 import threading
 import tracemalloc
 import types
+import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
@@ -59,7 +60,7 @@ from fisher_ref.engine.worker_memory import busy_blocks, close_attached, unpack
 from fisher_ref.engine.worker_process import init_worker, shard_in_worker
 
 __all__ = ["AUTO_MIN_SECONDS", "BLAS_THREAD_VARS", "available_cores", "check_workers",
-           "environment", "last_run_times", "local_workers",
+           "environment", "last_run_times", "local_workers", "WorkersCapped",
            "unsendable", "resolve_workers", "run_shards", "shutdown"]
 
 #: ``workers="auto"`` stays in this process below this many estimated seconds on one core.
@@ -125,7 +126,9 @@ def local_workers(task, workers, options):
     (``options``: an :class:`fisher_ref.engine.plan.EngineOptions`): ``workers``
     (:func:`resolve_workers` of the single-core estimate for ``"auto"``, and no more than
     fit in ``options.max_bytes`` together), at most one per parameter (the workers run
-    parameter shards, ``exact(task, param_shard=(i, N))``)."""
+    parameter shards, ``exact(task, param_shard=(i, N))``) and one per core this process
+    may use (:func:`available_cores`): an explicit count past either is capped, with a
+    :class:`WorkersCapped` warning that names the cap and why."""
     workers = check_workers(workers)
     if workers == 1:
         return 1
@@ -134,11 +137,34 @@ def local_workers(task, workers, options):
     n = resolve_workers(workers, cost)
     if n > 1 and workers == "auto" and (unsendable(task) or tracemalloc.is_tracing()):
         return 1  # explicit workers say why they cannot (run_shards); a trace sees one process
-    n = max(1, min(n, task.model.num_params))
+    n = _capped(n, workers, task.model.num_params)
     while workers == "auto" and n > 1 and (  # "auto": as many as fit in max_bytes
             plan(task, sized, workers=n)[1].bytes > options.max_bytes):
         n -= 1
     return n
+
+
+class WorkersCapped(UserWarning):
+    """``exact(task, workers=N)`` runs fewer processes than asked: more than the cores this
+    process may use only wait their turn (and each costs a second to start), and each needs
+    a parameter of its own (:func:`local_workers`)."""
+
+
+def _capped(n, workers, P):
+    """``n`` processes capped at the cores (:func:`available_cores`) and the ``P``
+    parameters; an explicit ``workers`` that is cut is told so (:class:`WorkersCapped`)."""
+    cores = available_cores()
+    cap, why = min((cores, f"this process may run on {cores} cores "
+                           "(its CPU affinity), and more processes than cores only wait "
+                           "their turn"),
+                   (P, f"the model has {P} parameters, and each worker's shard holds at "
+                       "least one"), key=lambda c: c[0])
+    if n <= max(cap, 1):
+        return n
+    if workers != "auto":
+        warnings.warn(f"workers={workers} capped at {cap}: {why}", WorkersCapped,
+                      stacklevel=4)
+    return max(cap, 1)
 
 
 def _one_blas_thread():

@@ -205,7 +205,9 @@ def test_reference_engine_takes_no_shard():
         exact(load_config("default"), progress=False, reference=True, shard=(0, 2))
 
 
-def test_cost_guard_counts_every_worker():
+def test_cost_guard_counts_every_worker(monkeypatch):
+    from fisher_ref.engine import workers
+    monkeypatch.setattr(workers, "available_cores", lambda: 4)  # four workers, not capped
     task = load_scale_config("v16")
     one, four = estimate_cost(task), estimate_cost(task, workers=4)
     assert four.bytes > 3 * one.bytes and four.seconds < one.seconds and four.workers == 4

@@ -34,6 +34,30 @@ def test_auto_workers_stay_in_process_for_small_runs(monkeypatch):
     assert workers_mod.resolve_workers(3, cost) == 3
 
 
+def test_explicit_workers_are_capped_at_the_useful_count_with_a_warning(monkeypatch):
+    """issue 46 item 14: workers=1000 on a 0.1 s task started 118 processes on 2 cores
+    without a word. The count is capped at the cores this process may run on and at one
+    parameter per worker, with a warning naming the cap and why (no process is started
+    here but the one of the last check)."""
+    import warnings
+    task, options = load_config("default"), EngineOptions()
+    P = task.model.num_params
+    monkeypatch.setattr(workers_mod, "available_cores", lambda: 3)
+    with pytest.warns(UserWarning, match=r"workers=1000 capped at 3: this process may run on "
+                                         r"3 cores"):
+        assert workers_mod.local_workers(task, 1000, options) == 3
+    monkeypatch.setattr(workers_mod, "available_cores", lambda: 10 * P)
+    with pytest.warns(UserWarning, match=rf"workers=1000 capped at {P}: the model has {P} "
+                                         r"parameters"):
+        assert workers_mod.local_workers(task, 1000, options) == P
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a count within both caps: not a word
+        assert workers_mod.local_workers(task, 3, options) == 3
+    monkeypatch.setattr(workers_mod, "available_cores", lambda: 2)
+    with pytest.warns(workers_mod.WorkersCapped, match="capped at 2"):
+        assert exact(task, progress=False, workers=5).cost.workers == 2
+
+
 def test_workers_give_the_single_run():
     """Two local processes (spawned, one BLAS thread each): the same result."""
     task = load_config("offpolicy_stale")
