@@ -14,7 +14,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import event, given, settings, strategies as st
 
 from fisher_ref import load_config
 from fisher_ref.engine import shards as shards_mod
@@ -198,6 +198,68 @@ def test_plan_shards_refuses_a_count_that_is_not_a_positive_integer(bad):
     returned a plan of n=-2."""
     with pytest.raises(ValueError, match=r"plan_shards: n \(the number of shards\)"):
         plan_shards(load_config("default"), bad)
+
+
+CORRUPTIONS = ("dropped", "repeated", "scaled", "truncated", "truncated, checksum taken again",
+               "of another task")
+
+
+def _corrupted(task, parts, by, broken, i, data, kw):
+    """``parts`` with shard ``i`` ``broken`` (one of :data:`CORRUPTIONS`), and the pattern
+    of the error that must name it; ``None`` where the corruption changed no byte (sums of
+    zeros scaled)."""
+    n = len(parts)
+    label = f"{'parameter shard' if by == 'param_shard' else 'shard'} {i} of {n}"
+    bad, part = list(parts), copy.deepcopy(parts[i])
+    arrays = [(m, k) for m in part.moments.values() for k, v in m.items()
+              if isinstance(v, np.ndarray) and v.size]
+    if broken == "dropped" and n > 1:
+        del bad[i]
+        return bad, rf"missing \[{i}\]"
+    if broken in ("dropped", "repeated"):
+        return bad + [parts[i]], rf"repeated \[{i}\]"
+    if broken == "scaled":
+        factor = data.draw(st.sampled_from([1.5, -1.0, 1 + 1e-15, 0.0]), label="factor")
+        for m, k in arrays:
+            m[k] = m[k] * factor
+        if all(np.array_equal(m[k], parts[i].moments[s][k]) for s, m in part.moments.items()
+               for k in m if isinstance(m[k], np.ndarray)):
+            return None
+        bad[i] = part
+        return bad, f"^{label}: .*checksum"
+    if broken.startswith("truncated"):
+        m, k = data.draw(st.sampled_from(arrays), label="array")
+        m[k] = m[k][..., :-1]
+        again = "again" in broken
+        bad[i] = dataclasses.replace(part, checksum=None) if again else part
+        return bad, f"^{label}[: ]" if again else f"^{label}: .*checksum"
+    bad[i] = exact(task.with_(theta=task.theta + 0.25), **{by: (i, n)}, **kw)
+    return bad, f"^{label} of the {n} were computed for another task"
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=60)
+@given(small_tasks(), st.sampled_from(["shard", "param_shard"]), st.integers(1, 4), st.data())
+def test_fuzz_sharding_merges_exactly_and_refuses_corruptions_by_name(task, by, n, data):
+    """issue 46 (the fuzz test of the sharding surface): random small tasks cut into 1 to 4
+    subtree or parameter shards merge to the single run at 1e-12, and each of a random
+    shard dropped, repeated, its sums scaled, an array truncated (its checksum taken again
+    or not), or computed for another task is refused with a ShardError that names the
+    shard, never merged."""
+    if by == "param_shard":
+        n = min(n, task.model.num_params)
+    kw = dict(options(task), keep_states=True, keep_sequences=True)
+    merged, parts = sharded(task, n, by, **kw)
+    errs = merged_errors(merged, exact(task, workers=1, **kw))
+    assert max(errs.values()) <= RTOL, errs
+    for broken in CORRUPTIONS:
+        i = data.draw(st.integers(0, n - 1), label="shard")
+        got = _corrupted(task, parts, by, broken, i, data, kw)
+        if got is None:  # no byte changed: the same merge
+            event(f"{by}: {broken}: unchanged")
+            continue
+        with pytest.raises(ShardError, match=got[1]):
+            merge(task, got[0])
+        event(f"{by}: {broken}")
 
 
 def test_reference_engine_takes_no_shard():
