@@ -43,7 +43,7 @@ from fisher_ref.engine.run import (BlockArrays, Run, check_support, last_scores,
                                    state_places)
 from fisher_ref.engine.autodiff import parts_gradient
 from fisher_ref.engine.param_shards import param_shard_result
-from fisher_ref.engine.shard_result import check_shard
+from fisher_ref.engine.shard_result import check_shard, merged_here
 from fisher_ref.engine.shards import merge
 from fisher_ref.engine.window_cache import WindowCache
 from fisher_ref.engine.keep_memory import memory_kept
@@ -306,9 +306,10 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         _, cost, keep_states, keep_sequences = plan(task, options, workers=n)
         each = options.unlimited().with_(progress=False, keep_states=keep_states,
                                          keep_sequences=keep_sequences)
-        parts = run_shards(exact, task, n, dict(each.as_kwargs(), budgets=budgets),
-                           progress=progress, by="param_shard")
-        result = merge(task, parts)
+        with merged_here():  # the shard run here is merged here: no checksum to take
+            parts = run_shards(exact, task, n, dict(each.as_kwargs(), budgets=budgets),
+                               progress=progress, by="param_shard")
+            result = merge(task, parts)
         result.cost = cost
         return result
     columns = None

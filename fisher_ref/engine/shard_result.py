@@ -6,9 +6,11 @@ apart, and the checksum of a shard's payload (:meth:`ShardResult.digest`), taken
 shard is made and checked before a merge reads it (:func:`check_payload`)."""
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import pickle
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -17,7 +19,26 @@ from fisher_ref.engine.moments import Moments
 from fisher_ref.engine.plan import Cost
 
 __all__ = ["ShardError", "ShardResult", "check_arrays", "check_payload", "check_shard",
-           "task_key"]
+           "merged_here", "task_key"]
+
+#: Inside :func:`merged_here`: shards are made without their checksum, and one without a
+#: checksum is merged.
+_HERE = contextvars.ContextVar("fisher_ref_merged_here", default=False)
+
+
+@contextmanager
+def merged_here():
+    """Shards made inside the block (in this thread) carry no checksum, and a merge inside it
+    takes a shard without one: for shards made and merged by the same call, which no one
+    else holds in between (the caller's own shard of ``exact(task, workers=N)``, whose
+    per-state and per-response records would otherwise be hashed twice for nothing). A
+    shard with a checksum is checked as anywhere; the workers' shards, made in their own
+    processes, carry theirs."""
+    token = _HERE.set(True)
+    try:
+        yield
+    finally:
+        _HERE.reset(token)
 
 
 class ShardError(ValueError):
@@ -70,8 +91,8 @@ class ShardResult:
         columns: a parameter shard's parameters (a slice, or the MLP's
             :class:`fisher_ref.models.mlp_scores.UnitColumns`); ``None`` for a subtree cut.
         checksum: the SHA-256 of all the above (:meth:`digest`), taken when the result is
-            made (left ``None``, it is taken then); a merge refuses a shard whose payload
-            no longer matches it (:func:`check_payload`).
+            made (left ``None``, it is taken then; not inside :func:`merged_here`); a merge
+            refuses a shard whose payload no longer matches it (:func:`check_payload`).
     """
 
     shard: tuple
@@ -90,7 +111,7 @@ class ShardResult:
     checksum: str = None
 
     def __post_init__(self):
-        if self.checksum is None:
+        if self.checksum is None and not _HERE.get():
             self.checksum = self.digest()
 
     @property
@@ -142,6 +163,8 @@ def check_payload(part):
     """Raise :class:`ShardError`, naming the shard, unless ``part``'s payload still has the
     checksum it was made with (:meth:`ShardResult.digest`): a sum scaled, an array cut short
     or a field changed since the shard was made is refused, never merged."""
+    if part.checksum is None and _HERE.get():  # made by this very call (merged_here)
+        return
     if part.checksum is None or part.digest() != part.checksum:
         raise ShardError(f"{part.label}: its sums or arrays differ from those it was made with "
                          "(its checksum, a SHA-256 of its payload, does not match): it was "

@@ -56,3 +56,22 @@ def test_checksum_is_taken_when_made_and_travels_with_the_shard():
         held[name].reshape(-1)[0] += 1.0
         with pytest.raises(ShardError, match=f"^{back.label}: .*checksum"):
             check_payload(back)
+
+
+def test_shards_made_and_merged_by_one_call_skip_the_checksum():
+    """Inside merged_here (what exact(task, workers=N) runs its own shard and the merge in)
+    a shard is made without a checksum and merged so; outside, a shard without one is
+    refused, and one with a checksum is checked inside too."""
+    from fisher_ref.engine.shard_result import ShardError, merged_here
+    task = load_config("default")
+    with merged_here():
+        here = exact(task, progress=False, param_shard=(1, 2))
+    assert here.checksum is None
+    sent = exact(task, progress=False, param_shard=(0, 2))
+    with merged_here():
+        merge(task, [sent, here])
+    with pytest.raises(ShardError, match="^parameter shard 1 of 2: .*checksum"):
+        merge(task, [sent, here])
+    sent.grad_ad[0] += 1.0
+    with merged_here(), pytest.raises(ShardError, match="^parameter shard 0 of 2: .*checksum"):
+        merge(task, [sent, here])

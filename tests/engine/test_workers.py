@@ -68,6 +68,17 @@ def test_workers_give_the_single_run():
     assert par.cost.workers == 2
 
 
+def test_only_the_workers_shards_are_checked_by_their_checksum(monkeypatch):
+    """The caller hashes one payload per worker's shard (issue 46 item 9's checksum, checked
+    at the merge), and none for its own shard, which it makes and merges itself."""
+    from fisher_ref.engine.shard_result import ShardResult
+    hashed, digest = [], ShardResult.digest
+    monkeypatch.setattr(ShardResult, "digest", lambda self: hashed.append(self.shard)
+                        or digest(self))
+    exact(load_config("default"), progress=False, workers=2)
+    assert hashed == [(0, 2)]
+
+
 def _blas_env(_):
     return {k: os.environ.get(k) for k in workers_mod.BLAS_THREAD_VARS}
 
