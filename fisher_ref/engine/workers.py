@@ -7,22 +7,23 @@ work per window and per state instead of repeating it (subtrees, ``shard=(i, N)`
 each compute the windows they share; that cut serves the Ray cluster, where what crosses
 the network must be small). Only the MLP forms just its columns of the sensitivities;
 other models form all of a window's and keep their columns. Shards ``0..N-2`` run in
-``N - 1`` worker processes, which send back their sums (arrays past
-:data:`fisher_ref.engine.worker_memory.SHARED_BYTES`, the per-window tables of a parameter shard, through a
-shared-memory block that each worker keeps and writes again run after run, unless the
-caller still holds arrays read from it: the caller reads them in place); the last shard
-runs in the calling process meanwhile (which would otherwise wait idle, and whose result
-then needs no pickling), and the
-caller merges them once. The last shard keeps the per-state and per-response records
-and forms the autodiff gradient, so none of them is sent; for the MLP it holds ``W2``'s
-family and the last hidden units, a smaller share of the work
-(:data:`fisher_ref.models.mlp_scores.LAST_SHARE`). (Subtree shards: shard 0 runs in the
-caller.) A worker (a process of ours
-alone) has glibc keep the memory its shards free for the next one. Workers are started with the ``spawn``
-method, with the
-BLAS thread counts set to 1 in their environment before they import numpy, and through
-``threadpoolctl`` too; the caller's own BLAS is held to one thread by ``threadpoolctl``
-while it runs its shard. So ``N`` shards use ``N`` cores, not ``N`` times the BLAS
+``N - 1`` worker processes (:mod:`fisher_ref.engine.worker_process`), which send back
+their sums, each shard with the checksum of its payload (arrays past
+:data:`fisher_ref.engine.worker_memory.SHARED_BYTES`, the per-window tables of a
+parameter shard, through a shared-memory block that each worker keeps and writes again
+run after run, unless the caller still holds arrays read from it: the caller reads them
+in place, :mod:`fisher_ref.engine.worker_memory`); the last shard runs in the calling
+process meanwhile (which would otherwise wait idle, and whose result then needs no
+pickling nor checksum), and the caller merges them once. The last shard keeps the
+per-state and per-response records and forms the autodiff gradient, so none of them is
+sent; for the MLP it holds ``W2``'s family and the last hidden units, a smaller share of
+the work (:data:`fisher_ref.models.mlp_scores.LAST_SHARE`). (Subtree shards: shard 0 runs
+in the caller.) A worker (a process of ours alone) has glibc keep the memory its shards
+free for the next one (:mod:`fisher_ref.engine.keep_memory`), and ends when its caller
+dies. Workers are started with the ``spawn`` method, with the BLAS thread counts set to 1
+in their environment before they import numpy, and through ``threadpoolctl`` too; the
+caller's own BLAS is held to one thread by ``threadpoolctl`` while it runs its shard. So
+``N`` shards use ``N`` cores, not ``N`` times the BLAS
 threads. The pool is kept for the next call of the same size (starting a process and
 importing numpy costs about a second), and ended at exit.
 
@@ -31,7 +32,9 @@ process ends the caller's (as with ``workers=1``), and one that raises there rai
 it would with ``workers=1``; in a worker, either is a ``RuntimeError`` that names the shard. A
 failed run ends the pool, the other shards still running with it.
 
-``workers="auto"`` takes the cores this process may use, and 1 (no process at all)
+An explicit ``N`` is capped at the cores this process may use and at the parameters, with
+a :class:`WorkersCapped` warning. ``workers="auto"`` takes the cores this process may
+use, and 1 (no process at all)
 when the single-core estimate (:func:`fisher_ref.engine.plan.estimate_cost`) is under
 :data:`AUTO_MIN_SECONDS`, where starting the workers costs more than they save, when
 ``tracemalloc`` is tracing (it would see only this process: memory measurements stay
