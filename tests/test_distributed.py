@@ -108,3 +108,62 @@ def test_the_cost_guard_counts_the_shards_side_by_side(local_ray, monkeypatch):
     assert_same(exact_ray(task, shards=2, max_seconds=limit), single(task))
     with pytest.raises(EnumerationTooLarge, match="memory"):
         exact_ray(task, shards=2, max_bytes=one.bytes / 2)
+
+
+def _unused_port():
+    """A local port nothing listens on: bound, then let go."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_address_where_nothing_answers_fails_in_bounded_time():
+    """issue 46 item 19: exact_ray(address="127.0.0.1:1") had returned nothing after 452 s
+    (Ray retries without end). An address that refuses connections fails at once, and one
+    that accepts but does not answer as a Ray cluster within connect_timeout, then: a
+    ConnectionError naming the address either way."""
+    import socket
+    import time
+    task = load_config("default")
+    address = f"127.0.0.1:{_unused_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError, match=f"nothing accepts a connection at address "
+                                              f"'{address}'"):
+        exact_ray(task, address=address, connect_timeout=5)
+    with pytest.raises(ConnectionError, match=f"'ray://{address}'"):
+        exact_ray(task, address=f"ray://{address}", connect_timeout=5)
+    assert time.monotonic() - t0 < 10
+    with socket.socket() as mute:  # accepts, and never says a word
+        mute.bind(("127.0.0.1", 0))
+        mute.listen()
+        address = f"127.0.0.1:{mute.getsockname()[1]}"
+        t0 = time.monotonic()
+        with pytest.raises(ConnectionError, match=f"at address '{address}' accepts connections "
+                                                  r"but did not answer .* within "
+                                                  r"connect_timeout=2 s"):
+            exact_ray(task, address=address, connect_timeout=2)
+        assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("kw, field", [(dict(address=5), "address"),
+                                       (dict(address=b"127.0.0.1:1"), "address"),
+                                       (dict(connect_timeout=0), "connect_timeout"),
+                                       (dict(connect_timeout=float("inf")), "connect_timeout"),
+                                       (dict(connect_timeout="30"), "connect_timeout")])
+def test_bad_address_or_timeout_is_refused_by_name(kw, field):
+    """issue 46 item 19: exact_ray(address=5) raised Ray's own "argument of type 'int' is not
+    iterable"."""
+    with pytest.raises(ValueError, match=f"exact_ray: {field} must be"):
+        exact_ray(load_config("default"), **kw)
+
+
+def test_the_address_check_knows_a_ray_cluster(local_ray):
+    """The check exact_ray makes of an address passes for the GCS of a running Ray (the
+    one it would join), so that only addresses where no cluster answers are refused."""
+    from fisher_ref.distributed import check_address
+    gcs = ray.get_runtime_context().gcs_address
+    check_address(gcs, 10)
+    check_address(f"ray://{gcs}", 10)  # the same server: the check reads host:port
+    task = load_config("default")
+    assert_same(exact_ray(task, address=gcs, shards=2), single(task))

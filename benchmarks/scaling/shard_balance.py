@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's p
 import fisher_ref.engine.fast as fast  # noqa: E402
 from benchmarks.common import MADE_BY, made_by  # noqa: E402
 from fisher_ref.engine.factored import shard_columns  # noqa: E402
-from fisher_ref.engine.workers import _init_worker  # noqa: E402
+from fisher_ref.engine.worker_process import init_worker  # noqa: E402
 from fisher_ref.models.mlp_scores import _order_columns, mlp_blocks  # noqa: E402
 from fisher_ref.perf.scaling import git_commit, load_scale_config  # noqa: E402
 
@@ -102,7 +102,7 @@ def main(argv=None):
     spawn = multiprocessing.get_context("spawn")
     with spawn.Pool(1, maxtasksperchild=1) as pool:
         alone = pool.apply(_alone, (args.config, args.units, args.repeats))
-    with spawn.Pool(1, initializer=_init_worker) as pool:
+    with spawn.Pool(1, initializer=init_worker) as pool:
         worker = pool.apply(_as_worker, (args.config, args.units, args.repeats))
     print(f"{'cut':>5} {'shard 0 alone':>14} {'shard 1 alone':>14} {'shard 0 worker':>15} "
           f"{'shard 1 caller':>15}")

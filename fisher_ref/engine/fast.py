@@ -30,6 +30,8 @@ parents' a sub-block at a time (:func:`fisher_ref.engine.complete.last_level`).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from fisher_ref.engine.complete import complete, complete_fisher
@@ -40,10 +42,11 @@ from fisher_ref.engine.run import (BlockArrays, Run, check_support, last_scores,
                                    state_places)
 from fisher_ref.engine.autodiff import parts_gradient
 from fisher_ref.engine.param_shards import param_shard_result
-from fisher_ref.engine.shard_result import check_shard
+from fisher_ref.engine.shard_result import check_shard, merged_here
 from fisher_ref.engine.shards import merge
 from fisher_ref.engine.window_cache import WindowCache
-from fisher_ref.engine.workers import local_workers, memory_kept, run_shards
+from fisher_ref.engine.keep_memory import memory_kept
+from fisher_ref.engine.workers import local_workers, run_shards
 from fisher_ref.numerics import topk_center
 from fisher_ref.reference import exact_reference
 from fisher_ref.results import GatheredStates
@@ -265,7 +268,9 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
             each walks the whole tree for its share of the parameters, so the per-window
             and per-state work is split, not repeated (the sensitivities too for the MLP;
             other models form all of a window's and keep their columns). ``"auto"``: the available cores, 1 (this
-            process) for a run estimated under 10 s. The result is the same to rounding.
+            process) for a run estimated under 10 s. A count past the cores or the
+            parameters is capped there, with a ``WorkersCapped`` warning. The result is the
+            same to rounding.
         budgets: the fast engine's memory and batching knobs
             (:class:`fisher_ref.engine.plan.Budgets`; speed and memory only, never the
             numbers). ``None``: the defaults.
@@ -302,9 +307,10 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
         _, cost, keep_states, keep_sequences = plan(task, options, workers=n)
         each = options.unlimited().with_(progress=False, keep_states=keep_states,
                                          keep_sequences=keep_sequences)
-        parts = run_shards(exact, task, n, dict(each.as_kwargs(), budgets=budgets),
-                           progress=progress, by="param_shard")
-        result = merge(task, parts)
+        with merged_here():  # the shard run here is merged here: no checksum to take
+            parts = run_shards(exact, task, n, dict(each.as_kwargs(), budgets=budgets),
+                               progress=progress, by="param_shard")
+            result = merge(task, parts)
         result.cost = cost
         return result
     columns = None
@@ -356,9 +362,9 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
     run.grad_ad += batch.flush()
     _finish(run, cache)
     result = run.finish()
-    if shard is not None:
+    if shard is not None:  # its checksum taken again with its tables in
         if run.keep_states:
-            result.window_tables = cache.kept_tables()
+            result = replace(result, window_tables=cache.kept_tables(), checksum=None)
         return result
     tables = cache.kept_tables() if run.keep_states else None
     if param_shard is not None:  # its tables' windows, by id: merged by content

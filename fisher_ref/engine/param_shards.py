@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from fisher_ref.engine.moments import Moments, finish_fisher, finish_stream
-from fisher_ref.engine.shard_result import ShardError, ShardResult, task_key
+from fisher_ref.engine.shard_result import ShardError, ShardResult, check_arrays, task_key
 from fisher_ref.results import ExactResult, GatheredStates
 
 __all__ = ["param_columns", "column_index", "column_count", "param_shard_result",
@@ -76,19 +76,20 @@ def merge_params(task, parts):
         widths = {v.shape[-1] for m in p.moments.values() for v in m.values()
                   if isinstance(v, np.ndarray) and v.ndim}
         if widths != {len(at)}:
-            raise ShardError(f"parameter shard {p.shard} names {len(at)} parameters "
+            raise ShardError(f"{p.label} names {len(at)} parameters "
                              f"({p.columns}) but holds sums {sorted(widths)} wide")
+        check_arrays(p, P, T, len(at))
     places = [c if isinstance(c, slice) else at for c, at in zip(cols, index)]
     for p in parts[1:]:  # the sums without parameters: the same walk gave the same numbers
         for name, m in p.moments.items():  # (to rounding: the sub-blocks follow the width)
             h = head.moments[name]
             if m["r0"] != h["r0"] or not abs(m["mass"] - h["mass"]) <= 1e-12 * h["mass"]:
-                raise ShardError(f"parameter shards {head.shard} and {p.shard} disagree on "
+                raise ShardError(f"{head.label} and {p.label} disagree on "
                                  f"the probability mass or reference reward of stream "
                                  f"{name!r}: they did not walk the same tree")
     kept_states, kept_seqs = head.key[3], head.key[4] and head.quantities == "all"
     if (kept_states and last.states is None) or (kept_seqs and last.sequences is None):
-        raise ShardError(f"parameter shard {last.shard} holds no per-state or per-response "
+        raise ShardError(f"{last.label} holds no per-state or per-response "
                          f"records, which its run kept: it did not run as the last shard")
     results = {}
     for stream in head.streams:
@@ -130,7 +131,7 @@ def _rows_of(windows, part):
     window has no row there (the shards did not walk the same tree)."""
     own = part.windows
     if own is None or windows is None:
-        raise ShardError(f"parameter shard {part.shard} keeps its window tables without their "
+        raise ShardError(f"{part.label} keeps its window tables without their "
                          "windows: its rows cannot be matched to the others'")
     if own.shape == windows.shape and np.array_equal(own, windows):
         return None
@@ -140,7 +141,7 @@ def _rows_of(windows, part):
     row[inv[:len(own)]] = np.arange(len(own))
     at = row[inv[len(own):]]
     if (at < 0).any():
-        raise ShardError(f"parameter shard {part.shard} holds no per-window row for "
+        raise ShardError(f"{part.label} holds no per-window row for "
                          f"{int((at < 0).sum())} windows of the last shard's states: the "
                          "shards did not walk the same tree")
     return at

@@ -165,7 +165,7 @@ class Run:
         quantities = options.quantities
         self.task, self.quantities, self.budgets = task, quantities, budgets
         # whether this process keeps the memory it frees (the fast engine sets it,
-        # fisher_ref.engine.workers.memory_kept): the sub-blocks' budget, Budgets
+        # fisher_ref.engine.keep_memory.memory_kept): the sub-blocks' budget, Budgets
         self.memory_kept = False
         self.streams, self.cost, self.keep_states, self.keep_sequences = plan(task, options)
         P, T = task.model.num_params, task.max_len

@@ -39,7 +39,8 @@ import numpy as np
 from fisher_ref.engine.moments import Moments, finish_fisher, finish_stream
 from fisher_ref.engine.param_shards import merge_params, param_columns, param_shard_result
 from fisher_ref.engine.plan import count_states
-from fisher_ref.engine.shard_result import ShardError, ShardResult, check_shard, task_key
+from fisher_ref.engine.shard_result import (ShardError, ShardResult, check_arrays,
+                                            check_payload, check_shard, task_key)
 from fisher_ref.engine.tree import take_rows
 from fisher_ref.results import ExactResult, GatheredStates
 
@@ -121,7 +122,14 @@ class ShardPlan:
 
 
 def plan_shards(task, n):
-    """The :class:`ShardPlan` of ``task`` in ``n`` shards."""
+    """The :class:`ShardPlan` of ``task`` in ``n`` shards.
+
+    Raises:
+        ValueError: ``n`` is not a positive integer (a bool is not one)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"plan_shards: n (the number of shards) must be a positive integer, "
+                         f"got {n!r}")
+    n = int(n)
     m = task.model
     V, T, eos, n_p = m.vocab_size, task.max_len, bool(m.eos), len(task.prompts)
     beta = V - 1 if eos else V
@@ -200,7 +208,9 @@ def merge(task, parts):
 
     Raises:
         ShardError: a shard missing or repeated, shards of different runs, or of another
-            task (the message names them). A partial set of shards is never summed.
+            task, a shard changed since it was made (its checksum,
+            :meth:`ShardResult.digest`) or whose arrays have the wrong shapes (the message
+            names them). A partial set of shards is never summed.
     """
     parts = list(parts)
     if not parts or not all(isinstance(p, ShardResult) for p in parts):
@@ -214,15 +224,23 @@ def merge(task, parts):
         raise ShardError(f"merge needs each of the {n} shards once: got shards {ids} of "
                          f"{sorted({p.shard[1] for p in parts})}; missing {missing}, "
                          f"repeated {repeated}")
-    if len({p.key for p in parts}) != 1:
-        raise ShardError("the shards come from different runs (task or options differ)")
-    if parts[0].key[0] is not None and parts[0].key[0] != task_key(task):
-        raise ShardError("the shards were computed for another task")
     parts.sort(key=lambda p: p.shard[0])
+    for p in parts:  # as it was made: no sum scaled, no array cut short
+        check_payload(p)
+    want = task_key(task)
+    foreign = [p.label for p in parts if p.key[0] is not None and p.key[0] != want]
+    if foreign:
+        raise ShardError(f"{', '.join(foreign)} of the {n} were computed for another task")
+    if len({p.key for p in parts}) != 1:
+        odd = [p.label for p in parts if p.key != parts[0].key]
+        raise ShardError(f"the shards come from different runs (task or options differ): "
+                         f"{', '.join(odd)} differ from {parts[0].label}")
     if parts[0].columns is not None:
         return merge_params(task, parts)
     head = parts[0]
     P, T = task.model.num_params, task.max_len
+    for p in parts:
+        check_arrays(p, P, T, P)
     results = {}
     for stream in head.streams:
         name = stream.name

@@ -7,22 +7,23 @@ work per window and per state instead of repeating it (subtrees, ``shard=(i, N)`
 each compute the windows they share; that cut serves the Ray cluster, where what crosses
 the network must be small). Only the MLP forms just its columns of the sensitivities;
 other models form all of a window's and keep their columns. Shards ``0..N-2`` run in
-``N - 1`` worker processes, which send back their sums (arrays past
-:data:`SHARED_BYTES`, the per-window tables of a parameter shard, through a
-shared-memory block that each worker keeps and writes again run after run, unless the
-caller still holds arrays read from it: the caller reads them in place); the last shard
-runs in the calling process meanwhile (which would otherwise wait idle, and whose result
-then needs no pickling), and the
-caller merges them once. The last shard keeps the per-state and per-response records
-and forms the autodiff gradient, so none of them is sent; for the MLP it holds ``W2``'s
-family and the last hidden units, a smaller share of the work
-(:data:`fisher_ref.models.mlp_scores.LAST_SHARE`). (Subtree shards: shard 0 runs in the
-caller.) A worker (a process of ours
-alone) has glibc keep the memory its shards free for the next one. Workers are started with the ``spawn``
-method, with the
-BLAS thread counts set to 1 in their environment before they import numpy, and through
-``threadpoolctl`` too; the caller's own BLAS is held to one thread by ``threadpoolctl``
-while it runs its shard. So ``N`` shards use ``N`` cores, not ``N`` times the BLAS
+``N - 1`` worker processes (:mod:`fisher_ref.engine.worker_process`), which send back
+their sums, each shard with the checksum of its payload (arrays past
+:data:`fisher_ref.engine.worker_memory.SHARED_BYTES`, the per-window tables of a
+parameter shard, through a shared-memory block that each worker keeps and writes again
+run after run, unless the caller still holds arrays read from it: the caller reads them
+in place, :mod:`fisher_ref.engine.worker_memory`); the last shard runs in the calling
+process meanwhile (which would otherwise wait idle, and whose result then needs no
+pickling nor checksum), and the caller merges them once. The last shard keeps the
+per-state and per-response records and forms the autodiff gradient, so none of them is
+sent; for the MLP it holds ``W2``'s family and the last hidden units, a smaller share of
+the work (:data:`fisher_ref.models.mlp_scores.LAST_SHARE`). (Subtree shards: shard 0 runs
+in the caller.) A worker (a process of ours alone) has glibc keep the memory its shards
+free for the next one (:mod:`fisher_ref.engine.keep_memory`), and ends when its caller
+dies. Workers are started with the ``spawn`` method, with the BLAS thread counts set to 1
+in their environment before they import numpy, and through ``threadpoolctl`` too; the
+caller's own BLAS is held to one thread by ``threadpoolctl`` while it runs its shard. So
+``N`` shards use ``N`` cores, not ``N`` times the BLAS
 threads. The pool is kept for the next call of the same size (starting a process and
 importing numpy costs about a second), and ended at exit.
 
@@ -31,7 +32,9 @@ process ends the caller's (as with ``workers=1``), and one that raises there rai
 it would with ``workers=1``; in a worker, either is a ``RuntimeError`` that names the shard. A
 failed run ends the pool, the other shards still running with it.
 
-``workers="auto"`` takes the cores this process may use, and 1 (no process at all)
+An explicit ``N`` is capped at the cores this process may use and at the parameters, with
+a :class:`WorkersCapped` warning. ``workers="auto"`` takes the cores this process may
+use, and 1 (no process at all)
 when the single-core estimate (:func:`fisher_ref.engine.plan.estimate_cost`) is under
 :data:`AUTO_MIN_SECONDS`, where starting the workers costs more than they save, when
 ``tracemalloc`` is tracing (it would see only this process: memory measurements stay
@@ -40,16 +43,14 @@ whole), or when the task cannot be sent to a worker.
 from __future__ import annotations
 
 import atexit
-import mmap
 import multiprocessing
 import os
 import pickle
-import re
 import sys
 import threading
 import tracemalloc
 import types
-import weakref
+import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
@@ -58,10 +59,11 @@ from threadpoolctl import threadpool_limits
 
 from fisher_ref._progress import Progress
 from fisher_ref.engine.run import plan
+from fisher_ref.engine.worker_memory import busy_blocks, close_attached, unpack
+from fisher_ref.engine.worker_process import init_worker, shard_in_worker
 
-__all__ = ["AUTO_MIN_SECONDS", "BLAS_THREAD_VARS", "SHARED_BYTES", "available_cores",
-           "check_workers", "keep_freed_memory", "kept_in_process", "memory_kept",
-           "startup_environ", "KEPT_AT_LEAST", "last_run_times", "local_workers",
+__all__ = ["AUTO_MIN_SECONDS", "BLAS_THREAD_VARS", "available_cores", "check_workers",
+           "environment", "last_run_times", "local_workers", "WorkersCapped",
            "unsendable", "resolve_workers", "run_shards", "shutdown"]
 
 #: ``workers="auto"`` stays in this process below this many estimated seconds on one core.
@@ -73,7 +75,7 @@ BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 _POOL = {}  # {"n": workers, "executor": ProcessPoolExecutor}
 #: One run at a time on the kept pool (calls from several threads wait their turn): a
 #: worker reuses a shared-memory block of a run before only once the caller holds no array
-#: read from it (:func:`_busy`), which the caller tells it as the run starts. ``count``:
+#: read from it (:func:`fisher_ref.engine.worker_memory.busy_blocks`), which the caller tells it as the run starts. ``count``:
 #: the runs started, each run's number.
 _RUNS = {"lock": threading.Lock(), "count": 0}
 #: The wall times of the last finished run of :func:`run_shards` (:func:`last_run_times`):
@@ -127,7 +129,9 @@ def local_workers(task, workers, options):
     (``options``: an :class:`fisher_ref.engine.plan.EngineOptions`): ``workers``
     (:func:`resolve_workers` of the single-core estimate for ``"auto"``, and no more than
     fit in ``options.max_bytes`` together), at most one per parameter (the workers run
-    parameter shards, ``exact(task, param_shard=(i, N))``)."""
+    parameter shards, ``exact(task, param_shard=(i, N))``) and one per core this process
+    may use (:func:`available_cores`): an explicit count past either is capped, with a
+    :class:`WorkersCapped` warning that names the cap and why."""
     workers = check_workers(workers)
     if workers == 1:
         return 1
@@ -136,11 +140,34 @@ def local_workers(task, workers, options):
     n = resolve_workers(workers, cost)
     if n > 1 and workers == "auto" and (unsendable(task) or tracemalloc.is_tracing()):
         return 1  # explicit workers say why they cannot (run_shards); a trace sees one process
-    n = max(1, min(n, task.model.num_params))
+    n = _capped(n, workers, task.model.num_params)
     while workers == "auto" and n > 1 and (  # "auto": as many as fit in max_bytes
             plan(task, sized, workers=n)[1].bytes > options.max_bytes):
         n -= 1
     return n
+
+
+class WorkersCapped(UserWarning):
+    """``exact(task, workers=N)`` runs fewer processes than asked: more than the cores this
+    process may use only wait their turn (and each costs a second to start), and each needs
+    a parameter of its own (:func:`local_workers`)."""
+
+
+def _capped(n, workers, P):
+    """``n`` processes capped at the cores (:func:`available_cores`) and the ``P``
+    parameters; an explicit ``workers`` that is cut is told so (:class:`WorkersCapped`)."""
+    cores = available_cores()
+    cap, why = min((cores, f"this process may run on {cores} cores "
+                           "(its CPU affinity), and more processes than cores only wait "
+                           "their turn"),
+                   (P, f"the model has {P} parameters, and each worker's shard holds at "
+                       "least one"), key=lambda c: c[0])
+    if n <= max(cap, 1):
+        return n
+    if workers != "auto":
+        warnings.warn(f"workers={workers} capped at {cap}: {why}", WorkersCapped,
+                      stacklevel=4)
+    return max(cap, 1)
 
 
 def _one_blas_thread():
@@ -170,137 +197,6 @@ def environment(values):
                 os.environ[k] = v
 
 
-#: glibc's ``mallopt`` parameters (malloc.h).
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-#: The most an older glibc (2.26 and before, at least) takes as its mmap threshold on 64-bit.
-_OLD_MMAP_CAP = 1 << 25
-#: What :func:`keep_freed_memory` set in this process (:func:`kept_in_process`).
-_KEPT = None
-
-
-def keep_freed_memory(max_block=1 << 30, max_kept=(1 << 31) - 1):
-    """Have this process's C library keep the memory it frees, for the next allocation,
-    instead of handing it back to the system and faulting fresh pages in again.
-
-    With glibc's default settings, much of what a run of ``exact`` frees goes back to the
-    system (a block above the mmap threshold at once, the free top of the heap once it
-    passes the trim threshold), so the next run in the same process pays again for the
-    pages of its temporaries (``scripts/alloc_effects.py`` counts them). After this call, a
-    block under ``max_block`` bytes comes from the heap (blocks past about 64 MiB in a
-    thread's own arena are still mapped alone), and the free top of the heap is trimmed
-    only once it reaches ``max_kept`` bytes: runs that stay within both keep their pages,
-    and the process holds that memory until it exits. It is glibc's ``mallopt``
-    (``M_MMAP_THRESHOLD``, ``M_TRIM_THRESHOLD``), set for the whole process and not undone:
-    call it at the start of a long-lived process that runs ``exact`` many times (a
-    notebook, a sweep), not in a library. Starting Python with the variables of
-    :data:`fisher_ref.perf.bench.KEEP_MEMORY` does the same from the start, except that
-    those trim nothing (``mallopt`` takes at most ``2**31 - 1`` bytes). A glibc that caps
-    the mmap threshold at 32 MiB (older releases) is given 32 MiB when it refuses more.
-    A worker of ``exact(task, workers=N)`` (a process of ours alone) calls it with
-    ``max_block=2**25, max_kept=2**30``. Once memory is kept (:func:`memory_kept`), the fast
-    engine sums an MLP's last level in larger sub-blocks.
-
-    Args:
-        max_block, max_kept: bytes, each an int in ``1..2**31 - 1`` (``mallopt`` takes a
-            C ``int``).
-
-    Returns:
-        ``True`` when the C library took both settings (the mmap threshold perhaps capped,
-        see :func:`kept_in_process`); ``False`` when it has no ``mallopt`` (not glibc) or
-        refused a setting. Whatever it took is recorded either way.
-
-    Raises:
-        ValueError: ``max_block`` or ``max_kept`` is not an int in ``1..2**31 - 1``.
-
-    Example:
-        >>> import fisher_ref
-        >>> fisher_ref.keep_freed_memory()  # doctest: +SKIP
-        True
-    """
-    global _KEPT
-    import operator
-    values = []
-    for name, v in (("max_block", max_block), ("max_kept", max_kept)):
-        try:
-            n = None if isinstance(v, bool) else operator.index(v)
-        except TypeError:
-            n = None
-        if n is None or not 0 < n < 1 << 31:
-            raise ValueError(f"keep_freed_memory: {name} must be an int in 1..2**31 - 1 "
-                             f"(bytes, a C int), got {v!r}")
-        values.append(n)
-    max_block, max_kept = values
-    import ctypes
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # the C library the process runs on
-    except (OSError, AttributeError, TypeError):  # no mallopt: nothing to set
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    block = next((b for b in dict.fromkeys((max_block, min(max_block, _OLD_MMAP_CAP)))
-                  if mallopt(_M_MMAP_THRESHOLD, b) == 1), None)
-    kept = max_kept if mallopt(_M_TRIM_THRESHOLD, max_kept) == 1 else None
-    if block is not None or kept is not None:  # the process has changed: say so
-        old = _KEPT or (None, None)
-        _KEPT = (block if block is not None else old[0], kept if kept is not None else old[1])
-    return block is not None and kept is not None
-
-
-def kept_in_process():
-    """What :func:`keep_freed_memory` set in this process, ``(max_block, max_kept)`` (either
-    ``None`` where the C library refused it), or ``None`` when it has changed nothing: a
-    measurement in this process of the C library's default memory would be recorded under
-    the wrong condition."""
-    return _KEPT
-
-
-def startup_environ():
-    """The environment this process started with (``/proc/self/environ``), which is what
-    glibc read its malloc settings from; ``os.environ`` where the file is not there."""
-    try:
-        with open("/proc/self/environ", "rb") as f:
-            items = [kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv]
-        return {k.decode(errors="surrogateescape"): v.decode(errors="surrogateescape")
-                for k, v in items}
-    except OSError:
-        return dict(os.environ)
-
-
-#: The least settings under which :func:`memory_kept` counts freed memory as kept: an mmap
-#: threshold past the largest temporary of a grown sub-block, and room to keep them all.
-KEPT_AT_LEAST = {"MALLOC_MMAP_THRESHOLD_": _OLD_MMAP_CAP, "MALLOC_TRIM_THRESHOLD_": 1 << 28}
-
-
-def memory_kept():
-    """Whether this process keeps the memory it frees: glibc was told so, by
-    :func:`keep_freed_memory` here (both settings taken) or by the variables
-    ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` it started with, each at least
-    :data:`KEPT_AT_LEAST`. The fast engine then gives the MLP's last level larger sub-blocks
-    (:class:`fisher_ref.engine.plan.Budgets`): fewer numpy calls, whose larger temporaries
-    no longer cost fresh pages on every run. Speed only: the numbers are the same to
-    rounding (sums over other sub-blocks; ``tests/engine/test_keep_memory.py`` holds
-    the two budgets to each other at 1e-12). Outside glibc, ``False``."""
-    import platform
-    if platform.libc_ver()[0] != "glibc":
-        return False
-    env = startup_environ()
-    called = kept_in_process() or (None, None)  # a setting the call took replaces the start's
-    for (name, least), value in zip(KEPT_AT_LEAST.items(), called):
-        if value is None:
-            text = env.get(name, "")  # as glibc reads it: decimal, or 0x hexadecimal
-            if not re.fullmatch(r"[1-9][0-9]*|0[xX][0-9a-fA-F]+", text):
-                return False
-            value = int(text, 0)
-        if value < least:
-            return False
-    return True
-
-
-def _init_worker():
-    threadpool_limits(1)  # the variables already hold BLAS to one thread; this too
-    keep_freed_memory(max_block=_OLD_MMAP_CAP, max_kept=1 << 30)  # the most glibc's own
-    # dynamic mmap threshold reaches: a shard's arrays of the same sizes come and go
-
-
 def _healthy(ex):
     """Whether a kept pool can take work: not marked broken, and every process it started
     still alive (a worker killed between runs is noticed only when work is sent)."""
@@ -317,7 +213,7 @@ def _executor(n):
     if _POOL.get("n") != n or ex is None or not _healthy(ex):
         shutdown()
         _POOL.update(n=n, executor=ProcessPoolExecutor(
-            n, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker))
+            n, mp_context=multiprocessing.get_context("spawn"), initializer=init_worker))
     return _POOL["executor"]
 
 
@@ -327,7 +223,7 @@ def shutdown():
     _POOL.clear()
     if ex is not None:
         ex.shutdown(wait=True, cancel_futures=True)
-    _close_attached()
+    close_attached()
 
 
 atexit.register(shutdown)
@@ -368,202 +264,10 @@ def _here(n, by):
 
 
 def _submit(ex, engine, task, n, kw, by, run):
-    busy = _busy()  # the blocks whose arrays a result here still holds: not to be written
-    return {ex.submit(_shard_in_worker, engine, task, {by: (i, n)}, kw, run, busy): i
+    busy = busy_blocks()  # the blocks whose arrays a result here still holds: not to be written
+    return {ex.submit(shard_in_worker, engine, task, {by: (i, n)}, kw, run, busy): i
             for i in range(n) if i != _here(n, by)}
 
-
-#: Arrays of a worker's result at least this large come back through shared memory: on
-#: the development machine 12 MiB took 47 ms through the result pipe and 16 ms through
-#: shared memory, written, named and copied out (scripts/ipc_cost.py).
-SHARED_BYTES = 2 ** 20
-_FIELDS = ("window_tables", "states", "sequences")  # the ShardResult dicts that grow
-
-# A worker's shared-memory blocks, kept from run to run: a fresh block's pages cost far
-# more to come by than to write (12 MiB: about 12 ms fresh against under 1 ms into a
-# block written before, scripts/ipc_cost.py). ``mem[j]`` holds the blocks of the ``j``-th
-# result the worker sends in one run (one result, unless it runs more than one shard of
-# that run): the one last written first, and at most one other that the caller still
-# held arrays of, so that a caller that keeps each result until the next run's is back
-# (``r = exact(...)`` in a loop) finds the two blocks taking turns. In the caller, per
-# worker slot, its mapping of each of those blocks by name: an ``mmap`` that the arrays
-# of a result are read from in place (where the system names its shared memory in
-# ``/dev/shm``), else a ``SharedMemory`` they are copied out of; and per block, weak
-# references to the arrays read from it (:func:`_busy`).
-_BLOCKS = {"run": None, "used": 0, "mem": []}
-_ATTACHED = {}  # {(pid, j): {name: mmap.mmap or SharedMemory}}
-_LENT = {}  # {name: [weakref.ref(array), ...]}
-
-
-def _busy():
-    """The names of the workers' blocks that still back an array of a result here: a
-    worker does not write into them (:func:`_block`)."""
-    for name in [n for n, refs in _LENT.items() if all(r() is None for r in refs)]:
-        del _LENT[name]
-    return frozenset(_LENT)
-
-
-def _drop(mem):
-    """A block given up: its name removed (unless the caller did already) and unmapped."""
-    try:
-        mem.unlink()
-    except FileNotFoundError:  # the caller removed the name when it mapped the block
-        pass
-    mem.close()
-
-
-def _drop_blocks():
-    """At a worker's exit: its blocks given up (the caller's mappings keep theirs alive)."""
-    for blocks in _BLOCKS["mem"]:
-        for mem in blocks:
-            _drop(mem)
-    _BLOCKS["mem"] = []
-
-
-def _block(run, size, busy=frozenset()):
-    """A shared-memory block of at least ``size`` bytes for this worker's next result in
-    run ``run``, and its slot: a block the same slot held in an earlier run when it is
-    as large and no more than 4 times larger and the caller holds no array read from it
-    (its name not in ``busy``, :func:`_busy`); else a new one (``run=None``: always new, in
-    a slot of its own). The slot keeps that block and, of its others, one the caller still
-    holds (:data:`_BLOCKS`); ``_BLOCKS["mem"][j]`` lists them, the one returned first."""
-    from multiprocessing import shared_memory
-    st = _BLOCKS
-    if run is None:
-        return shared_memory.SharedMemory(create=True, size=size), None
-    if st["run"] != run:
-        st["run"], st["used"] = run, 0
-        if not st["mem"]:
-            atexit.register(_drop_blocks)
-    j, st["used"] = st["used"], st["used"] + 1
-    mems = st["mem"]
-    if j == len(mems):
-        mems.append([])
-    held = mems[j]
-    mem = next((m for m in held if m.name not in busy and size <= m.size <= 4 * size), None)
-    if mem is None:
-        mem = shared_memory.SharedMemory(create=True, size=size)
-    keep = [mem] + [m for m in held if m is not mem and m.name in busy][:1]
-    for m in held:
-        if all(m is not k for k in keep):
-            _drop(m)
-    mems[j] = keep
-    return mem, j
-
-
-def _shard_in_worker(engine, task, shard, kw, run=None, busy=frozenset()):
-    """In a worker: ``(seconds, result)``, the wall time of the engine call and the
-    shard's result, its large arrays moved to a shared-memory block
-    (``result.shared``: ``(name, slot, [(field, key, offset, shape, dtype), ...], kept)``,
-    ``kept`` the names of the blocks the slot keeps) that the caller reads them from
-    (:func:`_unpack`). ``run``: the caller's number of the run, under which the worker
-    reuses a block of an earlier run whose name is not in ``busy`` (:func:`_block`;
-    ``run=None``: a block of its own, freed by the caller)."""
-    import time
-    import numpy as np
-    t0 = time.perf_counter()
-    out = engine(task, **shard, **kw)
-    seconds = time.perf_counter() - t0  # the engine call alone (last_run_times)
-    big = [(f, k, v) for f in _FIELDS for k, v in (getattr(out, f, None) or {}).items()
-           if isinstance(v, np.ndarray) and v.nbytes >= SHARED_BYTES]
-    if not big:
-        return seconds, out
-    align = lambda n: -(-n // 64) * 64  # each array at a multiple of 64 bytes
-    mem, j = _block(run, sum(align(v.nbytes) for *_, v in big), busy)
-    index, at = [], 0
-    try:
-        for f, k, v in big:
-            np.ndarray(v.shape, v.dtype, buffer=mem.buf, offset=at)[...] = v
-            index.append((f, k, at, v.shape, v.dtype.str))
-            getattr(out, f)[k] = None
-            at += align(v.nbytes)
-    except BaseException:
-        if j is None:
-            _drop(mem)
-        raise
-    kept = () if j is None else tuple(m.name for m in _BLOCKS["mem"][j])
-    out.shared = (mem.name, None if j is None else (os.getpid(), j), index, kept)
-    if j is None:
-        mem.close()  # the caller removes it once copied
-    return seconds, out
-
-
-def _unpack(out):
-    """The arrays a worker left in shared memory (:func:`_shard_in_worker`), put back into
-    the result. From a kept block (a slot's): read in place, from this process's mapping of
-    it, made once per block (its name removed at once: the worker's mapping and this one
-    hold it), the result's arrays keeping the mapping alive; while they live the worker
-    writes elsewhere (:func:`_busy`). So no copy is made, and no fresh page of this process
-    is faulted in for them. The mappings of blocks the slot no longer keeps are let go.
-    Where a block cannot be mapped so (no ``/dev/shm``), and from a block of its own
-    (freed here), the arrays are copied out."""
-    shared = getattr(out, "shared", None)
-    if shared is None:
-        return out
-    import numpy as np
-    name, slot, index, kept = shared
-    maps = _ATTACHED.setdefault(slot, {}) if slot is not None else {}
-    for other in [n for n in maps if n not in kept]:  # blocks the worker has given up
-        buf = maps.pop(other)
-        if not isinstance(buf, mmap.mmap):
-            buf.close()
-    if name not in maps:
-        maps[name] = _map(name, keep=slot is not None)
-    buf = maps[name]
-    views = isinstance(buf, mmap.mmap)
-    lent = []
-    try:
-        for f, k, at, shape, dtype in index:
-            dt = np.dtype(dtype)
-            if views:  # every view of `flat` (the reshaped one too) has it as its base
-                flat = np.frombuffer(buf, dt, int(np.prod(shape)), at)
-                lent.append(flat)
-                a = flat.reshape(shape)
-            else:
-                a = np.ndarray(shape, dt, buffer=buf.buf, offset=at).copy()
-            getattr(out, f)[k] = a
-    finally:
-        if slot is None:
-            buf.close()
-    if lent:
-        _LENT[name] = [weakref.ref(a) for a in lent]
-    del out.shared
-    return out
-
-
-def _map(name, keep):
-    """The block ``name``, its name removed: an ``mmap`` of it where the system names
-    shared memory in ``/dev/shm`` and the block is kept (``keep``), which lives as long as
-    the arrays read from it; else a ``SharedMemory`` (to copy out of and close)."""
-    from multiprocessing import resource_tracker, shared_memory
-    path = os.path.join("/dev/shm", name.lstrip("/"))
-    if keep and os.path.exists(path):
-        fd = os.open(path, os.O_RDWR)
-        try:
-            buf = mmap.mmap(fd, os.fstat(fd).st_size)
-        finally:
-            os.close(fd)
-        os.unlink(path)  # as SharedMemory.unlink: the name, and the tracker's record of it
-        resource_tracker.unregister("/" + name.lstrip("/"), "shared_memory")
-        return buf
-    mem = shared_memory.SharedMemory(name=name)
-    try:
-        mem.unlink()
-    except BaseException:
-        mem.close()
-        raise
-    return mem
-
-
-def _close_attached():
-    """The caller's mappings of the workers' blocks given up (their pool ended): an
-    ``mmap`` goes with the last array read from it, a ``SharedMemory`` is closed."""
-    for maps in _ATTACHED.values():
-        for buf in maps.values():
-            if not isinstance(buf, mmap.mmap):
-                buf.close()
-    _ATTACHED.clear()
-    _LENT.clear()
 
 
 def run_shards(engine, task, n, kw, progress=False, by="shard"):
@@ -619,7 +323,7 @@ def _run(engine, task, n, kw, progress, by, run):
             i = futures[f]
             try:
                 seconds[i], out[i] = f.result()
-                out[i] = _unpack(out[i])
+                out[i] = unpack(out[i])
             except BrokenProcessPool as e:
                 _discard()
                 _free(futures)
@@ -646,17 +350,17 @@ def _free(futures):
     for f in futures:
         try:
             if f.done() and not f.cancelled() and f.exception() is None:
-                _unpack(f.result()[1])
+                unpack(f.result()[1])
         except Exception:  # noqa: BLE001 (the run's own error is the one raised)
             pass
-    _close_attached()  # the pool is gone: its blocks too
+    close_attached()  # the pool is gone: its blocks too
 
 
 def _discard():
     """End the kept pool now, its running shards included (their results are not wanted)."""
     ex = _POOL.pop("executor", None)
     _POOL.clear()
-    _close_attached()
+    close_attached()
     if ex is None:
         return
     for proc in list((getattr(ex, "_processes", None) or {}).values()):

@@ -52,7 +52,7 @@ import os
 import pickle
 import statistics
 
-from fisher_ref.engine.workers import kept_in_process
+from fisher_ref.engine.keep_memory import kept_in_process
 from fisher_ref.perf.memory import (MEMORY_LABELS, check_memory_condition, probe_process,
                                     startup_environ)
 from fisher_ref.perf.processes import (KEEP_MEMORY, THREAD_VARS, InProcess, MeasurementFailed,

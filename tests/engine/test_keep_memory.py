@@ -13,7 +13,7 @@ import pytest
 
 import fisher_ref
 from fisher_ref import load_config
-from fisher_ref.engine import workers as workers_mod
+from fisher_ref.engine import keep_memory as keep_mod
 from fisher_ref.perf.bench import bench, condition_env
 from fisher_ref.perf.memory import MemoryConditionError
 
@@ -23,14 +23,14 @@ glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc
 @pytest.fixture(autouse=True)
 def _nothing_kept_here(monkeypatch):
     """What a test's calls record in this process is undone after it."""
-    monkeypatch.setattr(workers_mod, "_KEPT", None)
+    monkeypatch.setattr(keep_mod, "_KEPT", None)
 
 #: A child in glibc's default memory: the probe's answer before and after the call, what the
 #: call returned and recorded, and the page faults of repeated runs of exact on medium.
 CHILD = r"""
 import json, resource
 import fisher_ref
-from fisher_ref.engine.workers import kept_in_process
+from fisher_ref.engine.keep_memory import kept_in_process
 from fisher_ref.perf.memory import freed_memory_reused
 from fisher_ref.perf.scaling import load_scale_config
 
@@ -75,7 +75,7 @@ def test_keep_freed_memory_refuses_what_mallopt_cannot_take(kw, monkeypatch):
     name = next(iter(kw))
     with pytest.raises(ValueError, match=f"{name} must be an int in 1..2"):
         fisher_ref.keep_freed_memory(**kw)
-    assert workers_mod.kept_in_process() is None
+    assert keep_mod.kept_in_process() is None
 
 
 def _libc(monkeypatch, answer):
@@ -99,21 +99,21 @@ def test_keep_freed_memory_takes_numpy_integers_and_records_a_half_taken_call(mo
     calls = _libc(monkeypatch, lambda param, value: int(param == MMAP))  # refuses the trim
     assert fisher_ref.keep_freed_memory(np.int64(2 ** 25), np.int32(2 ** 30)) is False
     assert calls == [(MMAP, 2 ** 25), (TRIM, 2 ** 30)]
-    assert workers_mod.kept_in_process() == (2 ** 25, None)  # changed, so not the default
+    assert keep_mod.kept_in_process() == (2 ** 25, None)  # changed, so not the default
 
 
 def test_keep_freed_memory_caps_the_block_where_an_older_glibc_refuses_more(monkeypatch):
     calls = _libc(monkeypatch, lambda param, value: int(param == TRIM or value <= 2 ** 25))
     assert fisher_ref.keep_freed_memory() is True
     assert calls == [(MMAP, 2 ** 30), (MMAP, 2 ** 25), (TRIM, 2 ** 31 - 1)]
-    assert workers_mod.kept_in_process() == (2 ** 25, 2 ** 31 - 1)
+    assert keep_mod.kept_in_process() == (2 ** 25, 2 ** 31 - 1)
 
 
 def test_keep_freed_memory_refused_whole_records_nothing(monkeypatch):
     calls = _libc(monkeypatch, lambda param, value: 0)
     assert fisher_ref.keep_freed_memory(2 ** 20, 2 ** 20) is False
     assert calls == [(MMAP, 2 ** 20), (TRIM, 2 ** 20)]  # a block under the cap: one try
-    assert workers_mod.kept_in_process() is None
+    assert keep_mod.kept_in_process() is None
 
 
 def test_keep_freed_memory_says_false_without_glibc(monkeypatch):
@@ -121,11 +121,11 @@ def test_keep_freed_memory_says_false_without_glibc(monkeypatch):
         raise OSError("no such library")
     monkeypatch.setattr(ctypes, "CDLL", no_libc)
     assert fisher_ref.keep_freed_memory() is False
-    assert workers_mod.kept_in_process() is None
+    assert keep_mod.kept_in_process() is None
 
 
 def test_in_process_bench_after_keep_freed_memory_is_not_the_default_condition(monkeypatch):
-    monkeypatch.setattr(workers_mod, "_KEPT", (2 ** 30, 2 ** 31 - 1))  # as after the call
+    monkeypatch.setattr(keep_mod, "_KEPT", (2 ** 30, 2 ** 31 - 1))  # as after the call
     with pytest.raises(MemoryConditionError, match=r"this process changed its allocator "
                        r"settings \(keep_freed_memory\(\) set max_block=1073741824, "
                        r"max_kept=2147483647.*isolate=True"):
@@ -133,7 +133,7 @@ def test_in_process_bench_after_keep_freed_memory_is_not_the_default_condition(m
 
 
 def _startup(monkeypatch, **env):
-    monkeypatch.setattr(workers_mod, "startup_environ", lambda: dict(env))
+    monkeypatch.setattr(keep_mod, "startup_environ", lambda: dict(env))
 
 
 @pytest.mark.parametrize("env, kept", [
@@ -150,7 +150,7 @@ def _startup(monkeypatch, **env):
 ])
 def test_memory_kept_reads_the_variables_the_process_started_with(env, kept, monkeypatch):
     _startup(monkeypatch, **env)
-    assert workers_mod.memory_kept() is kept
+    assert keep_mod.memory_kept() is kept
 
 
 @pytest.mark.parametrize("recorded, kept", [((2 ** 30, 2 ** 31 - 1), True), ((2 ** 25, 2 ** 30), True),
@@ -158,8 +158,8 @@ def test_memory_kept_reads_the_variables_the_process_started_with(env, kept, mon
 def test_memory_kept_after_keep_freed_memory_follows_what_it_set(recorded, kept, monkeypatch):
     """The call's settings replace those of the start: small ones undo kept variables."""
     _startup(monkeypatch, MALLOC_MMAP_THRESHOLD_="1073741824", MALLOC_TRIM_THRESHOLD_="2147483647")
-    monkeypatch.setattr(workers_mod, "_KEPT", recorded)
-    assert workers_mod.memory_kept() is kept
+    monkeypatch.setattr(keep_mod, "_KEPT", recorded)
+    assert keep_mod.memory_kept() is kept
 
 
 @pytest.mark.parametrize("recorded, env_kept, kept", [
@@ -169,19 +169,19 @@ def test_a_half_taken_call_leaves_the_start_to_decide_the_other_setting(recorded
                                                                          kept, monkeypatch):
     """A call of which glibc refused a part changed only the part it took: that part is
     the call's, the other the start's."""
-    monkeypatch.setattr(workers_mod, "_KEPT", recorded)
+    monkeypatch.setattr(keep_mod, "_KEPT", recorded)
     if env_kept:
         _startup(monkeypatch, MALLOC_MMAP_THRESHOLD_="1073741824",
                  MALLOC_TRIM_THRESHOLD_="2147483647")
     else:
         _startup(monkeypatch)
-    assert workers_mod.memory_kept() is kept
+    assert keep_mod.memory_kept() is kept
 
 
 def test_memory_kept_is_false_outside_glibc(monkeypatch):
     _startup(monkeypatch, MALLOC_MMAP_THRESHOLD_="1073741824", MALLOC_TRIM_THRESHOLD_="2147483647")
     monkeypatch.setattr(platform, "libc_ver", lambda *a, **k: ("", ""))
-    assert workers_mod.memory_kept() is False
+    assert keep_mod.memory_kept() is False
 
 
 @pytest.mark.parametrize("quantities", ["all", "fisher"])

@@ -36,3 +36,42 @@ def test_shard_results_are_small_and_picklable():
 def test_bad_shard_is_refused(bad):
     with pytest.raises(ValueError, match="shard"):
         exact(load_config("default"), progress=False, shard=bad)
+
+
+def test_checksum_is_taken_when_made_and_travels_with_the_shard():
+    """issue 46 item 9: a shard carries the SHA-256 of its payload, taken when it is made;
+    it survives pickling (what a worker or Ray sends), and a number changed in place since
+    is refused, naming the shard."""
+    import numpy as np
+    from fisher_ref.engine.shard_result import ShardError, check_payload
+    task = load_config("default")
+    for kw in (dict(shard=(1, 2), keep_states=True), dict(param_shard=(0, 2))):
+        part = exact(task, progress=False, **kw)
+        assert len(part.checksum) == 64 and part.checksum == part.digest()
+        back = pickle.loads(pickle.dumps(part))
+        assert back.checksum == back.digest() == part.checksum
+        check_payload(back)
+        held = back.window_tables or back.moments["policy"]
+        name = next(k for k, v in held.items() if isinstance(v, np.ndarray) and v.size)
+        held[name].reshape(-1)[0] += 1.0
+        with pytest.raises(ShardError, match=f"^{back.label}: .*checksum"):
+            check_payload(back)
+
+
+def test_shards_made_and_merged_by_one_call_skip_the_checksum():
+    """Inside merged_here (what exact(task, workers=N) runs its own shard and the merge in)
+    a shard is made without a checksum and merged so; outside, a shard without one is
+    refused, and one with a checksum is checked inside too."""
+    from fisher_ref.engine.shard_result import ShardError, merged_here
+    task = load_config("default")
+    with merged_here():
+        here = exact(task, progress=False, param_shard=(1, 2))
+    assert here.checksum is None
+    sent = exact(task, progress=False, param_shard=(0, 2))
+    with merged_here():
+        merge(task, [sent, here])
+    with pytest.raises(ShardError, match="^parameter shard 1 of 2: .*checksum"):
+        merge(task, [sent, here])
+    sent.grad_ad[0] += 1.0
+    with merged_here(), pytest.raises(ShardError, match="^parameter shard 0 of 2: .*checksum"):
+        merge(task, [sent, here])

@@ -9,10 +9,12 @@ hypothesis tasks, 1 to 5 shards (more than the task has subtrees included), off 
 in small blocks, with ``quantities="fisher"`` and after pickling (in worker processes:
 tests/engine/test_workers.py).
 """
+import copy
+import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import event, given, settings, strategies as st
 
 from fisher_ref import load_config
 from fisher_ref.engine import shards as shards_mod
@@ -136,12 +138,138 @@ def test_merge_refuses_a_partial_or_foreign_set():
         merge(task, [exact(task, progress=False)])
 
 
+def _scaled(part, factor):
+    """``part`` with every array of its sums multiplied by ``factor``, in place (a shard
+    changed after it was made: edited, or damaged in transit)."""
+    for m in part.moments.values():
+        for k, v in m.items():
+            if isinstance(v, np.ndarray):
+                m[k] = v * factor
+    return part
+
+
+@pytest.mark.parametrize("by", ["shard", "param_shard"])
+def test_changed_shard_sums_are_refused_naming_the_shard(by):
+    """issue 46 item 9: a shard whose sums were scaled by 1.5 after it was made merged into a
+    gradient 34% off; its checksum (a SHA-256 of its payload, taken when it was made) no
+    longer matches, and the merge names it."""
+    task = load_config("default")
+    parts = [exact(task, progress=False, **{by: (i, 2)}) for i in range(2)]
+    merge(task, parts)  # as made: merged
+    kind = "parameter shard" if by == "param_shard" else "shard"
+    with pytest.raises(ShardError, match=f"^{kind} 1 of 2: .*checksum"):
+        merge(task, [parts[0], _scaled(copy.deepcopy(parts[1]), 1.5)])
+    changed = copy.deepcopy(parts[0])
+    changed.grad_ad[3] += 1e-9  # one number, in place
+    with pytest.raises(ShardError, match=f"^{kind} 0 of 2: .*checksum"):
+        merge(task, [changed, parts[1]])
+    relabelled = dataclasses.replace(parts[1], shard=(0, 2))  # the checksum kept: refused
+    with pytest.raises(ShardError, match=f"^{kind} 0 of 2: .*checksum"):
+        merge(task, [relabelled, parts[1]])  # shard 1's sums as shard 0
+
+
+def test_a_truncated_shard_is_refused_naming_it():
+    """issue 46 item 16: a shard whose arrays were cut short failed merge with numpy's
+    "operands could not be broadcast together"; it is refused by name, by its checksum, and
+    by the shapes of its sums where its checksum was taken again after the cut."""
+    task = load_config("default")
+    parts = [exact(task, progress=False, shard=(i, 2), keep_states=True) for i in range(2)]
+    for field in ("h", "cross"):
+        cut = copy.deepcopy(parts[1])
+        cut.moments["policy"][field] = cut.moments["policy"][field][..., :5]
+        with pytest.raises(ShardError, match="^shard 1 of 2: .*checksum"):
+            merge(task, [parts[0], cut])
+        resealed = dataclasses.replace(cut, checksum=None)  # a checksum of the cut arrays
+        with pytest.raises(ShardError, match=f"^shard 1 of 2: the sum '{field}' of stream "
+                                             r"'policy' has shape \("):
+            merge(task, [parts[0], resealed])
+    cut = dataclasses.replace(parts[0], grad_ad=parts[0].grad_ad[:-1], checksum=None)
+    with pytest.raises(ShardError, match="^shard 0 of 2: its autodiff gradient has shape"):
+        merge(task, [cut, parts[1]])
+    rows = dict(parts[0].states, place=parts[0].states["place"][:-1])
+    cut = dataclasses.replace(parts[0], states=rows, checksum=None)
+    with pytest.raises(ShardError, match="^shard 0 of 2: its per-state arrays differ"):
+        merge(task, [cut, parts[1]])
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2", None])
+def test_plan_shards_refuses_a_count_that_is_not_a_positive_integer(bad):
+    """issue 46 item 16: plan_shards(task, 0) raised ZeroDivisionError and (task, -2)
+    returned a plan of n=-2."""
+    with pytest.raises(ValueError, match=r"plan_shards: n \(the number of shards\)"):
+        plan_shards(load_config("default"), bad)
+
+
+CORRUPTIONS = ("dropped", "repeated", "scaled", "truncated", "truncated, checksum taken again",
+               "of another task")
+
+
+def _corrupted(task, parts, by, broken, i, data, kw):
+    """``parts`` with shard ``i`` ``broken`` (one of :data:`CORRUPTIONS`), and the pattern
+    of the error that must name it; ``None`` where the corruption changed no byte (sums of
+    zeros scaled)."""
+    n = len(parts)
+    label = f"{'parameter shard' if by == 'param_shard' else 'shard'} {i} of {n}"
+    bad, part = list(parts), copy.deepcopy(parts[i])
+    arrays = [(m, k) for m in part.moments.values() for k, v in m.items()
+              if isinstance(v, np.ndarray) and v.size]
+    if broken == "dropped" and n > 1:
+        del bad[i]
+        return bad, rf"missing \[{i}\]"
+    if broken in ("dropped", "repeated"):
+        return bad + [parts[i]], rf"repeated \[{i}\]"
+    if broken == "scaled":
+        factor = data.draw(st.sampled_from([1.5, -1.0, 1 + 1e-15, 0.0]), label="factor")
+        for m, k in arrays:
+            m[k] = m[k] * factor
+        if all(np.array_equal(m[k], parts[i].moments[s][k]) for s, m in part.moments.items()
+               for k in m if isinstance(m[k], np.ndarray)):
+            return None
+        bad[i] = part
+        return bad, f"^{label}: .*checksum"
+    if broken.startswith("truncated"):
+        m, k = data.draw(st.sampled_from(arrays), label="array")
+        m[k] = m[k][..., :-1]
+        again = "again" in broken
+        bad[i] = dataclasses.replace(part, checksum=None) if again else part
+        return bad, f"^{label}[: ]" if again else f"^{label}: .*checksum"
+    bad[i] = exact(task.with_(theta=task.theta + 0.25), **{by: (i, n)}, **kw)
+    return bad, f"^{label} of the {n} were computed for another task"
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=60)
+@given(small_tasks(), st.sampled_from(["shard", "param_shard"]), st.integers(1, 4), st.data())
+def test_fuzz_sharding_merges_exactly_and_refuses_corruptions_by_name(task, by, n, data):
+    """issue 46 (the fuzz test of the sharding surface): random small tasks cut into 1 to 4
+    subtree or parameter shards merge to the single run at 1e-12, and each of a random
+    shard dropped, repeated, its sums scaled, an array truncated (its checksum taken again
+    or not), or computed for another task is refused with a ShardError that names the
+    shard, never merged."""
+    if by == "param_shard":
+        n = min(n, task.model.num_params)
+    kw = dict(options(task), keep_states=True, keep_sequences=True)
+    merged, parts = sharded(task, n, by, **kw)
+    errs = merged_errors(merged, exact(task, workers=1, **kw))
+    assert max(errs.values()) <= RTOL, errs
+    for broken in CORRUPTIONS:
+        i = data.draw(st.integers(0, n - 1), label="shard")
+        got = _corrupted(task, parts, by, broken, i, data, kw)
+        if got is None:  # no byte changed: the same merge
+            event(f"{by}: {broken}: unchanged")
+            continue
+        with pytest.raises(ShardError, match=got[1]):
+            merge(task, got[0])
+        event(f"{by}: {broken}")
+
+
 def test_reference_engine_takes_no_shard():
     with pytest.raises(ValueError, match="shard"):
         exact(load_config("default"), progress=False, reference=True, shard=(0, 2))
 
 
-def test_cost_guard_counts_every_worker():
+def test_cost_guard_counts_every_worker(monkeypatch):
+    from fisher_ref.engine import workers
+    monkeypatch.setattr(workers, "available_cores", lambda: 4)  # four workers, not capped
     task = load_scale_config("v16")
     one, four = estimate_cost(task), estimate_cost(task, workers=4)
     assert four.bytes > 3 * one.bytes and four.seconds < one.seconds and four.workers == 4

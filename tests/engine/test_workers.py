@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from fisher_ref import load_config
-from fisher_ref.engine import workers as workers_mod
+from fisher_ref.engine import worker_memory, workers as workers_mod
 from fisher_ref.engine.fast import exact
 from fisher_ref.engine.plan import EngineOptions, estimate_cost
 from fisher_ref.perf.scaling import load_scale_config
@@ -34,6 +34,30 @@ def test_auto_workers_stay_in_process_for_small_runs(monkeypatch):
     assert workers_mod.resolve_workers(3, cost) == 3
 
 
+def test_explicit_workers_are_capped_at_the_useful_count_with_a_warning(monkeypatch):
+    """issue 46 item 14: workers=1000 on a 0.1 s task started 118 processes on 2 cores
+    without a word. The count is capped at the cores this process may run on and at one
+    parameter per worker, with a warning naming the cap and why (no process is started
+    here but the one of the last check)."""
+    import warnings
+    task, options = load_config("default"), EngineOptions()
+    P = task.model.num_params
+    monkeypatch.setattr(workers_mod, "available_cores", lambda: 3)
+    with pytest.warns(UserWarning, match=r"workers=1000 capped at 3: this process may run on "
+                                         r"3 cores"):
+        assert workers_mod.local_workers(task, 1000, options) == 3
+    monkeypatch.setattr(workers_mod, "available_cores", lambda: 10 * P)
+    with pytest.warns(UserWarning, match=rf"workers=1000 capped at {P}: the model has {P} "
+                                         r"parameters"):
+        assert workers_mod.local_workers(task, 1000, options) == P
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a count within both caps: not a word
+        assert workers_mod.local_workers(task, 3, options) == 3
+    monkeypatch.setattr(workers_mod, "available_cores", lambda: 2)
+    with pytest.warns(workers_mod.WorkersCapped, match="capped at 2"):
+        assert exact(task, progress=False, workers=5).cost.workers == 2
+
+
 def test_workers_give_the_single_run():
     """Two local processes (spawned, one BLAS thread each): the same result."""
     task = load_config("offpolicy_stale")
@@ -42,6 +66,17 @@ def test_workers_give_the_single_run():
     errs = merged_errors(par, single)
     assert max(errs.values()) <= RTOL, errs
     assert par.cost.workers == 2
+
+
+def test_only_the_workers_shards_are_checked_by_their_checksum(monkeypatch):
+    """The caller hashes one payload per worker's shard (issue 46 item 9's checksum, checked
+    at the merge), and none for its own shard, which it makes and merges itself."""
+    from fisher_ref.engine.shard_result import ShardResult
+    hashed, digest = [], ShardResult.digest
+    monkeypatch.setattr(ShardResult, "digest", lambda self: hashed.append(self.shard)
+                        or digest(self))
+    exact(load_config("default"), progress=False, workers=2)
+    assert hashed == [(0, 2)]
 
 
 def _blas_env(_):
@@ -233,115 +268,6 @@ def test_the_callers_shard_failing_ends_the_workers_still_running():
                          exact(good, progress=False, workers=1))["policy.sequence_fisher"] <= RTOL
 
 
-def test_large_arrays_of_a_worker_come_back_through_shared_memory(monkeypatch):
-    """A worker's per-window tables, states and sequences past SHARED_BYTES travel in one
-    shared-memory block: the caller gets the same arrays, and the block is freed."""
-    import numpy as np
-    from multiprocessing import shared_memory
-    task = load_config("offpolicy_stale")
-    kw = dict(progress=False, topk=(1, 2), keep_states=True)
-    monkeypatch.setattr(workers_mod, "SHARED_BYTES", 1)  # every array, in this process
-    direct = exact(task, param_shard=(1, 2), **kw)  # the last: it keeps the records
-    seconds, sent = workers_mod._shard_in_worker(exact, task, {"param_shard": (1, 2)}, kw)
-    assert seconds > 0
-    name, slot, index, kept = sent.shared
-    assert slot is None and kept == ()  # no run number: a block of its own, freed once copied
-    assert {f for f, *_ in index} == {"window_tables", "states", "sequences"}
-    assert all(getattr(sent, f)[k] is None for f, k, *_ in index)
-    got = workers_mod._unpack(sent)
-    assert not hasattr(got, "shared")
-    for f in ("window_tables", "states", "sequences"):
-        a, b = getattr(got, f), getattr(direct, f)
-        assert a.keys() == b.keys()
-        for k in b:
-            assert np.array_equal(a[k], b[k]) and a[k].dtype == b[k].dtype, (f, k)
-    with pytest.raises(FileNotFoundError):  # freed by _unpack
-        shared_memory.SharedMemory(name=name)
-    _, small = workers_mod._shard_in_worker(exact, task, {"param_shard": (0, 2)},
-                                            dict(kw, keep_states=False))
-    assert not hasattr(small, "shared")  # nothing kept, nothing to share
-
-
-def test_a_worker_keeps_its_block_from_run_to_run(monkeypatch):
-    """Under a run number a worker writes its result into the block it used in the run
-    before (same slot, same name) unless the caller still holds arrays read from it
-    (``busy``): then into another block, and the arrays held stay as they were. A second
-    result in one run goes into another slot, and a result too large (or over 4 times too
-    small) for its slot into a new block. The caller reads the arrays in place (no copy),
-    maps each block once and removes its name at once: nothing is left in /dev/shm."""
-    import glob
-    import numpy as np
-    from multiprocessing import shared_memory
-    monkeypatch.setattr(workers_mod, "_BLOCKS", {"run": None, "used": 0, "mem": []})
-    monkeypatch.setattr(workers_mod, "_ATTACHED", {})
-    monkeypatch.setattr(workers_mod, "_LENT", {})
-    monkeypatch.setattr(workers_mod, "SHARED_BYTES", 1)
-    small, large = load_config("default"), load_config("offpolicy_stale")
-    kw = dict(progress=False, keep_states=True)
-    want = {name: exact(t, param_shard=(1, 2), **kw)  # the last shard: it keeps the records
-            for name, t in (("small", small), ("large", large))}
-    before = set(glob.glob("/dev/shm/psm_*"))
-
-    def send(task, run):
-        return workers_mod._shard_in_worker(exact, task, {"param_shard": (1, 2)}, kw, run,
-                                            workers_mod._busy())[1]
-
-    def same(got, want):
-        for f in ("window_tables", "states", "sequences"):
-            a, b = getattr(got, f), getattr(want, f)
-            assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in b), f
-        return True
-
-    try:
-        first, second = send(small, 1), send(small, 1)  # two results of run 1
-        slots = [r.shared[1] for r in (first, second)]
-        assert slots == [(os.getpid(), 0), (os.getpid(), 1)]
-        name = first.shared[0]
-        assert second.shared[0] != name
-        held = workers_mod._unpack(first)
-        assert same(held, want["small"])
-        assert not held.window_tables["token_fisher"].flags.owndata  # read in place
-        with pytest.raises(FileNotFoundError):  # the caller removed the name when it mapped
-            shared_memory.SharedMemory(name=name)
-        workers_mod._unpack(second)
-        del second  # its arrays gone: slot 1 is free again
-        assert workers_mod._busy() == {name}
-        part = held.window_tables["token_fisher"][:, 1:3]  # a view of one table
-        expect = part.copy()
-        del held, first  # the view alone still reads the block: it stays held
-        assert workers_mod._busy() == {name}
-        again = send(small, 2)  # slot 0's block backs `part`: another block
-        assert again.shared[1] == slots[0] and again.shared[0] != name
-        name = again.shared[0]
-        assert same(workers_mod._unpack(again), want["small"])
-        assert np.array_equal(part, expect)  # untouched by the run after it
-        del part, again
-        assert workers_mod._busy() == frozenset()
-        third = send(small, 3)  # nothing held: written into the block of run 2 (listed first)
-        assert (third.shared[0], third.shared[1]) == (name, slots[0])
-        assert same(workers_mod._unpack(third), want["small"])
-        del third
-        assert [m.name for m in workers_mod._BLOCKS["mem"][0]] == [name]  # the other: given up
-        size = workers_mod._BLOCKS["mem"][0][0].size
-        for run, need, kept in ((4, size, True), (5, size // 4, True), (6, size // 4 - 1, False),
-                                (7, size + 1, False)):
-            mem, j = workers_mod._block(run, need)
-            assert j == 0 and (mem.name == name) == kept and mem.size >= need, (run, need)
-            name = mem.name
-        other = send(large, 8)  # written into slot 0's block of run 7, or a new one
-        other_name, slot, _, kept = other.shared
-        assert kept == (other_name,)
-        assert slot == slots[0]
-        assert same(workers_mod._unpack(other), want["large"])
-        assert set(workers_mod._ATTACHED[slot]) == {other_name}  # mapped anew, the old let go
-        assert set(workers_mod._ATTACHED) == {slots[0], slots[1]}
-        assert set(glob.glob("/dev/shm/psm_*")) <= before
-    finally:
-        workers_mod._drop_blocks()
-        workers_mod._close_attached()
-    assert workers_mod._ATTACHED == {} and workers_mod._BLOCKS["mem"] == []
-
-
 def test_kept_pool_runs_leave_no_shared_memory_behind():
     """Runs of v16 on the kept pool: a run writes into the block of the run before once
     nothing holds that run's arrays (its per-state tables read, or the result dropped),
@@ -355,7 +281,7 @@ def test_kept_pool_runs_leave_no_shared_memory_behind():
 
     def run():
         r = exact(task, workers=2, progress=False)
-        (maps,) = workers_mod._ATTACHED.values()  # one worker, one slot
+        (maps,) = worker_memory._ATTACHED.values()  # one worker, one slot
         names.append(set(maps))
         assert set(glob.glob("/dev/shm/psm_*")) <= before
         return r
@@ -375,7 +301,7 @@ def test_kept_pool_runs_leave_no_shared_memory_behind():
     for r in (turn, last):
         assert max(merged_errors(r, single).values()) <= RTOL
     workers_mod.shutdown()
-    assert workers_mod._ATTACHED == {}
+    assert worker_memory._ATTACHED == {}
 
 
 def test_workers_with_tables_past_the_shared_size_give_the_single_run():
@@ -387,7 +313,7 @@ def test_workers_with_tables_past_the_shared_size_give_the_single_run():
     assert max(errs.values()) <= RTOL, errs
     # the worker's half of a per-window table is past the size sent through shared memory
     half = exact(task, param_shard=(0, 2), progress=False, keep_states=True)
-    assert half.window_tables["token_fisher"].nbytes >= workers_mod.SHARED_BYTES
+    assert half.window_tables["token_fisher"].nbytes >= worker_memory.SHARED_BYTES
 
 
 def test_a_failed_run_frees_the_shared_memory_of_results_that_came_back(monkeypatch):
@@ -395,9 +321,9 @@ def test_a_failed_run_frees_the_shared_memory_of_results_that_came_back(monkeypa
     from concurrent.futures import Future
     from multiprocessing import shared_memory
     task = load_config("default")
-    monkeypatch.setattr(workers_mod, "SHARED_BYTES", 1)
-    sent = workers_mod._shard_in_worker(exact, task, {"param_shard": (1, 2)},
-                                        dict(progress=False, keep_states=True))
+    monkeypatch.setattr(worker_memory, "SHARED_BYTES", 1)
+    sent = 0.1, worker_memory.share(exact(task, param_shard=(1, 2), progress=False,
+                                          keep_states=True))
     name = sent[1].shared[0]
     done, failed, pending = Future(), Future(), Future()
     done.set_result(sent)

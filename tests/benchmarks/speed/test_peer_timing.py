@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fisher_ref.engine.plan import Budgets
-from fisher_ref.engine.workers import memory_kept
+from fisher_ref.engine.keep_memory import memory_kept
 
 pytest.importorskip("torch", reason="the torch peer needs torch (CI installs it)")
 
