@@ -25,7 +25,7 @@ import functools
 import torch
 
 __all__ = ["AGGREGATIONS", "ADVANTAGES", "RATIOS", "aggregate", "advantages",
-           "importance_weights", "policy_gradient_loss", "reinforce", "group_mean_reinforce",
+           "group_advantages", "importance_weights", "policy_gradient_loss", "reinforce", "group_mean_reinforce",
            "rloo", "grpo", "dr_grpo", "dapo", "sequence_is", "token_is", "prefix_is",
            "sequence_tis", "token_tis", "sequence_mis", "token_mis", "gspo", "cispo",
            "centered", "topk_centered", "kl_loss", "rho_k3", "kl_in_reward", "PRESETS",
@@ -73,7 +73,8 @@ def aggregate(loss_mat, mask, mode="seq-mean-token-sum"):
 
 
 def advantages(rewards, kind="constant", baseline=0.0):
-    r"""Advantages ``(B,)`` of a group's rewards.
+    r"""Advantages of a group's rewards ``(G,)``, or of each row of ``(K, G)`` (one group a
+    row; :func:`group_advantages` of a batch of ``K`` groups).
 
     - ``"constant"``: :math:`R_i - b` (REINFORCE with a constant baseline);
     - ``"group_mean"``: :math:`R_i - \bar R`, the mean including ``i`` (expectation
@@ -84,20 +85,27 @@ def advantages(rewards, kind="constant", baseline=0.0):
       unbiased (verl, TRL); a group of one is :math:`R_i/(1 + 10^{-6})` (verl: mean 0,
       std 1).
     """
-    G = rewards.shape[0]
+    G = rewards.shape[-1]
     if kind == "constant":
         return rewards - baseline
     if kind == "group_mean":
-        return rewards - rewards.mean()
+        return rewards - rewards.mean(-1, keepdim=True)
     if kind == "rloo":
         if G < 2:
             raise ValueError("the RLOO advantage needs group_size >= 2")
-        return (rewards - rewards.mean()) * (G / (G - 1))
+        return (rewards - rewards.mean(-1, keepdim=True)) * (G / (G - 1))
     if kind == "grpo":
         if G < 2:
             return rewards / (1 + GRPO_EPS)
-        return (rewards - rewards.mean()) / (rewards.std() + GRPO_EPS)
+        return (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True)
+                                                              + GRPO_EPS)
     raise ValueError(f"unknown advantage {kind!r}; known: {', '.join(ADVANTAGES)}")
+
+
+def group_advantages(batch, kind="constant", baseline=0.0):
+    """:func:`advantages` of each group of a batch of ``K`` groups: ``(K G,)``."""
+    K = getattr(batch, "groups_per_batch", 1)
+    return advantages(batch.rewards.reshape(K, -1), kind, baseline).reshape(-1)
 
 
 def importance_weights(batch, level=None, cap=None, band=None):
@@ -144,7 +152,7 @@ def policy_gradient_loss(advantage="constant", ratio=None, aggregation="seq-mean
             raise ValueError(f"unknown {what} {value!r}; known: {known}")
 
     def loss(batch):
-        A = advantages(batch.rewards, advantage, baseline).detach()  # (B,)
+        A = group_advantages(batch, advantage, baseline).detach()  # (B,)
         w = importance_weights(batch, ratio, cap, band)  # (B, T)
         return aggregate(-w * A[:, None] * batch.logp, batch.mask, aggregation)
     loss.__name__ = f"pg_{advantage}_{ratio or 'none'}_{aggregation}"
@@ -246,7 +254,7 @@ def gspo(eps_low=3e-4, eps_high=4e-4, advantage="grpo"):
     (Qwen's GSPO; TRL ``importance_sampling_level="sequence"``). Its gradient is
     :math:`s_i A_i \frac{1}{|y_i|}\sum_t\nabla\log p_t` inside the band."""
     def loss(batch):
-        A = advantages(batch.rewards, advantage).detach()
+        A = group_advantages(batch, advantage).detach()
         m = batch.mask.to(batch.logp.dtype)
         s = torch.exp(((batch.logp - batch.sampler_logp) * m).sum(-1) / m.sum(-1))  # (B,)
         clipped = torch.clamp(s, 1 - eps_low, 1 + eps_high)
@@ -260,7 +268,7 @@ def cispo(eps_high=0.2, advantage="grpo"):
     1+\epsilon_h))A_i\log p_{i,t}/\sum_i|y_i|`, :math:`r = p/p_{old} = 1` when
     :math:`\theta_{old} = \theta` (MiniMax-M1; verl and slime ``cispo``)."""
     def loss(batch):
-        A = advantages(batch.rewards, advantage).detach()
+        A = group_advantages(batch, advantage).detach()
         r = torch.exp(batch.logp - batch.old_logp).clamp(max=1 + eps_high).detach()
         return aggregate(-r * A[:, None] * batch.logp, batch.mask, "token-mean")
     loss.__name__ = "cispo"
