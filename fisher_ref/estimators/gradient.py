@@ -276,7 +276,8 @@ def _check_symmetric(coeffs, a, C, prompt, perms=None, what="responses"):
     if perms is None:
         perms = [np.roll(np.arange(G), 1)] + ([np.r_[1, 0, 2:G]] if G > 2 else [])
     for perm in perms:
-        sub = {key: None if v is None else v[:n][:, perm] for key, v in a.items()}
+        sub = {key: None if v is None else v[:n] if key == "groups" else v[:n][:, perm]
+               for key, v in a.items()}  # the group labels are positions: not permuted
         back = coeffs(sub, prompt)[:, np.argsort(perm)]  # (n, G, T, V), original order
         ref = np.where(a["mask"][:n, ..., None], C[:n], 0.0)
         diff = np.abs(np.where(a["mask"][:n, ..., None], back, 0.0) - ref).max()

@@ -27,12 +27,13 @@ import torch
 __all__ = ["AGGREGATIONS", "ADVANTAGES", "RATIOS", "aggregate", "advantages",
            "group_advantages", "importance_weights", "policy_gradient_loss", "reinforce", "group_mean_reinforce",
            "rloo", "grpo", "dr_grpo", "dapo", "sequence_is", "token_is", "prefix_is",
-           "sequence_tis", "token_tis", "sequence_mis", "token_mis", "gspo", "cispo",
+           "sequence_tis", "token_tis", "sequence_mis", "token_mis", "ppo_clip", "dual_clip",
+           "gspo", "cispo",
            "centered", "topk_centered", "kl_loss", "rho_k3", "kl_in_reward", "PRESETS",
            "preset"]
 
 AGGREGATIONS = ("seq-mean-token-sum", "seq-mean-token-mean", "token-mean",
-                "seq-mean-token-sum-norm")
+                "seq-mean-token-sum-norm", "token-mean-limit")
 ADVANTAGES = ("constant", "group_mean", "rloo", "grpo")
 RATIOS = (None, "sequence", "token", "prefix")
 #: GRPO's std-normalisation epsilon (verl's ``compute_grpo_outcome_advantage``).
@@ -47,16 +48,27 @@ def _named(name, doc):
     return wrap
 
 
-def aggregate(loss_mat, mask, mode="seq-mean-token-sum"):
-    r"""Reduce per-token losses ``(B, T)`` to a scalar (verl's ``agg_loss`` names).
+def aggregate(loss_mat, mask, mode="seq-mean-token-sum", limit=None):
+    r"""Reduce per-token losses ``(B, T)`` of a batch of ``B = K G`` rows to a scalar
+    (verl's ``agg_loss`` names). Each divisor is read on the batch the loss is given, so
+    its verdict depends on ``groups_per_batch`` (``K``) where the divisor is random:
 
     - ``"seq-mean-token-sum"``: :math:`\frac1B\sum_i\sum_t \ell_{i,t}` (REINFORCE);
     - ``"seq-mean-token-mean"``: :math:`\frac1B\sum_i\frac{1}{|y_i|}\sum_t \ell_{i,t}`
       (GRPO's 1/|y| length normalisation);
-    - ``"token-mean"``: :math:`\sum_{i,t}\ell_{i,t}/\sum_i|y_i|` (DAPO, TRL's default);
+    - ``"token-mean"``: :math:`\sum_{i,t}\ell_{i,t}/\sum_i|y_i|`, the tokens of *this*
+      batch: per group at ``K = 1``, per mini-batch of ``K`` groups otherwise (verl's
+      ``token-mean`` over its mini-batch, ``batch_num_tokens``; TRL's ``dapo`` over
+      ``num_items_in_batch``; DAPO). Its bias shrinks as ``K`` grows, towards
+      ``"token-mean-limit"``;
+    - ``"token-mean-limit"``: :math:`\sum_{i,t}\ell_{i,t}/(K\,G\,E|y|)`, the large-batch
+      reading of token-mean (``limit`` a :class:`fisher_ref.estimators.batch.BatchLimit`,
+      ``batch.limit``): a constant divisor, so unbiased up to scale wherever
+      ``seq-mean-token-sum`` is;
     - ``"seq-mean-token-sum-norm"``: :math:`\sum_{i,t}\ell_{i,t}/T` with ``T`` the
-      longest response allowed (Dr. GRPO as verl writes it, ``loss_mask.shape[-1]``; TRL's
-      ``dr_grpo`` divides by :math:`B\,T` instead, :func:`dr_grpo`).
+      padded width, ``loss_mask.shape[-1]`` (Dr. GRPO as verl writes it: ``max_len``
+      under ``pad="max_len"``, the batch's longest response under ``pad="longest"``;
+      TRL's ``dr_grpo`` divides by :math:`B\,T_{max}` instead, :func:`dr_grpo`).
     """
     m = mask.to(loss_mat.dtype)
     lm = loss_mat * m
@@ -69,6 +81,11 @@ def aggregate(loss_mat, mask, mode="seq-mean-token-sum"):
         return lm.sum() / m.sum()
     if mode == "seq-mean-token-sum-norm":
         return lm.sum() / T
+    if mode == "token-mean-limit":
+        if limit is None:
+            raise ValueError("aggregation 'token-mean-limit' needs the batch's limit "
+                             "(batch.limit)")
+        return lm.sum() / (B / limit.group_size * limit.tokens_per_group)
     raise ValueError(f"unknown aggregation {mode!r}; known: {', '.join(AGGREGATIONS)}")
 
 
@@ -154,7 +171,8 @@ def policy_gradient_loss(advantage="constant", ratio=None, aggregation="seq-mean
     def loss(batch):
         A = group_advantages(batch, advantage, baseline).detach()  # (B,)
         w = importance_weights(batch, ratio, cap, band)  # (B, T)
-        return aggregate(-w * A[:, None] * batch.logp, batch.mask, aggregation)
+        return aggregate(-w * A[:, None] * batch.logp, batch.mask, aggregation,
+                         getattr(batch, "limit", None))
     loss.__name__ = f"pg_{advantage}_{ratio or 'none'}_{aggregation}"
     return loss
 
@@ -182,8 +200,11 @@ def rloo():
 def grpo(aggregation="seq-mean-token-mean"):
     r"""GRPO: :math:`A_i = (R_i - \bar R)/(\mathrm{std}(R) + 10^{-6})` with the 1/|y|
     length normalisation by default (DeepSeekMath; TRL ``loss_type="grpo"``; verl
-    ``seq-mean-token-mean``); ``aggregation="token-mean"`` is DAPO / TRL's default,
-    ``"seq-mean-token-sum-norm"`` Dr. GRPO's normalisation."""
+    ``seq-mean-token-mean``), the advantage per group of the batch;
+    ``aggregation="token-mean"`` divides by the tokens of the batch it is given (DAPO,
+    TRL's ``dapo``, verl's ``token-mean``: the per-group reading at ``groups_per_batch=1``,
+    the per-mini-batch reading at ``K``), ``"token-mean-limit"`` by their large-batch
+    limit, ``"seq-mean-token-sum-norm"`` by the padded width (Dr. GRPO in verl)."""
     return policy_gradient_loss("grpo", aggregation=aggregation)
 
 
@@ -201,7 +222,11 @@ def dr_grpo():
 
 
 def dapo():
-    r"""DAPO's token-mean aggregation of the GRPO advantage (TRL ``loss_type="dapo"``)."""
+    r"""DAPO's token-mean aggregation of the GRPO advantage (TRL ``loss_type="dapo"``,
+    which divides by ``num_items_in_batch``, the tokens of its generation batch): the
+    divisor is the token count of the batch the loss is given, one group at
+    ``groups_per_batch=1``, ``K`` groups otherwise; ``grpo("token-mean-limit")`` is its
+    large-batch reading."""
     return grpo("token-mean")
 
 
@@ -247,16 +272,54 @@ def token_mis(band=(0.5, 2.0), advantage="constant", baseline=0.0):
     return policy_gradient_loss(advantage, "token", baseline=baseline, band=band)
 
 
+def _old(batch):
+    r""":math:`\log p_{\theta_{old}}` of the generated tokens: the task's ``old_policy``
+    when it has one, else the sampler's (the policy that drew the responses)."""
+    return batch.sampler_logp if getattr(batch, "old_logp_all", None) is None \
+        else batch.old_logp
+
+
+def ppo_clip(eps_low=0.2, eps_high=0.2, dual_clip=None, advantage="grpo",
+             aggregation="token-mean", clip=True):
+    r"""PPO's clipped surrogate with the ratio :math:`r_{i,t} = p_\theta/p_{\theta_{old}}`
+    (``old_logp``, differentiable in :math:`\theta`):
+    :math:`\ell = \max(-A r, -A\,\mathrm{clip}(r, 1-\epsilon_l, 1+\epsilon_h))`, and with
+    ``dual_clip = c > 1`` :math:`\min(\ell, -cA)` where :math:`A < 0` (verl's vanilla
+    policy loss with ``clip_ratio_c``; OpenRLHF's ``PolicyLoss`` with ``dual_clip``; TRL
+    GRPO's token-level loss). ``clip=False`` is the unclipped surrogate :math:`-A r`, whose
+    gradient is :math:`-r A\nabla\log p` (token-level importance sampling), the reference
+    of :func:`fisher_ref.estimators.gradient.clipped_share`. At the first step
+    (:math:`\theta_{old} = \theta`) the clip is inactive; set the task's ``old_policy``
+    for a later step. Aggregated over the batch as ``aggregation`` (:func:`aggregate`)."""
+    def loss(batch):
+        A = group_advantages(batch, advantage).detach()[:, None]  # (B, 1)
+        r = torch.exp(batch.logp - batch.old_logp)  # (B, T)
+        if not clip:
+            return aggregate(-A * r, batch.mask, aggregation, batch.limit)
+        pg = torch.maximum(-A * r, -A * torch.clamp(r, 1 - eps_low, 1 + eps_high))
+        if dual_clip is not None:
+            pg = torch.where(A < 0, torch.minimum(pg, -A * dual_clip), pg)
+        return aggregate(pg, batch.mask, aggregation, batch.limit)
+    loss.__name__ = "ppo_clip" if dual_clip is None else "dual_clip"
+    return loss
+
+
+def dual_clip(c=3.0, eps_low=0.2, eps_high=0.2, advantage="grpo", aggregation="token-mean"):
+    r"""Dual-clip PPO (Ye et al. 2020): :func:`ppo_clip` with ``dual_clip = c``."""
+    return ppo_clip(eps_low, eps_high, c, advantage, aggregation)
+
+
 def gspo(eps_low=3e-4, eps_high=4e-4, advantage="grpo"):
-    r"""GSPO: the geometric-mean sequence ratio
-    :math:`s_i = \exp(\frac{1}{|y_i|}\sum_t(\log p_t - \log\mu_t))`, differentiable,
+    r"""GSPO: the geometric-mean sequence ratio against :math:`\theta_{old}` (the task's
+    ``old_policy``, else the sampler)
+    :math:`s_i = \exp(\frac{1}{|y_i|}\sum_t(\log p_t - \log p_{old,t}))`, differentiable,
     :math:`L = -\frac1B\sum_i\min(s_iA_i, \mathrm{clip}(s_i, 1-\epsilon_l, 1+\epsilon_h)A_i)`
     (Qwen's GSPO; TRL ``importance_sampling_level="sequence"``). Its gradient is
     :math:`s_i A_i \frac{1}{|y_i|}\sum_t\nabla\log p_t` inside the band."""
     def loss(batch):
         A = group_advantages(batch, advantage).detach()
         m = batch.mask.to(batch.logp.dtype)
-        s = torch.exp(((batch.logp - batch.sampler_logp) * m).sum(-1) / m.sum(-1))  # (B,)
+        s = torch.exp(((batch.logp - _old(batch)) * m).sum(-1) / m.sum(-1))  # (B,)
         clipped = torch.clamp(s, 1 - eps_low, 1 + eps_high)
         return -torch.minimum(s * A, clipped * A).mean()
     loss.__name__ = "gspo"
@@ -264,9 +327,10 @@ def gspo(eps_low=3e-4, eps_high=4e-4, advantage="grpo"):
 
 
 def cispo(eps_high=0.2, advantage="grpo"):
-    r"""CISPO at the first step: :math:`L = -\sum_{i,t}\mathrm{sg}(\min(r_{i,t},
-    1+\epsilon_h))A_i\log p_{i,t}/\sum_i|y_i|`, :math:`r = p/p_{old} = 1` when
-    :math:`\theta_{old} = \theta` (MiniMax-M1; verl and slime ``cispo``)."""
+    r"""CISPO: :math:`L = -\sum_{i,t}\mathrm{sg}(\min(r_{i,t},
+    1+\epsilon_h))A_i\log p_{i,t}/\sum_i|y_i|`, :math:`r = p/p_{old}` (``old_logp``: 1
+    at the first step, the task's ``old_policy`` after it; MiniMax-M1; verl and slime
+    ``cispo``); token-mean over the whole batch (the per-batch reading)."""
     def loss(batch):
         A = group_advantages(batch, advantage).detach()
         r = torch.exp(batch.logp - batch.old_logp).clamp(max=1 + eps_high).detach()
@@ -377,6 +441,8 @@ PRESETS = {
     "token_tis": (token_tis, False, 1),
     "sequence_mis": (sequence_mis, False, 1),
     "token_mis": (token_mis, False, 1),
+    "ppo_clip": (ppo_clip, False, 2),
+    "dual_clip": (dual_clip, False, 2),
     "gspo": (gspo, False, 2),
     "cispo": (cispo, False, 2),
     "centered": (centered, False, 1),
