@@ -17,6 +17,7 @@ drawn i.i.d. from the sampler :math:`\mu` (the policy when there is none):
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -160,20 +161,29 @@ def _where(a, k, prompt):
     return describe_batch(a["tokens"][k], a["mask"][k], a["prompts"][k], a["rewards"][k])
 
 
-def _loop(loss, a, prompt, ctx=(1, None)):
-    """``C (n, B, T, V)`` one batch at a time (plain autograd)."""
+# Batches of a chunk the loop evaluates under the cast audit (it costs 4x per batch; a
+# loss's casts do not depend on the batch's values in practice).
+_AUDITED = 4
+
+
+def _loop(loss, a, prompt, ctx=(1, None), casts=None):
+    """``C (n, B, T, V)`` one batch at a time (plain autograd); the first ``_AUDITED``
+    batches under the cast audit when ``casts`` is a dict."""
     out = np.zeros(a["logp_all"].shape)
     for k in range(out.shape[0]):
         t = _tensors(a, k)
         lpa = t["logp_all"].requires_grad_(True)
-        try:
-            L = _batch_of(loss, t, prompt, ctx)
-        except Exception as exc:
-            reraise_with_batch(exc, _where(a, k, prompt))
-        if L.requires_grad:
-            (c,) = torch.autograd.grad(L, lpa, allow_unused=True)
-            if c is not None:
-                out[k] = c.numpy()
+        audit = CastAudit(casts) if casts is not None and k < _AUDITED \
+            else contextlib.nullcontext()
+        with audit:
+            try:
+                L = _batch_of(loss, t, prompt, ctx)
+            except Exception as exc:
+                reraise_with_batch(exc, _where(a, k, prompt))
+            if L.requires_grad:
+                (c,) = torch.autograd.grad(L, lpa, allow_unused=True)
+                if c is not None:
+                    out[k] = c.numpy()
     return out
 
 
@@ -204,7 +214,8 @@ def _cut(a, T):
 class _Coefficients:
     """Evaluates ``C`` chunk by chunk, vectorised until the loss refuses ``vmap``, with
     one torch thread (the tensors are small; more threads only contend), under the cast
-    audit; ``pad="longest"`` evaluates each batch at its longest response."""
+    audit (every vmap call; the first batches of each chunk in the loop);
+    ``pad="longest"`` evaluates each batch at its longest response."""
 
     def __init__(self, loss, vectorize, groups_per_batch=1, limit=None, pad="max_len"):
         self.loss, self.vectorize = loss, vectorize
@@ -215,16 +226,15 @@ class _Coefficients:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            with CastAudit(self.casts):
-                if self.pad == "max_len":
-                    return self._evaluate(a, prompt)
-                longest = a["mask"].sum(-1).max(-1)  # (n,)
-                C = np.zeros(a["logp_all"].shape)  # (n, B, T, V)
-                for T in np.unique(longest):
-                    sel = np.flatnonzero(longest == T)
-                    sub = _cut({k: None if v is None else v[sel] for k, v in a.items()}, T)
-                    C[sel, :, :T] = self._evaluate(sub, prompt)
-                return C
+            if self.pad == "max_len":
+                return self._evaluate(a, prompt)
+            longest = a["mask"].sum(-1).max(-1)  # (n,)
+            C = np.zeros(a["logp_all"].shape)  # (n, B, T, V)
+            for T in np.unique(longest):
+                sel = np.flatnonzero(longest == T)
+                sub = _cut({k: None if v is None else v[sel] for k, v in a.items()}, T)
+                C[sel, :, :T] = self._evaluate(sub, prompt)
+            return C
         finally:
             torch.set_num_threads(threads)
 
@@ -235,11 +245,12 @@ class _Coefficients:
     def _evaluate(self, a, prompt):
         if self.vectorize:
             try:
-                return _vmapped(self.loss, a, prompt, self.ctx)
+                with CastAudit(self.casts):
+                    return _vmapped(self.loss, a, prompt, self.ctx)
             except Exception as exc:  # the loss does not vectorise (.item(), mask indexing)
                 self.vectorize = False
                 self.error = f"{type(exc).__name__}: {str(exc)[:300]}"
-        return _loop(self.loss, a, prompt, self.ctx)
+        return _loop(self.loss, a, prompt, self.ctx, self.casts)
 
 
 def loss_coefficients(loss, arrays, prompt, vectorize=True):
