@@ -49,6 +49,22 @@ def main():
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "batch_bias.json").write_text(json.dumps(record, indent=1) + "\n")
     plot(record, OUT / "batch_bias.png")
+    print(table(record))
+
+
+def table(record):
+    """The Markdown table docs/check/rl_losses.md shows (a test holds the page to it)."""
+    Ks = [r["K"] for r in next(iter(record["losses"].values()))["per_batch"]]
+    head = "| loss | " + " | ".join(f"K = {k}" for k in Ks) + " | large batch |"
+    lines = [head, "|---" * (len(Ks) + 2) + "|"]
+
+    def cell(r):
+        return (f"{'PASS' if r['passed'] else 'FAIL'} {r['relative_bias']:.3g} "
+                f"(scale {r['scale']:+.4f})")
+    for name, row in record["losses"].items():
+        lines.append(f"| {name} | " + " | ".join(cell(r) for r in row["per_batch"])
+                     + f" | {cell(row['large_batch'])} |")
+    return "\n".join(lines)
 
 
 def plot(record, path):
@@ -58,8 +74,8 @@ def plot(record, path):
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for c, (name, row) in enumerate(record["losses"].items()):
         ks = [r["K"] for r in row["per_batch"]]
-        ax.plot(ks, [r["relative_bias"] for r in row["per_batch"]], "o-", color=f"C{c}",
-                label=name)
+        ax.plot(ks, [r["relative_bias"] for r in row["per_batch"]], "os^"[c % 3] + "-:-"[c % 3],
+                color=f"C{c}", label=name, ms=8 - 2 * c)
         ax.axhline(row["large_batch"]["relative_bias"], color=f"C{c}", ls="--", lw=1)
     ax.set_xlabel("groups per batch K (dashed: the large-batch limit)")
     ax.set_ylabel("relative bias")

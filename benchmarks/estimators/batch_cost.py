@@ -21,7 +21,7 @@ from trainer_losses import trl_vectorised, trl_verbatim_style, verl_token_mean  
 
 from fisher_ref import load_config  # noqa: E402
 from fisher_ref.engine.plan import EnumerationTooLarge  # noqa: E402
-from fisher_ref.estimators import expected_loss_gradient  # noqa: E402
+from fisher_ref.estimators import expected_loss_gradient, presets  # noqa: E402
 from fisher_ref.perf.scaling import git_commit, machine  # noqa: E402
 
 OUT = ROOT / "docs" / "bench" / "estimators"
@@ -41,7 +41,23 @@ def timed(task, loss, G, symmetric, K, **kw):
             "evaluation": lg.evaluation}
 
 
+def table(record):
+    """The Markdown table docs/performance/speed.md shows (a test holds the page to it)."""
+    lines = ["| task | G | K = 1 | K = 2 | K = 3 |", "|---|---|---|---|---|"]
+
+    def cell(r):
+        if "refused" in r:
+            return f"refused ({r['refused']})"
+        return f"{r['n_batches']:,} batches, {r['seconds']:.3g} s"
+    for row in record["rows"]:
+        sym = " (multisets)" if row["symmetric"] else ""
+        lines.append(f"| {row['task']} | {row['group_size']}{sym} | "
+                     + " | ".join(cell(r) for r in row["runs"]) + " |")
+    return "\n".join(lines)
+
+
 def main():
+    timed(load_config("tabular"), presets.reinforce(), 1, False, 1)  # torch's warm-up
     rows = []
     for name in TASKS:
         task = load_config(name)
@@ -61,6 +77,7 @@ def main():
               "max_groups": 2_000_000, "rows": rows, "fallback": fallback}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "batch_cost.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(table(record))
 
 
 if __name__ == "__main__":

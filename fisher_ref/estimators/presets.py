@@ -309,31 +309,38 @@ def dual_clip(c=3.0, eps_low=0.2, eps_high=0.2, advantage="grpo", aggregation="t
     return ppo_clip(eps_low, eps_high, c, advantage, aggregation)
 
 
-def gspo(eps_low=3e-4, eps_high=4e-4, advantage="grpo"):
+def gspo(eps_low=3e-4, eps_high=4e-4, advantage="grpo", clip=True):
     r"""GSPO: the geometric-mean sequence ratio against :math:`\theta_{old}` (the task's
     ``old_policy``, else the sampler)
     :math:`s_i = \exp(\frac{1}{|y_i|}\sum_t(\log p_t - \log p_{old,t}))`, differentiable,
     :math:`L = -\frac1B\sum_i\min(s_iA_i, \mathrm{clip}(s_i, 1-\epsilon_l, 1+\epsilon_h)A_i)`
     (Qwen's GSPO; TRL ``importance_sampling_level="sequence"``). Its gradient is
-    :math:`s_i A_i \frac{1}{|y_i|}\sum_t\nabla\log p_t` inside the band."""
+    :math:`s_i A_i \frac{1}{|y_i|}\sum_t\nabla\log p_t` inside the band; ``clip=False`` is
+    :math:`-\frac1B\sum_i s_iA_i`, the reference of
+    :func:`fisher_ref.estimators.gradient.clipped_share`."""
     def loss(batch):
         A = group_advantages(batch, advantage).detach()
         m = batch.mask.to(batch.logp.dtype)
         s = torch.exp(((batch.logp - _old(batch)) * m).sum(-1) / m.sum(-1))  # (B,)
+        if not clip:
+            return -(s * A).mean()
         clipped = torch.clamp(s, 1 - eps_low, 1 + eps_high)
         return -torch.minimum(s * A, clipped * A).mean()
     loss.__name__ = "gspo"
     return loss
 
 
-def cispo(eps_high=0.2, advantage="grpo"):
+def cispo(eps_high=0.2, advantage="grpo", clip=True):
     r"""CISPO: :math:`L = -\sum_{i,t}\mathrm{sg}(\min(r_{i,t},
     1+\epsilon_h))A_i\log p_{i,t}/\sum_i|y_i|`, :math:`r = p/p_{old}` (``old_logp``: 1
     at the first step, the task's ``old_policy`` after it; MiniMax-M1; verl and slime
-    ``cispo``); token-mean over the whole batch (the per-batch reading)."""
+    ``cispo``); token-mean over the whole batch (the per-batch reading). ``clip=False``
+    weighs by :math:`\mathrm{sg}(r)` uncapped, the reference of
+    :func:`fisher_ref.estimators.gradient.clipped_share`."""
     def loss(batch):
         A = group_advantages(batch, advantage).detach()
-        r = torch.exp(batch.logp - batch.old_logp).clamp(max=1 + eps_high).detach()
+        r = torch.exp(batch.logp - batch.old_logp)
+        r = (r.clamp(max=1 + eps_high) if clip else r).detach()
         return aggregate(-r * A[:, None] * batch.logp, batch.mask, "token-mean")
     loss.__name__ = "cispo"
     return loss
