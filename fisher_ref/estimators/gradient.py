@@ -435,15 +435,11 @@ def _batches(table, coeffs, acc, G, K, symmetric, step):
         a = batch_arrays(table, units, pj, idx)
         C = coeffs(a, None)  # (n, K G, T, V)
         _check_finite(a, C, None)
-        if first:
-            B = K * G
-            perms = [np.roll(np.arange(B), G)]
+        if first:  # the groups rotated; with symmetric, the responses of every group
+            _check_symmetric(coeffs, a, C, None, [np.roll(np.arange(K * G), G)], "groups")
             if symmetric and G > 1:
-                perms.append((np.arange(K)[:, None] * G
-                              + np.roll(np.arange(G), 1)[None, :]).ravel())
-            _check_symmetric(coeffs, a, C, None, perms, "groups")
-            if symmetric and G > 1 and len(perms) > 1:
-                _check_symmetric(coeffs, a, C, None, perms[1:], "responses")
+                within = (np.arange(K)[:, None] * G + np.roll(np.arange(G), 1)[None, :])
+                _check_symmetric(coeffs, a, C, None, [within.ravel()], "responses")
         first = False
         acc.add(w, _group_gradients(table, a, C))
     return count

@@ -10,6 +10,17 @@ and the aggregation over tokens and responses (:func:`aggregate`). On policy and
 ``w = 1``, ``agg = seq-mean-token-sum`` this is REINFORCE, whose expected gradient is
 :math:`-\nabla E_p[R]`. GSPO and the KL terms are written out separately.
 
+**Which reading of a batch.** A preset computes on the batch it is given, ``K`` groups of
+``G`` responses (``groups_per_batch``): advantages are taken per group
+(:func:`group_advantages`), and the aggregation says what is normalised over what. A
+mean over responses (``seq-mean-token-sum``, ``seq-mean-token-mean``: REINFORCE, RLOO,
+GRPO's default, the IS presets, GSPO) has the same expectation at every ``K``. A divisor
+read on the batch (``token-mean``: DAPO, TRL's ``dapo``, verl's ``token-mean``, CISPO,
+PPO-clip; ``seq-mean-token-sum-norm``'s padded width) models the **per-group** reading
+at ``K = 1`` and the **per-mini-batch** reading at ``K > 1``; its bias shrinks with ``K``
+towards the **large-batch** reading, ``token-mean-limit``, which divides by the
+constant the divisor tends to (``batch.limit``).
+
 Sources of the conventions (each docstring names the trainer): TRL's ``GRPOTrainer``
 (``loss_type`` "grpo", "dapo", "dr_grpo"; the k3 KL term ``beta * (exp(ref - logp) -
 (ref - logp) - 1)``), verl's ``core_algos`` (``loss_agg_mode`` "token-mean",
@@ -179,8 +190,9 @@ def policy_gradient_loss(advantage="constant", ratio=None, aggregation="seq-mean
 
 def reinforce(baseline=0.0):
     r"""REINFORCE with a constant baseline: :math:`L = -\frac1B\sum_i (R_i - b)\sum_t
-    \log p_{i,t}`; :math:`E[\nabla L] = -\nabla E_p[R]` on policy (OpenRLHF's
-    ``reinforce``; verl's ``seq-mean-token-sum``)."""
+    \log p_{i,t}`; :math:`E[\nabla L] = -\nabla E_p[R]` on policy, at every
+    ``groups_per_batch`` (a mean over responses; OpenRLHF's ``reinforce``; verl's
+    ``seq-mean-token-sum``)."""
     return policy_gradient_loss("constant", baseline=baseline)
 
 

@@ -264,3 +264,15 @@ def test_a_loss_not_symmetric_in_its_groups_is_refused():
         return -(w * b.rewards * (b.logp * b.mask).sum(1)).mean()
     with pytest.raises(ValueError, match="not symmetric in its groups"):
         expected_loss_gradient(tiny_task(), first_group_counts_twice, 1, groups_per_batch=2)
+
+
+def test_a_loss_not_symmetric_in_its_responses_is_refused_at_k2():
+    def first_response_counts_twice(b):
+        w = torch.where(torch.arange(b.logp.shape[0]) % b.group_size == 0, 2.0, 1.0)
+        return -(w * b.rewards * (b.logp * b.mask).sum(1)).mean()
+    with pytest.raises(ValueError, match="not symmetric in its responses"):
+        expected_loss_gradient(tiny_task(), first_response_counts_twice, 2, True,
+                               groups_per_batch=2)
+    lg = expected_loss_gradient(tiny_task(vocab=2), first_response_counts_twice, 2,
+                                groups_per_batch=2)  # ordered tuples: fine
+    assert lg.n_batches == math.comb(18 + 1, 2)
