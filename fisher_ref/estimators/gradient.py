@@ -170,9 +170,10 @@ def _loop(loss, a, prompt, ctx=(1, None), casts=None):
     """``C (n, B, T, V)`` one batch at a time (plain autograd); the first ``_AUDITED``
     batches under the cast audit when ``casts`` is a dict."""
     out = np.zeros(a["logp_all"].shape)
+    whole = _tensors(a)  # one conversion per chunk; each batch takes views of it
     for k in range(out.shape[0]):
-        t = _tensors(a, k)
-        lpa = t["logp_all"].requires_grad_(True)
+        t = {key: None if v is None else v[k] for key, v in whole.items()}
+        lpa = t["logp_all"] = t["logp_all"].clone().requires_grad_(True)
         audit = CastAudit(casts) if casts is not None and k < _AUDITED \
             else contextlib.nullcontext()
         with audit:
