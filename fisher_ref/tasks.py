@@ -13,7 +13,9 @@ Tasks load from plain JSON (the "Task files" section of the README)::
 ``"mean"`` for the exact mean reward), ``reward`` to the count of token 1,
 ``sampler`` to none; an optional ``theta`` list fixes the parameters. An optional
 ``reference`` (the kinds of ``sampler``) is the reference policy of KL penalties
-(:mod:`fisher_ref.estimators`).
+(:mod:`fisher_ref.estimators`); an optional ``old_policy`` (the kinds of ``sampler``, or
+the string ``"sampler"``: the responses were drawn by :math:`\theta_{old}`) is the
+:math:`\theta_{old}` of PPO-style ratios at a step past the first.
 
 Every field is validated when the task is built; a bad one raises
 ``ValueError`` (``TypeError`` for an object of the wrong kind) naming it. The
@@ -41,7 +43,7 @@ __all__ = ["Task", "task_from_json", "load_task", "load_config", "list_configs",
            "require_task", "WEIGHT_SUM_TOL"]
 
 TASK_KEYS = {"model", "prompts", "prompt_weights", "max_len", "reward", "baseline",
-             "sampler", "reference", "theta", "name", "description"}
+             "sampler", "reference", "old_policy", "theta", "name", "description"}
 #: Prompt weights must sum to 1 within this; they are then divided by their sum, so
 #: that the total probability is 1 to rounding (what ``verify`` checks at 1e-10).
 WEIGHT_SUM_TOL = 1e-9
@@ -178,6 +180,10 @@ class Task:
         reference: a reference policy :math:`p_{ref}` (the kinds of ``sampler``; a
             perturbed copy of ``theta`` is the usual one), or ``None``; only the KL
             terms of :mod:`fisher_ref.estimators` read it.
+        old_policy: :math:`\theta_{old}` of the ratios :math:`p_\theta/p_{\theta_{old}}`
+            (the kinds of ``sampler``), the string ``"sampler"`` (:math:`\theta_{old}` is the
+            sampler, or the policy when there is none), or ``None`` (the first step,
+            :math:`\theta_{old} = \theta`); only :mod:`fisher_ref.estimators` reads it.
 
     Raises:
         ValueError: a field with a bad value, naming it.
@@ -196,6 +202,7 @@ class Task:
     name: str = "task"
     spec: dict = field(default_factory=dict, repr=False)
     reference: Sampler | None = None
+    old_policy: Sampler | str | None = None
 
     def __post_init__(self):
         _check_model(self.model)
@@ -220,6 +227,10 @@ class Task:
             raise TypeError("sampler must be a fisher_ref.samplers.Sampler or None")
         if self.reference is not None and not isinstance(self.reference, Sampler):
             raise TypeError("reference must be a fisher_ref.samplers.Sampler or None")
+        if not (self.old_policy is None or isinstance(self.old_policy, Sampler)
+                or (isinstance(self.old_policy, str) and self.old_policy == "sampler")):
+            raise TypeError(f"old_policy must be a fisher_ref.samplers.Sampler, the string "
+                            f"'sampler' or None, got {self.old_policy!r:.60}")
         _check_name(self.name)
 
     @property
@@ -238,13 +249,16 @@ class Task:
              "sampler": None if self.sampler is None else self.sampler.to_json()}
         if self.reference is not None:
             d["reference"] = self.reference.to_json()
+        if self.old_policy is not None:
+            d["old_policy"] = (self.old_policy if isinstance(self.old_policy, str)
+                               else self.old_policy.to_json())
         return d
 
     def with_(self, **changes):
         """A copy with some fields replaced (validated again)."""
         kw = {f: getattr(self, f) for f in ("model", "theta", "prompts", "prompt_weights",
                                              "max_len", "reward", "baseline", "sampler",
-                                             "name", "spec", "reference")}
+                                             "name", "spec", "reference", "old_policy")}
         kw.update(changes)
         return Task(**kw)
 
@@ -310,7 +324,8 @@ def task_from_json(data, name="task"):
                 max_len=data["max_len"], reward=reward, baseline=data.get("baseline", 0.0),
                 sampler=make_sampler(data.get("sampler")),
                 name=data.get("name", name), spec=dict(data),
-                reference=_reference(data.get("reference")))
+                reference=_reference(data.get("reference")),
+                old_policy=_old_policy(data.get("old_policy")))
 
 
 def _reference(spec):
@@ -319,6 +334,19 @@ def _reference(spec):
         return make_sampler(spec)
     except ValueError as exc:
         raise ValueError(f"reference: {exc}") from None
+
+
+def _old_policy(spec):
+    """The task key ``"old_policy"``: a sampler spec, the string ``"sampler"`` or ``None``."""
+    if isinstance(spec, str):
+        if spec != "sampler":
+            raise ValueError(f"old_policy must be a sampler spec or the string 'sampler', "
+                             f"got {spec!r:.60}")
+        return spec
+    try:
+        return make_sampler(spec)
+    except ValueError as exc:
+        raise ValueError(f"old_policy: {exc}") from None
 
 
 def load_task(path):

@@ -122,3 +122,15 @@ def test_task_rejects_a_non_sampler():
     with pytest.raises(TypeError, match="sampler must be a fisher_ref.samplers.Sampler"):
         Task(model=t.model, theta=t.theta, prompts=t.prompts, prompt_weights=t.prompt_weights,
              max_len=2, reward=t.reward, sampler="temperature")
+
+
+def test_old_policy_round_trips_through_json():
+    from fisher_ref import task_from_json
+    spec = load_config("tabular").to_json()
+    for old in ("sampler", {"kind": "perturbed", "scale": 0.5, "seed": 4}):
+        t = task_from_json({**spec, "old_policy": old})
+        assert t.to_json()["old_policy"] == old
+        assert task_from_json(t.to_json()).to_json() == t.to_json()
+    assert "old_policy" not in load_config("tabular").to_json()
+    with pytest.raises(ValueError, match="old_policy"):
+        task_from_json({**spec, "old_policy": "theta"})

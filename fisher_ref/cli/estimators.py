@@ -4,8 +4,9 @@ Each row is the exact expected gradient of the preset's loss over groups of
 ``--group-size`` responses (:func:`fisher_ref.estimators.expected_loss_gradient`), held
 to its target (the policy gradient; the sequence KL gradient for the KL terms): the
 fitted ``scale`` (-1 unbiased), the ``cosine``, the ``relative_bias`` after the scale,
-the variance of one group's gradient (trace) and the MSE of an average over ``--batch``
-groups.
+the variance of one batch's gradient (trace) and the MSE of an average over ``--batch``
+batches. A batch is one group, or ``--groups-per-batch K`` groups (the loss normalises
+over all of them, as a trainer's mini-batch), padded as ``--pad`` says.
 """
 from __future__ import annotations
 
@@ -19,12 +20,17 @@ __all__ = ["add_arguments", "run", "report_rows"]
 
 
 def add_arguments(parser):
-    """``--batch B``, ``--group-size G``, ``--preset NAME`` and ``--max-groups N``."""
+    """``--batch B``, ``--group-size G``, ``--groups-per-batch K``, ``--pad``, ``--preset
+    NAME`` and ``--max-groups N``."""
     parser.add_argument("--batch", type=count_arg, default=16,
                         help="groups averaged by the MSE column (default 16)")
     parser.add_argument("--group-size", type=count_arg, default=2,
                         help="responses per group G (default 2); presets that need more "
                              "are left out")
+    parser.add_argument("--groups-per-batch", type=count_arg, default=1,
+                        help="groups per batch K, sharing the loss's normalisers (default 1)")
+    parser.add_argument("--pad", choices=("max_len", "longest"), default="max_len",
+                        help="pad each batch to max_len (default) or to its longest response")
     parser.add_argument("--preset", action="append", default=None,
                         help="a preset to report (repeatable; default: every preset)")
     parser.add_argument("--max-groups", type=count_arg, default=None,
@@ -36,6 +42,8 @@ def _check(args):
         raise ValueError(f"--batch must be at least 1, got {args.batch}")
     if args.group_size < 1:
         raise ValueError(f"--group-size must be at least 1, got {args.group_size}")
+    if args.groups_per_batch < 1:
+        raise ValueError(f"--groups-per-batch must be at least 1, got {args.groups_per_batch}")
     if args.max_groups is not None and args.max_groups < 1:
         raise ValueError(f"--max-groups must be at least 1, got {args.max_groups}")
 
@@ -45,7 +53,8 @@ def _cosine(a, b):
     return float(a @ b / d) if d > 0 else 0.0
 
 
-def report_rows(task, group_size=2, batch=16, names=None, max_groups=None):
+def report_rows(task, group_size=2, batch=16, names=None, max_groups=None,
+                groups_per_batch=1, pad="max_len"):
     """``(name, target, scale, cosine, relative_bias, variance_trace, mse)`` per preset."""
     from fisher_ref import exact
     from fisher_ref.estimators.gradient import expected_loss_gradient
@@ -67,7 +76,8 @@ def report_rows(task, group_size=2, batch=16, names=None, max_groups=None):
         args = {"baseline": baseline} if "baseline" in inspect.signature(factory).parameters \
             else {}
         lg = expected_loss_gradient(task, preset(n, **args), group_size,
-                                    policy_gradient=r.gradient, **kw)
+                                    policy_gradient=r.gradient, groups_per_batch=groups_per_batch,
+                                    pad=pad, **kw)
         target = lg.kl_gradient if needs_ref else lg.policy_gradient
         alpha, rel = fit_scale(lg.mean, target)
         bias = lg.mean - alpha * target
@@ -81,9 +91,11 @@ def run(args):
     """Print one row per preset; exit 0."""
     _check(args)
     task = task_from_args(args)
-    rows = report_rows(task, args.group_size, args.batch, args.preset, args.max_groups)
+    rows = report_rows(task, args.group_size, args.batch, args.preset, args.max_groups,
+                       args.groups_per_batch, args.pad)
     ref = getattr(task, "reference", None)
-    print(f"task {task.name}: group size {args.group_size}, batch {args.batch}, sampler="
+    print(f"task {task.name}: group size {args.group_size}, groups per batch "
+          f"{args.groups_per_batch}, pad {args.pad}, batch {args.batch}, sampler="
           f"{'none' if task.sampler is None else task.sampler.to_json()}, reference="
           f"{'none' if ref is None else ref.to_json()}")
     print(f"{'preset':16s} {'target':>6s} {'scale':>11s} {'cosine':>9s} {'rel.bias':>9s} "

@@ -1,15 +1,17 @@
 r"""Ground truth for RL losses: the exact expected gradient of a trainer's torch loss.
 
-``expected_loss_gradient(task, loss, group_size)`` enumerates every group of
-responses and sums the loss gradient exactly (:mod:`.gradient`); the losses trainers
+``expected_loss_gradient(task, loss, group_size, groups_per_batch=K)`` enumerates every
+batch of ``K`` groups of responses and sums the loss gradient exactly (:mod:`.gradient`;
+:mod:`.batch` is what the loss reads, :mod:`.audit` what the user is told); the losses trainers
 ship are presets over it (:mod:`.presets`); ``check_loss`` turns the numbers into a
 verdict (:mod:`.check`); :mod:`.reduction` sums group estimators over reward classes.
 Needs torch.
 """
 from . import presets, reduction
-from .batch import LossBatch
+from .audit import VmapFallbackWarning
+from .batch import BatchLimit, LossBatch
 from .check import LossVerdict, check_loss
-from .gradient import LossGradient, expected_loss_gradient
+from .gradient import LossGradient, clipped_share, expected_loss_gradient
 
-__all__ = ["LossBatch", "LossGradient", "LossVerdict", "check_loss", "expected_loss_gradient",
-           "presets", "reduction"]
+__all__ = ["BatchLimit", "LossBatch", "LossGradient", "LossVerdict", "VmapFallbackWarning",
+           "check_loss", "clipped_share", "expected_loss_gradient", "presets", "reduction"]

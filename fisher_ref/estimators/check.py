@@ -122,8 +122,36 @@ def judge(lg, expect="unbiased", rtol=EXACT_RTOL):
                       f"minimised has {'+' if sign > 0 else '-'}scale)")
         elif not passed:
             reason = f"not parallel to the target: relative bias {rel:.3g}"
+    if not passed:
+        reason = _hints(lg, expect, alpha, rel, target, tol, reason)
     return LossVerdict(passed=bool(passed), expect=expect, scale=alpha, relative_bias=rel,
                        residual=residual, tolerance=tol, gradient=lg, reason=reason)
+
+
+#: A failing scale this close to the expected one is reported as "the direction is exact".
+SCALE_HINT = 1e-5
+
+
+def _hints(lg, expect, alpha, rel, target, tol, reason):
+    """What a failing verdict adds: a scale within ``SCALE_HINT`` of -1 along an exact
+    direction, and the loss's casts below float64."""
+    fitted = float(np.linalg.norm(alpha * target))
+    exact_direction = fitted > 0 and rel * fitted <= tol
+    if expect == "unbiased" and exact_direction and abs(alpha + 1) <= SCALE_HINT:
+        reason += (f"; the direction is exact and the scale is off by only "
+                   f"{abs(alpha + 1):.3g} (at most {SCALE_HINT:g}), as an epsilon in a "
+                   f"normaliser gives (verl's GRPO with one response is R/(1+1e-6)); "
+                   f"expect='unbiased-up-to-scale' passes")
+    casts = getattr(lg, "casts", None)
+    if casts:
+        listed = ", ".join(f"{k} x{v}" for k, v in casts.items())
+        reason += (f"; the loss casts to {_dtypes(casts)}: {listed} (its gradient is rounded "
+                   f"there; compute the loss in float64)")
+    return reason.lstrip("; ")
+
+
+def _dtypes(casts):
+    return "/".join(sorted({k.rsplit(" to ", 1)[-1] for k in casts}))
 
 
 def check_loss(task, loss, group_size=1, expect="unbiased", *, symmetric=False,
@@ -132,7 +160,8 @@ def check_loss(task, loss, group_size=1, expect="unbiased", *, symmetric=False,
 
     Args:
         task, loss, group_size, symmetric: as in
-            :func:`fisher_ref.estimators.expected_loss_gradient` (``kwargs`` go there too).
+            :func:`fisher_ref.estimators.expected_loss_gradient` (``kwargs`` go there too:
+            ``groups_per_batch``, ``pad``, ``max_groups`` ...).
         expect: ``"unbiased"``, ``"unbiased-up-to-scale"`` or ``"kl"``.
         rtol: the tolerance relative to the per-group gradient's scale.
 

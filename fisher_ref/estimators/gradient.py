@@ -21,16 +21,20 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from scipy.sparse import csr_matrix
 
+from ..engine.plan import EnumerationTooLarge
+from ..limits import readable, readable_log10
 from ..tasks import require_task
-from .batch import group_arrays, make_batch
+from .audit import warn_fallback
+from .batch import batch_arrays, batch_limit, group_arrays
+from .evaluation import Coefficients, check_finite, check_symmetric, loss_coefficients
 from .groups import (DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, check_groups, groups,
                      response_table)
 
 __all__ = ["LossGradient", "expected_loss_gradient", "fit_scale", "kl_gradient",
-           "policy_gradient_of", "loss_coefficients"]
+           "policy_gradient_of", "loss_coefficients", "clipped_share", "check_groups_per_batch",
+           "PADS"]
 
 # Elements of one chunk's per-group gradients (n, P) (8 MiB).
 _GATHER_ELEMENTS = 2 ** 20
@@ -52,14 +56,27 @@ def fit_scale(mean, target):
 
 @dataclass
 class LossGradient:
-    r"""The exact expected gradient of a loss over one group draw (all ``(P,)``).
+    r"""The exact expected gradient of a loss over one batch draw (all ``(P,)``).
 
     Attributes:
         mean: :math:`E[\nabla_\theta L]`.
         policy_gradient: :math:`\nabla_\theta E_p[R]`, the sum :func:`fisher_ref.exact` takes.
-        variance: :math:`\mathrm{Var}[\nabla_\theta L]` per parameter, over one group.
+        variance: :math:`\mathrm{Var}[\nabla_\theta L]` per parameter, over one batch of
+            ``groups_per_batch`` groups (one group when ``K = 1``).
         kl_gradient: :math:`\nabla_\theta KL(p_{seq} \| ref_{seq})` or ``None`` (no reference).
-        group_size, symmetric, n_groups: what was enumerated.
+        group_size, symmetric, n_groups: what was enumerated (``n_groups``: the groups of
+            ``G`` responses, :math:`\sum_x M_x^G` or the multisets).
+        groups_per_batch: ``K``, groups per batch.
+        n_batches: the batches whose loss was evaluated: ``n_groups`` when ``K = 1``, else
+            the multisets of ``K`` groups that can be drawn,
+            :math:`\binom{N + K - 1}{K}` for ``N`` such groups.
+        pad: ``"max_len"`` or ``"longest"``.
+        evaluation: ``"vmap"`` (every batch of a chunk at once) or ``"loop"`` (one batch at
+            a time, after ``vmap`` failed).
+        evaluation_error: the first error ``vmap`` raised (why the loop), or ``None``.
+        casts: ``{"aten.op to float32": count}``, the ops of the loss that cast below
+            float64 (the loss ran as written; its gradient is rounded there).
+        limit: the :class:`fisher_ref.estimators.batch.BatchLimit` the batches carried.
     """
 
     mean: np.ndarray
@@ -69,6 +86,13 @@ class LossGradient:
     group_size: int = 1
     symmetric: bool = False
     n_groups: int = 0
+    groups_per_batch: int = 1
+    n_batches: int = 0
+    pad: str = "max_len"
+    evaluation: str = "vmap"
+    evaluation_error: str | None = None
+    casts: dict | None = None
+    limit: object = None
 
     @property
     def scale(self):
@@ -92,13 +116,17 @@ class LossGradient:
         return float(self.variance.sum())
 
     def mse(self, batches=1):
-        r"""Expected squared error of the average of ``batches`` i.i.d. groups as an estimate
+        r"""Expected squared error of the average of ``batches`` i.i.d. batches as an estimate
         of :math:`\alpha g`: :math:`\|mean - \alpha g\|^2 + \mathrm{tr\,Var}/batches`."""
         if isinstance(batches, bool) or not isinstance(batches, (int, np.integer)) \
                 or batches < 1:
             raise ValueError(f"batches must be an integer >= 1, got {batches!r}")
         bias = self.mean - self.scale * self.policy_gradient
         return float(bias @ bias + self.variance_trace / batches)
+
+
+#: What ``pad`` may be: every batch padded to ``max_len``, or to its longest response.
+PADS = ("max_len", "longest")
 
 
 def _check_vector(value, P, name):
@@ -114,174 +142,6 @@ def _check_vector(value, P, name):
         raise ValueError(f"{name} has {int((~np.isfinite(v)).sum())} NaN or infinite "
                          f"entries of {P}")
     return v
-
-
-def _check_output(out):
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"loss(batch) must return a torch scalar tensor, got "
-                        f"{type(out).__name__}")
-    if out.numel() != 1:
-        raise ValueError(f"loss(batch) must return a scalar, got a tensor of shape "
-                         f"{tuple(out.shape)}")
-    return out.reshape(())
-
-
-def _tensors(a, k=None):
-    take = (lambda v: v) if k is None else (lambda v: v[k])
-    t = {key: None if v is None else torch.tensor(take(v))
-         for key, v in a.items() if key != "rows"}
-    return t
-
-
-# The tensors of a batch a loss might write into in place.
-_FIELDS = ("logp", "old_logp", "sampler_logp", "ref_logp", "mask", "rewards", "lengths",
-           "tokens", "logp_all", "sampler_logp_all", "ref_logp_all")
-
-
-def _changed_fields(batch, versions):
-    """The fields of ``batch`` whose tensors were written in place since ``versions``."""
-    return [k for k, v in versions.items() if getattr(batch, k)._version != v]
-
-
-def _plain(loss, t, prompt):
-    """``C (G, T, V)`` of one group by plain autograd, ``None`` when the loss has no
-    autograd path to ``logp_all`` (a ``.detach()``, ``.item()``, a constant)."""
-    lpa = t["logp_all"].requires_grad_(True)
-    batch = make_batch(lpa, t["sampler_logp_all"], t["ref_logp_all"], t["tokens"], t["mask"],
-                       t["rewards"], prompt)
-    versions = {k: getattr(batch, k)._version for k in _FIELDS
-                if getattr(batch, k) is not None}
-    try:
-        L = _check_output(loss(batch))
-        if not L.requires_grad:
-            return None
-        (c,) = torch.autograd.grad(L, lpa, allow_unused=True)
-    except RuntimeError as e:
-        changed = _changed_fields(batch, versions)
-        if "leaf Variable" in str(e):  # the one leaf that requires grad: refused before
-            changed = ["logp_all"]     # the write, so no version counter moved
-        if changed or "inplace" in str(e) or "in-place" in str(e):
-            named = ", ".join(f"batch.{k}" for k in changed) or "a field of the batch"
-            raise ValueError(f"the loss changed {named} in place, which the gradient "
-                             f"dL/dlogp needs unchanged: compute on a copy (e.g. "
-                             f"mask = batch.mask.clone()) instead ({e})") from e
-        raise
-    return None if c is None else c.numpy()
-
-
-def _loop(loss, a, prompt):
-    """``C (n, G, T, V)`` one group at a time (plain autograd)."""
-    out = np.zeros(a["logp_all"].shape)
-    for k in range(out.shape[0]):
-        c = _plain(loss, _tensors(a, k), prompt)
-        if c is not None:
-            out[k] = c
-    return out
-
-
-def _vmapped(loss, a, prompt):
-    """``C (n, G, T, V)`` of every group at once (``torch.func.vmap`` of ``grad``)."""
-    t = _tensors(a)
-
-    def one(lpa, spa, rpa, tok, mask, R):
-        return _check_output(loss(make_batch(lpa, spa, rpa, tok, mask, R, prompt)))
-    dims = (0, 0, None if t["ref_logp_all"] is None else 0, 0, 0, 0)
-    f = torch.func.vmap(torch.func.grad(one), in_dims=dims)
-    return f(t["logp_all"], t["sampler_logp_all"], t["ref_logp_all"], t["tokens"], t["mask"],
-             t["rewards"]).numpy()
-
-
-class _Coefficients:
-    """Evaluates ``C`` chunk by chunk, vectorised until the loss refuses ``vmap``, with
-    one torch thread (the tensors are small; more threads only contend). Records
-    whether any coefficient was nonzero, and keeps the first group of each prompt to
-    probe, if none was, whether the loss reaches the log-probabilities at all."""
-
-    def __init__(self, loss, vectorize):
-        self.loss, self.vectorize = loss, vectorize
-        self.nonzero, self.probes = False, []
-
-    def __call__(self, a, prompt):
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            C = self._evaluate(a, prompt)
-        finally:
-            torch.set_num_threads(threads)
-        if not self.nonzero:
-            self.nonzero = bool(np.any(np.where(a["mask"][..., None], C, 0.0) != 0))
-            if len(self.probes) < _PROBES:
-                self.probes.append(({k: None if v is None else v[:1] for k, v in a.items()},
-                                    prompt))
-        return C
-
-    def _evaluate(self, a, prompt):
-        if self.vectorize:
-            try:
-                return _vmapped(self.loss, a, prompt)
-            except Exception:  # the loss does not vectorise (.item(), data-dependent branches)
-                self.vectorize = False
-        return _loop(self.loss, a, prompt)
-
-    def check_connected(self):
-        """Refuse a loss whose gradient vanished because it never reaches ``logp``: no
-        coefficient was nonzero and no probed group has an autograd path to it."""
-        if self.nonzero:
-            return
-        for a, prompt in self.probes:
-            if _plain(self.loss, _tensors(a, 0), prompt) is not None:
-                return
-        raise ValueError("loss(batch) does not depend on the log-probabilities: on the "
-                         "groups probed it returns a tensor with no autograd path to "
-                         "batch.logp or batch.logp_all (a .detach(), .item(), torch.no_grad "
-                         "or a constant), so its gradient is 0 by construction, not in "
-                         "expectation; compute the loss from batch.logp")
-
-
-# Groups (the first of a prompt's first chunks) probed for an autograd path.
-_PROBES = 8
-
-
-def loss_coefficients(loss, arrays, prompt, vectorize=True):
-    """``C = dL/dlogp_all (n, G, T, V)`` of the groups in ``arrays``
-    (:func:`fisher_ref.estimators.batch.group_arrays`)."""
-    return _Coefficients(loss, vectorize)(arrays, prompt)
-
-
-def _check_finite(a, C, prompt):
-    """Refuse a loss whose ``dL/dlogp_all`` is NaN or infinite at a real token of a group
-    that can be drawn (the expectation would be NaN, silently)."""
-    bad = ~np.isfinite(np.where(a["mask"][..., None], C, 0.0)).all(axis=(1, 2, 3))  # (n,)
-    if bad.any():
-        k = int(np.argmax(bad))
-        resp = [[int(v) for v in row if v >= 0] for row in a["tokens"][k]]
-        raise ValueError(f"loss(batch) has a NaN or infinite gradient dL/dlogp on "
-                         f"{int(bad.sum())} groups of prompt {prompt}, first the responses "
-                         f"{resp} (rewards {a['rewards'][k].tolist()}): the expected gradient "
-                         f"would be NaN; guard the loss (a std or a length of 0, a log of 0)")
-
-
-# Groups of a chunk re-evaluated with their responses permuted when symmetric=True.
-_SYMMETRY_PROBE = 256
-
-
-def _check_symmetric(coeffs, a, C, prompt):
-    """``symmetric=True`` weighs each multiset once for all its orders; refuse a loss
-    whose coefficients do not permute with its responses (the sum would be silently
-    wrong). Probes the first groups of a chunk under a cyclic shift and a swap."""
-    n, G = min(C.shape[0], _SYMMETRY_PROBE), C.shape[1]
-    perms = [np.roll(np.arange(G), 1)] + ([np.r_[1, 0, 2:G]] if G > 2 else [])
-    for perm in perms:
-        sub = {key: None if v is None else v[:n][:, perm] for key, v in a.items()}
-        back = coeffs(sub, prompt)[:, np.argsort(perm)]  # (n, G, T, V), original order
-        ref = np.where(a["mask"][:n, ..., None], C[:n], 0.0)
-        diff = np.abs(np.where(a["mask"][:n, ..., None], back, 0.0) - ref).max()
-        scale = np.abs(ref).max()
-        if not diff <= 1e-9 * scale + 1e-300:
-            raise ValueError(f"symmetric=True, but the loss is not symmetric in its "
-                             f"responses: reordering a group of prompt {prompt} changes "
-                             f"dL/dlogp by {diff:.3g} (largest {scale:.3g}); use "
-                             f"symmetric=False (ordered tuples)")
 
 
 def _group_gradients(table, a, C):
@@ -361,33 +221,111 @@ def kl_gradient(table):
     return _score_sum(table, delta)
 
 
-def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *,
-                           max_groups=DEFAULT_MAX_GROUPS, max_bytes=DEFAULT_MAX_BYTES,
-                           vectorize=True, policy_gradient=None):
-    r"""The exact expected gradient of ``loss`` over groups drawn from the task's sampler.
+def check_groups_per_batch(groups_per_batch, n_groups, max_groups):
+    r"""The number of batches of ``K`` groups out of ``n_groups``, as multisets,
+    :math:`\binom{N + K - 1}{K}`; refuse a ``K`` that is not an integer >= 1
+    (``ValueError``) or past ``max_groups`` batches (:class:`EnumerationTooLarge`), before
+    anything is enumerated."""
+    K = groups_per_batch
+    if isinstance(K, (bool, np.bool_)) or not isinstance(K, (int, np.integer)) or K < 1:
+        raise ValueError(f"groups_per_batch must be an integer >= 1, got {K!r}")
+    K = int(K)
+    if K == 1:
+        return n_groups
+    log10 = (math.lgamma(n_groups + K) - math.lgamma(K + 1) - math.lgamma(n_groups)) \
+        / math.log(10)
+    n = math.inf if log10 > math.log10(max_groups) + 1 else math.comb(n_groups + K - 1, K)
+    if n > max_groups:
+        shown = readable_log10(log10) if n == math.inf else readable(n)
+        raise EnumerationTooLarge(
+            f"expected_loss_gradient refused groups_per_batch={K}: {shown} batches (the "
+            f"multisets of {K} groups out of {readable(n_groups)}), more than "
+            f"max_groups={readable(max_groups)}. Use a smaller groups_per_batch, group_size "
+            f"or task, symmetric=True, or raise max_groups")
+    return n
 
-    .. math:: E[\nabla_\theta L] = \sum_x w_x \sum_{y_1..y_G} \prod_i \mu(y_i|x)
-       \sum_{i,t,b} \frac{\partial L}{\partial\,\mathrm{logp\_all}_{i,t,b}}\,\xi_b(s_{i,t})
+
+def _all_groups(table, G, symmetric, chunk):
+    """Every group of every prompt that can be drawn: prompt rows ``(N,)``, responses
+    ``(N, G)`` and probabilities ``(N,)`` (summing to 1)."""
+    pj, idx, w = [], [], []
+    for j, pr in enumerate(table.prompts):
+        q = np.exp(pr.sampler_logp)  # (M,)
+        for g, mult in groups(len(pr), G, symmetric, chunk=chunk):
+            p = pr.weight * mult * np.prod(q[g], axis=1)  # (n,)
+            keep = p > 0
+            pj.append(np.full(int(keep.sum()), j))
+            idx.append(g[keep])
+            w.append(p[keep])
+    return np.concatenate(pj), np.concatenate(idx), np.concatenate(w)
+
+
+def _batches(table, coeffs, acc, G, K, symmetric, step):
+    r"""Sum over the multisets of ``K`` groups, weight
+    :math:`K!/\prod_j n_j! \prod_k \pi(g_k)`; the loss must be symmetric in its groups
+    (probed on the first chunk). Returns the number of batches."""
+    pj, idx, prob = _all_groups(table, G, symmetric, chunk=max(step, 4096))
+    first, count = True, 0
+    for units, mult in groups(len(prob), K, symmetric=True, chunk=step):
+        w = mult * np.prod(prob[units], axis=1)  # (n,)
+        count += len(w)
+        a = batch_arrays(table, units, pj, idx)
+        C = coeffs(a, None)  # (n, K G, T, V)
+        check_finite(a, C, None)
+        if first:  # the groups rotated; with symmetric, the responses of every group
+            check_symmetric(coeffs, a, C, None, [np.roll(np.arange(K * G), G)], "groups")
+            if symmetric and G > 1:
+                within = (np.arange(K)[:, None] * G + np.roll(np.arange(G), 1)[None, :])
+                check_symmetric(coeffs, a, C, None, [within.ravel()], "responses")
+        first = False
+        acc.add(w, _group_gradients(table, a, C))
+    return count
+
+
+def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *, groups_per_batch=1,
+                           pad="max_len", max_groups=DEFAULT_MAX_GROUPS,
+                           max_bytes=DEFAULT_MAX_BYTES, vectorize=True, policy_gradient=None):
+    r"""The exact expected gradient of ``loss`` over batches drawn from the task's sampler.
+
+    A batch is ``K`` groups; each group's prompt is drawn i.i.d. from the prompt weights
+    :math:`w_x` and its ``G`` responses i.i.d. from :math:`\mu(\cdot|x)`:
+
+    .. math:: E[\nabla_\theta L] = \sum_{g_1..g_K} \prod_k \pi(g_k)
+       \sum_{i,t,b} \frac{\partial L}{\partial\,\mathrm{logp\_all}_{i,t,b}}\,\xi_b(s_{i,t}),
+       \qquad \pi(x, y_1..y_G) = w_x \prod_i \mu(y_i|x),
+
+    summed over the multisets of ``K`` groups with their multiplicities
+    :math:`K!/\prod_j n_j!` when ``K > 1`` (the groups are exchangeable; a loss not
+    symmetric in its groups is refused).
 
     Args:
         task: a :class:`fisher_ref.tasks.Task` (``sampler``: the draw; ``reference``: the
-            KL target, optional).
+            KL target, optional; ``old_policy``: :math:`\theta_{old}` of ``old_logp``).
         loss: ``loss(batch) -> torch scalar``, written to be minimised, reading a
-            :class:`fisher_ref.estimators.LossBatch` of ``group_size`` responses to one
-            prompt.
+            :class:`fisher_ref.estimators.LossBatch` of ``K G`` rows.
         group_size: ``G``, responses per group, i.i.d.
-        symmetric: the loss is symmetric in its responses: enumerate multisets (with
-            their multiplicities) instead of ordered tuples.
+        symmetric: the loss is symmetric in the responses of a group: enumerate multisets
+            (with their multiplicities) instead of ordered tuples.
+        groups_per_batch: ``K``, groups per batch (1: one group, as before).
+        pad: ``"max_len"`` (every batch ``T = max_len`` wide) or ``"longest"`` (each batch
+            as wide as its longest response, as trainers pad).
         max_groups, max_bytes: refuse (:class:`fisher_ref.engine.plan.EnumerationTooLarge`)
-            past this many groups, or when the per-state scores need more memory.
-        vectorize: evaluate the groups of a chunk at once with ``torch.func.vmap``
-            (a loss that does not vectorise falls back to one group at a time).
+            past this many groups (or batches), or when the per-state scores need more
+            memory; refused before anything is enumerated.
+        vectorize: evaluate the batches of a chunk at once with ``torch.func.vmap``
+            (a loss that does not vectorise falls back to one batch at a time, with a
+            :class:`fisher_ref.estimators.audit.VmapFallbackWarning`).
         policy_gradient: :math:`\nabla E_p[R]` if already known (else the same finite sum
             :func:`fisher_ref.exact` takes, :math:`E_p[(R - b) h]`, over the responses
             enumerated here; the tests hold the two at 1e-10).
 
     Returns:
         :class:`LossGradient`.
+
+    Raises:
+        ValueError: a bad ``groups_per_batch``, ``pad``, ``symmetric``, a loss whose
+            gradient is not finite, a loss not symmetric where declared; an exception of
+            the loss is raised again with the batch it was raised on.
 
     Example:
         >>> from fisher_ref import load_config
@@ -396,10 +334,17 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *,
         ...                             lambda b: -(b.rewards * b.logp.sum(1)).mean())
         >>> round(lg.scale, 10), lg.relative_bias < 1e-10
         (-1.0, True)
+        >>> lg2 = expected_loss_gradient(load_config("tabular"),
+        ...                              lambda b: -(b.rewards * b.logp.sum(1)).mean(),
+        ...                              groups_per_batch=2)
+        >>> lg2.n_batches, round(lg2.scale, 10)
+        (465, -1.0)
     """
     require_task(task)
     if not isinstance(symmetric, (bool, np.bool_)):
         raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
+    if not isinstance(pad, str) or pad not in PADS:
+        raise ValueError(f"pad must be one of {', '.join(map(repr, PADS))}, got {pad!r}")
     for name, value in (("max_groups", max_groups), ("max_bytes", max_bytes)):
         if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
                                                              np.floating)) or not value >= 1:
@@ -408,16 +353,21 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *,
         raise TypeError(f"loss must be a callable loss(batch) -> torch scalar, got "
                         f"{type(loss).__name__}")
     n_groups = check_groups(task, group_size, symmetric, max_groups)
-    G = int(group_size)
+    n_batches = check_groups_per_batch(groups_per_batch, n_groups, max_groups)
+    G, K = int(group_size), int(groups_per_batch)
     table = response_table(task, max_bytes)
+    limit = batch_limit(table, G)
     P = table.xi.shape[2]
     if policy_gradient is not None:
         policy_gradient = _check_vector(policy_gradient, P, "policy_gradient")
-    coeffs, acc = _Coefficients(loss, vectorize), _Merged(P)
+    coeffs, acc = Coefficients(loss, vectorize, K, limit, pad), _Merged(P)
     T, V = task.max_len, task.model.vocab_size
-    # bounded: the (n, P) gradients and the (n, G, T, V) distributions of one chunk
-    step = max(1, min(_VMAP_GROUPS, _GATHER_ELEMENTS // P, 4 * _GATHER_ELEMENTS // (G * T * V)))
-    for pr in table.prompts:
+    # bounded: the (n, P) gradients and the (n, B, T, V) distributions of one chunk
+    step = max(1, min(_VMAP_GROUPS, _GATHER_ELEMENTS // P,
+                      4 * _GATHER_ELEMENTS // (K * G * T * V)))
+    if K > 1:
+        n_batches = _batches(table, coeffs, acc, G, K, symmetric, step)
+    for pr in table.prompts if K == 1 else ():
         q, first = np.exp(pr.sampler_logp), True  # (M,)
         for idx, mult in groups(len(pr), G, symmetric, chunk=step):
             w = pr.weight * mult * np.prod(q[idx], axis=1)  # (n,)
@@ -428,15 +378,37 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *,
                 continue
             a = group_arrays(table, pr, idx)
             C = coeffs(a, pr.prompt)  # (n, G, T, V)
-            _check_finite(a, C, pr.prompt)
+            check_finite(a, C, pr.prompt)
             if symmetric and G > 1 and first:
-                _check_symmetric(coeffs, a, C, pr.prompt)
+                check_symmetric(coeffs, a, C, pr.prompt)
             first = False
             acc.add(w, _group_gradients(table, a, C))
     coeffs.check_connected()
+    if coeffs.error is not None:
+        warn_fallback(coeffs.error)
     if policy_gradient is None:
         policy_gradient = policy_gradient_of(table, _mean_reward(table))
     return LossGradient(mean=acc.mean * acc.W, policy_gradient=policy_gradient,
                         variance=acc.M2 / acc.W if acc.W > 0 else acc.M2,
                         kl_gradient=kl_gradient(table), group_size=G, symmetric=bool(symmetric),
-                        n_groups=n_groups)
+                        n_groups=n_groups, groups_per_batch=K, n_batches=n_batches, pad=pad,
+                        evaluation=coeffs.evaluation, evaluation_error=coeffs.error,
+                        casts=dict(coeffs.casts), limit=limit)
+
+
+def clipped_share(clipped, unclipped):
+    r"""The fraction of the expected gradient lost to clipping,
+
+    .. math:: s = 1 - \frac{\langle E[\nabla L_{clip}],\, E[\nabla L]\rangle}
+       {\|E[\nabla L]\|^2},
+
+    ``clipped`` and ``unclipped`` the :class:`LossGradient` of the same loss with and
+    without its clip (e.g. ``presets.ppo_clip()`` and ``presets.ppo_clip(clip=False)``): the
+    share of the unclipped expected gradient's length that the clipped one does not
+    carry along it (0: nothing lost; 1: nothing left; negative: clipping lengthened it).
+    """
+    u, c = np.asarray(unclipped.mean), np.asarray(clipped.mean)
+    uu = float(u @ u)
+    if uu == 0:
+        raise ValueError("the unclipped expected gradient vanishes: no share to measure")
+    return 1.0 - float(c @ u) / uu

@@ -97,6 +97,8 @@ class ResponseTable:
         ref_logp: ``(U, V)`` of the reference policy, or ``None``.
         xi: ``(U, V, P)`` scores :math:`\partial \log p(b|s_u) / \partial\theta`.
         prompts: one :class:`PromptResponses` per prompt of nonzero weight.
+        old_logp: ``(U, V)`` of the task's ``old_policy`` (:math:`\theta_{old}`), or
+            ``None`` (the first step, :math:`\theta_{old} = \theta`).
     """
 
     logp: np.ndarray
@@ -104,6 +106,7 @@ class ResponseTable:
     ref_logp: np.ndarray | None
     xi: np.ndarray
     prompts: list
+    old_logp: np.ndarray | None = None
 
     def gather_scores(self, rows, mask):
         """Scores of every token of responses: ``(..., T, V, P)``, zero past the end."""
@@ -171,6 +174,9 @@ def response_table(task, max_bytes=DEFAULT_MAX_BYTES):
     ref = getattr(task, "reference", None)
     ref_logp = None if ref is None else _log_probs(ref.logits(m, task.theta, Wu), Wu, V,
                                                    "reference policy")
+    old = getattr(task, "old_policy", None)
+    old_logp = None if old is None else samp if isinstance(old, str) else _log_probs(
+        old.logits(m, task.theta, Wu), Wu, V, "old policy (the task key 'old_policy')")
     J = checked_sensitivities(task, Wu, tokens_first=True)  # (U, V, P)
     xi = J - np.einsum("uv,uvp->up", np.exp(logp), J)[:, None, :]  # (U, V, P)
     tok0 = np.where(live, resp, 0)  # (M, T)
@@ -182,7 +188,7 @@ def response_table(task, max_bytes=DEFAULT_MAX_BYTES):
         lq = np.where(live, samp[rows, tok0], 0.0).sum(axis=1)  # (M,)
         prompts.append(PromptResponses(x, float(task.prompt_weights[x]), resp, n, live, rows,
                                        R, lp, lq))
-    return ResponseTable(logp, samp, ref_logp, xi, prompts)
+    return ResponseTable(logp, samp, ref_logp, xi, prompts, old_logp)
 
 
 def count_groups(n_responses, group_size, symmetric=False):

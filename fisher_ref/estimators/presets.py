@@ -10,6 +10,17 @@ and the aggregation over tokens and responses (:func:`aggregate`). On policy and
 ``w = 1``, ``agg = seq-mean-token-sum`` this is REINFORCE, whose expected gradient is
 :math:`-\nabla E_p[R]`. GSPO and the KL terms are written out separately.
 
+**Which reading of a batch.** A preset computes on the batch it is given, ``K`` groups of
+``G`` responses (``groups_per_batch``): advantages are taken per group
+(:func:`group_advantages`), and the aggregation says what is normalised over what. A
+mean over responses (``seq-mean-token-sum``, ``seq-mean-token-mean``: REINFORCE, RLOO,
+GRPO's default, the IS presets, GSPO) has the same expectation at every ``K``. A divisor
+read on the batch (``token-mean``: DAPO, TRL's ``dapo``, verl's ``token-mean``, CISPO,
+PPO-clip; ``seq-mean-token-sum-norm``'s padded width) models the **per-group** reading
+at ``K = 1`` and the **per-mini-batch** reading at ``K > 1``; its bias shrinks with ``K``
+towards the **large-batch** reading, ``token-mean-limit``, which divides by the
+constant the divisor tends to (``batch.limit``).
+
 Sources of the conventions (each docstring names the trainer): TRL's ``GRPOTrainer``
 (``loss_type`` "grpo", "dapo", "dr_grpo"; the k3 KL term ``beta * (exp(ref - logp) -
 (ref - logp) - 1)``), verl's ``core_algos`` (``loss_agg_mode`` "token-mean",
@@ -25,148 +36,18 @@ import functools
 import torch
 
 from ..limits import check_real
+from .loss_parts import (ADVANTAGES, AGGREGATIONS, GRPO_EPS, RATIOS, aggregate,  # noqa: F401
+                         advantages, check_band, check_baseline, check_cap, check_kl_kind,
+                         group_advantages, importance_weights)
 
 __all__ = ["AGGREGATIONS", "ADVANTAGES", "RATIOS", "aggregate", "advantages",
-           "importance_weights", "policy_gradient_loss", "reinforce", "group_mean_reinforce",
+           "group_advantages", "importance_weights", "policy_gradient_loss", "reinforce",
+           "group_mean_reinforce",
            "rloo", "grpo", "dr_grpo", "dapo", "sequence_is", "token_is", "prefix_is",
-           "sequence_tis", "token_tis", "sequence_mis", "token_mis", "gspo", "cispo",
+           "sequence_tis", "token_tis", "sequence_mis", "token_mis", "ppo_clip", "dual_clip",
+           "gspo", "cispo",
            "centered", "topk_centered", "kl_loss", "rho_k3", "kl_in_reward", "PRESETS",
            "preset"]
-
-AGGREGATIONS = ("seq-mean-token-sum", "seq-mean-token-mean", "token-mean",
-                "seq-mean-token-sum-norm")
-ADVANTAGES = ("constant", "group_mean", "rloo", "grpo")
-RATIOS = (None, "sequence", "token", "prefix")
-#: GRPO's std-normalisation epsilon (verl's ``compute_grpo_outcome_advantage``).
-GRPO_EPS = 1e-6
-
-
-def _check_baseline(baseline):
-    """A constant baseline: a finite number. ``"mean"`` (:func:`fisher_ref.exact`'s
-    :math:`E_p[R]`) is not known inside a loss, which sees one group."""
-    if isinstance(baseline, str):
-        raise ValueError(f"baseline={baseline!r}: a loss sees one group, not E_p[R], so a "
-                         f"preset takes a constant baseline (a number); for the group's own "
-                         f"mean use advantage='group_mean' or 'rloo'")
-    return check_real(baseline, "baseline")
-
-
-def _check_cap(cap):
-    return None if cap is None else check_real(cap, "cap", positive=True)
-
-
-def _check_band(band):
-    """``(a, b)`` with ``0 <= a < b``, finite: the kept range of the weights."""
-    if band is None:
-        return None
-    if isinstance(band, (str, bytes)) or not hasattr(band, "__len__") or len(band) != 2:
-        raise ValueError(f"band must be a pair (a, b) of numbers with 0 <= a < b, got "
-                         f"{band!r}")
-    lo, hi = (check_real(v, "band") for v in band)
-    if not 0 <= lo < hi:
-        raise ValueError(f"band must be a pair (a, b) of numbers with 0 <= a < b (weights "
-                         f"outside it are masked), got {tuple(band)!r}")
-    return lo, hi
-
-
-def _check_kind(kind):
-    if kind not in ("k1", "k2", "k3"):
-        raise ValueError(f"unknown KL estimator {kind!r}; known: k1, k2, k3")
-    return kind
-
-
-def _named(name, doc):
-    def wrap(fn):
-        fn.__name__ = fn.__qualname__ = name
-        fn.__doc__ = doc
-        return fn
-    return wrap
-
-
-def aggregate(loss_mat, mask, mode="seq-mean-token-sum"):
-    r"""Reduce per-token losses ``(B, T)`` to a scalar (verl's ``agg_loss`` names).
-
-    - ``"seq-mean-token-sum"``: :math:`\frac1B\sum_i\sum_t \ell_{i,t}` (REINFORCE);
-    - ``"seq-mean-token-mean"``: :math:`\frac1B\sum_i\frac{1}{|y_i|}\sum_t \ell_{i,t}`
-      (GRPO's 1/|y| length normalisation);
-    - ``"token-mean"``: :math:`\sum_{i,t}\ell_{i,t}/\sum_i|y_i|` (DAPO, TRL's default);
-    - ``"seq-mean-token-sum-norm"``: :math:`\sum_{i,t}\ell_{i,t}/T` with ``T`` the
-      longest response allowed (Dr. GRPO as verl writes it, ``loss_mask.shape[-1]``; TRL's
-      ``dr_grpo`` divides by :math:`B\,T` instead, :func:`dr_grpo`).
-    """
-    m = mask.to(loss_mat.dtype)
-    lm = loss_mat * m
-    B, T = loss_mat.shape
-    if mode == "seq-mean-token-sum":
-        return lm.sum(-1).mean()
-    if mode == "seq-mean-token-mean":
-        return (lm.sum(-1) / m.sum(-1)).mean()
-    if mode == "token-mean":
-        return lm.sum() / m.sum()
-    if mode == "seq-mean-token-sum-norm":
-        return lm.sum() / T
-    raise ValueError(f"unknown aggregation {mode!r}; known: {', '.join(AGGREGATIONS)}")
-
-
-def advantages(rewards, kind="constant", baseline=0.0):
-    r"""Advantages ``(B,)`` of a group's rewards.
-
-    - ``"constant"``: :math:`R_i - b` (REINFORCE with a constant baseline);
-    - ``"group_mean"``: :math:`R_i - \bar R`, the mean including ``i`` (expectation
-      :math:`(1 - 1/G)` times the policy gradient);
-    - ``"rloo"``: :math:`R_i - \frac{1}{G-1}\sum_{j\ne i}R_j` (leave-one-out, unbiased;
-      TRL's ``RLOOTrainer``, OpenRLHF's ``rloo``); needs ``G >= 2``;
-    - ``"grpo"``: :math:`(R_i - \bar R)/(\mathrm{std}(R) + 10^{-6})`, ``torch.std``
-      unbiased (verl, TRL); a group of one is :math:`R_i/(1 + 10^{-6})` (verl: mean 0,
-      std 1).
-    """
-    G = rewards.shape[0]
-    if kind == "constant":
-        return rewards - baseline
-    if kind == "group_mean":
-        return rewards - rewards.mean()
-    if kind == "rloo":
-        if G < 2:
-            raise ValueError("the RLOO advantage needs group_size >= 2")
-        return (rewards - rewards.mean()) * (G / (G - 1))
-    if kind == "grpo":
-        if G < 2:
-            return rewards / (1 + GRPO_EPS)
-        return (rewards - rewards.mean()) / (rewards.std() + GRPO_EPS)
-    raise ValueError(f"unknown advantage {kind!r}; known: {', '.join(ADVANTAGES)}")
-
-
-def importance_weights(batch, level=None, cap=None, band=None):
-    r"""Detached importance weights ``(B, T)`` of the policy against the sampler.
-
-    With :math:`\rho_t = p(y_t|s_t)/\mu(y_t|s_t)`:
-
-    - ``None``: 1;
-    - ``"sequence"``: :math:`\prod_t \rho_t` on every token of the response;
-    - ``"token"``: :math:`\rho_t`;
-    - ``"prefix"``: :math:`\prod_{u \le t}\rho_u` (per-decision, cumulative).
-
-    ``cap = C`` truncates, :math:`\min(w, C)` (TIS); ``band = (a, b)`` masks,
-    :math:`w\,1[a \le w \le b]` (MIS / IcePop): at the level chosen, so a sequence-level
-    band drops whole responses.
-    """
-    log_r = ((batch.logp - batch.sampler_logp) * batch.mask).detach()  # (B, T)
-    if level is None:
-        w = torch.ones_like(log_r)
-    elif level == "sequence":
-        w = torch.exp(log_r.sum(-1, keepdim=True)).expand_as(log_r)
-    elif level == "token":
-        w = torch.exp(log_r)
-    elif level == "prefix":
-        w = torch.exp(torch.cumsum(log_r, -1))
-    else:
-        raise ValueError(f"unknown importance level {level!r}; known: {RATIOS}")
-    if cap is not None:
-        w = torch.clamp(w, max=cap)
-    if band is not None:
-        lo, hi = band
-        w = torch.where((w >= lo) & (w <= hi), w, torch.zeros_like(w))
-    return w
 
 
 def policy_gradient_loss(advantage="constant", ratio=None, aggregation="seq-mean-token-sum",
@@ -178,20 +59,22 @@ def policy_gradient_loss(advantage="constant", ratio=None, aggregation="seq-mean
                                (ratio, RATIOS, "ratio")):
         if value not in known:
             raise ValueError(f"unknown {what} {value!r}; known: {known}")
-    baseline, cap, band = _check_baseline(baseline), _check_cap(cap), _check_band(band)
+    baseline, cap, band = check_baseline(baseline), check_cap(cap), check_band(band)
 
     def loss(batch):
-        A = advantages(batch.rewards, advantage, baseline).detach()  # (B,)
+        A = group_advantages(batch, advantage, baseline).detach()  # (B,)
         w = importance_weights(batch, ratio, cap, band)  # (B, T)
-        return aggregate(-w * A[:, None] * batch.logp, batch.mask, aggregation)
+        return aggregate(-w * A[:, None] * batch.logp, batch.mask, aggregation,
+                         getattr(batch, "limit", None))
     loss.__name__ = f"pg_{advantage}_{ratio or 'none'}_{aggregation}"
     return loss
 
 
 def reinforce(baseline=0.0):
     r"""REINFORCE with a constant baseline: :math:`L = -\frac1B\sum_i (R_i - b)\sum_t
-    \log p_{i,t}`; :math:`E[\nabla L] = -\nabla E_p[R]` on policy (OpenRLHF's
-    ``reinforce``; verl's ``seq-mean-token-sum``)."""
+    \log p_{i,t}`; :math:`E[\nabla L] = -\nabla E_p[R]` on policy, at every
+    ``groups_per_batch`` (a mean over responses; OpenRLHF's ``reinforce``; verl's
+    ``seq-mean-token-sum``)."""
     return policy_gradient_loss("constant", baseline=baseline)
 
 
@@ -211,8 +94,11 @@ def rloo():
 def grpo(aggregation="seq-mean-token-mean"):
     r"""GRPO: :math:`A_i = (R_i - \bar R)/(\mathrm{std}(R) + 10^{-6})` with the 1/|y|
     length normalisation by default (DeepSeekMath; TRL ``loss_type="grpo"``; verl
-    ``seq-mean-token-mean``); ``aggregation="token-mean"`` is DAPO / TRL's default,
-    ``"seq-mean-token-sum-norm"`` Dr. GRPO's normalisation."""
+    ``seq-mean-token-mean``), the advantage per group of the batch;
+    ``aggregation="token-mean"`` divides by the tokens of the batch it is given (DAPO,
+    TRL's ``dapo``, verl's ``token-mean``: the per-group reading at ``groups_per_batch=1``,
+    the per-mini-batch reading at ``K``), ``"token-mean-limit"`` by their large-batch
+    limit, ``"seq-mean-token-sum-norm"`` by the padded width (Dr. GRPO in verl)."""
     return policy_gradient_loss("grpo", aggregation=aggregation)
 
 
@@ -230,7 +116,11 @@ def dr_grpo():
 
 
 def dapo():
-    r"""DAPO's token-mean aggregation of the GRPO advantage (TRL ``loss_type="dapo"``)."""
+    r"""DAPO's token-mean aggregation of the GRPO advantage (TRL ``loss_type="dapo"``,
+    which divides by ``num_items_in_batch``, the tokens of its generation batch): the
+    divisor is the token count of the batch the loss is given, one group at
+    ``groups_per_batch=1``, ``K`` groups otherwise; ``grpo("token-mean-limit")`` is its
+    large-batch reading."""
     return grpo("token-mean")
 
 
@@ -276,45 +166,101 @@ def token_mis(band=(0.5, 2.0), advantage="constant", baseline=0.0):
     return policy_gradient_loss(advantage, "token", baseline=baseline, band=band)
 
 
-def gspo(eps_low=3e-4, eps_high=4e-4, advantage="grpo"):
-    r"""GSPO: the geometric-mean sequence ratio
-    :math:`s_i = \exp(\frac{1}{|y_i|}\sum_t(\log p_t - \log\mu_t))`, differentiable,
+def _old(batch):
+    r""":math:`\log p_{\theta_{old}}` of the generated tokens: the task's ``old_policy``
+    when it has one, else the sampler's (the policy that drew the responses)."""
+    return batch.sampler_logp if getattr(batch, "old_logp_all", None) is None \
+        else batch.old_logp
+
+
+def ppo_clip(eps_low=0.2, eps_high=0.2, dual_clip=None, advantage="grpo",
+             aggregation="token-mean", clip=True):
+    r"""PPO's clipped surrogate with the ratio :math:`r_{i,t} = p_\theta/p_{\theta_{old}}`
+    (``old_logp``, differentiable in :math:`\theta`):
+    :math:`\ell = \max(-A r, -A\,\mathrm{clip}(r, 1-\epsilon_l, 1+\epsilon_h))`, and with
+    ``dual_clip = c > 1`` :math:`\min(\ell, -cA)` where :math:`A < 0` (verl's vanilla
+    policy loss with ``clip_ratio_c``; OpenRLHF's ``PolicyLoss`` with ``dual_clip``; TRL
+    GRPO's token-level loss). ``clip=False`` is the unclipped surrogate :math:`-A r`, whose
+    gradient is :math:`-r A\nabla\log p` (token-level importance sampling), the reference
+    of :func:`fisher_ref.estimators.gradient.clipped_share`. At the first step
+    (:math:`\theta_{old} = \theta`) the clip is inactive; set the task's ``old_policy``
+    for a later step. Aggregated over the batch as ``aggregation`` (:func:`aggregate`)."""
+    eps_low = check_real(eps_low, "eps_low", positive=True)
+    eps_high = check_real(eps_high, "eps_high", positive=True)
+    if dual_clip is not None and not check_real(dual_clip, "dual_clip") > 1:
+        raise ValueError(f"dual_clip must be a number above 1 (the bound -c A on a "
+                         f"negative advantage), got {dual_clip!r}")
+    for value, known, what in ((advantage, ADVANTAGES, "advantage"),
+                               (aggregation, AGGREGATIONS, "aggregation")):
+        if value not in known:
+            raise ValueError(f"unknown {what} {value!r}; known: {known}")
+
+    def loss(batch):
+        A = group_advantages(batch, advantage).detach()[:, None]  # (B, 1)
+        r = torch.exp(batch.logp - batch.old_logp)  # (B, T)
+        if not clip:
+            return aggregate(-A * r, batch.mask, aggregation, batch.limit)
+        pg = torch.maximum(-A * r, -A * torch.clamp(r, 1 - eps_low, 1 + eps_high))
+        if dual_clip is not None:
+            pg = torch.where(A < 0, torch.minimum(pg, -A * dual_clip), pg)
+        return aggregate(pg, batch.mask, aggregation, batch.limit)
+    loss.__name__ = "ppo_clip" if dual_clip is None else "dual_clip"
+    return loss
+
+
+def dual_clip(c=3.0, eps_low=0.2, eps_high=0.2, advantage="grpo", aggregation="token-mean"):
+    r"""Dual-clip PPO (Ye et al. 2020): :func:`ppo_clip` with ``dual_clip = c``."""
+    return ppo_clip(eps_low, eps_high, c, advantage, aggregation)
+
+
+def gspo(eps_low=3e-4, eps_high=4e-4, advantage="grpo", clip=True):
+    r"""GSPO: the geometric-mean sequence ratio against :math:`\theta_{old}` (the task's
+    ``old_policy``, else the sampler)
+    :math:`s_i = \exp(\frac{1}{|y_i|}\sum_t(\log p_t - \log p_{old,t}))`, differentiable,
     :math:`L = -\frac1B\sum_i\min(s_iA_i, \mathrm{clip}(s_i, 1-\epsilon_l, 1+\epsilon_h)A_i)`
     (Qwen's GSPO; TRL ``importance_sampling_level="sequence"``). Its gradient is
-    :math:`s_i A_i \frac{1}{|y_i|}\sum_t\nabla\log p_t` inside the band."""
+    :math:`s_i A_i \frac{1}{|y_i|}\sum_t\nabla\log p_t` inside the band; ``clip=False`` is
+    :math:`-\frac1B\sum_i s_iA_i`, the reference of
+    :func:`fisher_ref.estimators.gradient.clipped_share`."""
     eps_low = check_real(eps_low, "eps_low", positive=True)
     eps_high = check_real(eps_high, "eps_high", positive=True)
     if advantage not in ADVANTAGES:
         raise ValueError(f"unknown advantage {advantage!r}; known: {ADVANTAGES}")
 
     def loss(batch):
-        A = advantages(batch.rewards, advantage).detach()
+        A = group_advantages(batch, advantage).detach()
         m = batch.mask.to(batch.logp.dtype)
-        s = torch.exp(((batch.logp - batch.sampler_logp) * m).sum(-1) / m.sum(-1))  # (B,)
+        s = torch.exp(((batch.logp - _old(batch)) * m).sum(-1) / m.sum(-1))  # (B,)
+        if not clip:
+            return -(s * A).mean()
         clipped = torch.clamp(s, 1 - eps_low, 1 + eps_high)
         return -torch.minimum(s * A, clipped * A).mean()
     loss.__name__ = "gspo"
     return loss
 
 
-def cispo(eps_high=0.2, advantage="grpo"):
-    r"""CISPO at the first step: :math:`L = -\sum_{i,t}\mathrm{sg}(\min(r_{i,t},
-    1+\epsilon_h))A_i\log p_{i,t}/\sum_i|y_i|`, :math:`r = p/p_{old} = 1` when
-    :math:`\theta_{old} = \theta` (MiniMax-M1; verl and slime ``cispo``)."""
+def cispo(eps_high=0.2, advantage="grpo", clip=True):
+    r"""CISPO: :math:`L = -\sum_{i,t}\mathrm{sg}(\min(r_{i,t},
+    1+\epsilon_h))A_i\log p_{i,t}/\sum_i|y_i|`, :math:`r = p/p_{old}` (``old_logp``: 1
+    at the first step, the task's ``old_policy`` after it; MiniMax-M1; verl and slime
+    ``cispo``); token-mean over the whole batch (the per-batch reading). ``clip=False``
+    weighs by :math:`\mathrm{sg}(r)` uncapped, the reference of
+    :func:`fisher_ref.estimators.gradient.clipped_share`."""
     eps_high = check_real(eps_high, "eps_high", positive=True)
     if advantage not in ADVANTAGES:
         raise ValueError(f"unknown advantage {advantage!r}; known: {ADVANTAGES}")
 
     def loss(batch):
-        A = advantages(batch.rewards, advantage).detach()
-        r = torch.exp(batch.logp - batch.old_logp).clamp(max=1 + eps_high).detach()
+        A = group_advantages(batch, advantage).detach()
+        r = torch.exp(batch.logp - batch.old_logp)
+        r = (r.clamp(max=1 + eps_high) if clip else r).detach()
         return aggregate(-r * A[:, None] * batch.logp, batch.mask, "token-mean")
     loss.__name__ = "cispo"
     return loss
 
 
 def _centered_loss(center, baseline, name):
-    baseline = _check_baseline(baseline)
+    baseline = check_baseline(baseline)
 
     def loss(batch):
         A = (batch.rewards - baseline).detach()
@@ -371,7 +317,7 @@ def kl_loss(kind="k3", beta=1.0):
     :math:`= e^{-\delta} - 1 + \delta` (per state :math:`\nabla KL_s(ref\|p)`, the forward
     KL). TRL GRPO's ``beta`` term is k3, token-mean; verl ``kl_loss_type``
     (``kl``/``mse``/``low_var_kl``); OpenRLHF ``kl_estimator`` k1/k2/k3."""
-    kind, beta = _check_kind(kind), check_real(beta, "beta", positive=True)
+    kind, beta = check_kl_kind(kind), check_real(beta, "beta", positive=True)
 
     def loss(batch):
         _need_reference(batch)
@@ -424,6 +370,8 @@ PRESETS = {
     "token_tis": (token_tis, False, 1),
     "sequence_mis": (sequence_mis, False, 1),
     "token_mis": (token_mis, False, 1),
+    "ppo_clip": (ppo_clip, False, 2),
+    "dual_clip": (dual_clip, False, 2),
     "gspo": (gspo, False, 2),
     "cispo": (cispo, False, 2),
     "centered": (centered, False, 1),

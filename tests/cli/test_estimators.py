@@ -53,8 +53,22 @@ def test_group_size_one_leaves_out_group_presets(capsys):
     (["--group-size", "3", "--max-groups", "10"], "groups"),
     (["--group-size", "two"], "group-size"),
     (["--config", "nope"], "unknown config"),
+    (["--groups-per-batch", "0"], "--groups-per-batch"),
+    (["--groups-per-batch", "1.5"], "groups-per-batch"),
+    (["--groups-per-batch", "3", "--group-size", "2"], "groups_per_batch=3"),
+    (["--pad", "short"], "--pad"),
 ])
 def test_bad_input_exits_2(argv, match, capsys):
     assert main(["estimators", "--config", "tabular"][: 3 if "--config" not in argv else 1]
                 + argv) == 2
     assert match in capsys.readouterr().err
+
+
+def test_groups_per_batch_and_pad_reach_the_library(capsys):
+    task = tiny_task(vocab=2, max_len=3)
+    (row,) = report_rows(task, 2, 4, ["dr_grpo"], groups_per_batch=2, pad="longest")
+    lg = expected_loss_gradient(task, P.dr_grpo(), 2, groups_per_batch=2, pad="longest")
+    assert row[2:5] == pytest.approx((lg.scale, lg.cosine, lg.relative_bias), rel=1e-12)
+    assert main(["estimators", "--config", "tabular", "--group-size", "1", "--preset",
+                 "reinforce", "--groups-per-batch", "2"]) == 0
+    assert "groups per batch 2" in capsys.readouterr().out

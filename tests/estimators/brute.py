@@ -1,7 +1,12 @@
 """An independent brute force for the expected gradient of a loss: every group of
 responses listed by ``itertools``, each group's loss differentiated with respect to
 ``theta`` by torch autograd through the torch twin of the model (no scores, no chain
-rule through ``logp_all``, no vmap)."""
+rule through ``logp_all``, no vmap).
+
+:func:`brute_force_batches` does the same for mini-batches of ``K`` groups: every ordered
+tuple of ``K`` (prompt, ordered response tuple) pairs, weighted by the product of their
+probabilities (no multisets, no exchangeability), with the old policy, the padding to
+the longest response and the large-batch constants rebuilt here."""
 from __future__ import annotations
 
 import itertools
@@ -11,7 +16,7 @@ import torch
 
 import cases
 from fisher_ref import task_from_json
-from fisher_ref.estimators.batch import LossBatch
+from fisher_ref.estimators.batch import BatchLimit, LossBatch
 from fisher_ref.torch.registry import torch_model
 
 TINY = {"vocab_size": 3, "context": 2, "embed_dim": 2, "hidden": 3, "eos": True,
@@ -19,16 +24,19 @@ TINY = {"vocab_size": 3, "context": 2, "embed_dim": 2, "hidden": 3, "eos": True,
 
 
 def tiny_task(sampler=None, reference=None, eos=True, max_len=2, baseline=0.0, seed=0,
-              one_prompt=False):
-    """A tiny MLP task (V = 3, two prompts of unequal weight, or one)."""
-    prompts, weights = ([[2, 1]], [1.0]) if one_prompt else ([[1], [2, 1]], [0.6, 0.4])
-    spec = {"model": dict(TINY, eos=eos, init_seed=seed), "prompts": prompts,
+              one_prompt=False, old_policy=None, vocab=3):
+    """A tiny MLP task (V = 3, or ``vocab``; two prompts of unequal weight, or one)."""
+    prompts, weights = ([[2 % vocab, 1]], [1.0]) if one_prompt else ([[1], [2 % vocab, 1]],
+                                                                    [0.6, 0.4])
+    spec = {"model": dict(TINY, eos=eos, init_seed=seed, vocab_size=vocab), "prompts": prompts,
             "prompt_weights": weights, "max_len": max_len,
             "reward": {"name": "count", "token": 1}, "baseline": baseline}
     if sampler is not None:
         spec["sampler"] = sampler
     if reference is not None:
         spec["reference"] = reference
+    if old_policy is not None:
+        spec["old_policy"] = old_policy
     return task_from_json(spec)
 
 
@@ -49,9 +57,12 @@ def _per_response(task, adapter, theta, prompt, y):
     lp = torch.log_softmax(adapter.logits(theta, torch.tensor(W)), dim=-1)  # (n, V)
     pad = torch.zeros((T - len(y), V), dtype=torch.float64)
     out = {"logp_all": torch.cat([lp, pad])}
-    for key, dist in (("sampler", task.sampler), ("ref", getattr(task, "reference", None))):
+    old = getattr(task, "old_policy", None)
+    for key, dist in (("sampler", task.sampler), ("ref", getattr(task, "reference", None)),
+                      ("old", task.sampler if old == "sampler" else old)):
         if dist is None:
-            out[key] = None if key == "ref" else out["logp_all"].detach().clone()
+            out[key] = None if key == "ref" or (key == "old" and old is None) \
+                else out["logp_all"].detach().clone()
             continue
         z = np.asarray(dist.logits(m, task.theta, W), dtype=float)
         out[key] = torch.cat([torch.tensor(_log_softmax_np(z)), pad])
@@ -126,3 +137,84 @@ def state_kl_gradient(task, direction):
                 kl = (lp.exp() * (lp - lr)).sum()
             total = total + task.prompt_weights[x] * q * kl
     return torch.autograd.grad(total, theta)[0].numpy()
+
+
+def _limit(task, ys, G):
+    """The large-batch constants by brute force: moments of |y| and R under the sampler."""
+    adapter = torch_model(task.model)
+    theta = torch.tensor(task.theta)
+    n = r1 = r2 = 0.0
+    for x, prompt in enumerate(task.prompts):
+        for y in ys:
+            r = _per_response(task, adapter, theta, prompt, y)
+            q = task.prompt_weights[x] * float(np.exp(sum(r["sampler"][t, y[t]].item()
+                                                          for t in range(len(y)))))
+            R = task.reward(prompt, list(y))
+            n, r1, r2 = n + q * len(y), r1 + q * R, r2 + q * R * R
+    return {"tokens_per_response": n, "tokens_per_group": G * n, "reward_mean": r1,
+            "reward_std": float(np.sqrt(r2 - r1 * r1))}
+
+
+def _mini_batch(parts, T, K, limit, pad):
+    """A LossBatch of the groups ``parts`` [(rows, ys, R, x), ...] in order."""
+    rows = [r for p in parts for r in p[0]]
+    ys = [y for p in parts for y in p[1]]
+    Tb = max(len(y) for y in ys) if pad == "longest" else T
+    lpa = torch.stack([r["logp_all"][:Tb] for r in rows])  # (K G, Tb, V)
+    spa = torch.stack([r["sampler"][:Tb] for r in rows])
+    rpa = None if rows[0]["ref"] is None else torch.stack([r["ref"][:Tb] for r in rows])
+    opa = None if rows[0]["old"] is None else torch.stack([r["old"][:Tb] for r in rows])
+    tokens = torch.tensor([list(y) + [-1] * (Tb - len(y)) for y in ys])
+    mask = tokens >= 0
+    idx = tokens.clamp(min=0)[..., None]
+
+    def at(a):
+        return None if a is None else torch.where(mask, a.gather(-1, idx)[..., 0], 0.0)
+    logp = at(lpa)
+    G = len(parts[0][1])
+    prompts = torch.tensor([p[3] for p in parts for _ in range(G)])
+    groups = torch.tensor([k for k in range(K) for _ in range(G)])
+    lim = BatchLimit(**limit, group_size=G)
+    return LossBatch(logp=logp, old_logp=logp.detach() if opa is None else at(opa),
+                     sampler_logp=at(spa), ref_logp=at(rpa), mask=mask,
+                     rewards=torch.tensor([R for p in parts for R in p[2]],
+                                          dtype=torch.float64),
+                     lengths=mask.sum(1), tokens=tokens, prompt=parts[0][3] if K == 1 else None,
+                     logp_all=lpa, sampler_logp_all=spa, ref_logp_all=rpa, old_logp_all=opa,
+                     prompts=prompts, groups=groups, groups_per_batch=K, limit=lim)
+
+
+def brute_force_batches(task, loss, group_size, groups_per_batch, pad="max_len"):
+    """``(mean, variance, limit)`` over every ordered tuple of ``K`` groups (a group: a
+    prompt and an ordered tuple of ``G`` responses), autograd per batch."""
+    adapter = torch_model(task.model)
+    theta = torch.tensor(task.theta, requires_grad=True)
+    V, T, eos = task.model.vocab_size, task.max_len, task.model.eos
+    ys = cases.all_responses(V, T, eos)
+    G, K = group_size, groups_per_batch
+    limit = _limit(task, ys, G)
+    units = []  # (probability, (rows, ys, R, x))
+    for x, prompt in enumerate(task.prompts):
+        rows = [_per_response(task, adapter, theta, prompt, y) for y in ys]
+        R = [task.reward(prompt, list(y)) for y in ys]
+        q = [float(np.exp(sum(r["sampler"][t, y[t]].item() for t in range(len(y)))))
+             for r, y in zip(rows, ys)]
+        for g in itertools.product(range(len(ys)), repeat=G):
+            w = task.prompt_weights[x] * np.prod([q[i] for i in g])
+            if w > 0:
+                units.append((w, ([rows[i] for i in g], [ys[i] for i in g],
+                                  [R[i] for i in g], x)))
+    grads, weights = [], []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small tensors: more threads only contend
+    try:
+        for combo in itertools.product(units, repeat=K):
+            b = _mini_batch([c[1] for c in combo], T, K, limit, pad)
+            (d,) = torch.autograd.grad(loss(b), theta, retain_graph=True, allow_unused=True)
+            grads.append(np.zeros(theta.shape) if d is None else d.numpy())
+            weights.append(np.prod([c[0] for c in combo]))
+    finally:
+        torch.set_num_threads(threads)
+    g, w = np.array(grads), np.array(weights)
+    mean = w @ g
+    return mean, w @ (g - mean) ** 2, limit

@@ -52,3 +52,29 @@ def test_group_arrays_and_make_batch_read_the_table():
                       if k != "rows"}, prompt=0)
     assert c.ref_logp is None and c.ref_logp_all is None
     assert torch.equal(c.sampler_logp, c.old_logp)  # on policy: the sampler is the policy
+
+
+def test_batch_limit_is_the_brute_force_moments():
+    """tokens per response and group, reward mean and std under the sampler."""
+    import cases
+    from fisher_ref.estimators.batch import batch_limit
+
+    from .brute import _limit
+    task = tiny_task(STALE, max_len=3)
+    lim = batch_limit(response_table(task), 3)
+    want = _limit(task, cases.all_responses(3, 3, True), 3)
+    for key, value in want.items():
+        assert abs(getattr(lim, key) - value) <= 1e-10 * abs(value), key
+    assert lim.group_size == 3
+
+
+def test_batch_arrays_put_the_groups_one_after_the_other():
+    from fisher_ref.estimators.batch import batch_arrays
+    table = response_table(tiny_task(STALE))
+    pj, idx = np.array([0, 1, 1]), np.array([[0, 1], [2, 3], [4, 4]])  # 3 groups, G = 2
+    a = batch_arrays(table, np.array([[0, 2], [1, 1]]), pj, idx)  # 2 batches of K = 2
+    assert a["groups"].tolist() == [[0, 0, 1, 1]] * 2
+    assert a["prompts"].tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
+    one = group_arrays(table, table.prompts[1], idx[[2]])
+    assert np.array_equal(a["logp_all"][0, 2:], one["logp_all"][0])
+    assert np.array_equal(a["rewards"][1], np.tile(table.prompts[1].rewards[[2, 3]], 2))

@@ -1,5 +1,5 @@
 """Fuzzing the estimators surface: random tiny tasks, random presets with random
-arguments, random group sizes.
+arguments, random group sizes and groups per batch.
 
 A preset built from valid arguments gives the mean and variance of the independent brute
 force (tests/estimators/brute.py) at 1e-10; an argument outside its documented range is
@@ -18,7 +18,7 @@ import cases
 from fisher_ref.estimators import expected_loss_gradient
 from fisher_ref.estimators import presets as P
 
-from .brute import brute_force, tiny_task
+from .brute import brute_force_batches, tiny_task
 
 SETTINGS = dict(derandomize=True, database=None, deadline=None, max_examples=12,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -58,13 +58,16 @@ def valid_presets(draw):
 
 
 @given(preset=valid_presets(), sampler=st.sampled_from(range(len(SAMPLERS))),
-       seed=st.integers(0, 5), eos=st.booleans(), extra=st.integers(0, 1))
+       seed=st.integers(0, 5), eos=st.booleans(), extra=st.integers(0, 1),
+       two_groups=st.booleans())
 @settings(**SETTINGS)
-def test_valid_presets_equal_the_brute_force(preset, sampler, seed, eos, extra):
+def test_valid_presets_equal_the_brute_force(preset, sampler, seed, eos, extra, two_groups):
     name, loss, G = preset
-    task = tiny_task(SAMPLERS[sampler], REF, eos=eos, seed=seed, one_prompt=G + extra > 2)
-    lg = expected_loss_gradient(task, loss, G + extra)
-    mean, var, _ = brute_force(task, loss, G + extra)
+    G += extra
+    K = 2 if two_groups and G == 1 else 1  # two groups of one response: 49 batches a prompt
+    task = tiny_task(SAMPLERS[sampler], REF, eos=eos, seed=seed, one_prompt=G * K > 2)
+    lg = expected_loss_gradient(task, loss, G, groups_per_batch=K)
+    mean, var, _ = brute_force_batches(task, loss, G, K)
     # on the scale of one group's gradient (k1 on policy has E = 0: rounding alone)
     scale = max(np.abs(mean).max(), np.sqrt(var.max()), 1e-300)
     assert np.abs(lg.mean - mean).max() <= cases.RTOL * scale, (name, seed)

@@ -1,0 +1,69 @@
+"""Write the numbers of docs/bench/estimators/*.json into the pages that quote them,
+between their ``<!-- NAME -->`` and ``<!-- end NAME -->`` markers:
+docs/check/rl_losses.md (batch_bias) and docs/performance/speed.md (batch_cost).
+tests/docs/test_estimator_records.py holds the pages to these renderings.
+
+    PYTHONPATH=. python benchmarks/estimators/update_docs.py
+"""
+import json
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+import batch_bias  # noqa: E402
+import batch_cost  # noqa: E402
+
+RECORDS = ROOT / "docs" / "bench" / "estimators"
+
+
+def _where(r):
+    return f"measured at commit `{r['commit']}` on {r['machine']}"
+
+
+def render_bias(r):
+    return (batch_bias.table(r) + "\n\nThe record is `docs/bench/estimators/batch_bias.json`, "
+            f"{_where(r)}, written by `PYTHONPATH=. python benchmarks/estimators/batch_bias.py`.")
+
+
+def render_cost(r):
+    fb = r["fallback"]
+    return (batch_cost.table(r) + "\n\nA loss that `vmap` refuses (a TRL-style loss with "
+            "`.item()` in its metrics and a boolean-mask assignment, "
+            "`benchmarks/estimators/trainer_losses.py`) is evaluated one batch at a time: on "
+            f"`tabular` at `G = 4` ({fb['loop']['n_batches']:,} multisets) it took "
+            f"{fb['loop']['seconds']:.3g} s, against {fb['vmap']['seconds']:.3g} s for the same "
+            "loss written to vectorise. The record is `docs/bench/estimators/batch_cost.json`, "
+            f"{_where(r)} (cores shared with other jobs: single timings, not medians), written "
+            "by `PYTHONPATH=. python benchmarks/estimators/batch_cost.py`.")
+
+
+PAGES = {"batch_bias": (ROOT / "docs" / "check" / "rl_losses.md", render_bias),
+         "batch_cost": (ROOT / "docs" / "performance" / "speed.md", render_cost)}
+
+
+def region(text, name):
+    """The text between the markers of ``name`` in ``text`` (stripped)."""
+    m = re.search(rf"<!-- {name} -->\n(.*?)\n<!-- end {name} -->", text, flags=re.S)
+    return None if m is None else m.group(1).strip()
+
+
+def rendered(name):
+    page, render = PAGES[name]
+    return render(json.loads((RECORDS / f"{name}.json").read_text()))
+
+
+def main():
+    for name, (page, _) in PAGES.items():
+        text = page.read_text()
+        assert region(text, name) is not None, f"{page} has no {name} markers"
+        new = re.sub(rf"(<!-- {name} -->\n).*?(\n<!-- end {name} -->)",
+                     lambda m: m.group(1) + rendered(name) + m.group(2), text, flags=re.S)
+        page.write_text(new)
+
+
+if __name__ == "__main__":
+    main()
