@@ -22,7 +22,7 @@ _WHERE = {
     "engine.plan": ("EnumerationTooLarge", "estimate_cost"),
     "checks.conformance": ("check_token_fisher",),
     "engine.fast": ("exact",),
-    "engine.workers": ("keep_freed_memory",),
+    "parallel.workers": ("keep_freed_memory",),
     "golden.export": ("export_golden",),
     "golden.format": ("GoldenFileError", "load_golden"),
     "golden.check": ("compare_golden", "compare_to_golden"),

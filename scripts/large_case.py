@@ -30,7 +30,7 @@ def run_case(name, workers):
     import numpy as np
 
     from fisher_ref.engine.fast import exact
-    from fisher_ref.engine.workers import shutdown
+    from fisher_ref.parallel.workers import shutdown
     from fisher_ref.perf.scaling import load_scale_config
 
     task = load_scale_config(name)
@@ -63,7 +63,7 @@ def main(argv=None):
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: one case
     args = ap.parse_args(argv)
     if args.workers == "cores":
-        from fisher_ref.engine.workers import available_cores
+        from fisher_ref.parallel.workers import available_cores
         workers = available_cores()
     else:
         workers = int(args.workers)

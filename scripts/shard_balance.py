@@ -1,11 +1,11 @@
 """Where two parameter shards of an MLP run are even: the measurements behind
-``fisher_ref.models.mlp_scores.WORK`` and ``LAST_SHARE``.
+``fisher_ref.engine.mlp_scores.WORK`` and ``LAST_SHARE``.
 
 Usage: python scripts/shard_balance.py [--config v16] [--units 90 98 105 112 120]
        [--repeats 15]
 
 For each cut ``u`` between hidden units (shard 0: ``E`` and units ``0..u``; shard 1: units
-``u..H`` and ``W2``'s family, ``fisher_ref.models.mlp_scores.UnitColumns``), prints the
+``u..H`` and ``W2``'s family, ``fisher_ref.engine.mlp_scores.UnitColumns``), prints the
 median wall time of
 
 - both shards as a shard before the last (no records), one after the other in a fresh
@@ -36,8 +36,8 @@ import numpy as np  # noqa: E402
 
 import fisher_ref.engine.fast as fast  # noqa: E402
 from fisher_ref.engine.factored import shard_columns  # noqa: E402
-from fisher_ref.engine.workers import _init_worker  # noqa: E402
-from fisher_ref.models.mlp_scores import _order_columns, mlp_blocks  # noqa: E402
+from fisher_ref.parallel.workers import _init_worker  # noqa: E402
+from fisher_ref.engine.mlp_scores import _order_columns, mlp_blocks  # noqa: E402
 from fisher_ref.perf.scaling import git_commit, load_scale_config  # noqa: E402
 
 

@@ -9,7 +9,7 @@ times). The parent process is held to one BLAS thread too (threadpoolctl, or the
 variables before numpy is imported), so both sides use one thread per process.
 Prints the machine, the commit and whether the results agree at 1e-12; inside the
 ``workers=N`` runs, the medians of the calling process's shard, each worker's shard and
-the wait and hand-over after the caller's is done (``fisher_ref.engine.workers.last_run_times``);
+the wait and hand-over after the caller's is done (``fisher_ref.parallel.workers.last_run_times``);
 the same split in CPU seconds; the CPU seconds of a shard of one parameter (the first and
 the last, ``param_shard=(i, P)``): an upper bound on the work every shard repeats (the
 walk, whatever the shard's width), since its blocks' overhead is split among shards of
@@ -33,8 +33,8 @@ import numpy as np  # noqa: E402
 
 from fisher_ref import load_config  # noqa: E402
 from fisher_ref.engine.fast import exact  # noqa: E402
-from fisher_ref.engine.shards import merge  # noqa: E402
-from fisher_ref.engine.workers import available_cores, last_run_times, shutdown  # noqa: E402
+from fisher_ref.parallel.shards import merge  # noqa: E402
+from fisher_ref.parallel.workers import available_cores, last_run_times, shutdown  # noqa: E402
 from fisher_ref.perf.scaling import git_commit, load_scale_config  # noqa: E402
 
 

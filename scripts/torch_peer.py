@@ -331,7 +331,7 @@ def main(argv=None):
     torch.set_num_threads(1)
     from fisher_ref import exact, task_from_json
     from fisher_ref.engine.plan import DEFAULT_BUDGETS, Budgets
-    from fisher_ref.engine.workers import memory_kept
+    from fisher_ref.parallel.workers import memory_kept
     budgets = DEFAULT_BUDGETS if args.sub_elements is None else \
         Budgets(sub_elements=args.sub_elements)
     sub = budgets.sub_block_elements(factored=True, kept=memory_kept())  # an MLP's last level

@@ -16,7 +16,7 @@ gives
 
 (:meth:`LastLevel.hsum`; the path sums and the cross terms likewise, with the grandparents'
 path sums and histories). For the window MLP every block of a score row is an outer
-product of two short factors (:mod:`fisher_ref.models.mlp_scores`):
+product of two short factors (:mod:`fisher_ref.engine.mlp_scores`):
 :math:`\xi = e \otimes \hat g` on ``W1`` and :math:`\mathrm{hid} \otimes D` on ``W2``, and
 so are :math:`y_l` and :math:`Z`. Elementwise products of such rows keep the form, and a sum
 over parents of them is a small matrix product,
@@ -40,10 +40,10 @@ import math
 
 import numpy as np
 
-from fisher_ref.engine.param_shards import param_columns
+from fisher_ref.parallel.param_shards import param_columns
 from fisher_ref.engine.parent_sums import coarse_cross, segment_sum
 from fisher_ref.models.mlp import MLPModel
-from fisher_ref.models.mlp_scores import families, mlp_columns, mlp_param_shards
+from fisher_ref.engine.mlp_scores import families, mlp_columns, mlp_param_shards
 
 __all__ = ["Rows", "Slots", "Layout", "augment", "wsum", "gsum", "factors_last_level",
            "shard_columns", "row_width", "groups", "LastLevel", "last_level_fisher",
@@ -51,7 +51,7 @@ __all__ = ["Rows", "Slots", "Layout", "augment", "wsum", "gsum", "factors_last_l
 
 
 #: The bias block whose columns are a block's second factor (:class:`Rows`), the block
-#: right after it in the flat layout (:func:`fisher_ref.models.mlp_scores.mlp_blocks`).
+#: right after it in the flat layout (:func:`fisher_ref.engine.mlp_scores.mlp_blocks`).
 _BIAS = {"W1": "b1", "W2": "b2"}
 
 
@@ -137,7 +137,7 @@ class Slots:
     Args:
         lay: the run's :class:`Layout`; ``spec``: the MLP's.
         win, dup: ``(n, k)`` each group's window (tokens ``0..V``) and where a token is
-            earlier in it too (:data:`fisher_ref.models.mlp_scores.FACTORS`).
+            earlier in it too (:data:`fisher_ref.engine.mlp_scores.FACTORS`).
         last: ``(n, m)`` each row's last token (the window of its own scores is the
             group's shifted by one: ``win[1:]`` then ``last``), or ``None``.
         valid: ``(n, m)`` the rows that hold a parent (:func:`groups`).
@@ -221,15 +221,15 @@ class Slots:
 
 class Layout:
     r"""Where the parts of :class:`Rows` lie among a run's parameters ``columns`` (a slice of
-    ``0..P`` or a :class:`fisher_ref.models.mlp_scores.UnitColumns`, all by default; in
-    the layout they are read in, :func:`fisher_ref.models.mlp_scores.mlp_columns`, where
+    ``0..P`` or a :class:`fisher_ref.engine.mlp_scores.UnitColumns`, all by default; in
+    the layout they are read in, :func:`fisher_ref.engine.mlp_scores.mlp_columns`, where
     ``W1``'s rows hold the run's hidden units ``hidden`` only, as its factors
     :math:`\hat g` do): ``cut[name] = (within the block, within the run's)``, the
     columns of each block inside them (absent when none); for ``W1`` and ``W2`` with their
     biases, ``fcut``, the same over the block and its bias as one ``(m + 1, l)`` block (the
     bias its last row), and ``rows[name]``, the rows of it that hold them (so that a slice
     costs its share of the block); ``families``, those of the factors the run forms
-    (:func:`fisher_ref.models.mlp_scores.families`)."""
+    (:func:`fisher_ref.engine.mlp_scores.families`)."""
 
     def __init__(self, spec, columns=None):
         blocks, lo, hi, hidden = mlp_columns(spec, columns)
@@ -398,9 +398,9 @@ def shard_columns(task, n):
     """The parameters of each of ``n`` parameter shards of ``task``
     (``exact(task, param_shard=(i, n))``): for the MLP, cut between its factor families
     and between hidden units, balanced by their work
-    (:func:`fisher_ref.models.mlp_scores.mlp_param_shards`); for other models, whose
+    (:func:`fisher_ref.engine.mlp_scores.mlp_param_shards`); for other models, whose
     windows' sensitivities are formed whole in every shard, consecutive slices as equal as
-    whole parameters allow (:func:`fisher_ref.engine.param_shards.param_columns`)."""
+    whole parameters allow (:func:`fisher_ref.parallel.param_shards.param_columns`)."""
     cols = mlp_param_shards(task.model.spec, n) if factors_last_level(task) else None
     return param_columns(task.model.num_params, n) if cols is None else cols
 

@@ -40,11 +40,11 @@ from fisher_ref.engine.reference import exact_reference
 from fisher_ref.engine.run import (BlockArrays, Run, check_support, last_scores, plan,
                                    state_places)
 from fisher_ref.engine.autodiff import parts_gradient
-from fisher_ref.engine.param_shards import param_shard_result
-from fisher_ref.engine.shard_result import check_shard
-from fisher_ref.engine.shards import merge
+from fisher_ref.parallel.param_shards import param_shard_result
+from fisher_ref.parallel.shard_result import check_shard
+from fisher_ref.parallel.shards import merge
 from fisher_ref.engine.window_cache import WindowCache
-from fisher_ref.engine.workers import local_workers, memory_kept, run_shards
+from fisher_ref.parallel.workers import local_workers, memory_kept, run_shards
 from fisher_ref.numerics import topk_center
 from fisher_ref.results import GatheredStates
 
@@ -107,7 +107,7 @@ def _windows_ahead(run, cache, block, W):
     only some children, computes none ahead. (The order in which ids are given depends on
     the cache's capacity, so parameter slices of one run may number the windows
     differently: their tables are matched by window,
-    :func:`fisher_ref.engine.param_shards.merge_params`.)"""
+    :func:`fisher_ref.parallel.param_shards.merge_params`.)"""
     task, none = run.task, np.empty(0, dtype=np.int64)
     levels = task.max_len - 1 - block.depth  # of states below the block
     if block.ahead >= levels or run.shard is not None or block.silent or \
@@ -253,15 +253,15 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
             with the per-state arrays when kept and no per-response arrays; no
             reward is evaluated. Reading a skipped quantity raises an ``AttributeError``.
         shard: ``(i, n)``: only shard ``i`` of ``n`` (subtrees cut by prompt and first
-            tokens, ``fisher_ref.engine.shards``); returns its ``ShardResult``, which
-            ``fisher_ref.engine.shards.merge`` adds to the others. It keeps its rows of
+            tokens, ``fisher_ref.parallel.shards``); returns its ``ShardResult``, which
+            ``fisher_ref.parallel.shards.merge`` adds to the others. It keeps its rows of
             the per-state and per-response arrays only when asked (``"auto"``: not).
         param_shard: ``(i, n)``: every state and response, but only the sums of the
             parameters ``fisher_ref.engine.factored.shard_columns(task, n)[i]`` (for the
             MLP, cut between hidden units); returns its ``ShardResult``, which ``merge``
             places at its parameters beside the others' (the per-state and per-response
             arrays kept as in a whole run).
-        workers: processes to run parameter shards in (``fisher_ref.engine.workers``):
+        workers: processes to run parameter shards in (``fisher_ref.parallel.workers``):
             each walks the whole tree for its share of the parameters, so the per-window
             and per-state work is split, not repeated (the sensitivities too for the MLP;
             other models form all of a window's and keep their columns). ``"auto"``: the available cores, 1 (this

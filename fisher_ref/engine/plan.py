@@ -60,7 +60,7 @@ class Budgets:
             even, so one holds at most half as many again); ``None`` (the default):
             :data:`SUB_ELEMENTS` (8 MiB bounds the temporaries), and for the MLP's last
             level, summed from factors, :data:`KEPT_SUB_ELEMENTS` where the process keeps
-            the memory it frees (:func:`fisher_ref.engine.workers.memory_kept`).
+            the memory it frees (:func:`fisher_ref.parallel.workers.memory_kept`).
         autodiff_rows: response-state rows gathered before one autodiff call.
         dense_keys: window keys looked up in a table indexed by key when there are at
             most this many possible keys (else a dict).

@@ -32,11 +32,11 @@ import numpy as np
 from fisher_ref.engine.tree import carry, depth_first, expand, root_block, terminal
 from fisher_ref.engine.plan import (DEFAULT_BUDGETS, EngineOptions, check_chunk, check_cost,
                                     count_states, estimate_cost, resolve_keep)
-from fisher_ref.engine.shards import ShardWalk, first_reward
+from fisher_ref.parallel.shards import ShardWalk, first_reward
 from fisher_ref.numerics import softmax
 from fisher_ref._progress import Progress
 from fisher_ref.engine.moments import Moments, finish_fisher, finish_stream
-from fisher_ref.engine.param_shards import column_count
+from fisher_ref.parallel.param_shards import column_count
 from fisher_ref.results import ExactResult, check_quantities
 from fisher_ref.models.sensitivities import sensitivities
 from fisher_ref.tasks import require_task
@@ -256,7 +256,7 @@ class Run:
         quantities = options.quantities
         self.task, self.quantities, self.budgets = task, quantities, budgets
         # whether this process keeps the memory it frees (the fast engine sets it,
-        # fisher_ref.engine.workers.memory_kept): the sub-blocks' budget, Budgets
+        # fisher_ref.parallel.workers.memory_kept): the sub-blocks' budget, Budgets
         self.memory_kept = False
         self.streams, self.cost, self.keep_states, self.keep_sequences = plan(task, options)
         P, T = task.model.num_params, task.max_len
@@ -381,7 +381,7 @@ class Run:
 
     def finish(self):
         """Close the progress bar; the :class:`ExactResult` of the accumulated sums (of a
-        shard: its :class:`fisher_ref.engine.shards.ShardResult`, merged later).
+        shard: its :class:`fisher_ref.parallel.shards.ShardResult`, merged later).
 
         Arrays written in place must have had every row written once: a walk that
         missed or repeated a state or response is an error, not uninitialised rows."""

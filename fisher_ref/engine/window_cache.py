@@ -22,7 +22,7 @@ Per-window arrays (``U`` windows; streams ``s`` as in :mod:`fisher_ref.engine.ru
 - ``p``, ``q`` ``(U, V)``: the policy's and the sampler's next-token probabilities;
 - ``xi{c}`` ``(U, V, P)``: the score of every token under center ``c`` (the MLP's run
   that reads scores only by rows keeps instead their factors, ``FACTORS`` of
-  :mod:`fisher_ref.models.mlp_scores`, and forms the rows it reads, :meth:`WindowCache.scores`);
+  :mod:`fisher_ref.engine.mlp_scores`, and forms the rows it reads, :meth:`WindowCache.scores`);
 - ``y{s}_{n}`` ``(U, P)``, ``n = 1..4`` (``1..2`` with ``moments=2``, all that
   ``exact(..., quantities="fisher")`` reads; no ``y{s}_3`` in a factored run, which reads
   it by its factors): :math:`\sum_a q_a \xi_a^n` under the
@@ -36,11 +36,11 @@ import numpy as np
 
 from fisher_ref.engine.plan import DEFAULT_BUDGETS
 from fisher_ref.engine.factored import row_width, window_sums
-from fisher_ref.engine.param_shards import column_count
+from fisher_ref.parallel.param_shards import column_count
 from fisher_ref.engine.parent_sums import held_products
 from fisher_ref.engine.run import model_probs
 from fisher_ref.models.mlp import MLPModel
-from fisher_ref.models.mlp_scores import (factor_names, factor_shapes, mlp_score_rows,
+from fisher_ref.engine.mlp_scores import (factor_names, factor_shapes, mlp_score_rows,
                                           mlp_window_arrays)
 from fisher_ref.models.sensitivities import sensitivities
 from fisher_ref.numerics import topk_weights
@@ -69,7 +69,7 @@ class WindowCache:
         kept: ``{key: array name}``: per-window arrays also kept for the whole run
             (:meth:`kept_tables`).
         columns: the parameters (a slice of ``0..P``, or for the MLP a
-            :class:`fisher_ref.models.mlp_scores.UnitColumns`) whose arrays are formed;
+            :class:`fisher_ref.engine.mlp_scores.UnitColumns`) whose arrays are formed;
             default all.
         factored_last: the run sums its last level from the factors of the MLP's scores
             (:mod:`fisher_ref.engine.factored`; :attr:`factored_last`).
@@ -284,7 +284,7 @@ class WindowCache:
     def _compute_mlp(self, Wu, lo, pu, qu):
         """:meth:`_compute` for the MLP: every center's scores written in one pass and the
         moments formed from the factors of its sensitivities
-        (:func:`fisher_ref.models.mlp_scores.mlp_window_arrays`), a batch of windows at a
+        (:func:`fisher_ref.engine.mlp_scores.mlp_window_arrays`), a batch of windows at a
         time."""
         task, a = self.task, self.arrays
         step = max(1, _J_ELEMENTS // (task.model.vocab_size * self.width))
@@ -514,7 +514,7 @@ class _FactoredScores:
     """The scores of one center of a factored :class:`WindowCache`
     (:attr:`WindowCache.factored`): indexed at ``(rows, tokens)`` (integer arrays that
     broadcast), the score rows ``(..., P)`` formed from the windows' factors
-    (:func:`fisher_ref.models.mlp_scores.mlp_score_rows`); ``shape`` as the array's."""
+    (:func:`fisher_ref.engine.mlp_scores.mlp_score_rows`); ``shape`` as the array's."""
 
     def __init__(self, cache, c):
         self.cache, self.i = cache, cache.centers.index(c)

@@ -57,7 +57,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from fisher_ref.engine.workers import BLAS_THREAD_VARS, environment, kept_in_process
+from fisher_ref.parallel.workers import BLAS_THREAD_VARS, environment, kept_in_process
 from fisher_ref.perf.memory import (MEMORY_LABELS, check_memory_condition, probe_process,
                                     startup_environ)
 
@@ -237,7 +237,7 @@ class MeasurementFailed(RuntimeError):
 
 def memory_vars(keep):
     """The malloc variables of a memory condition, for
-    :func:`fisher_ref.engine.workers.environment`: :data:`KEEP_MEMORY`'s values, or each
+    :func:`fisher_ref.parallel.workers.environment`: :data:`KEEP_MEMORY`'s values, or each
     unset (``None``) for the C library's default even where this process has them set."""
     return dict(KEEP_MEMORY) if keep else dict.fromkeys(KEEP_MEMORY)
 

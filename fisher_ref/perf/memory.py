@@ -90,9 +90,9 @@ def freed_memory_reused(nbytes=64 << 20):
 
 def startup_environ():
     """The environment this process started with
-    (:func:`fisher_ref.engine.workers.startup_environ`). Imported when called, so that the
+    (:func:`fisher_ref.parallel.workers.startup_environ`). Imported when called, so that the
     probe's child, which runs this file by its path, needs no installed package."""
-    from fisher_ref.engine.workers import startup_environ as environ
+    from fisher_ref.parallel.workers import startup_environ as environ
     return environ()
 
 

@@ -17,7 +17,7 @@ from fisher_ref.engine import complete, factored
 from fisher_ref.engine.fast import exact
 from fisher_ref.engine.plan import Budgets
 from fisher_ref.engine.reference import exact_reference
-from fisher_ref.engine.shards import merge
+from fisher_ref.parallel.shards import merge
 from fisher_ref.models.mlp import MLPModel
 from fisher_ref.engine.factored import row_width
 from tests.engine.test_fast import assert_same, result_errors

@@ -1,4 +1,4 @@
-"""Parameter shards (fisher_ref.engine.param_shards): the whole tree for a slice of the
+"""Parameter shards (fisher_ref.parallel.param_shards): the whole tree for a slice of the
 parameters, placed side by side; what exact(task, workers=N) runs."""
 import numpy as np
 import pytest
@@ -7,9 +7,9 @@ from hypothesis import given, settings, strategies as st
 from cases import CASES
 from fisher_ref import load_config
 from fisher_ref.engine.fast import exact
-from fisher_ref.engine.shards import ShardError, merge
+from fisher_ref.parallel.shards import ShardError, merge
 from tests.engine.test_identities_exact import small_tasks
-from tests.engine.test_shards import assert_merged_equal
+from tests.parallel.test_shards import assert_merged_equal
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -31,7 +31,7 @@ def test_merged_parameter_shards_match_on_random_tasks(task, n):
 
 
 def test_parameter_shards_tile_the_parameters_and_refuse_mixing():
-    from fisher_ref.engine.shards import param_columns
+    from fisher_ref.parallel.shards import param_columns
     for P, n in ((10, 3), (7, 7), (4376, 2)):
         cols = param_columns(P, n)
         assert cols[0].start == 0 and cols[-1].stop == P
@@ -57,7 +57,7 @@ def test_shards_that_do_not_hold_each_parameter_once_are_refused():
     differ), or whose sums are not as wide as the parameters they name, are refused by
     name, never placed over one another."""
     import dataclasses
-    from fisher_ref.models.mlp_scores import UnitColumns
+    from fisher_ref.engine.mlp_scores import UnitColumns
     from fisher_ref.perf.scaling import load_scale_config
     medium = load_scale_config("medium")
     spec, P = medium.model.spec, medium.model.num_params
@@ -78,7 +78,7 @@ def test_shards_that_do_not_hold_each_parameter_once_are_refused():
 
 
 def _columns_index(task, cols):
-    from fisher_ref.engine.param_shards import column_index
+    from fisher_ref.parallel.param_shards import column_index
     return [column_index(c, task.model.num_params) for c in cols]
 
 
@@ -90,8 +90,8 @@ def test_mlp_parameter_shards_are_cut_between_hidden_units():
     (the cut within reach of its start moves there). The GPT-2's shards are consecutive
     slices."""
     from fisher_ref.engine.factored import shard_columns
-    from fisher_ref.engine.shards import param_columns
-    from fisher_ref.models.mlp_scores import UnitColumns, mlp_blocks
+    from fisher_ref.parallel.shards import param_columns
+    from fisher_ref.engine.mlp_scores import UnitColumns, mlp_blocks
     from fisher_ref.perf.scaling import load_scale_config
     for name in ("medium", "v16"):
         task = load_scale_config(name)
@@ -172,7 +172,7 @@ def test_only_the_last_parameter_shard_carries_the_records():
     """Shards before the last (what workers run) send their sums and their own columns'
     window arrays, and no per-state or per-response record; a merge whose last shard holds
     none of the records its run kept is refused, not returned without them."""
-    from fisher_ref.engine.param_shards import column_count
+    from fisher_ref.parallel.param_shards import column_count
     task = load_config("default")
     parts = [exact(task, progress=False, param_shard=(i, 3), keep_states=True,
                    keep_sequences=True) for i in range(3)]

@@ -1,13 +1,13 @@
 """Shards of one enumeration and their merge, against a single run of the same engine.
 
 ``exact(task, shard=(i, n))`` walks only the subtrees of shard ``i`` (cut by prompt and
-first tokens, fisher_ref/engine/shards.py); :func:`merge` adds the shards' raw sums and
+first tokens, fisher_ref/parallel/shards.py); :func:`merge` adds the shards' raw sums and
 finishes once. Held against ``exact(task)`` in one process at 1e-12 relative (on the
 scales of tests/engine/test_fast.py for quantities that cancel), with the
 per-state and per-response arrays in the same order, on every case of tests/cases.py,
 hypothesis tasks, 1 to 5 shards (more than the task has subtrees included), off policy,
 in small blocks, with ``quantities="fisher"`` and after pickling (in worker processes:
-tests/engine/test_workers.py).
+tests/parallel/test_workers.py).
 """
 
 import numpy as np
@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fisher_ref import load_config
-from fisher_ref.engine import shards as shards_mod
+from fisher_ref.parallel import shards as shards_mod
 from fisher_ref.engine.fast import exact
 from fisher_ref.engine.plan import count_states, estimate_cost
-from fisher_ref.engine.shards import ShardError, merge, plan_shards
+from fisher_ref.parallel.shards import ShardError, merge, plan_shards
 from fisher_ref.perf.scaling import load_scale_config
 
 from cases import CASES, rel

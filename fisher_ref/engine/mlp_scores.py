@@ -22,7 +22,7 @@ small ``E`` block is summed entry by entry.
 
 :func:`mlp_window_arrays` writes every center's scores ``(U, V, P)`` in one pass and forms
 the moments from the factors, instead of passes over ``(U, V, P)`` arrays for each
-power. ``tests/models/test_mlp_scores.py`` holds it to the dense route
+power. ``tests/engine/test_mlp_scores.py`` holds it to the dense route
 (:func:`fisher_ref.models.sensitivities.mlp_sensitivities`, centered and summed token by
 token).
 """
@@ -134,7 +134,7 @@ WORK = {"E": 0.66, "G": 1.0, "D": 0.60}
 #: others' 1: the shard that forms the records (the per-state and per-response rows and
 #: the autodiff gradient) and that ``exact(task, workers=N)`` runs in the calling process,
 #: which, unlike its workers, hands the memory it frees back to the system
-#: (:func:`fisher_ref.engine.workers.keep_freed_memory`) and so sums in smaller
+#: (:func:`fisher_ref.parallel.workers.keep_freed_memory`) and so sums in smaller
 #: sub-blocks. With :data:`WORK` it cuts two shards of ``scale/v16`` after unit 111 of
 #: 128. Timed alone as ``workers=2`` runs them, the worker's shard and the caller's cross
 #: a few units above (docs/bench/shards/balance_v16.txt); inside a run the worker also

@@ -1,6 +1,6 @@
 """What a shard of an exact run returns, and how shards are told apart: the
-:class:`ShardResult` both kinds of shard return (subtrees, :mod:`fisher_ref.engine.shards`;
-parameter slices, :mod:`fisher_ref.engine.param_shards`), the :class:`ShardError` a merge
+:class:`ShardResult` both kinds of shard return (subtrees, :mod:`fisher_ref.parallel.shards`;
+parameter slices, :mod:`fisher_ref.parallel.param_shards`), the :class:`ShardError` a merge
 raises, the check of ``(i, n)``, and the task digest that keeps shards of different tasks
 apart."""
 from __future__ import annotations
@@ -79,7 +79,7 @@ class ShardResult:
     windows: np.ndarray = None
     n_states: int = 0
     # a parameter shard: the parameters it holds, a slice or (the MLP's hidden units) a
-    # fisher_ref.models.mlp_scores.UnitColumns; None for a subtree cut
+    # fisher_ref.engine.mlp_scores.UnitColumns; None for a subtree cut
     columns: object = None
 
     @property

@@ -2,14 +2,14 @@
 tree for the ``i``-th set of the parameters (:func:`fisher_ref.engine.factored.shard_columns`:
 :func:`param_columns`, or for the MLP sets cut between hidden units); every sum the engine
 forms is a sum per parameter, so each set's columns are placed at its parameters
-(:func:`merge_params`, which :func:`fisher_ref.engine.shards.merge` calls for them). What
+(:func:`merge_params`, which :func:`fisher_ref.parallel.shards.merge` calls for them). What
 ``exact(task, workers=N)`` runs."""
 from __future__ import annotations
 
 import numpy as np
 
 from fisher_ref.engine.moments import Moments, finish_fisher, finish_stream
-from fisher_ref.engine.shard_result import ShardError, ShardResult, task_key
+from fisher_ref.parallel.shard_result import ShardError, ShardResult, task_key
 from fisher_ref.results import ExactResult, GatheredStates
 
 __all__ = ["param_columns", "column_index", "column_count", "param_shard_result",
@@ -26,7 +26,7 @@ def param_columns(P, n):
 def column_index(columns, P):
     """The parameters a run over ``columns`` holds, ``(width,)`` in the order of its
     columns: a slice of ``0..P``, or a set with an ``index`` (as
-    :class:`fisher_ref.models.mlp_scores.UnitColumns`)."""
+    :class:`fisher_ref.engine.mlp_scores.UnitColumns`)."""
     return np.arange(P)[columns] if isinstance(columns, slice) else columns.index
 
 

@@ -1,7 +1,7 @@
-"""fisher_ref.distributed.exact_ray on a local Ray (two CPUs), against exact(task) here.
+"""fisher_ref.parallel.distributed.exact_ray on a local Ray (two CPUs), against exact(task) here.
 
 Ray is started once for the module. Every merged run is held to a single run of the
-fast engine at 1e-12 (tests/engine/test_shards.py's measure), including a run in which
+fast engine at 1e-12 (tests/parallel/test_shards.py's measure), including a run in which
 one shard's worker process dies on its first attempt (``os._exit``, remembered by a
 marker file, so that the retry succeeds); a shard that always fails ends the run with
 an error naming it, after exactly ``max_retries + 1`` attempts, and no result.
@@ -14,10 +14,10 @@ import pytest
 ray = pytest.importorskip("ray", reason="needs ray: pip install -e \".[distributed]\"")
 
 from fisher_ref import load_config  # noqa: E402
-from fisher_ref.distributed import ShardFailed, exact_ray  # noqa: E402
+from fisher_ref.parallel.distributed import ShardFailed, exact_ray  # noqa: E402
 from fisher_ref.engine.fast import exact  # noqa: E402
 
-from tests.engine.test_shards import RTOL, merged_errors
+from tests.parallel.test_shards import RTOL, merged_errors
 
 
 @pytest.fixture(scope="module")

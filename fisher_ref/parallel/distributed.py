@@ -1,6 +1,6 @@
 """The shards of one exact run as Ray tasks, on one machine or a cluster.
 
-:func:`exact_ray` runs ``exact(task, shard=(i, n))`` (``fisher_ref.engine.shards``)
+:func:`exact_ray` runs ``exact(task, shard=(i, n))`` (``fisher_ref.parallel.shards``)
 as one Ray task per shard and merges their sums once, in the calling process: the
 same :class:`fisher_ref.ExactResult` as ``exact(task)``, to rounding. What
 crosses the network: the task (put once in Ray's object store, a task file's worth of
@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from fisher_ref.engine.plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, EngineOptions, check_cost
 from fisher_ref.engine.run import plan
-from fisher_ref.engine.shards import merge, plan_shards
+from fisher_ref.parallel.shards import merge, plan_shards
 
 __all__ = ["exact_ray", "ShardFailed", "run_shard"]
 
@@ -46,7 +46,7 @@ def _ray():
     try:
         import ray
     except ImportError as e:  # pragma: no cover - CI installs the extra
-        raise ImportError("fisher_ref.distributed needs Ray: pip install "
+        raise ImportError("fisher_ref.parallel.distributed needs Ray: pip install "
                           "'fisher-ref[distributed]' (or pip install 'ray>=2')") from e
     return ray
 

@@ -16,7 +16,7 @@ then needs no pickling), and the
 caller merges them once. The last shard keeps the per-state and per-response records
 and forms the autodiff gradient, so none of them is sent; for the MLP it holds ``W2``'s
 family and the last hidden units, a smaller share of the work
-(:data:`fisher_ref.models.mlp_scores.LAST_SHARE`). (Subtree shards: shard 0 runs in the
+(:data:`fisher_ref.engine.mlp_scores.LAST_SHARE`). (Subtree shards: shard 0 runs in the
 caller.) A worker (a process of ours
 alone) has glibc keep the memory its shards free for the next one. Workers are started with the ``spawn``
 method, with the
@@ -277,7 +277,7 @@ def memory_kept():
     :data:`KEPT_AT_LEAST`. The fast engine then gives the MLP's last level larger sub-blocks
     (:class:`fisher_ref.engine.plan.Budgets`): fewer numpy calls, whose larger temporaries
     no longer cost fresh pages on every run. Speed only: the numbers are the same to
-    rounding (sums over other sub-blocks; ``tests/engine/test_keep_memory.py`` holds
+    rounding (sums over other sub-blocks; ``tests/parallel/test_keep_memory.py`` holds
     the two budgets to each other at 1e-12). Outside glibc, ``False``."""
     import platform
     if platform.libc_ver()[0] != "glibc":

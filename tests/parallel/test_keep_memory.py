@@ -13,7 +13,7 @@ import pytest
 
 import fisher_ref
 from fisher_ref import load_config
-from fisher_ref.engine import workers as workers_mod
+from fisher_ref.parallel import workers as workers_mod
 from fisher_ref.perf.bench import bench, condition_env
 from fisher_ref.perf.memory import MemoryConditionError
 
@@ -30,7 +30,7 @@ def _nothing_kept_here(monkeypatch):
 CHILD = r"""
 import json, resource
 import fisher_ref
-from fisher_ref.engine.workers import kept_in_process
+from fisher_ref.parallel.workers import kept_in_process
 from fisher_ref.perf.memory import freed_memory_reused
 from fisher_ref.perf.scaling import load_scale_config
 

@@ -1,4 +1,4 @@
-"""What a shard returns (fisher_ref.engine.shard_result): small, picklable sums; the check
+"""What a shard returns (fisher_ref.parallel.shard_result): small, picklable sums; the check
 of (i, n); the task digest that keeps shards of different tasks apart."""
 import pickle
 
@@ -6,10 +6,10 @@ import pytest
 
 from fisher_ref import load_config
 from fisher_ref.engine.fast import exact
-from fisher_ref.engine.shard_result import ShardResult, task_key
-from fisher_ref.engine.shards import merge
+from fisher_ref.parallel.shard_result import ShardResult, task_key
+from fisher_ref.parallel.shards import merge
 from fisher_ref.perf.scaling import load_scale_config
-from tests.engine.test_shards import RTOL, merged_errors
+from tests.parallel.test_shards import RTOL, merged_errors
 
 
 def test_task_key_tells_tasks_apart():

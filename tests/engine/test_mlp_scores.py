@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from fisher_ref.models.base import ModelSpec
 from fisher_ref.models.mlp import MLPModel
-from fisher_ref.models.mlp_scores import (LAST_SHARE, WORK, UnitColumns, factor_names,
+from fisher_ref.engine.mlp_scores import (LAST_SHARE, WORK, UnitColumns, factor_names,
                                           factor_shapes, families, mlp_blocks,
                                           mlp_param_shards, mlp_score_rows,
                                           mlp_window_arrays)

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from fisher_ref.engine.moments import Moments, finish_fisher, finish_stream
-from fisher_ref.engine.param_shards import merge_params, param_columns, param_shard_result
+from fisher_ref.parallel.param_shards import merge_params, param_columns, param_shard_result
 from fisher_ref.engine.plan import count_states
-from fisher_ref.engine.shard_result import ShardError, ShardResult, check_shard, task_key
+from fisher_ref.parallel.shard_result import ShardError, ShardResult, check_shard, task_key
 from fisher_ref.engine.tree import take_rows
 from fisher_ref.results import ExactResult, GatheredStates
 

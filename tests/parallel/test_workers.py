@@ -1,4 +1,4 @@
-"""The shards of one exact run in local worker processes (fisher_ref.engine.workers):
+"""The shards of one exact run in local worker processes (fisher_ref.parallel.workers):
 the same result as one process, one BLAS thread each, one shard in the calling process,
 'auto' sized by the cost, the cores and the memory limit, a dead worker named by its
 shard, a broken kept pool replaced, and tasks the workers cannot receive refused."""
@@ -9,12 +9,12 @@ import sys
 import pytest
 
 from fisher_ref import load_config
-from fisher_ref.engine import workers as workers_mod
+from fisher_ref.parallel import workers as workers_mod
 from fisher_ref.engine.fast import exact
 from fisher_ref.engine.plan import EngineOptions, estimate_cost
 from fisher_ref.perf.scaling import load_scale_config
 from fisher_ref.rewards import FunctionReward
-from tests.engine.test_shards import RTOL, merged_errors
+from tests.parallel.test_shards import RTOL, merged_errors
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, "many", True, None])
