@@ -79,7 +79,7 @@ class ShardResult:
     windows: np.ndarray = None
     n_states: int = 0
     # a parameter shard: the parameters it holds, a slice or (the MLP's hidden units) a
-    # fisher_ref.engine.mlp_scores.UnitColumns; None for a subtree cut
+    # fisher_ref.engine.mlp_columns.UnitColumns; None for a subtree cut
     columns: object = None
 
     @property

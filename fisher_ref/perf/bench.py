@@ -57,7 +57,8 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from fisher_ref.parallel.workers import BLAS_THREAD_VARS, environment, kept_in_process
+from fisher_ref.engine.keep_memory import kept_in_process
+from fisher_ref.parallel.workers import BLAS_THREAD_VARS, environment
 from fisher_ref.perf.memory import (MEMORY_LABELS, check_memory_condition, probe_process,
                                     startup_environ)
 
@@ -95,7 +96,7 @@ NUMPY_SIDES = (REFERENCE, "fisher_ref_fisher")
 def measure_fisher_ref(task):
     """``exact(task)`` — the numpy engine, CPU float64, with every per-state array formed
     (as the torch engine stores them)."""
-    from fisher_ref.engine.fast import exact
+    from fisher_ref.parallel.run import exact
     return lambda: exact(task, progress=False, workers=1).gathered()
 
 
@@ -103,7 +104,7 @@ def measure_fisher_only(task):
     """``exact(task, quantities="fisher")`` on the policy stream with its per-state token
     Fisher formed: the peer's work and output. The peer reads no sampler, so neither does
     this side: an off-policy task is timed without its sampler."""
-    from fisher_ref.engine.fast import exact
+    from fisher_ref.parallel.run import exact
     task = task.with_(sampler=None) if task.sampler is not None else task
     return lambda: exact(task, progress=False, quantities="fisher", workers=1).states["token_fisher"]
 

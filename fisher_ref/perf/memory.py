@@ -90,9 +90,9 @@ def freed_memory_reused(nbytes=64 << 20):
 
 def startup_environ():
     """The environment this process started with
-    (:func:`fisher_ref.parallel.workers.startup_environ`). Imported when called, so that the
+    (:func:`fisher_ref.engine.keep_memory.startup_environ`). Imported when called, so that the
     probe's child, which runs this file by its path, needs no installed package."""
-    from fisher_ref.parallel.workers import startup_environ as environ
+    from fisher_ref.engine.keep_memory import startup_environ as environ
     return environ()
 
 
@@ -132,7 +132,7 @@ def check_memory_condition(keep, reused, what="the measurement", env=None, kept_
     keep). Under the default, a probe that cannot tell (``None``: no ``/proc``) passes;
     under kept memory it does not. ``env``: the environment the probed process had, whose
     allocator settings the message names; ``kept_here``: what
-    :func:`fisher_ref.keep_freed_memory` set in the measured process, ``(max_block,
+    :func:`fisher_ref.engine.keep_memory.keep_freed_memory` set in the measured process, ``(max_block,
     max_kept)``, or ``None``: a process whose allocator that call changed is in no
     condition but its own, and the message names the call."""
     if kept_here is None and (reused is keep or (reused is None and not keep)):

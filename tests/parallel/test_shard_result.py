@@ -9,6 +9,8 @@ from fisher_ref.engine.fast import exact
 from fisher_ref.parallel.shard_result import ShardResult, task_key
 from fisher_ref.parallel.shards import merge
 from fisher_ref.perf.scaling import load_scale_config
+from fisher_ref.engine.plan import EngineOptions
+from fisher_ref.parallel import exact_shard
 from tests.parallel.test_shards import RTOL, merged_errors
 
 
@@ -21,8 +23,9 @@ def test_task_key_tells_tasks_apart():
 
 def test_shard_results_are_small_and_picklable():
     task = load_scale_config("medium").with_(max_len=3)
-    single = exact(task, progress=False, keep_states=False, keep_sequences=False)
-    parts = [pickle.loads(pickle.dumps(exact(task, progress=False, shard=(i, 3))))
+    single = exact(task, progress=False,
+                   options=EngineOptions(keep_states=False, keep_sequences=False))
+    parts = [pickle.loads(pickle.dumps(exact_shard(task, (i, 3))))
              for i in range(3)]  # "auto" keeps no rows in a shard
     P, T = task.model.num_params, task.max_len
     for p in parts:
@@ -35,4 +38,4 @@ def test_shard_results_are_small_and_picklable():
 @pytest.mark.parametrize("bad", [(2, 2), (-1, 2), (0, 0), "0/2", (True, 2), (0.0, 2), (1,)])
 def test_bad_shard_is_refused(bad):
     with pytest.raises(ValueError, match="shard"):
-        exact(load_config("default"), progress=False, shard=bad)
+        exact_shard(load_config("default"), bad)

@@ -1,6 +1,6 @@
 """Shards of one enumeration and their merge, against a single run of the same engine.
 
-``exact(task, shard=(i, n))`` walks only the subtrees of shard ``i`` (cut by prompt and
+``exact_shard(task, (i, n))`` walks only the subtrees of shard ``i`` (cut by prompt and
 first tokens, fisher_ref/parallel/shards.py); :func:`merge` adds the shards' raw sums and
 finishes once. Held against ``exact(task)`` in one process at 1e-12 relative (on the
 scales of tests/engine/test_fast.py for quantities that cancel), with the
@@ -16,12 +16,13 @@ from hypothesis import given, settings, strategies as st
 
 from fisher_ref import load_config
 from fisher_ref.parallel import shards as shards_mod
-from fisher_ref.engine.fast import exact
-from fisher_ref.engine.plan import count_states, estimate_cost
+from fisher_ref.parallel.run import exact
+from fisher_ref.engine.plan import EngineOptions, count_states, estimate_cost
 from fisher_ref.parallel.shards import ShardError, merge, plan_shards
+from fisher_ref.parallel import exact_param_shard, exact_shard
 from fisher_ref.perf.scaling import load_scale_config
 
-from cases import CASES, rel
+from cases import CASES, rel, with_options
 from tests.engine.test_fast import natural_scale, result_errors
 from tests.engine.test_identities_exact import small_tasks
 
@@ -32,8 +33,12 @@ def options(task):
     return dict(progress=False, topk=(1, 2) if task.sampler is not None else ())
 
 
+#: The run of one shard, by the keyword that used to name it.
+SHARD_RUN = {"shard": exact_shard, "param_shard": exact_param_shard}
+
+
 def sharded(task, n, by="shard", **kw):
-    parts = [exact(task, **{by: (i, n)}, **kw) for i in range(n)]
+    parts = [SHARD_RUN[by](task, (i, n), **with_options(kw)) for i in range(n)]
     return merge(task, parts), parts
 
 
@@ -53,7 +58,7 @@ def merged_errors(merged, single):
 def assert_merged_equal(task, n, label, by="shard", **kw):
     kw = {**options(task), "keep_states": True, "keep_sequences": kw.get(
         "quantities") != "fisher", **kw}
-    single = exact(task, **kw, workers=1)
+    single = exact(task, **with_options(kw))
     merged, parts = sharded(task, n, by, **kw)
     errs = merged_errors(merged, single)
     bad = {k: e for k, e in errs.items() if not e <= RTOL}
@@ -122,23 +127,31 @@ def test_kept_rows_come_back_in_order():
 
 def test_merge_refuses_a_partial_or_foreign_set():
     task = load_config("default")
-    parts = [exact(task, progress=False, shard=(i, 3)) for i in range(3)]
+    parts = [exact_shard(task, (i, 3)) for i in range(3)]
     with pytest.raises(ShardError, match=r"missing \[1\]"):
         merge(task, [parts[0], parts[2]])
     with pytest.raises(ShardError, match=r"repeated \[0\]"):
         merge(task, [parts[0], parts[0], parts[1], parts[2]])
     with pytest.raises(ShardError, match="another task"):
         merge(load_config("no_eos"), parts)
-    other = exact(task, progress=False, shard=(1, 3), quantities="fisher")
+    other = exact_shard(task, (1, 3), quantities="fisher")
     with pytest.raises(ShardError, match="different runs"):
         merge(task, [parts[0], other, parts[2]])
     with pytest.raises(ShardError, match="ShardResult"):
         merge(task, [exact(task, progress=False)])
 
 
-def test_reference_engine_takes_no_shard():
-    with pytest.raises(ValueError, match="shard"):
-        exact(load_config("default"), progress=False, reference=True, shard=(0, 2))
+def test_exact_refuses_a_shard_naming_the_function_that_returns_one():
+    """exact() always returns an ExactResult: a shard, which returns a ShardResult, has a
+    function of its own, and the refusal names it (the plain judge takes none either)."""
+    task = load_config("default")
+    for kw, name in (({"shard": (0, 2)}, "fisher_ref.parallel.exact_shard"),
+                     ({"param_shard": (0, 2)}, "fisher_ref.parallel.exact_param_shard")):
+        for extra in ({}, {"reference": True}, {"workers": 2}):
+            with pytest.raises(TypeError, match=name.replace(".", r"\.")):
+                exact(task, progress=False, **kw, **extra)
+    with pytest.raises(TypeError, match="reference"):  # the shard runs are the fast engine's
+        exact_shard(task, (0, 2), reference=True)
 
 
 def test_cost_guard_counts_every_worker():
@@ -146,7 +159,7 @@ def test_cost_guard_counts_every_worker():
     one, four = estimate_cost(task), estimate_cost(task, workers=4)
     assert four.bytes > 3 * one.bytes and four.seconds < one.seconds and four.workers == 4
     with pytest.raises(Exception, match="memory"):
-        exact(task, progress=False, workers=4, max_bytes=2 * one.bytes)
+        exact(task, progress=False, workers=4, options=EngineOptions(max_bytes=2 * one.bytes))
 
 
 def test_fisher_run_is_sized_as_a_fisher_run():

@@ -10,11 +10,13 @@ import pytest
 
 from fisher_ref import load_config
 from fisher_ref.parallel import workers as workers_mod
-from fisher_ref.engine.fast import exact
+from fisher_ref.parallel.run import exact
 from fisher_ref.engine.plan import EngineOptions, estimate_cost
 from fisher_ref.perf.scaling import load_scale_config
 from fisher_ref.rewards import FunctionReward
+from fisher_ref.parallel import exact_param_shard
 from tests.parallel.test_shards import RTOL, merged_errors
+from cases import with_options
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, "many", True, None])
@@ -38,7 +40,8 @@ def test_workers_give_the_single_run():
     """Two local processes (spawned, one BLAS thread each): the same result."""
     task = load_config("offpolicy_stale")
     kw = dict(progress=False, topk=(1, 2))
-    single, par = exact(task, workers=1, **kw), exact(task, workers=2, **kw)
+    single = exact(task, workers=1, **with_options(kw))
+    par = exact(task, workers=2, **with_options(kw))
     errs = merged_errors(par, single)
     assert max(errs.values()) <= RTOL, errs
     assert par.cost.workers == 2
@@ -241,8 +244,9 @@ def test_large_arrays_of_a_worker_come_back_through_shared_memory(monkeypatch):
     task = load_config("offpolicy_stale")
     kw = dict(progress=False, topk=(1, 2), keep_states=True)
     monkeypatch.setattr(workers_mod, "SHARED_BYTES", 1)  # every array, in this process
-    direct = exact(task, param_shard=(1, 2), **kw)  # the last: it keeps the records
-    seconds, sent = workers_mod._shard_in_worker(exact, task, {"param_shard": (1, 2)}, kw)
+    direct = exact_param_shard(task, (1, 2), **with_options(kw))  # the last: the records
+    seconds, sent = workers_mod._shard_in_worker(exact_param_shard, task,
+                                                 {"param_shard": (1, 2)}, with_options(kw))
     assert seconds > 0
     name, slot, index, kept = sent.shared
     assert slot is None and kept == ()  # no run number: a block of its own, freed once copied
@@ -257,8 +261,8 @@ def test_large_arrays_of_a_worker_come_back_through_shared_memory(monkeypatch):
             assert np.array_equal(a[k], b[k]) and a[k].dtype == b[k].dtype, (f, k)
     with pytest.raises(FileNotFoundError):  # freed by _unpack
         shared_memory.SharedMemory(name=name)
-    _, small = workers_mod._shard_in_worker(exact, task, {"param_shard": (0, 2)},
-                                            dict(kw, keep_states=False))
+    _, small = workers_mod._shard_in_worker(exact_param_shard, task, {"param_shard": (0, 2)},
+                                            with_options(dict(kw, keep_states=False)))
     assert not hasattr(small, "shared")  # nothing kept, nothing to share
 
 
@@ -278,12 +282,14 @@ def test_a_worker_keeps_its_block_from_run_to_run(monkeypatch):
     monkeypatch.setattr(workers_mod, "SHARED_BYTES", 1)
     small, large = load_config("default"), load_config("offpolicy_stale")
     kw = dict(progress=False, keep_states=True)
-    want = {name: exact(t, param_shard=(1, 2), **kw)  # the last shard: it keeps the records
+    kw = with_options(kw)
+    want = {name: exact_param_shard(t, (1, 2), **kw)  # the last shard: it keeps the records
             for name, t in (("small", small), ("large", large))}
     before = set(glob.glob("/dev/shm/psm_*"))
 
     def send(task, run):
-        return workers_mod._shard_in_worker(exact, task, {"param_shard": (1, 2)}, kw, run,
+        return workers_mod._shard_in_worker(exact_param_shard, task, {"param_shard": (1, 2)},
+                                            kw, run,
                                             workers_mod._busy())[1]
 
     def same(got, want):
@@ -386,7 +392,7 @@ def test_workers_with_tables_past_the_shared_size_give_the_single_run():
     errs = merged_errors(par, single)
     assert max(errs.values()) <= RTOL, errs
     # the worker's half of a per-window table is past the size sent through shared memory
-    half = exact(task, param_shard=(0, 2), progress=False, keep_states=True)
+    half = exact_param_shard(task, (0, 2), options=EngineOptions(keep_states=True))
     assert half.window_tables["token_fisher"].nbytes >= workers_mod.SHARED_BYTES
 
 
@@ -396,8 +402,8 @@ def test_a_failed_run_frees_the_shared_memory_of_results_that_came_back(monkeypa
     from multiprocessing import shared_memory
     task = load_config("default")
     monkeypatch.setattr(workers_mod, "SHARED_BYTES", 1)
-    sent = workers_mod._shard_in_worker(exact, task, {"param_shard": (1, 2)},
-                                        dict(progress=False, keep_states=True))
+    sent = workers_mod._shard_in_worker(exact_param_shard, task, {"param_shard": (1, 2)},
+                                        with_options(dict(progress=False, keep_states=True)))
     name = sent[1].shared[0]
     done, failed, pending = Future(), Future(), Future()
     done.set_result(sent)

@@ -1,5 +1,5 @@
 """scripts/alloc_effects.py: exact's page faults and time in glibc's default memory, with
-freed memory kept from the start, and after fisher_ref.keep_freed_memory()."""
+freed memory kept from the start, and after fisher_ref.engine.keep_memory.keep_freed_memory()."""
 import platform
 import re
 import subprocess

@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 from cases import RTOL, rel
 from fisher_ref import exact, task_from_json
 from fisher_ref.engine.plan import Budgets
-from fisher_ref.parallel.workers import memory_kept
+from fisher_ref.engine.keep_memory import memory_kept
 
 torch = pytest.importorskip("torch", reason="the torch peer needs torch (CI installs it)")
 

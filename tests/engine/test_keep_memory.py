@@ -1,4 +1,5 @@
-"""fisher_ref.keep_freed_memory: glibc told, in this process, to keep the memory it frees.
+"""fisher_ref.engine.keep_memory.keep_freed_memory: glibc told, in this process, to keep the
+memory it frees.
 
 The calls that take effect run in a child process: mallopt changes a process for good, and
 the test process's own allocator stays as it started."""
@@ -11,11 +12,11 @@ import sys
 import numpy as np
 import pytest
 
-import fisher_ref
 from fisher_ref import load_config
-from fisher_ref.parallel import workers as workers_mod
+from fisher_ref.engine import keep_memory as keep_mod
 from fisher_ref.perf.bench import bench, condition_env
 from fisher_ref.perf.memory import MemoryConditionError
+from fisher_ref.engine.plan import EngineOptions
 
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 
@@ -23,14 +24,14 @@ glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc
 @pytest.fixture(autouse=True)
 def _nothing_kept_here(monkeypatch):
     """What a test's calls record in this process is undone after it."""
-    monkeypatch.setattr(workers_mod, "_KEPT", None)
+    monkeypatch.setattr(keep_mod, "_KEPT", None)
 
 #: A child in glibc's default memory: the probe's answer before and after the call, what the
 #: call returned and recorded, and the page faults of repeated runs of exact on medium.
 CHILD = r"""
 import json, resource
 import fisher_ref
-from fisher_ref.parallel.workers import kept_in_process
+from fisher_ref.engine.keep_memory import keep_freed_memory, kept_in_process
 from fisher_ref.perf.memory import freed_memory_reused
 from fisher_ref.perf.scaling import load_scale_config
 
@@ -46,7 +47,7 @@ def faults(runs=5):
 
 fisher_ref.exact(task, progress=False, workers=1)  # first touches: not counted
 before = [freed_memory_reused(), faults()]
-took = fisher_ref.keep_freed_memory()
+took = keep_freed_memory()
 fisher_ref.exact(task, progress=False, workers=1)  # the heap grows to its peak once more
 print(json.dumps({"before": before, "took": took, "kept": kept_in_process(),
                   "after": [freed_memory_reused(), faults()]}))
@@ -74,8 +75,8 @@ def test_keep_freed_memory_refuses_what_mallopt_cannot_take(kw, monkeypatch):
     monkeypatch.setattr(ctypes, "CDLL", lambda *a: pytest.fail("mallopt reached"))
     name = next(iter(kw))
     with pytest.raises(ValueError, match=f"{name} must be an int in 1..2"):
-        fisher_ref.keep_freed_memory(**kw)
-    assert workers_mod.kept_in_process() is None
+        keep_mod.keep_freed_memory(**kw)
+    assert keep_mod.kept_in_process() is None
 
 
 def _libc(monkeypatch, answer):
@@ -97,35 +98,35 @@ MMAP, TRIM = -3, -1  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
 
 def test_keep_freed_memory_takes_numpy_integers_and_records_a_half_taken_call(monkeypatch):
     calls = _libc(monkeypatch, lambda param, value: int(param == MMAP))  # refuses the trim
-    assert fisher_ref.keep_freed_memory(np.int64(2 ** 25), np.int32(2 ** 30)) is False
+    assert keep_mod.keep_freed_memory(np.int64(2 ** 25), np.int32(2 ** 30)) is False
     assert calls == [(MMAP, 2 ** 25), (TRIM, 2 ** 30)]
-    assert workers_mod.kept_in_process() == (2 ** 25, None)  # changed, so not the default
+    assert keep_mod.kept_in_process() == (2 ** 25, None)  # changed, so not the default
 
 
 def test_keep_freed_memory_caps_the_block_where_an_older_glibc_refuses_more(monkeypatch):
     calls = _libc(monkeypatch, lambda param, value: int(param == TRIM or value <= 2 ** 25))
-    assert fisher_ref.keep_freed_memory() is True
+    assert keep_mod.keep_freed_memory() is True
     assert calls == [(MMAP, 2 ** 30), (MMAP, 2 ** 25), (TRIM, 2 ** 31 - 1)]
-    assert workers_mod.kept_in_process() == (2 ** 25, 2 ** 31 - 1)
+    assert keep_mod.kept_in_process() == (2 ** 25, 2 ** 31 - 1)
 
 
 def test_keep_freed_memory_refused_whole_records_nothing(monkeypatch):
     calls = _libc(monkeypatch, lambda param, value: 0)
-    assert fisher_ref.keep_freed_memory(2 ** 20, 2 ** 20) is False
+    assert keep_mod.keep_freed_memory(2 ** 20, 2 ** 20) is False
     assert calls == [(MMAP, 2 ** 20), (TRIM, 2 ** 20)]  # a block under the cap: one try
-    assert workers_mod.kept_in_process() is None
+    assert keep_mod.kept_in_process() is None
 
 
 def test_keep_freed_memory_says_false_without_glibc(monkeypatch):
     def no_libc(*a):
         raise OSError("no such library")
     monkeypatch.setattr(ctypes, "CDLL", no_libc)
-    assert fisher_ref.keep_freed_memory() is False
-    assert workers_mod.kept_in_process() is None
+    assert keep_mod.keep_freed_memory() is False
+    assert keep_mod.kept_in_process() is None
 
 
 def test_in_process_bench_after_keep_freed_memory_is_not_the_default_condition(monkeypatch):
-    monkeypatch.setattr(workers_mod, "_KEPT", (2 ** 30, 2 ** 31 - 1))  # as after the call
+    monkeypatch.setattr(keep_mod, "_KEPT", (2 ** 30, 2 ** 31 - 1))  # as after the call
     with pytest.raises(MemoryConditionError, match=r"this process changed its allocator "
                        r"settings \(keep_freed_memory\(\) set max_block=1073741824, "
                        r"max_kept=2147483647.*isolate=True"):
@@ -133,7 +134,7 @@ def test_in_process_bench_after_keep_freed_memory_is_not_the_default_condition(m
 
 
 def _startup(monkeypatch, **env):
-    monkeypatch.setattr(workers_mod, "startup_environ", lambda: dict(env))
+    monkeypatch.setattr(keep_mod, "startup_environ", lambda: dict(env))
 
 
 @pytest.mark.parametrize("env, kept", [
@@ -150,7 +151,7 @@ def _startup(monkeypatch, **env):
 ])
 def test_memory_kept_reads_the_variables_the_process_started_with(env, kept, monkeypatch):
     _startup(monkeypatch, **env)
-    assert workers_mod.memory_kept() is kept
+    assert keep_mod.memory_kept() is kept
 
 
 @pytest.mark.parametrize("recorded, kept", [((2 ** 30, 2 ** 31 - 1), True), ((2 ** 25, 2 ** 30), True),
@@ -158,8 +159,8 @@ def test_memory_kept_reads_the_variables_the_process_started_with(env, kept, mon
 def test_memory_kept_after_keep_freed_memory_follows_what_it_set(recorded, kept, monkeypatch):
     """The call's settings replace those of the start: small ones undo kept variables."""
     _startup(monkeypatch, MALLOC_MMAP_THRESHOLD_="1073741824", MALLOC_TRIM_THRESHOLD_="2147483647")
-    monkeypatch.setattr(workers_mod, "_KEPT", recorded)
-    assert workers_mod.memory_kept() is kept
+    monkeypatch.setattr(keep_mod, "_KEPT", recorded)
+    assert keep_mod.memory_kept() is kept
 
 
 @pytest.mark.parametrize("recorded, env_kept, kept", [
@@ -169,19 +170,19 @@ def test_a_half_taken_call_leaves_the_start_to_decide_the_other_setting(recorded
                                                                          kept, monkeypatch):
     """A call of which glibc refused a part changed only the part it took: that part is
     the call's, the other the start's."""
-    monkeypatch.setattr(workers_mod, "_KEPT", recorded)
+    monkeypatch.setattr(keep_mod, "_KEPT", recorded)
     if env_kept:
         _startup(monkeypatch, MALLOC_MMAP_THRESHOLD_="1073741824",
                  MALLOC_TRIM_THRESHOLD_="2147483647")
     else:
         _startup(monkeypatch)
-    assert workers_mod.memory_kept() is kept
+    assert keep_mod.memory_kept() is kept
 
 
 def test_memory_kept_is_false_outside_glibc(monkeypatch):
     _startup(monkeypatch, MALLOC_MMAP_THRESHOLD_="1073741824", MALLOC_TRIM_THRESHOLD_="2147483647")
     monkeypatch.setattr(platform, "libc_ver", lambda *a, **k: ("", ""))
-    assert workers_mod.memory_kept() is False
+    assert keep_mod.memory_kept() is False
 
 
 @pytest.mark.parametrize("quantities", ["all", "fisher"])
@@ -206,11 +207,12 @@ def test_the_last_level_takes_larger_sub_blocks_where_memory_is_kept(kept, quant
 
     monkeypatch.setattr(complete, where, counted)
     monkeypatch.setattr(fast, "memory_kept", lambda: kept)
-    got = fast.exact(task, progress=False, workers=1, quantities=quantities)
+    got = fast.exact(task, progress=False, quantities=quantities)
     assert calls == ([1331] if kept else [665, 666]), calls
     calls.clear()
-    other = fast.exact(task, progress=False, workers=1, quantities=quantities, budgets=Budgets(
-        sub_elements=SUB_ELEMENTS if kept else KEPT_SUB_ELEMENTS))
+    other = fast.exact(task, progress=False, quantities=quantities,
+                       options=EngineOptions(budgets=Budgets(
+        sub_elements=SUB_ELEMENTS if kept else KEPT_SUB_ELEMENTS)))
     assert calls == ([665, 666] if kept else [1331]), calls
     errs = result_errors(got, other)
     assert all(e <= 1e-12 for e in errs.values()), errs
