@@ -155,6 +155,11 @@ def records():
         Record("large-case", "python benchmarks/scaling/large_case.py --out "
                "docs/guide/large_case.json", ("docs/guide/large_case.json",),
                cited_by="docs/guide/distributed.md"),
+        Record("estimators-batch-bias", "python benchmarks/estimators/batch_bias.py",
+               ("docs/bench/estimators/batch_bias.json", "docs/bench/estimators/batch_bias.png"),
+               cited_by="docs/check/rl_losses.md"),
+        Record("estimators-batch-cost", "python benchmarks/estimators/batch_cost.py",
+               ("docs/bench/estimators/batch_cost.json",)),
     ]
 
 

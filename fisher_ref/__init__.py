@@ -14,15 +14,13 @@ Example:
 """
 import importlib
 
-from fisher_ref import _aliases
 from fisher_ref.version import __version__
 
 # public name -> the module that defines it
 _WHERE = {
     "engine.plan": ("EnumerationTooLarge", "estimate_cost"),
     "checks.conformance": ("check_token_fisher",),
-    "engine.fast": ("exact",),
-    "engine.keep_memory": ("keep_freed_memory",),
+    "parallel.run": ("exact",),
     "golden.export": ("export_golden",),
     "golden.format": ("GoldenFileError", "load_golden"),
     "golden.check": ("compare_golden", "compare_to_golden"),
@@ -51,7 +49,7 @@ __all__ = [
     "token_fisher", "token_fisher_pairwise", "uniform_token_fisher", "__version__",
     "sample", "estimate", "MCResult", "Estimate", "bonferroni_z", "check_monte_carlo",
     "CheckRow", "export_golden", "load_golden", "compare_golden", "compare_to_golden",
-    "GoldenFileError", "check_token_fisher", "keep_freed_memory",
+    "GoldenFileError", "check_token_fisher",
 ]
 
 
@@ -67,5 +65,3 @@ def __getattr__(name):
 def __dir__():
     return sorted(set(globals()) | set(__all__))
 
-
-_aliases.install()

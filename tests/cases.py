@@ -28,6 +28,15 @@ RTOL = 1e-10  # exact float64 identities (docs/theory.md §9.3)
 ERRORS: dict = {}
 
 
+def with_options(kw):
+    """Keywords of ``exact`` from ``kw``: the knobs that never change a number (``chunk=``,
+    ``keep_states=``, ``budgets=``, ...) moved into its ``options``."""
+    from fisher_ref.engine.plan import MOVED, EngineOptions
+    kw = dict(kw)
+    knobs = {k: kw.pop(k) for k in list(kw) if k in MOVED}
+    return {**kw, "options": EngineOptions(**knobs)} if knobs else kw
+
+
 def rel(a, b, scale=None):
     """max|a-b| / max(max|a|, max|b|) (or / ``scale``); 0 when both are 0."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)

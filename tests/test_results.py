@@ -5,6 +5,7 @@ from hypothesis import given, settings, strategies as st
 
 from cases import RTOL, get_brute, get_result, get_task, rel
 from fisher_ref import exact
+from fisher_ref.engine.plan import EngineOptions
 
 
 def test_sequence_probabilities_sum_to_one(case):
@@ -166,8 +167,8 @@ def test_fast_engine_states_equal_per_state_rows_of_the_reference(case):
     engine's rows (the same numbers, so equal to rounding of the sums), and
     ``gathered()`` forms them all."""
     task = get_task(case)
-    fast = exact(task, progress=False, keep_states=True)
-    ref = exact(task, progress=False, keep_states=True, reference=True)
+    fast = exact(task, progress=False, options=EngineOptions(keep_states=True))
+    ref = exact(task, progress=False, reference=True, options=EngineOptions(keep_states=True))
     assert fast.gathered() is fast
     assert sorted(fast.states) == sorted(ref.states)
     per_window = ["token_fisher", "uniform", "score_mean"]

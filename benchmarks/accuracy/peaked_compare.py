@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from fisher_ref.engine.plan import EngineOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -33,7 +34,8 @@ def main(argv=None):
         spec = json.loads((ROOT / "fisher_ref" / "configs" / f"{name}.json").read_text())
         spec["model"]["init_scale"] = 3.0
         task = task_from_json(spec, name=name)
-        ref = exact(task, progress=False, keep_states=True, keep_sequences=True)
+        ref = exact(task, progress=False,
+                    options=EngineOptions(keep_states=True, keep_sequences=True))
         with highest_matmul_precision():
             out = torch_exact(task, dtype="float32")
         ok = all(r["passed"] for r in compare(task, dtypes=["float32"], mc=0, ref=ref))

@@ -43,7 +43,8 @@ def main():
         rows[name] = {"per_batch": [verdict(task, make(reading="batch"), K) for K in KS],
                       "large_batch": verdict(task, make(reading="limit"), 1)}
         print(name, rows[name], flush=True)
-    record = {"commit": git_commit(ROOT), "machine": machine(),
+    record = {"command": "python benchmarks/estimators/batch_bias.py",
+              "commit": git_commit(ROOT), "machine": machine(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "task": TASK, "group_size": G, "expect": "unbiased-up-to-scale", "losses": rows}
     OUT.mkdir(parents=True, exist_ok=True)
@@ -87,5 +88,8 @@ def plot(record, path):
     fig.savefig(path, dpi=110)
 
 
+
 if __name__ == "__main__":
+    import argparse
+    argparse.ArgumentParser(description="the relative bias of verl's token-mean and TRL's dapo against the groups per batch (docs/bench/estimators/batch_bias.json and .png)").parse_args()
     main()

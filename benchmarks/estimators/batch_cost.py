@@ -72,7 +72,8 @@ def main():
                 "vmap": timed(task, trl_vectorised(G), G, True, 1),
                 "loop": timed(task, trl_verbatim_style(G), G, True, 1)}
     print(fallback, flush=True)
-    record = {"commit": git_commit(ROOT), "machine": machine(),
+    record = {"command": "python benchmarks/estimators/batch_cost.py",
+              "commit": git_commit(ROOT), "machine": machine(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "max_groups": 2_000_000, "rows": rows, "fallback": fallback}
     OUT.mkdir(parents=True, exist_ok=True)
@@ -80,5 +81,8 @@ def main():
     print(table(record))
 
 
+
 if __name__ == "__main__":
+    import argparse
+    argparse.ArgumentParser(description="the cost of enumerating K = 1, 2, 3 groups per batch on the shipped tasks (docs/bench/estimators/batch_cost.json)").parse_args()
     main()

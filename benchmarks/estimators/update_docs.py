@@ -65,5 +65,8 @@ def main():
         page.write_text(new)
 
 
+
 if __name__ == "__main__":
+    import argparse
+    argparse.ArgumentParser(description="write the estimator records into the pages that quote them").parse_args()
     main()

@@ -33,7 +33,7 @@ def check(task, name, device, shards, keep):
     """One task's records: a list of dicts, one per shard count."""
     import numpy as np
 
-    from fisher_ref.engine.shards import ShardError
+    from fisher_ref.parallel.shards import ShardError
     from fisher_ref.torch.exact import torch_exact
     from fisher_ref.torch.shards import merge_errors
 

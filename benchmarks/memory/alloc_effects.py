@@ -3,7 +3,7 @@ alone and right after the independent torch peer (``benchmarks/speed/peer.py``) 
 same process, with the minor page faults and system time of one run; then the same in a
 process whose glibc keeps freed memory (``fisher_ref.perf.bench.KEEP_MEMORY``), so that
 later runs reuse pages instead of faulting in new ones; then in a process started with
-glibc's defaults that calls ``fisher_ref.keep_freed_memory()`` first. The default and kept
+glibc's defaults that calls ``fisher_ref.engine.keep_memory.keep_freed_memory()`` first. The default and kept
 starts are first checked with an allocator probe in a process started alike; the call, by
 what it returns. With ``--rounds R``
 the six processes run by turns, ``R`` times over, so that the machine's load drifts hit
@@ -34,7 +34,8 @@ def _child(config, repeats, after_peer, call):
     import torch
     torch.set_num_threads(1)
     sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks" / "speed")]  # the peer
-    from fisher_ref import exact, keep_freed_memory, task_from_json
+    from fisher_ref import exact, task_from_json
+    from fisher_ref.engine.keep_memory import keep_freed_memory
     from peer import peer_exact
     if call and not keep_freed_memory():
         raise SystemExit("keep_freed_memory() returned False: this C library has no mallopt "

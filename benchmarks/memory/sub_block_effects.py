@@ -30,6 +30,7 @@ from benchmarks.common import MADE_BY, made_by, positive  # noqa: E402
 from fisher_ref.perf.bench import condition_env  # noqa: E402  the harness's conditions
 from fisher_ref.perf.memory import (MemoryConditionError, check_memory_condition,  # noqa: E402
                                     probe_process)
+from fisher_ref.engine.plan import EngineOptions
 
 
 def _runs(config, budget, repeats, warm_up=True):
@@ -44,10 +45,10 @@ def _runs(config, budget, repeats, warm_up=True):
     task, budgets = load_scale_config(config), Budgets(sub_elements=budget)
     out = {"times": [], "faults": [], "sys_s": []}
     if warm_up:
-        exact(task, progress=False, workers=1, budgets=budgets)
+        exact(task, progress=False, workers=1, options=EngineOptions(budgets=budgets))
     for _ in range(repeats):
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        exact(task, progress=False, workers=1, budgets=budgets)
+        exact(task, progress=False, workers=1, options=EngineOptions(budgets=budgets))
         t, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
         out["times"].append(t)
         out["faults"].append(r1.ru_minflt - r0.ru_minflt)

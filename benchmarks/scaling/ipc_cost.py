@@ -4,7 +4,7 @@ through shared memory, for arrays of 0.1 to 24 MiB (best of 5 each).
 
     python benchmarks/scaling/ipc_cost.py
 
-``fisher_ref.engine.worker_memory.SHARED_BYTES`` sends a worker's large arrays through shared
+``fisher_ref.parallel.worker_memory.SHARED_BYTES`` sends a worker's large arrays through shared
 memory because of what this prints.
 """
 import multiprocessing

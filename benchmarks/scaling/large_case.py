@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's package
+from fisher_ref.engine.plan import EngineOptions  # noqa: E402
 
 for _k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
     os.environ.setdefault(_k, "1")  # before numpy: one BLAS thread per process
@@ -32,14 +33,15 @@ def run_case(name, workers):
     """One case in this process: its record (a dict)."""
     import numpy as np
 
-    from fisher_ref.engine.fast import exact
-    from fisher_ref.engine.workers import shutdown
+    from fisher_ref.parallel.run import exact
+    from fisher_ref.parallel.workers import shutdown
     from fisher_ref.perf.scaling import load_scale_config
 
     task = load_scale_config(name)
     t0 = time.perf_counter()
-    r = exact(task, workers=workers, progress=False, keep_states=False, keep_sequences=False,
-              max_seconds=float("inf"))
+    r = exact(task, workers=workers, progress=False,
+              options=EngineOptions(keep_states=False, keep_sequences=False,
+                                    max_seconds=float("inf")))
     wall = time.perf_counter() - t0
     shutdown()  # the workers end: their peak memory is in RUSAGE_CHILDREN
     kib = 1024
@@ -66,7 +68,7 @@ def main(argv=None):
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: one case
     args = ap.parse_args(argv)
     if args.workers == "cores":
-        from fisher_ref.engine.workers import available_cores
+        from fisher_ref.parallel.workers import available_cores
         workers = available_cores()
     else:
         workers = int(args.workers)

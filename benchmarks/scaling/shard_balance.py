@@ -1,11 +1,12 @@
 """Where two parameter shards of an MLP run are even: the measurements behind
-``fisher_ref.models.mlp_scores.WORK`` and ``LAST_SHARE``.
+``fisher_ref.engine.plan.WORK`` and ``LAST_SHARE`` (records:
+docs/bench/shards/balance_*.txt).
 
 Usage: python benchmarks/scaling/shard_balance.py [--config v16] [--units 90 98 105 112 120]
        [--repeats 15]
 
 For each cut ``u`` between hidden units (shard 0: ``E`` and units ``0..u``; shard 1: units
-``u..H`` and ``W2``'s family, ``fisher_ref.models.mlp_scores.UnitColumns``), prints the
+``u..H`` and ``W2``'s family, ``fisher_ref.engine.mlp_columns.UnitColumns``), prints the
 median wall time of
 
 - both shards as a shard before the last (no records), one after the other in a fresh
@@ -40,9 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's p
 import fisher_ref.engine.fast as fast  # noqa: E402
 from benchmarks.common import MADE_BY, made_by  # noqa: E402
 from fisher_ref.engine.factored import shard_columns  # noqa: E402
-from fisher_ref.engine.worker_process import init_worker  # noqa: E402
-from fisher_ref.models.mlp_scores import _order_columns, mlp_blocks  # noqa: E402
+from fisher_ref.parallel.worker_process import init_worker  # noqa: E402
+from fisher_ref.engine.mlp_columns import mlp_blocks, order_columns  # noqa: E402
 from fisher_ref.perf.scaling import git_commit, load_scale_config  # noqa: E402
+from fisher_ref.parallel import exact_param_shard  # noqa: E402
 
 
 def _cut(task, u):
@@ -51,7 +53,7 @@ def _cut(task, u):
     blocks = {name: (start, stop) for name, start, stop in mlp_blocks(spec)}
     nE, P = blocks["E"][1], blocks["b2"][1]
     end = nE + spec.hidden + P - blocks["W2"][0]
-    return [_order_columns(spec, blocks, 0, nE + u), _order_columns(spec, blocks, nE + u, end)]
+    return [order_columns(spec, blocks, 0, nE + u), order_columns(spec, blocks, nE + u, end)]
 
 
 def _time_shard(task, cols, i, repeats):
@@ -60,11 +62,11 @@ def _time_shard(task, cols, i, repeats):
     planned = fast.shard_columns
     fast.shard_columns = lambda t, n: cols
     try:
-        fast.exact(task, param_shard=(i, 2), progress=False)  # warm
+        exact_param_shard(task, (i, 2))  # warm
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            fast.exact(task, param_shard=(i, 2), progress=False)
+            exact_param_shard(task, (i, 2))
             times.append(time.perf_counter() - t0)
     finally:
         fast.shard_columns = planned
@@ -111,7 +113,7 @@ def main(argv=None):
     whole = []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
-        fast.exact(task, progress=False, workers=1)
+        fast.exact(task, progress=False)
         whole.append(time.perf_counter() - t0)
     print(f"whole run (workers=1): {np.median(whole):.4f} s")
     print(f"the planner's two shards: {shard_columns(task, 2)}")

@@ -9,7 +9,7 @@ times). The parent process is held to one BLAS thread too (threadpoolctl, or the
 variables before numpy is imported), so both sides use one thread per process.
 Prints the machine, the commit and whether the results agree at 1e-12; inside the
 ``workers=N`` runs, the medians of the calling process's shard, each worker's shard and
-the wait and hand-over after the caller's is done (``fisher_ref.engine.workers.last_run_times``);
+the wait and hand-over after the caller's is done (``fisher_ref.parallel.workers.last_run_times``);
 the same split in CPU seconds; the CPU seconds of a shard of one parameter (the first and
 the last, ``param_shard=(i, P)``): an upper bound on the work every shard repeats (the
 walk, whatever the shard's width), since its blocks' overhead is split among shards of
@@ -36,10 +36,11 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's package
 from benchmarks.common import MADE_BY, made_by  # noqa: E402
 from fisher_ref import load_config  # noqa: E402
-from fisher_ref.engine.fast import exact  # noqa: E402
-from fisher_ref.engine.shards import merge  # noqa: E402
-from fisher_ref.engine.workers import available_cores, last_run_times, shutdown  # noqa: E402
+from fisher_ref.parallel.run import exact  # noqa: E402
+from fisher_ref.parallel.shards import merge  # noqa: E402
+from fisher_ref.parallel.workers import available_cores, last_run_times, shutdown  # noqa: E402
 from fisher_ref.perf.scaling import git_commit, load_scale_config  # noqa: E402
+from fisher_ref.parallel import exact_param_shard  # noqa: E402
 
 
 def _load(name):
@@ -163,9 +164,9 @@ def main(argv=None):
     # each shard run here in turn, the whole run against the slowest shard plus the merge.
     cpu_one = min(_cpu(lambda: exact(task, progress=False, workers=1)) for _ in range(3))
     # the shards workers=N runs: parameter shards, keeping what the whole run keeps
-    shards = [min(_cpu(lambda i=i: exact(task, progress=False, param_shard=(i, args.workers)))
+    shards = [min(_cpu(lambda i=i: exact_param_shard(task, (i, args.workers)))
                   for _ in range(3)) for i in range(args.workers)]
-    parts = [exact(task, progress=False, param_shard=(i, args.workers))
+    parts = [exact_param_shard(task, (i, args.workers))
              for i in range(args.workers)]
     cpu_merge = _cpu(lambda: merge(task, parts))
     print(f"CPU seconds: whole run {cpu_one:.3f}; shards {', '.join(f'{x:.3f}' for x in shards)};"
@@ -174,7 +175,7 @@ def main(argv=None):
     # at most what every parameter shard repeats: the walk, with a single parameter (the
     # first shard's has no records; the last's keeps them and forms the autodiff gradient)
     P = task.model.num_params
-    single = [min(_cpu(lambda i=i: exact(task, progress=False, param_shard=(i, P)))
+    single = [min(_cpu(lambda i=i: exact_param_shard(task, (i, P)))
                   for _ in range(3)) for i in (0, P - 1)]
     print(f"CPU seconds of a shard of one parameter (at most what every shard repeats): "
           f"first {single[0]:.3f}, last {single[1]:.3f} (with the records); the whole run "

@@ -33,7 +33,7 @@ import os, sys, time, json, resource
 side, name, root = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, root)
 from fisher_ref import load_config
-from fisher_ref.engine.fast import exact
+from fisher_ref.parallel.run import exact
 from fisher_ref.perf.scaling import load_scale_config
 if side == "peer":
     import importlib.util

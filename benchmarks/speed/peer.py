@@ -37,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch.func import jacrev, vmap
+from fisher_ref.engine.plan import EngineOptions
 
 __all__ = ["peer_exact", "peer_theta"]
 

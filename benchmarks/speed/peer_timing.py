@@ -108,7 +108,7 @@ def main(argv=None):
         sys.exit(str(exc))
     torch.set_num_threads(1)
     from fisher_ref import exact, task_from_json
-    from fisher_ref.engine.plan import DEFAULT_BUDGETS, Budgets
+    from fisher_ref.engine.plan import DEFAULT_BUDGETS, Budgets, EngineOptions
     from fisher_ref.engine.keep_memory import memory_kept
     budgets = DEFAULT_BUDGETS if args.sub_elements is None else \
         Budgets(sub_elements=args.sub_elements)
@@ -136,12 +136,13 @@ def main(argv=None):
         spec = json.loads((ROOT / "fisher_ref/configs/scale" / f"{name}.json").read_text())
         # the same outputs formed: the peer returns its token Fisher per state, exact
         # keeps its per-state arrays per window until read (ExactResult.gathered)
+        options = EngineOptions(budgets=budgets)
         runs = {"exact": lambda: exact(task_from_json(spec), progress=False, workers=1,
-                                       budgets=budgets).states["token_fisher"],
+                                       options=options).states["token_fisher"],
                 # the peer's work: F, E[h], token Fisher sums and per-state arrays only
                 "exact fisher": lambda: exact(task_from_json(spec), progress=False, workers=1,
                                               quantities="fisher",
-                                              budgets=budgets).states["token_fisher"],
+                                              options=options).states["token_fisher"],
                 "peer": lambda: peer_exact(spec),  # expanded per parent: the faster
                 "peer per h": lambda: peer_exact(spec, expand=False)}  # issue 9's method
         wall, cpu = {c: [] for c in cols}, {c: [] for c in cols}

@@ -224,6 +224,7 @@ def compare(task, device="cpu", dtypes=DEFAULT_DTYPES, mc=DEFAULT_MC, seed=0, re
     """
     import torch
     from fisher_ref.engine.fast import exact
+    from fisher_ref.engine.plan import EngineOptions
     from fisher_ref.torch import exact as tex
     from fisher_ref.torch.registry import torch_model
     dtypes = check_dtypes(dtypes)
@@ -236,7 +237,9 @@ def compare(task, device="cpu", dtypes=DEFAULT_DTYPES, mc=DEFAULT_MC, seed=0, re
         raise ValueError("--device cuda asked for, but torch sees no CUDA device")
     if ref is not None:
         require_all_quantities(ref, "compare")
-    ref = exact(task, progress=False, keep_states=True, keep_sequences=True) if ref is None else ref
+    if ref is None:
+        ref = exact(task, progress=False,
+                    options=EngineOptions(keep_states=True, keep_sequences=True))
     rows, ranges, exact_sens = [], None, exact_state_sensitivities(task, ref)
     with highest_matmul_precision():
         for d in dtypes:

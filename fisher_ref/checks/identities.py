@@ -24,8 +24,8 @@ import math
 
 import numpy as np
 
-from fisher_ref.checks.offpolicy_rows import (SAMPLER_GAP, _constant_rows,  # noqa: F401
-                                             _raw_bias_row, bound_broken_at_zero,
+from fisher_ref.checks.offpolicy_rows import (SAMPLER_GAP, constant_rows,  # noqa: F401
+                                             raw_bias_row, bound_broken_at_zero,
                                              constant_breaking_bound, sampler_gap)
 from fisher_ref.checks.score_scale import (distinct_windows, state_score_scale,  # noqa: F401
                                           window_score_scale)
@@ -100,7 +100,8 @@ def _state_form_checks(result):
     task, st = result.task, result.states
     if st is None:
         return [Check("4-5 pairwise, alignment", "policy", "not checked: the per-state arrays "
-                      "were not kept (exact(..., keep_states=True) keeps them)", float("nan"),
+                      "were not kept (exact(..., options=EngineOptions(keep_states=True)) "
+                      "keeps them)", float("nan"),
                       0.0, "info", f"{result.cost.n_states:,} states x P = "
                       f"{task.model.num_params:,} would not fit the memory for kept arrays")]
     n = min(len(st["depth"]), _SHIFT_STATES)
@@ -156,7 +157,7 @@ def exact_checks(result):
     if "centered" in result.streams:
         c, raw = result.streams["centered"], result.streams["raw"]
         rows += _stream_checks("centered", c, T, True, state_scale)
-        rows.append(_raw_bias_row(result, raw, c))
+        rows.append(raw_bias_row(result, raw, c))
         # Against autograd of E_p[R], not against the policy stream's E[A h]: over the
         # same enumeration rho mu(y) = P(y), so that comparison summed the same products
         # P(y) A(y) h(y) twice and held by construction.
@@ -165,7 +166,7 @@ def exact_checks(result):
                           EXACT_RTOL, "equal",
                           "rho = P/mu formed per response from mu's draws; autograd never "
                           "forms a score or a weight"))
-        rows += _constant_rows(raw, c)
+        rows += constant_rows(raw, c)
     return rows
 
 
@@ -210,7 +211,7 @@ def _rewards_near_one(task, result, progress, workers):
     of two is exact, so the Monte Carlo rows are those of ``task`` without the underflow
     of :math:`R^2` (the draws do not depend on the rewards), and so are the exact rows
     (relative errors), for rewards so small that even their products lose digits."""
-    from fisher_ref.engine.fast import exact
+    from fisher_ref.parallel.run import exact
     on = result.streams["policy"]
     size = float(np.hypot(on.reward_std, on.expected_reward)) + abs(on.baseline)
     if size == 0 or size >= TINY_REWARD:
@@ -238,7 +239,7 @@ def verify_task(task, mc=0, seed=0, progress=True, workers="auto"):
             would not fit in memory.
         fisher_ref.engine.plan.EnumerationTooLarge: the task is too large to enumerate.
     """
-    from fisher_ref.engine.fast import exact
+    from fisher_ref.parallel.run import exact
     from fisher_ref.monte_carlo.sampling import check_mc_size
     require_task(task)
     if isinstance(mc, bool) or not isinstance(mc, (int, np.integer)) or mc < 0:

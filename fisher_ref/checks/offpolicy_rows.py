@@ -10,7 +10,8 @@ from fisher_ref.checks.table import Check
 from fisher_ref.checks.tolerances import fisher_scale
 from fisher_ref.monte_carlo.ztests import ROUNDING_RTOL
 
-__all__ = ["sampler_gap", "bound_broken_at_zero", "constant_breaking_bound"]
+__all__ = ["sampler_gap", "raw_bias_row", "constant_rows", "bound_broken_at_zero",
+           "constant_breaking_bound"]
 
 SAMPLER_GAP = 1e-8  # the raw score's bias must exceed this; and below it mu ~ p
 
@@ -25,7 +26,7 @@ def sampler_gap(result):
     return float(np.max(st["sampler_reach"] * tv, initial=0.0))
 
 
-def _raw_bias_row(result, raw, centered):
+def raw_bias_row(result, raw, centered):
     """The raw score's mean under ``mu`` must be non-zero: centering matters. Where the
     sampler equals the policy to ``SAMPLER_GAP`` (a peaked model whose ``mu`` and ``p``
     are both one-hot on the same tokens) there is no bias to show: an info row."""
@@ -40,7 +41,7 @@ def _raw_bias_row(result, raw, centered):
     return Check("off-policy", "raw", check, value, SAMPLER_GAP, "nonzero")
 
 
-def _constant_rows(raw, centered):
+def constant_rows(raw, centered):
     """Rows on the constant ``c`` past which the uncentered gradient breaks the bound:
     the parameters already over it at ``c = 0``, and a check that the reported
     ``c`` is where the crossing is (within bound just below, over it just above)."""

@@ -56,7 +56,7 @@ def _cosine(a, b):
 def report_rows(task, group_size=2, batch=16, names=None, max_groups=None,
                 groups_per_batch=1, pad="max_len"):
     """``(name, target, scale, cosine, relative_bias, variance_trace, mse)`` per preset."""
-    from fisher_ref import exact
+    from fisher_ref.engine.plan import EngineOptions
     from fisher_ref.estimators.gradient import expected_loss_gradient
     from fisher_ref.estimators.gradient import fit_scale
     from fisher_ref.estimators.presets import PRESETS, preset
@@ -64,7 +64,9 @@ def report_rows(task, group_size=2, batch=16, names=None, max_groups=None,
     names = list(PRESETS) if names is None else list(names)
     for n in names:
         preset(n)  # an unknown name is refused before any work
-    r = exact(task, progress=False, keep_states=False, keep_sequences=False)
+    from fisher_ref.parallel.run import exact
+    r = exact(task, progress=False,
+              options=EngineOptions(keep_states=False, keep_sequences=False))
     baseline = r.baseline
     has_ref = getattr(task, "reference", None) is not None
     kw = {} if max_groups is None else {"max_groups": max_groups}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from fisher_ref.checks.identities import format_table, verify_task
-from fisher_ref.engine.workers import check_workers
+from fisher_ref.parallel.workers import check_workers
 from fisher_ref.cli._common import count_arg, seed_arg, task_from_args
 
 __all__ = ["add_arguments", "run"]

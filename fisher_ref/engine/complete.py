@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fisher_ref.engine.factored import last_level_all, last_level_fisher, row_width
+from fisher_ref.engine.factored import last_level_all, last_level_fisher
+from fisher_ref.engine.factors import row_width
 from fisher_ref.engine.moments import importance_weighted
 from fisher_ref.engine.parent_sums import (fisher_sums, level_sums, one_token_sums, parent_powers,
                                            prefix_starts, segment_sum)
@@ -142,7 +143,7 @@ def _parent_sums(run, cache, block, arrs, gen, K, weights):
     B, full = block.size, len(K) == run.task.model.vocab_size
     factored = block.src is not None and cache.factored_last
     width = row_width(run.task.model.spec, cache.columns) if factored else run.P
-    for sl in _sub_blocks(B, width, run.budgets.sub_block_elements(factored, run.memory_kept)):
+    for sl in _sub_blocks(B, width, run.budgets.sub_block_elements(factored)):
         starts = prefix_starts(block.prompt[sl], gen[sl])
         rows = arrs.rows[sl]
         for s, (mom, xi, w, Rc, rho_w, r) in enumerate(weights):
@@ -190,8 +191,7 @@ def complete_fisher(run, cache, block, arrs, idx):
             cache.accumulate_reach(s, arrs.rows, r, d)
         factored = block.src is not None and cache.factored_last
         width = row_width(task.model.spec, cache.columns) if factored else P
-        for sl in _sub_blocks(B, width, run.budgets.sub_block_elements(factored,
-                                                                       run.memory_kept)):
+        for sl in _sub_blocks(B, width, run.budgets.sub_block_elements(factored)):
             if block.src is not None:  # the last level: from the grandparents' H
                 # the MLP's from the factors of its scores (engine/factored.py)
                 last = last_level_fisher if factored else _last_level_fisher

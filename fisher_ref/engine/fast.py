@@ -35,23 +35,17 @@ from dataclasses import replace
 import numpy as np
 
 from fisher_ref.engine.complete import complete, complete_fisher
-from fisher_ref.engine.factored import factors_last_level, shard_columns
-from fisher_ref.engine.plan import (DEFAULT_BUDGETS, DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS,
-                                    Budgets, EngineOptions)
-from fisher_ref.engine.run import (BlockArrays, Run, check_support, last_scores, plan,
-                                   state_places)
-from fisher_ref.engine.autodiff import parts_gradient
-from fisher_ref.engine.param_shards import param_shard_result
-from fisher_ref.engine.shard_result import check_shard, merged_here
-from fisher_ref.engine.shards import merge
-from fisher_ref.engine.window_cache import WindowCache
+from fisher_ref.engine.factored import factors_last_level
 from fisher_ref.engine.keep_memory import memory_kept
-from fisher_ref.engine.workers import local_workers, run_shards
-from fisher_ref.numerics import topk_center
+from fisher_ref.engine.plan import Budgets, refuse_moved, resolve_options
+from fisher_ref.engine.run import BlockArrays, Run, check_support, last_scores, state_places
+from fisher_ref.engine.autodiff import parts_gradient
+from fisher_ref.engine.window_cache import WindowCache
 from fisher_ref.reference import exact_reference
+from fisher_ref.numerics import topk_center
 from fisher_ref.results import GatheredStates
 
-__all__ = ["exact", "topk_center", "Budgets"]
+__all__ = ["exact", "walk", "topk_center", "Budgets"]
 
 class _AutodiffBatch:
     """Complete responses gathered for one :func:`fisher_ref.engine.autodiff.parts_gradient`
@@ -106,14 +100,14 @@ def _windows_ahead(run, cache, block, W):
     They are computed in one batch with the block's own (a call of the window arrays
     costs about as much as tens of windows, and the first levels hold a few each), so the
     later blocks find them cached; ``block.ahead`` counts the levels covered, and its
-    children inherit one less (:func:`_carry`). A tree shard (``shard``), whose blocks hold
-    only some children, computes none ahead. (The order in which ids are given depends on
-    the cache's capacity, so parameter slices of one run may number the windows
-    differently: their tables are matched by window,
-    :func:`fisher_ref.engine.param_shards.merge_params`.)"""
+    children inherit one less (:func:`_carry`). A run over a cut of the tree (``run.cut``, a
+    subtree shard), whose blocks hold only some children, computes none ahead. (The order
+    in which ids are given depends on the cache's capacity, so parameter slices of one run
+    may number the windows differently: their tables are matched by window,
+    :func:`fisher_ref.parallel.param_shards.merge_params`.)"""
     task, none = run.task, np.empty(0, dtype=np.int64)
     levels = task.max_len - 1 - block.depth  # of states below the block
-    if block.ahead >= levels or run.shard is not None or block.silent or \
+    if block.ahead >= levels or run.cut is not None or block.silent or \
             not cache.factored_last:
         return none
     toks = np.arange(1 if task.model.eos else 0, task.model.vocab_size)  # a state's last token
@@ -232,103 +226,55 @@ def _finish(run, cache):
             mom.is_h, mom.is_Rh = mom.h.copy(), mom.Rh.copy()
 
 
-def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto",
-          max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES, progress=True,
-          reference=False, quantities="all", shard=None, workers="auto", budgets=None,
-          param_shard=None):
-    r"""Every quantity of docs/theory.md §2-3 for ``task``, exactly, in float64.
+def exact(task, *, topk=(), quantities="all", progress=True, reference=False, options=None,
+          **moved):
+    r"""Every quantity of docs/theory.md §2-3 for ``task``, exactly, in float64, in this
+    process: :func:`fisher_ref.exact` with ``workers=1`` (which is this function's run).
 
     Args:
-        task: a :class:`fisher_ref.tasks.Task`.
-        topk: with a sampler, also center with only the top-``k`` tokens of ``mu``
-            for each ``k`` here (what partial knowledge of ``mu`` costs).
-        chunk: states per block (default: sized to about 256 MiB of work arrays).
-        keep_states, keep_sequences: keep the per-state / per-response arrays
-            (``"auto"``: when they fit in about 1 GiB).
-        max_seconds, max_bytes: refuse (:class:`EnumerationTooLarge`) past these.
-        progress: show a progress bar on stderr once the run exceeds 2 s.
-        reference: run the readable judge (:func:`fisher_ref.reference.exact_reference`)
-            instead (``chunk`` does not apply to it).
-        quantities: ``"all"`` (every quantity) or ``"fisher"``: per stream only
-            :math:`E[h]`, :math:`E[h^2]`, ``token_fisher_sum``, ``token_fisher_by_depth``,
-            the largest conditional score mean and the mass
-            (:class:`fisher_ref.results.FisherStreamResult`),
-            with the per-state arrays when kept and no per-response arrays; no
-            reward is evaluated. Reading a skipped quantity raises an ``AttributeError``.
-        shard: ``(i, n)``: only shard ``i`` of ``n`` (subtrees cut by prompt and first
-            tokens, ``fisher_ref.engine.shards``); returns its ``ShardResult``, which
-            ``fisher_ref.engine.shards.merge`` adds to the others. It keeps its rows of
-            the per-state and per-response arrays only when asked (``"auto"``: not).
-        param_shard: ``(i, n)``: every state and response, but only the sums of the
-            parameters ``fisher_ref.engine.factored.shard_columns(task, n)[i]`` (for the
-            MLP, cut between hidden units); returns its ``ShardResult``, which ``merge``
-            places at its parameters beside the others' (the per-state and per-response
-            arrays kept as in a whole run).
-        workers: processes to run parameter shards in (``fisher_ref.engine.workers``):
-            each walks the whole tree for its share of the parameters, so the per-window
-            and per-state work is split, not repeated (the sensitivities too for the MLP;
-            other models form all of a window's and keep their columns). ``"auto"``: the available cores, 1 (this
-            process) for a run estimated under 10 s. A count past the cores or the
-            parameters is capped there, with a ``WorkersCapped`` warning. The result is the
-            same to rounding.
-        budgets: the fast engine's memory and batching knobs
-            (:class:`fisher_ref.engine.plan.Budgets`; speed and memory only, never the
-            numbers). ``None``: the defaults.
+        task, topk, quantities, progress, reference, options: as for
+            :func:`fisher_ref.exact`: what is computed as keywords, and the knobs that
+            never change a number in one :class:`fisher_ref.engine.plan.EngineOptions`.
 
     Returns:
-        :class:`fisher_ref.results.ExactResult` (with ``shard``: a ``ShardResult``).
+        :class:`fisher_ref.results.ExactResult`.
+
+    Raises:
+        TypeError: a keyword it does not take; ``shard=`` and ``param_shard=`` name the
+            functions that return a shard (:func:`fisher_ref.parallel.exact_shard`,
+            :func:`fisher_ref.parallel.exact_param_shard`), the knobs ``options=``.
 
     Example:
-        >>> from fisher_ref import load_config, exact
+        >>> from fisher_ref import load_config
         >>> r = exact(load_config("default"))
         >>> bool(np.allclose(r.sequence_fisher, r.token_fisher_sum, rtol=1e-10, atol=0))
         True
     """
-    options = EngineOptions(topk=topk, chunk=chunk, keep_states=keep_states,
-                            keep_sequences=keep_sequences, max_seconds=max_seconds,
-                            max_bytes=max_bytes, progress=progress, quantities=quantities)
-    budgets = DEFAULT_BUDGETS if budgets is None else budgets
-    if not isinstance(budgets, Budgets):
-        raise TypeError(f"budgets must be a fisher_ref.engine.plan.Budgets, got {budgets!r:.80}")
-    if shard is not None and param_shard is not None:
-        raise ValueError("shard=(i, n) cuts the tree and param_shard=(i, n) the parameters: "
-                         "give one of them")
+    refuse_moved("exact", moved)
+    options = resolve_options(options, topk=topk, quantities=quantities, progress=progress)
     if reference:
-        if shard is not None or param_shard is not None:
-            raise ValueError("shard=(i, n) and param_shard=(i, n) run the fast engine; the "
-                             "plain one (reference=True) takes neither")
         return exact_reference(task, **{k: v for k, v in options.as_kwargs().items()
                                         if k != "chunk"})  # the judge holds whole levels
-    if shard is not None or param_shard is not None:
-        n = 1
-    else:
-        n = local_workers(task, workers, options)
-    if n > 1:  # parameter shards in processes, merged here (the arrays kept as one run)
-        _, cost, keep_states, keep_sequences = plan(task, options, workers=n)
-        each = options.unlimited().with_(progress=False, keep_states=keep_states,
-                                         keep_sequences=keep_sequences)
-        with merged_here():  # the shard run here is merged here: no checksum to take
-            parts = run_shards(exact, task, n, dict(each.as_kwargs(), budgets=budgets),
-                               progress=progress, by="param_shard")
-            result = merge(task, parts)
-        result.cost = cost
-        return result
-    columns = None
-    if param_shard is not None:
-        i, n_shards = check_shard(param_shard)
-        if n_shards > task.model.num_params:
-            raise ValueError(f"param_shard=({i}, {n_shards}) cuts the model's "
-                             f"{task.model.num_params} parameters into more slices than "
-                             "there are parameters")
-        columns = shard_columns(task, n_shards)[i]
-    if shard is not None:  # a shard's result holds sums, its rows only when asked
-        options = options.with_(**{k: False for k in ("keep_states", "keep_sequences")
-                                   if getattr(options, k) == "auto"})
-    run = Run(task, options, shard=shard, budgets=budgets, columns=columns)
-    run.memory_kept = memory_kept()  # this process's: a worker's own
-    keep = (run.keep_states, run.keep_sequences)  # as planned: the same in every shard
-    if param_shard is not None and i < n_shards - 1:  # the last keeps the rows without
-        run.records, run.keep_sequences = False, False  # parameters (in the caller)
+    run = Run(task, options)
+    result, cache = walk(run)
+    if run.keep_states:
+        states = dict(result.states)
+        result.states = GatheredStates(states, cache.kept_tables(), states.pop("window"))
+    return result
+
+
+def walk(run):
+    """Walk ``run`` (a :class:`fisher_ref.engine.run.Run`: the whole tree or a cut of it, all
+    the parameters or some columns, the records formed or not) with the fast engine.
+
+    Returns:
+        ``(result, cache)``: what ``run.finish()`` returns and the
+        :class:`fisher_ref.engine.window_cache.WindowCache` (whose per-window arrays the
+        kept per-state arrays point into, :meth:`~WindowCache.kept_tables`).
+    """
+    task, budgets = run.task, run.budgets
+    if budgets.memory_kept is None:  # this process's: a worker's own
+        budgets = run.budgets = replace(budgets, memory_kept=memory_kept())
     V, k, fisher = task.model.vocab_size, task.model.context, run.quantities == "fisher"
     cache = WindowCache(task, run.streams, run.keep_states, budgets.window_cache_bytes,
                         {} if fisher else _accumulated(run), moments=2 if fisher else 4,
@@ -339,10 +285,9 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
                         dense_keys=budgets.dense_keys,
                         kept=_kept_by_window(task) if run.keep_states else None,
                         columns=run.columns, factored_last=factors_last_level(task))
-    # the autodiff gradient: wherever the records are kept (the last parameter shard, which
-    # workers=N runs in the caller)
-    autodiff = run.records
-    batch = _AutodiffBatch(task, cache, budgets.autodiff_rows, enabled=autodiff)
+    # the autodiff gradient: wherever the records are kept (of parameter shards, the last,
+    # which workers=N runs in the caller)
+    batch = _AutodiffBatch(task, cache, budgets.autodiff_rows, enabled=run.records)
 
     def block_arrays(block):
         if block.wpath is None:  # the root: nothing generated yet
@@ -361,16 +306,4 @@ def exact(task, *, topk=(), chunk=None, keep_states="auto", keep_sequences="auto
              lambda *args: _carry(run, *args), last_chunk=last_chunk)
     run.grad_ad += batch.flush()
     _finish(run, cache)
-    result = run.finish()
-    if shard is not None:  # its checksum taken again with its tables in
-        if run.keep_states:
-            result = replace(result, window_tables=cache.kept_tables(), checksum=None)
-        return result
-    tables = cache.kept_tables() if run.keep_states else None
-    if param_shard is not None:  # its tables' windows, by id: merged by content
-        windows = cache.windows_of(np.arange(cache.n_ids)) if tables is not None else None
-        return param_shard_result(run, result, (i, n_shards), tables, keep, windows)
-    if run.keep_states:
-        states = dict(result.states)
-        result.states = GatheredStates(states, tables, states.pop("window"))
-    return result
+    return run.finish(), cache

@@ -28,7 +28,9 @@ from fisher_ref.rewards import Reward
 __all__ = ["Cost", "EnumerationTooLarge", "estimate_cost", "check_cost", "count_states",
            "check_chunk", "resolve_keep", "KEEP_BYTES",
            "DEFAULT_MAX_SECONDS", "DEFAULT_MAX_BYTES", "Budgets", "DEFAULT_BUDGETS",
-           "EngineOptions", "SUB_ELEMENTS", "KEPT_SUB_ELEMENTS"]
+           "EngineOptions", "SUB_ELEMENTS", "KEPT_SUB_ELEMENTS", "WORK", "LAST_SHARE",
+           "WHAT", "MOVED",
+           "refuse_moved", "resolve_options"]
 
 # Throughput assumed by the estimate (floating-point operations per second of
 # vectorised numpy on one core, seconds of Python work per response: the reward,
@@ -64,6 +66,9 @@ class Budgets:
         autodiff_rows: response-state rows gathered before one autodiff call.
         dense_keys: window keys looked up in a table indexed by key when there are at
             most this many possible keys (else a dict).
+        memory_kept: whether the process that runs the engine keeps the memory it frees
+            (what ``sub_elements=None`` is resolved by); ``None`` (the default): the engine
+            asks the process (:func:`fisher_ref.engine.keep_memory.memory_kept`).
     """
 
     window_cache_bytes: int = 256 * 2 ** 20
@@ -71,6 +76,7 @@ class Budgets:
     sub_elements: int | None = None
     autodiff_rows: int = 2 ** 16
     dense_keys: int = 2 ** 20
+    memory_kept: bool | None = None
 
     def __post_init__(self):
         for name in ("window_cache_bytes", "defer_bytes", "sub_elements", "autodiff_rows"):
@@ -84,13 +90,18 @@ class Budgets:
         v = self.dense_keys
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
             raise ValueError(f"Budgets.dense_keys must be a non-negative integer, got {v!r}")
+        if self.memory_kept not in (None, True, False):
+            raise ValueError(f"Budgets.memory_kept must be True, False or None, got "
+                             f"{self.memory_kept!r}")
 
-    def sub_block_elements(self, factored=False, kept=False):
+    def sub_block_elements(self, factored=False, kept=None):
         """The element budget of one sub-block: ``sub_elements``, or where it is ``None``,
         :data:`KEPT_SUB_ELEMENTS` for the factored last level (``factored``) in a process
-        that keeps the memory it frees (``kept``), else :data:`SUB_ELEMENTS`."""
+        that keeps the memory it frees (``kept``; ``None``: :attr:`memory_kept`), else
+        :data:`SUB_ELEMENTS`."""
         if self.sub_elements is not None:
             return int(self.sub_elements)
+        kept = self.memory_kept if kept is None else kept
         return KEPT_SUB_ELEMENTS if factored and kept else SUB_ELEMENTS
 
 
@@ -106,16 +117,63 @@ KEPT_SUB_ELEMENTS = 2 ** 22
 DEFAULT_BUDGETS = Budgets()
 
 
+#: The work a parameter shard adds per parameter of ``E``, of ``W1``'s family (``W1`` and
+#: ``b1``, read from :math:`\hat g`: a hidden unit weighs ``k d + 1`` of them) and of
+#: ``W2``'s family, relative to ``W1``'s, by which
+#: :func:`fisher_ref.engine.mlp_columns.mlp_param_shards` cuts the MLP's parameter shards.
+#: A linear model, set by hand from the times of shards of one family and of two shards
+#: cut at several hidden units, each run as a shard before the last, which in glibc's
+#: default memory move by a tenth or more from run to run. A shard's fixed work (its
+#: families' factors, its share of the walk) is spread over the parameters.
+#:
+#: Fitted with: ``python scripts/shard_balance.py --config v16 --units 98 105 108 111 114
+#: 117 120`` (the "alone" columns of the record docs/bench/shards/balance_v16.txt, and of
+#: balance_medium.txt with ``--config medium --units 19 21 23 25 27 29 31``).
+WORK = {"E": 0.66, "G": 1.0, "D": 0.60}
+
+#: The share of the work :func:`fisher_ref.engine.mlp_columns.mlp_param_shards` gives the
+#: last shard, against the others' 1: the shard that forms the records (the per-state and
+#: per-response rows and the autodiff gradient) and that ``exact(task, workers=N)`` runs in
+#: the calling process, which, unlike its workers, hands the memory it frees back to the
+#: system (:func:`fisher_ref.engine.keep_memory.keep_freed_memory`) and so sums in smaller
+#: sub-blocks. With :data:`WORK` it cuts two shards of ``scale/v16`` after unit 111 of 128.
+#: Timed alone as ``workers=2`` runs them, the worker's shard and the caller's cross a few
+#: units above; inside a run the worker also writes its tables to shared memory and sends
+#: its sums, so the cut sits a little below, where neither process waits for the other
+#: long (the "inside" line of ``python scripts/shard_speedup.py``, docs/bench/shards/
+#: v16_run*.txt). The caller's extra work is more nearly a fixed time than a share: on
+#: ``medium`` the two cross several units above the cut this share makes.
+#:
+#: Fitted with: ``python scripts/shard_balance.py --config v16 --units 98 105 108 111 114
+#: 117 120`` (the "shard 0 worker" and "shard 1 caller" columns of the record
+#: docs/bench/shards/balance_v16.txt; medium's in balance_medium.txt).
+LAST_SHARE = 0.78
+
+
 @dataclass(frozen=True)
 class EngineOptions:
-    """What one numpy exact run computes, keeps and may cost: the keyword arguments of
-    :func:`fisher_ref.exact` that both numpy engines, the plan, the local workers and the
-    Ray driver pass on, in one value. They are checked where the run is planned
-    (:func:`fisher_ref.engine.run.plan`), with the messages of :func:`fisher_ref.exact`.
+    """What one numpy exact run computes, keeps and may cost, in one value that the engines,
+    the plan, the local workers and the Ray driver pass on. A user gives the knobs that
+    never change a number (``options=EngineOptions(chunk=..., keep_states=...)`` of
+    :func:`fisher_ref.exact`); ``topk``, ``quantities`` and ``progress``, which say what is
+    computed and shown, are :func:`fisher_ref.exact`'s own keywords, written in here
+    (:func:`resolve_options`). They are checked where the run is planned
+    (:func:`fisher_ref.engine.run.plan`).
 
     Attributes:
-        topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes, progress,
-        quantities: as for :func:`fisher_ref.exact`.
+        chunk: states per block (``None``: sized to about 256 MiB of work arrays).
+        keep_states, keep_sequences: keep the per-state / per-response arrays (``"auto"``:
+            when they fit in about 1 GiB).
+        max_seconds, max_bytes: refuse (:class:`EnumerationTooLarge`) past these.
+        budgets: the fast engine's memory and batching knobs (:class:`Budgets`; ``None``:
+            the defaults).
+        topk, progress, quantities: as for :func:`fisher_ref.exact`.
+
+    Example:
+        >>> from fisher_ref import load_config, exact
+        >>> r = exact(load_config("default"), options=EngineOptions(keep_sequences=False))
+        >>> r.sequences is None
+        True
     """
 
     topk: tuple = ()
@@ -126,6 +184,7 @@ class EngineOptions:
     max_bytes: float = DEFAULT_MAX_BYTES
     progress: bool = True
     quantities: str = "all"
+    budgets: Budgets = DEFAULT_BUDGETS
 
     def with_(self, **changes):
         """A copy with ``changes``."""
@@ -137,8 +196,55 @@ class EngineOptions:
         return replace(self, max_seconds=float("inf"), max_bytes=float("inf"))
 
     def as_kwargs(self):
-        """The options as keyword arguments of :func:`fisher_ref.exact`."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The options as keyword arguments of the plain judge
+        (:func:`fisher_ref.reference.exact_reference`): all but the fast engine's
+        ``budgets``."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "budgets"}
+
+
+#: What :func:`fisher_ref.exact` computes, set by its own keywords, not by its options.
+WHAT = ("topk", "quantities", "progress")
+#: Keywords that :func:`fisher_ref.exact` no longer takes, and where each went.
+MOVED = {"shard": "fisher_ref.parallel.exact_shard(task, (i, n))",
+         "param_shard": "fisher_ref.parallel.exact_param_shard(task, (i, n))",
+         **{k: f"options=EngineOptions({k}=...)" for k in
+            ("chunk", "keep_states", "keep_sequences", "max_seconds", "max_bytes", "budgets")}}
+
+
+def refuse_moved(who, kwargs):
+    """Raise a :class:`TypeError` for keywords ``kwargs`` that ``who`` does not take, naming
+    where a moved one went (:data:`MOVED`): a shard has functions of its own that return it,
+    and the knobs that never change a number are in :class:`EngineOptions`."""
+    for k in kwargs:
+        if k in MOVED:
+            raise TypeError(f"{who}() takes no {k}=: use {MOVED[k]}"
+                            + (" (it returns a ShardResult)" if "shard" in k else ""))
+        raise TypeError(f"{who}() got an unexpected keyword argument {k!r}")
+
+
+def resolve_options(options, **what):
+    """``options`` (an :class:`EngineOptions`, ``None``: the defaults) with what is computed
+    written in (``what``: :data:`WHAT`'s keywords). An option that the call sets both here
+    and in ``options``, differently, is refused: one value, said once."""
+    if options is None:
+        options = EngineOptions()
+    if not isinstance(options, EngineOptions):
+        raise TypeError(f"options must be a fisher_ref.engine.plan.EngineOptions, got "
+                        f"{options!r:.80}")
+    default = EngineOptions()
+    for k, v in what.items():
+        mine = getattr(options, k)
+        if mine != getattr(default, k) and v != getattr(default, k) and mine != v:
+            raise ValueError(f"{k} is given twice, as {k}={v!r} and in options ({mine!r}): "
+                             f"give it once, as {k}=")
+        if v != getattr(default, k):
+            options = replace(options, **{k: v})
+    if options.budgets is None:
+        options = replace(options, budgets=DEFAULT_BUDGETS)
+    if not isinstance(options.budgets, Budgets):
+        raise TypeError(f"budgets must be a fisher_ref.engine.plan.Budgets, got "
+                        f"{options.budgets!r:.80}")
+    return options
 
 
 def default_chunk(num_params, vocab_size, max_len, n_streams, budget_bytes=256 * 2 ** 20,

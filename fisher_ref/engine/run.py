@@ -32,12 +32,11 @@ from functools import lru_cache
 import numpy as np
 
 from fisher_ref.engine.tree import depth_first, expand, root_block, terminal
-from fisher_ref.engine.plan import (DEFAULT_BUDGETS, EngineOptions, check_chunk, check_cost,
+from fisher_ref.engine.plan import (EngineOptions, check_chunk, check_cost,
                                     count_states, estimate_cost, resolve_keep)
-from fisher_ref.engine.shards import ShardWalk, first_reward
 from fisher_ref._progress import Progress
 from fisher_ref.engine.moments import Moments, finish_fisher, finish_stream
-from fisher_ref.engine.param_shards import column_count
+from fisher_ref.engine.columns import column_count
 from fisher_ref.next_token import check_logits, check_support, checked_sensitivities, model_probs
 from fisher_ref.results import ExactResult, Stream, check_quantities, check_topk, stream_specs
 from fisher_ref.tasks import require_task
@@ -158,37 +157,41 @@ def last_scores(arrs, par, tok):
 class Run:
     """One enumeration of the fast engine: the walk over the prefix tree and
     what it accumulates (per-stream :class:`Moments`, the autodiff gradient, the
-    kept per-state and per-response records)."""
+    kept per-state and per-response records).
 
-    def __init__(self, task, options=EngineOptions(), shard=None, budgets=DEFAULT_BUDGETS,
-                 columns=None):
+    Args:
+        task: a :class:`fisher_ref.tasks.Task`.
+        options: an :class:`fisher_ref.engine.plan.EngineOptions` (its ``budgets`` too).
+        columns: the parameters whose sums the run forms (a slice of ``0..P``, or a
+            :class:`fisher_ref.engine.mlp_columns.UnitColumns`; ``None``: all); the autodiff
+            gradient is of every parameter.
+        cut: ``None`` to walk every state; else the part of the tree to walk, an object
+            with ``n_states``, ``start(run)``, ``roots(root)``, ``children(block, idx)``,
+            ``keep(part, rec, at)`` and ``result(run)`` (a subtree shard of the parallel
+            layer, :class:`fisher_ref.parallel.shards.ShardWalk`, which the run hands
+            its kept rows and its end).
+    """
+
+    def __init__(self, task, options=EngineOptions(), columns=None, cut=None):
         quantities = options.quantities
-        self.task, self.quantities, self.budgets = task, quantities, budgets
-        # whether this process keeps the memory it frees (the fast engine sets it,
-        # fisher_ref.engine.keep_memory.memory_kept): the sub-blocks' budget, Budgets
-        self.memory_kept = False
+        self.task, self.quantities, self.budgets = task, quantities, options.budgets
         self.streams, self.cost, self.keep_states, self.keep_sequences = plan(task, options)
         P, T = task.model.num_params, task.max_len
-        # the parameters whose sums this run forms (a slice, or a set cut between the MLP's
-        # hidden units: exact(..., param_shard=)); the autodiff gradient is of every parameter
         self.columns = slice(0, P) if columns is None else columns
         self.P = column_count(self.columns, P)
         self.moments = {stream.name: Moments(self.P, T) for stream in self.streams}
         # the rows that hold no parameter (per-state records, per-response arrays, the
-        # autodiff gradient): a parameter shard other than the last leaves them to it
+        # autodiff gradient): a run over some of the parameters may leave them to another
         self.records = True
-        # shard (i, n): walk only its subtrees; every shard takes the same r0 (one more
-        # call of the reward per shard)
-        self.shard = None if shard is None else ShardWalk(task, shard)
-        if self.shard is not None and quantities == "all":
-            for m in self.moments.values():
-                m.r0 = first_reward(task)
+        self.cut = cut
         self.grad_ad = np.zeros(P)  # (P,)
         self.states, self.seqs = [], []
         self.written = {}  # part -> (rows written in place, which places were written)
         self.width = max(len(p) for p in task.prompts) + T - 1  # longest state
-        self.bar = Progress(self.cost.n_states if shard is None else self.shard.n_states,
+        self.bar = Progress(self.cost.n_states if cut is None else cut.n_states,
                             "exact enumeration", enabled=options.progress)
+        if cut is not None:
+            cut.start(self)
 
     def walk(self, carried, block_arrays, complete, carry, last_chunk=None):
         """Visit every state depth-first (then call :meth:`finish`).
@@ -205,8 +208,8 @@ class Run:
                 that level in bounded pieces of its own (default ``chunk``).
         """
         stack = [root_block(self.task, len(self.streams), carried, self.P)]
-        if self.shard is not None:  # its subtrees, and silent blocks above them
-            stack = self.shard.roots(stack[0])
+        if self.cut is not None:  # its subtrees, and silent blocks above them
+            stack = self.cut.roots(stack[0])
         for block in depth_first(stack, self.cost.chunk, last_chunk):
             arrs = block_arrays(block)
             term = terminal(self.task, block)  # (B*V,)
@@ -214,8 +217,8 @@ class Run:
                 complete(block, arrs, np.flatnonzero(term))
             if not term.all():
                 idx = np.flatnonzero(~term)
-                for idx, extra in ([(idx, {})] if self.shard is None else
-                                   self.shard.children(block, idx)):
+                for idx, extra in ([(idx, {})] if self.cut is None else
+                                   self.cut.children(block, idx)):
                     par, tok, child = expand(self.task, block, idx, arrs.p, arrs.q)
                     child.update(carry(block, par, tok, arrs), **extra)
                     stack.append(child)
@@ -249,8 +252,8 @@ class Run:
             rec["tokens"] = rec["tokens"].copy()  # not a view that keeps the block alive
             self.states.append(rec)
             return
-        if self.shard is not None:  # the shard's rows, with their places (merged later)
-            return self.shard.keep("states", rec, at)
+        if self.cut is not None:  # the cut's rows, with their places (merged later)
+            return self.cut.keep("states", rec, at)
         if not isinstance(self.states, dict):  # the first block: room for every state
             N = self.cost.n_states
             self.states = {k: np.empty((N,) + v.shape[1:], dtype=v.dtype)
@@ -277,8 +280,8 @@ class Run:
         rec = {"tokens": resp, "prompt": done.prompt, "prob": done.rp,
                "sampler_prob": done.rq, "reward": R}
         at = response_places(self.task, done.prompt, resp)
-        if self.shard is not None:
-            return self.shard.keep("sequences", rec, at)
+        if self.cut is not None:
+            return self.cut.keep("sequences", rec, at)
         if not isinstance(self.seqs, dict):  # the first block: room for every response
             M = self.cost.n_responses
             self.seqs = {k: np.empty((M,) + v.shape[1:], dtype=v.dtype) for k, v in rec.items()}
@@ -288,13 +291,13 @@ class Run:
 
     def finish(self):
         """Close the progress bar; the :class:`ExactResult` of the accumulated sums (of a
-        shard: its :class:`fisher_ref.engine.shards.ShardResult`, merged later).
+        cut: what its ``result(run)`` returns, a shard's result, merged later).
 
         Arrays written in place must have had every row written once: a walk that
         missed or repeated a state or response is an error, not uninitialised rows."""
         self.bar.close()
-        if self.shard is not None:
-            return self.shard.result(self)
+        if self.cut is not None:
+            return self.cut.result(self)
         for part, (count, seen) in self.written.items():
             if count != len(seen) or not seen.all():
                 raise RuntimeError(f"the walk wrote {count} {part} rows into "

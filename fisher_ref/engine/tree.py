@@ -43,7 +43,7 @@ class Block:
             and the parents' ``(H, G, last)``, from which its own are formed a sub-block at
             a time.
         shard_key: ``(B,)`` the states' keys in a shard plan
-            (:meth:`fisher_ref.engine.shards.ShardPlan.child_keys`); silent: the block lies
+            (:meth:`fisher_ref.parallel.shards.ShardPlan.child_keys`); silent: the block lies
             above a shard's units, walked but added by another shard.
         ahead: levels below the block whose windows the fast engine has computed already
             (:func:`fisher_ref.engine.fast._windows_ahead`).

@@ -22,7 +22,7 @@ Per-window arrays (``U`` windows; streams ``s`` as in :mod:`fisher_ref.engine.ru
 - ``p``, ``q`` ``(U, V)``: the policy's and the sampler's next-token probabilities;
 - ``xi{c}`` ``(U, V, P)``: the score of every token under center ``c`` (the MLP's run
   that reads scores only by rows keeps instead their factors, ``FACTORS`` of
-  :mod:`fisher_ref.models.mlp_scores`, and forms the rows it reads, :meth:`WindowCache.scores`);
+  :mod:`fisher_ref.engine.mlp_scores`, and forms the rows it reads, :meth:`WindowCache.scores`);
 - ``y{s}_{n}`` ``(U, P)``, ``n = 1..4`` (``1..2`` with ``moments=2``, all that
   ``exact(..., quantities="fisher")`` reads; no ``y{s}_3`` in a factored run, which reads
   it by its factors): :math:`\sum_a q_a \xi_a^n` under the
@@ -35,25 +35,20 @@ from __future__ import annotations
 import numpy as np
 
 from fisher_ref.engine.plan import DEFAULT_BUDGETS
-from fisher_ref.engine.factored import row_width, window_sums
-from fisher_ref.engine.param_shards import column_count
-from fisher_ref.engine.parent_sums import held_products
+from fisher_ref.engine.columns import column_count
 from fisher_ref.engine.run import model_probs
 from fisher_ref.models.mlp import MLPModel
-from fisher_ref.models.mlp_scores import (factor_names, factor_shapes, mlp_score_rows,
+from fisher_ref.engine.mlp_scores import (factor_names, factor_shapes, mlp_score_rows,
                                           mlp_window_arrays)
 from fisher_ref.models.sensitivities import sensitivities
+from fisher_ref.engine.window_sums import CHUNK_ELEMENTS, J_ELEMENTS, WindowSums
 from fisher_ref.numerics import topk_weights
 
 __all__ = ["WindowCache"]
 
-# Elements of the (windows, V, P) arrays of one pass over a few windows (about 2 MiB),
-# and of one sensitivities call (about 16 MiB).
-_CHUNK_ELEMENTS = 2 ** 18
-_J_ELEMENTS = 2 ** 21
 
 
-class WindowCache:
+class WindowCache(WindowSums):
     r"""Per-window arrays of a run, computed once per distinct window (module docstring).
 
     Args:
@@ -69,7 +64,7 @@ class WindowCache:
         kept: ``{key: array name}``: per-window arrays also kept for the whole run
             (:meth:`kept_tables`).
         columns: the parameters (a slice of ``0..P``, or for the MLP a
-            :class:`fisher_ref.models.mlp_scores.UnitColumns`) whose arrays are formed;
+            :class:`fisher_ref.engine.mlp_columns.UnitColumns`) whose arrays are formed;
             default all.
         factored_last: the run sums its last level from the factors of the MLP's scores
             (:mod:`fisher_ref.engine.factored`; :attr:`factored_last`).
@@ -264,7 +259,7 @@ class WindowCache:
             return self._compute_mlp(Wu, lo, pu, qu)
         # a model without closed-form columns forms every parameter's j, then keeps these
         wide = P if self.columns is None else task.model.num_params
-        n_J, n = max(1, _J_ELEMENTS // (V * wide)), max(1, _CHUNK_ELEMENTS // (V * P))
+        n_J, n = max(1, J_ELEMENTS // (V * wide)), max(1, CHUNK_ELEMENTS // (V * P))
         xi0 = a["xi" + str(self.centers[0])]  # j is written here, then centered in place
         for i in range(0, U, n_J):  # sensitivities of a batch of windows ...
             end = min(i + n_J, U)
@@ -284,10 +279,10 @@ class WindowCache:
     def _compute_mlp(self, Wu, lo, pu, qu):
         """:meth:`_compute` for the MLP: every center's scores written in one pass and the
         moments formed from the factors of its sensitivities
-        (:func:`fisher_ref.models.mlp_scores.mlp_window_arrays`), a batch of windows at a
+        (:func:`fisher_ref.engine.mlp_scores.mlp_window_arrays`), a batch of windows at a
         time."""
         task, a = self.task, self.arrays
-        step = max(1, _J_ELEMENTS // (task.model.vocab_size * self.width))
+        step = max(1, J_ELEMENTS // (task.model.vocab_size * self.width))
         for i in range(0, len(Wu), step):
             end = min(i + step, len(Wu))
             r = slice(lo + i, lo + end)
@@ -356,165 +351,12 @@ class WindowCache:
             self.scratch[i] = np.empty(n)
         return self.scratch[i][:n].reshape(shape)
 
-    # ------------------------------------------------------------ accumulated sums
-
-    def accumulate(self, s, rows, tokens, weights):
-        r"""Add weights ``(B, n, k)`` of tokens ``(k,)`` at rows ``(B,)`` for stream ``s``:
-        at :meth:`flush`, weight ``i`` adds
-        :math:`\sum_{b,a} w_{b,i,a}\,\xi_{\text{row}_b, a}^{\,n_i}` to ``sums[s][name_i]``."""
-        acc = self.acc[s]  # (size, n, V)
-        n = weights.shape[1]
-        idx = (rows[:, None, None] * n + np.arange(n)[None, :, None]) * acc.shape[2] \
-            + tokens[None, None, :]  # (B, n, k)
-        used = acc[:int(rows.max()) + 1].reshape(-1)  # the rows in use (add.at is slow)
-        used += np.bincount(idx.ravel(), weights.ravel(), minlength=used.size)
-
-    def accumulate_reach(self, s, rows, r, depth):
-        r"""Add reach ``r (B,)`` of parents at rows ``(B,)`` and ``depth`` whose every token
-        ends a response (weights :math:`w_{g,a} = r_g q_a`): at :meth:`flush`, the sums
-        without :math:`H`, :math:`\sum_g r_g\,y_n(u_g)`, go to ``h`` (``n = 1``), ``h2``
-        and ``cross[depth]`` (2), ``h4`` and ``cross4[depth]`` (4; not with ``moments=2``)."""
-        m = int(rows.max()) + 1
-        self.acc[("r", s)][:m, depth] += np.bincount(rows, r, minlength=m)
-
-    def accumulate_states(self, s, rows, reach, depth):
-        r"""Add the reach ``(B,)`` of states at rows ``(B,)`` and ``depth`` under stream
-        ``s``'s distribution: at :meth:`flush`, :math:`\sum_s \pi(s)\,m(s)` (the token
-        moment ``y_2`` of each state's window) goes to ``token_sum_by_depth[depth]``, and
-        :math:`|E[\xi \mid s]|` (``y_1``) of every window with a state of positive reach
-        to the largest so far, ``cond_max``."""
-        m = int(rows.max()) + 1
-        self.acc[("st", s)][:m, depth] += np.bincount(rows, reach, minlength=m)
-
-    def reserve(self, B, P):
-        """Room for the running sums of ``B`` parents in the held buffer, ``(B, P)``: the
-        caller writes them there and passes that view to :meth:`defer` (no copy). Uses
-        what is held first when the buffer would pass ``defer_bytes``."""
-        if self.held + B > len(self.held_H):
-            cap = self.defer_bytes // (8 * P)
-            if self.held + B > cap:  # past defer_bytes: use what is held first
-                self._products()
-            if self.held + B > len(self.held_H):  # grow (fourfold, up to defer_bytes)
-                grown = np.empty((max(self.held + B, min(cap, 4 * max(len(self.held_H), B))), P))
-                grown[:self.held] = self.held_H[:self.held]
-                self.held_H = grown
-        return self.held_H[self.held:self.held + B]
-
-    def defer(self, s, rows, C, H, names, r):
-        r"""Later, add :math:`2\sum_g H_g \odot \sum_a C_{g,i,a}\,\xi_{\text{row}_g, a}` to
-        ``sums[s][names[i]]``, and :math:`\sum_g r_g H_g \odot y_l(\text{row}_g)` twice to
-        ``h2`` (``l = 1``) and four times to ``h4`` (``l = 3``): parents of one window are
-        gathered over many blocks, so that each window's arrays are read once per product.
-
-        Args:
-            rows: ``(B,)``; ``C``: ``(B, n, V)`` weights of every token; ``H``: ``(B, P)``,
-            the view :meth:`reserve` returned, or an array copied into it here;
-            ``r``: ``(B,)`` the parents' reach.
-        """
-        B, P = H.shape
-        slot = self.reserve(B, P)
-        if H.ctypes.data != slot.ctypes.data:  # not written in place
-            slot[:] = H
-        self.pending.append((s, tuple(names), rows, C, r, np.arange(self.held, self.held + B)))
-        self.held += B
-
-    def _products(self):
-        """The deferred products (:meth:`defer`), windows with as many parents at once."""
-        by = {}
-        for s, names, *part in self.pending:
-            by.setdefault((s, names), []).append(part)
-        self.pending, self.held = [], 0
-        for (s, names), parts in by.items():
-            rows, C, r, src = (np.concatenate(x) for x in zip(*parts))
-            arrays = self.arrays
-            total, ry = held_products(arrays[f"xi{self.streams[s][2]}"], arrays[f"y{s}_1"],
-                                      arrays[f"y{s}_3"], self.held_H, rows, C, r, src,
-                                      _CHUNK_ELEMENTS)
-            for i, name in enumerate(names):
-                self.sums[s][name] += 2 * total[i]
-            self.sums[s]["h2"] += 2 * ry[0]
-            self.sums[s]["h4"] += 4 * ry[1]
-
-    def flush(self, last=False):
-        """Use every cached window's deferred and accumulated weights, then empty the cache
-        (``last``: the run's last flush, which leaves the rows' arrays as they are, for
-        :meth:`kept_tables`)."""
-        if self.by_rows and not last and self.kept and self.n:  # rows about to be reused
-            self._by_id(np.arange(self.n), 0, self.n)
-        self._products()
-        for s, stream in enumerate(self.streams):
-            if f"y{s}_1" not in self.arrays:  # nothing cached yet
-                continue
-            self._contract(s)
-            A, a, n = self.acc[("r", s)][:self.n], self.arrays, self.n  # (n, T)
-            St = self.acc[("st", s)][:n]  # (n, T) the states' reach per window and depth
-            tot, out, T = A.sum(axis=1), self.sums[s], A.shape[1]  # (n,)
-            out["h"] += tot @ a[f"y{s}_1"][:n]
-            # every weight of one moment in one product: each (n, P) array read once
-            y2 = np.concatenate([tot[None], A.T, St.T]) @ a[f"y{s}_2"][:n]  # (1 + 2T, P)
-            out["h2"] += y2[0]
-            out["cross"] += y2[1:T + 1]  # (T, P)
-            out["token_sum_by_depth"] += y2[T + 1:]  # (T, P)
-            if f"y{s}_4" in a:  # not with moments=2
-                y4 = np.concatenate([tot[None], A.T]) @ a[f"y{s}_4"][:n]  # (1 + T, P)
-                out["h4"] += y4[0]
-                out["cross4"] += y4[1:]
-            A[:] = 0.0
-            live = St.sum(axis=1) > 0  # reach >= 0: some state reachable
-            if n and live.all():  # the largest |E[xi | s]| as the largest and -smallest
-                y1 = a[f"y{s}_1"][:n]
-                np.maximum(out["cond_max"], np.maximum(y1.max(axis=0), -y1.min(axis=0)),
-                           out=out["cond_max"])
-            elif live.any():
-                np.maximum(out["cond_max"], np.abs(a[f"y{s}_1"][:n][live]).max(axis=0),
-                           out=out["cond_max"])
-            St[:] = 0.0
-        self.row_of[:self.n_ids] = -1
-        self.n = 0
-
-    def _contract(self, s):
-        """Contract stream ``s``'s per-(window, token) weights with powers of its scores
-        (a factored cache: from the factors, :func:`fisher_ref.engine.factored.window_sums`)."""
-        powers, acc = self.powers.get(s, ()), self.acc.get(s)
-        if not len(powers):  # no weights accumulated
-            return
-        if self.factored:
-            V = self.task.model.vocab_size
-            # windows whose (window, token) rows hold about _J_ELEMENTS / 4 elements
-            # (row_width counts sixteen rows' worth): one batch for a small run
-            step = max(1, 4 * _J_ELEMENTS // (V * row_width(self.task.model.spec,
-                                                             self.columns)))
-            for lo in range(0, self.n, step):
-                hi = min(lo + step, self.n)
-                for name, v in zip(self.names[s],
-                                   window_sums(self, s, acc[lo:hi], powers, lo, hi)):
-                    self.sums[s][name] += v
-            acc[:self.n] = 0.0
-            return
-        xi = self.arrays[f"xi{self.streams[s].center}"]
-        V, P = xi.shape[1:]
-        step = max(1, _CHUNK_ELEMENTS // (V * P))
-        for lo in range(0, self.n, step):
-            hi = min(lo + step, self.n)
-            x, A = xi[lo:hi], acc[lo:hi]  # (u, V, P), (u, n, V)
-            xn = x
-            for n in range(1, powers.max() + 1):
-                if n > 1:
-                    xn = x * x if n == 2 else np.multiply(xn, x, out=xn)
-                i = np.flatnonzero(powers == n)
-                if len(i):  # (m, u*V) @ (u*V, P): one matrix product for the m weights
-                    Ai = A[:, i].transpose(1, 0, 2).reshape(len(i), -1)
-                    for name, v in zip([self.names[s][j] for j in i],
-                                       Ai @ xn.reshape(-1, P)):
-                        self.sums[s][name] += v
-        acc[:self.n] = 0.0
-
 
 class _FactoredScores:
     """The scores of one center of a factored :class:`WindowCache`
     (:attr:`WindowCache.factored`): indexed at ``(rows, tokens)`` (integer arrays that
     broadcast), the score rows ``(..., P)`` formed from the windows' factors
-    (:func:`fisher_ref.models.mlp_scores.mlp_score_rows`); ``shape`` as the array's."""
+    (:func:`fisher_ref.engine.mlp_scores.mlp_score_rows`); ``shape`` as the array's."""
 
     def __init__(self, cache, c):
         self.cache, self.i = cache, cache.centers.index(c)

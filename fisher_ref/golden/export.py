@@ -174,16 +174,18 @@ def golden_arrays(task, exact_result=None, matrices="auto"):
         dict key -> ndarray (float64 ``<f8`` or int64 ``<i8``), see ``docs/golden_format.md``.
     """
     from fisher_ref.engine.fast import exact
+    from fisher_ref.engine.plan import EngineOptions
     matrices = _resolve_matrices(task, matrices)
     if exact_result is None:
         _check_export_size(task, matrices)
     if exact_result is not None:
         require_all_quantities(exact_result, "a golden file")
-    r = exact_result if exact_result is not None else exact(task, keep_states=True,
-                                                            keep_sequences=True)
+    r = exact_result if exact_result is not None else exact(
+        task, options=EngineOptions(keep_states=True, keep_sequences=True))
     if r.states is None or r.sequences is None:
         raise ValueError("golden files need the per-state and per-response arrays; "
-                         "run exact(..., keep_states=True, keep_sequences=True)")
+                         "run exact(..., options=EngineOptions(keep_states=True, "
+                         "keep_sequences=True))")
     st, sq = r.states, r.sequences
     logits, h, seq_matrix, token_matrix = score_pass(task, st, sq, matrices)
     a = {"theta": task.theta, "prompt_weights": task.prompt_weights,

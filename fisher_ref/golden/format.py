@@ -34,8 +34,8 @@ from fisher_ref.golden.schema import (MATRIX_KEYS, MATRIX_MAX_PARAMS,  # noqa: F
                                       OFF_POLICY_KEYS, OLDEST_READABLE_VERSION, ON_POLICY_KEYS,
                                       REGENERATE_HINT, SCALE_KINDS, SCHEMA, SCHEMA_VERSION,
                                       expected_keys, scale_kind)
-from fisher_ref.golden.validation import (VALUE_RTOL, _check_arrays,  # noqa: F401
-                                          _check_meta, _check_values)
+from fisher_ref.golden.validation import (VALUE_RTOL, check_arrays,  # noqa: F401
+                                          check_meta, check_values)
 from fisher_ref.limits import MAX_GOLDEN_BYTES
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "OLDEST_READABLE_VERSION", "MATRIX_MAX_PARAMS",
@@ -108,7 +108,7 @@ def load_golden(path):
     """Load and check a golden file: a regular file within the size limit, the shipped
     manifest (for the shipped files), zip, meta, schema, version, hashes (meta's own,
     then the arrays'), keys, dtypes, shapes, and cheap identities of the values
-    (:func:`_check_values`).
+    (:func:`check_values`).
 
     Raises:
         GoldenFileError: naming the first thing that is wrong, in that order.
@@ -120,9 +120,9 @@ def load_golden(path):
     check_shipped(path, raw)
     members = members_of(path, raw)
     try:
-        meta = _check_meta(path, members)
-        _check_arrays(path, meta, members)
-        _check_values(path, meta, members)
+        meta = check_meta(path, members)
+        check_arrays(path, meta, members)
+        check_values(path, meta, members)
     except GoldenFileError:
         raise
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError,

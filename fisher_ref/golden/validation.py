@@ -31,7 +31,9 @@ def _check_version(path, meta):
             f"({OLDEST_READABLE_VERSION}); {REGENERATE_HINT}")
 
 
-def _check_meta(path, members):
+def check_meta(path, members):
+    """The meta of ``members`` (popped from them), checked: schema, version, its own hash and
+    the fields the reader uses; :class:`GoldenFileError` naming the first thing wrong."""
     if "meta" not in members:
         raise GoldenFileError(f"{path}: no 'meta' key; not a fisher_ref golden file")
     m = members.pop("meta")
@@ -165,7 +167,9 @@ def _check_sizes(path, meta, arrays):
     return sizes
 
 
-def _check_arrays(path, meta, arrays):
+def check_arrays(path, meta, arrays):
+    """The arrays checked against ``meta``: hashes, keys, dtypes and shapes;
+    :class:`GoldenFileError` naming the first thing wrong."""
     _check_hashes(path, meta, arrays)
     expected = _check_keys(path, meta, arrays)
     for key, (dt, _, _) in expected.items():
@@ -181,7 +185,7 @@ def _check_arrays(path, meta, arrays):
                 f"({', '.join(f'{c}={sizes[c]}' for c in dims) or 'a 0-d array'})")
 
 
-VALUE_RTOL = TOL_FLOAT64  # the identities _check_values holds the arrays to
+VALUE_RTOL = TOL_FLOAT64  # the identities check_values holds the arrays to
 
 
 def _inconsistent(path, what):
@@ -189,7 +193,7 @@ def _inconsistent(path, what):
                            "this, so the file was changed after export")
 
 
-def _check_values(path, meta, a):
+def check_values(path, meta, a):
     r"""Cheap identities every exported file satisfies: the enumeration's counts per depth
     and per response length (``b = V - 1`` open children under EOS, else ``V``), rows of
     ``p`` (and ``mu``) summing to 1, the response probabilities summing to 1, ``theta``

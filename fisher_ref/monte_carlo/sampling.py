@@ -39,7 +39,7 @@ from fisher_ref.monte_carlo.estimators import (Estimate, MCResult, advantage_est
                                                variance_reduction)
 from fisher_ref.engine.plan import DEFAULT_MAX_BYTES
 from fisher_ref.monte_carlo.memory import check_mc_size, mc_bytes
-from fisher_ref.monte_carlo.values import _logits, _template, sample_values
+from fisher_ref.monte_carlo.values import checked_logits, prompt_table, sample_values
 from fisher_ref.numerics import log_softmax
 from fisher_ref._progress import Progress
 from fisher_ref.tasks import require_task
@@ -95,7 +95,7 @@ def sample(task, n, rng, use_sampler=False, max_bytes=DEFAULT_MAX_BYTES):
     w = np.cumsum(task.prompt_weights)
     u = 1.0 - rng.random(n)  # (n,) in (0, 1]
     prompt = np.minimum(np.searchsorted(w, u * w[-1], side="left"), len(w) - 1)  # (n,)
-    full, plen = _template(task, n)
+    full, plen = prompt_table(task, n)
     full = full[prompt]  # (n, Lp + T)
     length = plen[prompt].copy()  # (n,)
     tokens = np.full((n, task.max_len), -1, dtype=np.int64)  # (n, T)
@@ -106,7 +106,7 @@ def sample(task, n, rng, use_sampler=False, max_bytes=DEFAULT_MAX_BYTES):
         if rows.size == 0:
             break
         W = m.windows(full[rows], length[rows])  # (B, k)
-        probs = np.exp(log_softmax(_logits(task, W, use_sampler)))  # (B, V)
+        probs = np.exp(log_softmax(checked_logits(task, W, use_sampler)))  # (B, V)
         y = _draw(probs, rng)  # (B,)
         tokens[rows, t] = y
         full[rows, length[rows]] = y

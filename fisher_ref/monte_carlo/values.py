@@ -12,12 +12,14 @@ from fisher_ref.models.sensitivities import sensitivities
 from fisher_ref.numerics import log_softmax, mean_sensitivity, token_second_moment
 from fisher_ref.rewards import evaluate_reward
 
-__all__ = ["sample_values"]
+__all__ = ["sample_values", "checked_logits", "prompt_table"]
 
 _CHUNK_BYTES = 64 * 2 ** 20
 
 
-def _logits(task, W, use_sampler):
+def checked_logits(task, W, use_sampler):
+    """Logits ``(B, V)`` of the model (or with ``use_sampler``, the sampler) at windows
+    ``W (B, k)``, refused when NaN, +inf or all -inf."""
     if use_sampler:
         z = task.sampler.logits(task.model, task.theta, W)
     else:
@@ -29,7 +31,9 @@ def _logits(task, W, use_sampler):
     return z
 
 
-def _template(task, n_rows):
+def prompt_table(task, n_rows):
+    """``(full, plen)``: each prompt's tokens in a row of ``full (len(prompts), L)``, ``-1``
+    padded to the longest prompt plus ``max_len``, and the prompt lengths ``(len(prompts),)``."""
     plen = np.array([len(p) for p in task.prompts], dtype=np.int64)
     full = np.full((len(task.prompts), plen.max() + task.max_len), -1, dtype=np.int64)
     for i, pr in enumerate(task.prompts):
@@ -49,7 +53,7 @@ def _occurrences(task, draws):
     """Every visited (sample, position): windows, next token, sample row, position."""
     toks, prompt = draws["tokens"], draws["prompt"]
     n, T = toks.shape
-    full, plen = _template(task, n)
+    full, plen = prompt_table(task, n)
     full = full[prompt]  # (n, Lp + T)
     pl = plen[prompt]  # (n,)
     valid = toks >= 0  # (n, T)
@@ -83,14 +87,14 @@ def _per_state(task, from_mu, W, y, rows, ts, n, chunk):
         Wu = uw[a:a + chunk]  # (C, k)
         q0, q1 = np.searchsorted(winv, [a, a + len(Wu)])
         lu, yq = winv[q0:q1] - a, pairs[q0:q1, k]  # (Q_c,)
-        lp = log_softmax(_logits(task, Wu, False))  # (C, V)
+        lp = log_softmax(checked_logits(task, Wu, False))  # (C, V)
         dist = {"p": np.exp(lp)}
         J = np.asarray(sensitivities(m, task.theta, Wu), dtype=float)  # (C, P, V)
         if not np.isfinite(J).all():
             raise ValueError("non-finite logit sensitivities (check the model's derivatives)")
         center = {"p": mean_sensitivity(dist["p"], J)}  # (C, P)
         if from_mu:
-            lq = log_softmax(_logits(task, Wu, True))  # (C, V)
+            lq = log_softmax(checked_logits(task, Wu, True))  # (C, V)
             dist["q"] = np.exp(lq)
             bad = (dist["p"] > 0) & (dist["q"] == 0)
             if bad.any():

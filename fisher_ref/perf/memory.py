@@ -132,7 +132,7 @@ def check_memory_condition(keep, reused, what="the measurement", env=None, kept_
     keep). Under the default, a probe that cannot tell (``None``: no ``/proc``) passes;
     under kept memory it does not. ``env``: the environment the probed process had, whose
     allocator settings the message names; ``kept_here``: what
-    :func:`fisher_ref.keep_freed_memory` set in the measured process, ``(max_block,
+    :func:`fisher_ref.engine.keep_memory.keep_freed_memory` set in the measured process, ``(max_block,
     max_kept)``, or ``None``: a process whose allocator that call changed is in no
     condition but its own, and the message names the call."""
     if kept_here is None and (reused is keep or (reused is None and not keep)):

@@ -11,7 +11,7 @@ import pickle
 import sys
 import time
 
-from fisher_ref.engine.workers import BLAS_THREAD_VARS, environment
+from fisher_ref.parallel.workers import BLAS_THREAD_VARS, environment
 from fisher_ref.perf.sides import MEASUREMENTS, NUMPY_SIDES
 
 __all__ = ["KEEP_MEMORY", "THREAD_VARS", "MeasurementFailed", "SideProcess", "InProcess",
@@ -94,7 +94,7 @@ class MeasurementFailed(RuntimeError):
 
 def memory_vars(keep):
     """The malloc variables of a memory condition, for
-    :func:`fisher_ref.engine.workers.environment`: :data:`KEEP_MEMORY`'s values, or each
+    :func:`fisher_ref.parallel.workers.environment`: :data:`KEEP_MEMORY`'s values, or each
     unset (``None``) for the C library's default even where this process has them set."""
     return dict(KEEP_MEMORY) if keep else dict.fromkeys(KEEP_MEMORY)
 

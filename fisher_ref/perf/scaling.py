@@ -71,15 +71,19 @@ def measure(task, separate_timing=False, **exact_kwargs):
         task: a :class:`fisher_ref.tasks.Task`.
         separate_timing: time a second, untraced run (tracing every allocation
             slows numpy down); else the time is that of the traced run.
-        **exact_kwargs: passed to :func:`fisher_ref.exact.exact`.
+        **exact_kwargs: passed to :func:`fisher_ref.engine.fast.exact` (the knobs,
+            ``chunk=``, ``keep_states=``, ..., in its ``options``).
 
     Returns:
         dict: ``V``, ``T``, ``P``, ``n_states`` (N), ``n_responses``, ``NPV`` (N*P*V),
         ``full_sens_bytes`` (8*N*P*V), ``seconds``, ``peak_bytes``.
     """
-    from fisher_ref.engine.fast import exact
+    from fisher_ref.engine.fast import exact  # one process: the sweep measures the engine
+    from fisher_ref.engine.plan import MOVED, EngineOptions
     exact_kwargs.setdefault("progress", False)
-    exact_kwargs.setdefault("workers", 1)  # one process: the sweep measures the engine itself
+    knobs = {k: exact_kwargs.pop(k) for k in list(exact_kwargs) if k in MOVED}
+    if knobs:
+        exact_kwargs["options"] = EngineOptions(**knobs)
     tracemalloc.start()
     try:
         t0 = time.perf_counter()
@@ -121,8 +125,7 @@ def engine_speedup(task, repeats=3):
     for _ in range(repeats):
         for key, ref in (("reference_s", True), ("fast_s", False)):
             t0 = time.perf_counter()
-            exact(task, progress=False, reference=ref,
-                  **({} if ref else {"workers": 1})).gathered()
+            exact(task, progress=False, reference=ref).gathered()
             runs[key].append(time.perf_counter() - t0)
     out = {k: statistics.median(v) for k, v in runs.items()}
     out["speedup"] = out["reference_s"] / out["fast_s"]

@@ -46,7 +46,7 @@ NUMPY_SIDES = (REFERENCE, "fisher_ref_fisher")
 def measure_fisher_ref(task):
     """``exact(task)`` — the numpy engine, CPU float64, with every per-state array formed
     (as the torch engine stores them)."""
-    from fisher_ref.engine.fast import exact
+    from fisher_ref.parallel.run import exact
     return lambda: exact(task, progress=False, workers=1).gathered()
 
 
@@ -54,7 +54,7 @@ def measure_fisher_only(task):
     """``exact(task, quantities="fisher")`` on the policy stream with its per-state token
     Fisher formed: the peer's work and output. The peer reads no sampler, so neither does
     this side: an off-policy task is timed without its sampler."""
-    from fisher_ref.engine.fast import exact
+    from fisher_ref.parallel.run import exact
     task = task.with_(sampler=None) if task.sampler is not None else task
     return lambda: exact(task, progress=False, quantities="fisher", workers=1).states["token_fisher"]
 

@@ -14,7 +14,7 @@ from fisher_ref.teaching.training import policy_gradient
 from fisher_ref.teaching.views import concentration
 
 
-def _anti_aligned(value, ns):
+def anti_aligned(value, ns):
     """Accept ``(p, j)`` with f/f_unif < 1 and alignment factor f/(kappa f_unif) > 1."""
     try:
         p, j = (np.asarray(v, dtype=float) for v in value)
@@ -36,34 +36,39 @@ def _anti_aligned(value, ns):
                    "need f/f_unif < 1 and alpha > 1"))
 
 
-def _expected_params(ns):
+def expected_params(ns):
+    """The parameter count of the exercise's MLP, from its spec."""
     return ModelSpec(vocab_size=12, context=2, embed_dim=8, hidden=32).num_params
 
 
-def _expected_mean_length(ns):
+def expected_mean_length(ns):
     """E[number of drawn tokens] from the states: each drawn token is one state reached."""
     return ns["r"].states["reach"].sum()
 
 
-def _expected_b2(ns):
+def expected_b2(ns):
+    """The ``b2`` block of the logit sensitivities at the exercise's window: ``(V, V)``."""
     J = sensitivities(ns["task"].model, ns["task"].theta, ns["window"])  # (1, P, V)
     return J[0, ns["off"]:ns["off"] + ns["V"]]
 
 
-def _expected_one_token(ns):
+def expected_one_token(ns):
+    """The token Fisher of a single one-hot parameter direction at ``p``."""
     return token_fisher(ns["p"], np.eye(5)[:1])[0]
 
 
-def _expected_concentration(ns):
+def expected_concentration(ns):
+    """The concentration of ``softmax(beta z)`` for each ``beta``: ``(B,)``."""
     return concentration(softmax(ns["betas"][:, None] * ns["z"][None]))  # (B,)
 
 
-def _expected_adam2(ns):
+def expected_adam2(ns):
+    """The second Adam step of the policy gradient, ``theta_2 - theta_1``: ``(P,)``."""
     tr = policy_gradient(ns["task"], steps=2, lr=ns["lr"], optimizer="adam", eps=ns["eps"])
     return tr.thetas[2] - tr.thetas[1]
 
 
-def _expected_overlaps(ns):
+def expected_overlaps(ns):
     """Top-n overlap of F with cap * corr**s, from sorted index sets (rank order by F)."""
     n, F = ns["n"], ns["F"]
     by_f = set(np.argsort(-F, kind="stable")[:n].tolist())
@@ -74,7 +79,8 @@ def _expected_overlaps(ns):
     return np.array(out)
 
 
-def _expected_c_best(ns):
+def expected_c_best(ns):
+    """The constant ``c`` that brings the raw gradient closest to ``g`` (the vertex of the parabola in ``c``)."""
     raw, g = ns["raw"], ns["g"]
     cs = np.array([-1.0, 0.0, 1.0])
     d2 = [np.sum((raw.gradient_with_constant(c) - g) ** 2) for c in cs]  # a parabola in c
@@ -82,5 +88,6 @@ def _expected_c_best(ns):
     return -b / (2 * a)
 
 
-def _expected_needed(ns):
+def expected_needed(ns):
+    """The draws needed for a 1% standard error on ``F``: ``ceil(Var(h^2) / (0.01 F)^2)``."""
     return np.ceil(ns["var_h2"] / (0.01 * ns["F"]) ** 2)

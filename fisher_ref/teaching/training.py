@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fisher_ref.engine.fast import exact
+from fisher_ref.engine.plan import EngineOptions
 
 __all__ = ["Trajectory", "policy_gradient", "bf16_round", "bf16_changed"]
 
@@ -45,8 +46,12 @@ class Trajectory:
     optimizer: str
 
 
+#: A step needs the sums only, not the per-state and per-response arrays.
+_NOTHING_KEPT = EngineOptions(keep_states=False, keep_sequences=False)
+
+
 def _exact_step(task, theta):
-    r = exact(task.with_(theta=theta), keep_states=False, keep_sequences=False, progress=False)
+    r = exact(task.with_(theta=theta), progress=False, options=_NOTHING_KEPT)
     return r.gradient, r.sequence_fisher, r.expected_reward
 
 
@@ -100,8 +105,8 @@ def policy_gradient(task, steps, lr, optimizer="sgd", betas=(0.9, 0.999), eps=1e
             v_hat = v / (1 - b2 ** k)
             theta = theta + lr * m_hat / (np.sqrt(v_hat) + eps)
         thetas.append(theta.copy())
-    rewards.append(exact(task.with_(theta=theta), keep_states=False, keep_sequences=False,
-                         progress=False).expected_reward)
+    rewards.append(exact(task.with_(theta=theta), progress=False,
+                         options=_NOTHING_KEPT).expected_reward)
     return Trajectory(np.array(thetas), np.array(grads), np.array(fishers), np.array(rewards),
                       optimizer)
 

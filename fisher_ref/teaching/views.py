@@ -140,7 +140,8 @@ def fisher_ratio(result, floor=RATIO_FLOOR):
 
 def _kept_states(result):
     if result.states is None:
-        raise ValueError("the result kept no per-state arrays; run exact(..., keep_states=True)")
+        raise ValueError("the result kept no per-state arrays; run "
+                         "exact(..., options=EngineOptions(keep_states=True))")
     return result.states
 
 

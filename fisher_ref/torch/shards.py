@@ -1,5 +1,5 @@
 """Shards of the torch engine and their merge: ``torch_exact(task, shard=(i, n))`` and
-:func:`merge_torch`, the same cut as the numpy engine's (``fisher_ref.engine.shards``), so
+:func:`merge_torch`, the same cut as the numpy engine's (``fisher_ref.parallel.shards``), so
 that the shards of one task can run on several GPUs.
 
 A shard walks the subtrees of its units and, silently, the states above them (their
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fisher_ref.engine.shards import ShardError, check_shard, first_reward, plan_shards
+from fisher_ref.parallel.shards import ShardError, check_shard, first_reward, plan_shards
 
 __all__ = ["ShardTree", "shard_result", "merge_torch", "merge_errors"]
 
@@ -95,7 +95,7 @@ def _add(s, d, dev):
 
 def merge_torch(run, parts):
     """Fill the fresh :class:`fisher_ref.torch.exact._Run` ``run`` with the sums of every
-    shard of one run (each once; :class:`fisher_ref.engine.shards.ShardError` otherwise)."""
+    shard of one run (each once; :class:`fisher_ref.parallel.shards.ShardError` otherwise)."""
     n = parts[0]["shard"][1] if parts else 0
     ids = sorted(p["shard"][0] for p in parts)
     if not parts or ids != list(range(n)) or any(p["shard"][1] != n for p in parts):

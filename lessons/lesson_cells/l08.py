@@ -61,6 +61,7 @@ difficulty weight; $p_{ref}$ a reference policy and $\Delta_t = \log p(y_t|s_t) 
 \log p_{ref}(y_t|s_t)$.
 """),
     code(IMPORTS + """
+from fisher_ref.engine.plan import EngineOptions
 from fisher_ref.estimators import expected_loss_gradient, presets
 from fisher_ref.estimators.reduction import (difficulty_weight, difficulty_weight_large_g,
                                              reduced_gradient)
@@ -161,7 +162,8 @@ $r_t$ instead. Predict first:
     code("""
 stale_task = load_config("offpolicy_stale")
 b0, G_st = stale_task.baseline, exact(stale_task, progress=False).gradient
-seqs = exact(stale_task, progress=False, keep_sequences=True).sequences
+seqs = exact(stale_task, progress=False,
+             options=EngineOptions(keep_sequences=True)).sequences
 r_max = (seqs["prob"] / seqs["sampler_prob"]).max()              # the largest r(y)
 caps = np.logspace(0.1, 4, 14)
 capped = {"sequence TIS": lambda C: presets.sequence_tis(C, baseline=b0),
@@ -386,7 +388,7 @@ for ax, name in zip(axes, ["offpolicy_temperature", "offpolicy_stale"]):
         lgs[name, est] = lg = expected_loss_gradient(task, loss)
         ax.loglog(ns, [rel_mse(lg, n) for n in ns], label=f"{est}: bias "
                   f"{lg.relative_bias:.2f}, scale {lg.scale:+.2f}")
-    s = exact(task, progress=False, keep_sequences=True).sequences
+    s = exact(task, progress=False, options=EngineOptions(keep_sequences=True)).sequences
     top_ratio[name] = (s["prob"] / s["sampler_prob"]).max()     # the largest r(y)
     ax.set_xlabel("n, groups averaged")
     ax.set_title(f"{name}: largest r(y) = {top_ratio[name]:.4g}")

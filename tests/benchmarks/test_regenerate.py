@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))
 from benchmarks import regenerate  # noqa: E402
 from benchmarks.regenerate import Record, main, records, run, stamp  # noqa: E402
 

@@ -28,6 +28,7 @@ from fisher_ref.rewards import CountReward, FunctionReward
 from fisher_ref.checks.identities import verify_task
 
 import fisher_ref.engine.fast as exact_mod
+from fisher_ref.engine.plan import EngineOptions
 DEADLINE_S = 60  # generous: a refusal must return, not hang or swap; no timing is claimed
 BASE = {"model": {"vocab_size": 5, "context": 2, "embed_dim": 3, "hidden": 8},
         "prompts": [[1, 2], [3]], "max_len": 3}
@@ -225,11 +226,12 @@ def test_a_vocabulary_whose_sensitivities_cannot_fit_is_refused():
 ], ids=lambda v: None if isinstance(v, (dict, type)) else v[:24])
 def test_engine_limits_are_checked(kw, exc, words):
     with pytest.raises(exc, match=words):
-        exact(load_config("default"), progress=False, **kw)
+        exact(load_config("default"), progress=False, options=EngineOptions(**kw))
 
 
 def test_infinite_limits_mean_no_limit():
-    r = exact(load_config("tabular"), progress=False, max_seconds=math.inf, max_bytes=math.inf)
+    r = exact(load_config("tabular"), progress=False,
+              options=EngineOptions(max_seconds=math.inf, max_bytes=math.inf))
     assert r.n_responses > 0
 
 

@@ -23,6 +23,7 @@ from fisher_ref.fileio import atomic_output
 from fisher_ref.models.function import FunctionModel
 from fisher_ref.samplers import make_sampler
 from fisher_ref.tasks import Task, load_task
+from fisher_ref.engine.plan import EngineOptions
 from tests.cli.test_bad_input import BASE, deadline, run_cli, task_file, verify_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -294,7 +295,7 @@ def test_tiny_rewards_keep_their_spread_and_pass(scale):
 
 
 def test_rows_that_need_the_kept_states_say_why_they_are_missing():
-    bare = exact(load_config("default"), keep_states=False, progress=False)
+    bare = exact(load_config("default"), progress=False, options=EngineOptions(keep_states=False))
     (row,) = [r for r in exact_checks(bare) if r.identity == "4-5 pairwise, alignment"]
     assert row.kind == "info" and "not kept" in row.check and row.passed
 

@@ -17,7 +17,7 @@ OLD_HOMES = re.compile(r"\bscripts/\w+\.(?:py|sh)\b|docs/performance/record_benc
 
 
 def _regenerate():
-    sys.path.insert(0, str(ROOT))
+    sys.path.append(str(ROOT))
     try:
         from benchmarks import regenerate
     finally:

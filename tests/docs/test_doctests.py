@@ -12,7 +12,7 @@ import fisher_ref
 # doctests) and the entry points; found by walking the package, so a move needs no edit here
 CORE = sorted(m.name for m in pkgutil.walk_packages(fisher_ref.__path__, "fisher_ref.")
               if not m.name.startswith(("fisher_ref.torch", "fisher_ref.estimators",
-                                        "fisher_ref.distributed"))
+                                        "fisher_ref.parallel.distributed"))
               and not m.name.endswith("__main__"))
 
 

@@ -11,6 +11,7 @@ from fisher_ref import load_config
 from fisher_ref.engine.complete import _sub_blocks
 from fisher_ref.engine.fast import exact
 from fisher_ref.engine.plan import count_states
+from fisher_ref.engine.plan import EngineOptions
 
 
 @pytest.mark.parametrize("name, chunk", [("default", None), ("weighted_prompts", 3),
@@ -26,7 +27,7 @@ def test_every_response_is_rewarded_once_a_block_at_a_time(name, chunk, monkeypa
         return real(resp, lengths, prompts, prompt_idx)
 
     monkeypatch.setattr(task.reward, "batch", recording)
-    exact(task, progress=False, chunk=chunk)
+    exact(task, progress=False, options=EngineOptions(chunk=chunk))
     seen = [key for call in calls for key in call]
     ys = all_responses(task.model.vocab_size, task.max_len, task.model.eos)
     assert len(seen) == len(set(seen)) == count_states(

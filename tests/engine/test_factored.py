@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from cases import CASES, rel
+from cases import CASES, rel, with_options
 from fisher_ref import Task, load_config
 from fisher_ref.engine import complete, factored
-from fisher_ref.engine.fast import exact
+from fisher_ref.parallel.run import exact
 from fisher_ref.engine.plan import Budgets
 from fisher_ref.reference import exact_reference
-from fisher_ref.engine.shards import merge
+from fisher_ref.parallel.shards import merge
 from fisher_ref.models.mlp import MLPModel
-from fisher_ref.engine.factored import row_width
+from fisher_ref.engine.factors import row_width
+from fisher_ref.parallel import exact_param_shard
 from tests.engine.test_fast import assert_same, result_errors
 from tests.engine.test_identities_exact import small_tasks
 
@@ -45,7 +46,10 @@ def _checked_run(task, monkeypatch, **kw):
     kw.setdefault("progress", False)
     if task.sampler is not None:
         kw.setdefault("topk", (1, 2))
-    return exact(task, quantities="fisher", **kw), calls
+    if "param_shard" in kw:  # a parameter shard's run
+        return exact_param_shard(task, kw.pop("param_shard"), quantities="fisher",
+                                 **with_options(kw)), calls
+    return exact(task, quantities="fisher", **with_options(kw)), calls
 
 
 def about(calls, parents):
@@ -106,12 +110,12 @@ def test_parameter_shards_sum_their_blocks_from_factors(n, monkeypatch):
     for i in range(n):
         _, calls = _checked_run(task, monkeypatch, param_shard=(i, n))
         assert calls
-    got = merge(task, [exact(task, param_shard=(i, n), **kw) for i in range(n)])
+    got = merge(task, [exact_param_shard(task, (i, n), **kw) for i in range(n)])
     with pytest.MonkeyPatch.context() as mp:
         _dense(mp)
-        ref = merge(task, [exact(task, param_shard=(i, n), **kw) for i in range(n)])
+        ref = merge(task, [exact_param_shard(task, (i, n), **kw) for i in range(n)])
     _assert_close(got, ref, f"{n} parameter shards")
-    _assert_close(got, exact(task, **kw), f"{n} parameter shards against one run")
+    _assert_close(got, exact(task, **with_options(kw)), f"{n} parameter shards against one run")
 
 
 @pytest.mark.parametrize("name", ["default", "offpolicy_stale"])
@@ -130,11 +134,11 @@ def test_one_parameter_slices_cut_every_block_and_bias_row(name):
         return real(*args)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(complete, "last_level_all", counted)
-        got = merge(task, [exact(task, param_shard=(i, n), **kw) for i in range(n)])
+        got = merge(task, [exact_param_shard(task, (i, n), **kw) for i in range(n)])
     assert {(c.start, c.stop) for c in calls} == {(i, i + 1) for i in range(n)}
     with pytest.MonkeyPatch.context() as mp:
         _dense(mp)
-        ref = exact(task, **kw)
+        ref = exact(task, **with_options(kw))
     _assert_close(got, ref, f"{name}, {n} one-parameter slices against the dense route")
 
 
@@ -158,10 +162,10 @@ def _both(task, **kw):
         kw.setdefault("topk", (1, 2))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(complete, "last_level_all", counted)
-        got = exact(task, **kw)
+        got = exact(task, **with_options(kw))
     with pytest.MonkeyPatch.context() as mp:
         _dense(mp)
-        ref = exact(task, **kw)
+        ref = exact(task, **with_options(kw))
     return got, ref, calls
 
 
@@ -259,9 +263,9 @@ def test_rows_own_slot_is_held_only_where_it_can_be_nonzero(name, monkeypatch):
 
 def test_window_sums_in_several_batches_equal_one(monkeypatch):
     """The window cache contracts the per-(window, token) weights a batch of windows at a
-    time (their rows bounded by _J_ELEMENTS); batches of a few windows each add up to the
+    time (their rows bounded by J_ELEMENTS); batches of a few windows each add up to the
     one batch a small run takes."""
-    from fisher_ref.engine import window_cache
+    from fisher_ref.engine import window_sums
     task = load_config("offpolicy_stale")
     kw = {"progress": False, "topk": (1, 2)}
     calls = []
@@ -270,10 +274,10 @@ def test_window_sums_in_several_batches_equal_one(monkeypatch):
     def counted(cache, s, acc, powers, lo, hi):
         calls.append(hi - lo)
         return real(cache, s, acc, powers, lo, hi)
-    monkeypatch.setattr(window_cache, "window_sums", counted)
-    one = exact(task, **kw)
+    monkeypatch.setattr(window_sums, "window_sums", counted)
+    one = exact(task, **with_options(kw))
     n_one = len(calls)
-    monkeypatch.setattr(window_cache, "_J_ELEMENTS", 1)
-    several = exact(task, **kw)
+    monkeypatch.setattr(window_sums, "J_ELEMENTS", 1)
+    several = exact(task, **with_options(kw))
     assert len(calls) - n_one > n_one and max(calls[n_one:]) == 1, calls
     _assert_close(several, one, "window sums a window at a time")

@@ -25,9 +25,10 @@ from fisher_ref.engine.plan import Budgets
 from fisher_ref.reference import exact_reference
 from fisher_ref.perf.scaling import load_scale_config
 
-from cases import CASES, RTOL, rel
+from cases import CASES, RTOL, rel, with_options
 
 import fisher_ref.engine.fast as exact_mod
+from fisher_ref.engine.plan import EngineOptions
 from tests.engine.test_identities_exact import small_tasks
 
 SCALARS = ("mass", "expected_reward", "reward_std", "baseline")
@@ -115,8 +116,8 @@ def run_both(task, **kw):
     kw.setdefault("progress", False)
     if task.sampler is not None:
         kw.setdefault("topk", (1, 2))
-    return exact(task, **kw), exact_reference(task, **{k: v for k, v in kw.items()
-                                                       if k != "chunk"})
+    return exact(task, **with_options(kw)), exact_reference(task, **{k: v for k, v in kw.items()
+                                                                     if k != "chunk"})
 
 
 @pytest.mark.parametrize("case", sorted(CASES))  # every shipped config and hand-made case
@@ -144,7 +145,8 @@ def test_window_cache_overflow_changes_nothing(budget):
     """A cache too small for one window (or a few) is emptied and refilled; same results."""
     task = load_config("weighted_prompts")
     ref = exact_reference(task, progress=False)
-    out = exact(task, progress=False, chunk=5, budgets=Budgets(window_cache_bytes=budget))
+    out = exact(task, progress=False,
+                options=EngineOptions(chunk=5, budgets=Budgets(window_cache_bytes=budget)))
     assert_same(out, ref, f"cache budget {budget}")
 
 
@@ -156,7 +158,8 @@ def test_fast_engine_split_work_changes_nothing(knob, value):
     of a table: the same sums, grouped otherwise."""
     task = load_config("offpolicy_stale")
     ref = exact_reference(task, topk=(1, 2), progress=False)
-    out = exact(task, topk=(1, 2), progress=False, budgets=Budgets(**{knob: value}))
+    out = exact(task, topk=(1, 2), progress=False,
+                options=EngineOptions(budgets=Budgets(**{knob: value})))
     assert_same(out, ref, knob)
 
 
@@ -170,7 +173,8 @@ def test_budgets_refuse_what_is_not_a_size(bad):
 
 def test_exact_refuses_budgets_of_another_type():
     with pytest.raises(TypeError, match="budgets must be a fisher_ref.engine.plan.Budgets"):
-        exact(load_config("tabular"), progress=False, budgets={"sub_elements": 1})
+        exact(load_config("tabular"), progress=False,
+              options=EngineOptions(budgets={"sub_elements": 1}))
 
 
 def test_reference_flag_dispatches_to_the_judge(monkeypatch):
@@ -184,7 +188,8 @@ def test_reference_flag_dispatches_to_the_judge(monkeypatch):
         return "plain engine"
 
     monkeypatch.setattr(exact_mod, "exact_reference", plain)
-    assert exact(task, reference=True, progress=False, chunk=3, topk=()) == "plain engine"
+    assert exact(task, reference=True, progress=False, topk=(),
+                 options=EngineOptions(chunk=3)) == "plain engine"
     assert len(calls) == 1 and calls[0][0] is task
     assert "chunk" not in calls[0][1] and calls[0][1]["progress"] is False
     assert exact(task, progress=False).sequence_fisher.shape == (task.model.num_params,)
@@ -252,7 +257,7 @@ def fisher_run(task, **kw):
     kw.setdefault("progress", False)
     if task.sampler is not None:
         kw.setdefault("topk", (1, 2))
-    return exact(task, quantities="fisher", **kw)
+    return exact(task, quantities="fisher", **with_options(kw))
 
 
 def full_reference(task, **kw):
@@ -359,5 +364,7 @@ def test_quantities_are_checked(bad):
 def test_fisher_quantities_keep_no_sequences():
     task = load_config("default")
     with pytest.raises(ValueError, match="keep_sequences=True needs quantities='all'"):
-        exact(task, progress=False, quantities="fisher", keep_sequences=True)
-    assert exact(task, progress=False, quantities="fisher", keep_sequences=False).sequences is None
+        exact(task, progress=False, quantities="fisher",
+              options=EngineOptions(keep_sequences=True))
+    assert exact(task, progress=False, quantities="fisher",
+                 options=EngineOptions(keep_sequences=False)).sequences is None

@@ -1,4 +1,5 @@
-"""fisher_ref.keep_freed_memory: glibc told, in this process, to keep the memory it frees.
+"""fisher_ref.engine.keep_memory.keep_freed_memory: glibc told, in this process, to keep the
+memory it frees.
 
 The calls that take effect run in a child process: mallopt changes a process for good, and
 the test process's own allocator stays as it started."""
@@ -11,11 +12,11 @@ import sys
 import numpy as np
 import pytest
 
-import fisher_ref
 from fisher_ref import load_config
 from fisher_ref.engine import keep_memory as keep_mod
 from fisher_ref.perf.bench import bench, condition_env
 from fisher_ref.perf.memory import MemoryConditionError
+from fisher_ref.engine.plan import EngineOptions
 
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 
@@ -30,7 +31,7 @@ def _nothing_kept_here(monkeypatch):
 CHILD = r"""
 import json, resource
 import fisher_ref
-from fisher_ref.engine.keep_memory import kept_in_process
+from fisher_ref.engine.keep_memory import keep_freed_memory, kept_in_process
 from fisher_ref.perf.memory import freed_memory_reused
 from fisher_ref.perf.scaling import load_scale_config
 
@@ -46,7 +47,7 @@ def faults(runs=5):
 
 fisher_ref.exact(task, progress=False, workers=1)  # first touches: not counted
 before = [freed_memory_reused(), faults()]
-took = fisher_ref.keep_freed_memory()
+took = keep_freed_memory()
 fisher_ref.exact(task, progress=False, workers=1)  # the heap grows to its peak once more
 print(json.dumps({"before": before, "took": took, "kept": kept_in_process(),
                   "after": [freed_memory_reused(), faults()]}))
@@ -74,7 +75,7 @@ def test_keep_freed_memory_refuses_what_mallopt_cannot_take(kw, monkeypatch):
     monkeypatch.setattr(ctypes, "CDLL", lambda *a: pytest.fail("mallopt reached"))
     name = next(iter(kw))
     with pytest.raises(ValueError, match=f"{name} must be an int in 1..2"):
-        fisher_ref.keep_freed_memory(**kw)
+        keep_mod.keep_freed_memory(**kw)
     assert keep_mod.kept_in_process() is None
 
 
@@ -97,21 +98,21 @@ MMAP, TRIM = -3, -1  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
 
 def test_keep_freed_memory_takes_numpy_integers_and_records_a_half_taken_call(monkeypatch):
     calls = _libc(monkeypatch, lambda param, value: int(param == MMAP))  # refuses the trim
-    assert fisher_ref.keep_freed_memory(np.int64(2 ** 25), np.int32(2 ** 30)) is False
+    assert keep_mod.keep_freed_memory(np.int64(2 ** 25), np.int32(2 ** 30)) is False
     assert calls == [(MMAP, 2 ** 25), (TRIM, 2 ** 30)]
     assert keep_mod.kept_in_process() == (2 ** 25, None)  # changed, so not the default
 
 
 def test_keep_freed_memory_caps_the_block_where_an_older_glibc_refuses_more(monkeypatch):
     calls = _libc(monkeypatch, lambda param, value: int(param == TRIM or value <= 2 ** 25))
-    assert fisher_ref.keep_freed_memory() is True
+    assert keep_mod.keep_freed_memory() is True
     assert calls == [(MMAP, 2 ** 30), (MMAP, 2 ** 25), (TRIM, 2 ** 31 - 1)]
     assert keep_mod.kept_in_process() == (2 ** 25, 2 ** 31 - 1)
 
 
 def test_keep_freed_memory_refused_whole_records_nothing(monkeypatch):
     calls = _libc(monkeypatch, lambda param, value: 0)
-    assert fisher_ref.keep_freed_memory(2 ** 20, 2 ** 20) is False
+    assert keep_mod.keep_freed_memory(2 ** 20, 2 ** 20) is False
     assert calls == [(MMAP, 2 ** 20), (TRIM, 2 ** 20)]  # a block under the cap: one try
     assert keep_mod.kept_in_process() is None
 
@@ -120,7 +121,7 @@ def test_keep_freed_memory_says_false_without_glibc(monkeypatch):
     def no_libc(*a):
         raise OSError("no such library")
     monkeypatch.setattr(ctypes, "CDLL", no_libc)
-    assert fisher_ref.keep_freed_memory() is False
+    assert keep_mod.keep_freed_memory() is False
     assert keep_mod.kept_in_process() is None
 
 
@@ -206,11 +207,12 @@ def test_the_last_level_takes_larger_sub_blocks_where_memory_is_kept(kept, quant
 
     monkeypatch.setattr(complete, where, counted)
     monkeypatch.setattr(fast, "memory_kept", lambda: kept)
-    got = fast.exact(task, progress=False, workers=1, quantities=quantities)
+    got = fast.exact(task, progress=False, quantities=quantities)
     assert calls == ([1331] if kept else [665, 666]), calls
     calls.clear()
-    other = fast.exact(task, progress=False, workers=1, quantities=quantities, budgets=Budgets(
-        sub_elements=SUB_ELEMENTS if kept else KEPT_SUB_ELEMENTS))
+    other = fast.exact(task, progress=False, quantities=quantities,
+                       options=EngineOptions(budgets=Budgets(
+        sub_elements=SUB_ELEMENTS if kept else KEPT_SUB_ELEMENTS)))
     assert calls == ([665, 666] if kept else [1331]), calls
     errs = result_errors(got, other)
     assert all(e <= 1e-12 for e in errs.values()), errs

@@ -5,7 +5,7 @@ import pytest
 
 from cases import get_task
 from fisher_ref import EnumerationTooLarge, exact, load_config
-from fisher_ref.engine.plan import check_cost, count_states, estimate_cost
+from fisher_ref.engine.plan import EngineOptions, check_cost, count_states, estimate_cost
 from fisher_ref.models.base import state_windows
 from fisher_ref.models.base import windows_for
 
@@ -60,7 +60,8 @@ def test_state_windows_matches_windows_for():
 def test_results_independent_of_chunk(name):
     task = get_task(name)
     topk = (1, 2) if task.sampler is not None else ()
-    runs = [exact(task, topk=topk, chunk=c, progress=False) for c in (1, 7, None)]
+    runs = [exact(task, topk=topk, progress=False,
+                  options=EngineOptions(chunk=c)) for c in (1, 7, None)]
     ref = runs[-1]
     for r in runs[:-1]:
         for s, stream in ref.streams.items():
@@ -83,7 +84,8 @@ def test_results_independent_of_chunk(name):
 def test_keep_states_false_still_gives_the_aggregates():
     task = load_config("offpolicy_temperature")
     full = exact(task, progress=False)
-    lean = exact(task, keep_states=False, keep_sequences=False, progress=False)
+    lean = exact(task, progress=False,
+                 options=EngineOptions(keep_states=False, keep_sequences=False))
     assert lean.states is None and lean.sequences is None
     for s in full.streams:
         assert np.array_equal(lean.streams[s].sequence_fisher, full.streams[s].sequence_fisher)
@@ -93,8 +95,8 @@ def test_keep_states_false_still_gives_the_aggregates():
 @pytest.mark.parametrize("kw, words", [
     (dict(topk=(0,)), "topk entries must be positive integers"),
     (dict(topk=3), "topk must be a sequence"),
-    (dict(chunk=0), "chunk must be a positive integer"),
-    (dict(chunk=2.5), "chunk must be a positive integer"),
+    (dict(options=EngineOptions(chunk=0)), "chunk must be a positive integer"),
+    (dict(options=EngineOptions(chunk=2.5)), "chunk must be a positive integer"),
 ])
 def test_bad_engine_arguments(kw, words):
     with pytest.raises(ValueError, match=words):
@@ -133,16 +135,22 @@ def test_memory_estimate_counts_the_prompt_length():
 
 
 def test_engine_options_are_the_keyword_arguments_of_exact():
-    """EngineOptions holds exactly the options of exact() that the engines pass on, with
-    exact()'s defaults; plan() takes nothing else."""
+    """exact() takes what is computed as keywords, with EngineOptions' defaults, and the
+    knobs in its options; EngineOptions (its budgets apart) holds exactly the keyword
+    arguments of the plain judge, with its defaults; plan() takes nothing else."""
     import inspect
 
-    from fisher_ref.engine.plan import EngineOptions
+    from fisher_ref.engine import fast
+    from fisher_ref.engine.plan import WHAT
+    from fisher_ref.reference import exact_reference
     from fisher_ref.engine.run import plan
     from fisher_ref.reference import exact_reference
     opts = EngineOptions()
-    params = inspect.signature(exact).parameters
-    assert {k: params[k].default for k in opts.as_kwargs()} == opts.as_kwargs()
+    for fn in (exact, fast.exact):
+        params = inspect.signature(fn).parameters
+        assert {k: params[k].default for k in WHAT} == {k: getattr(opts, k) for k in WHAT}
+        assert params["options"].default is None and params["reference"].default is False
+        assert not set(params) & (set(opts.as_kwargs()) - set(WHAT)), fn  # no knob
     judged = {k: v for k, v in opts.as_kwargs().items() if k != "chunk"}  # no blocks
     params = inspect.signature(exact_reference).parameters
     assert {k: params[k].default for k in judged} == judged

@@ -11,6 +11,7 @@ from fisher_ref import exact, load_config
 from fisher_ref.reference import exact_reference
 from fisher_ref.engine.run import response_places, state_places
 from fisher_ref.engine.tree import Block
+from fisher_ref.engine.plan import EngineOptions
 
 
 @pytest.mark.parametrize("case", ["config:default", "config:no_eos", "config:weighted_prompts",
@@ -54,8 +55,21 @@ def test_the_walk_refuses_rows_it_did_not_write(monkeypatch):
     real = walk.response_places
     monkeypatch.setattr(walk, "response_places", lambda *a: np.minimum(real(*a), 3))
     try:
-        exact(load_config("default"), progress=False, keep_sequences=True)
+        exact(load_config("default"), progress=False, options=EngineOptions(keep_sequences=True))
     except RuntimeError as e:
         assert "places" in str(e)
     else:
         raise AssertionError("a walk that misses places must raise")
+
+
+def test_run_carries_no_shard_plumbing():
+    """The parallel layer wraps the engine: a run takes the part of the tree it walks as a
+    generic cut (its own ``cut``), and neither a shard nor the process's memory settings
+    (the budgets carry those)."""
+    import inspect
+
+    from fisher_ref.engine.plan import EngineOptions
+    from fisher_ref.engine.run import Run
+    assert list(inspect.signature(Run).parameters) == ["task", "options", "columns", "cut"]
+    run = Run(load_config("default"), EngineOptions(progress=False))
+    assert run.cut is None and not hasattr(run, "shard") and not hasattr(run, "memory_kept")

@@ -11,6 +11,7 @@ from fisher_ref import exact
 from fisher_ref.estimators.batch import LossBatch
 from fisher_ref.estimators.gradient import expected_loss_gradient
 from fisher_ref.estimators import presets as P
+from fisher_ref.engine.plan import EngineOptions
 
 from .brute import state_kl_gradient, tiny_task
 
@@ -73,7 +74,7 @@ def test_sequence_is_is_unbiased_off_policy_and_token_is_is_not(off):
 
 def _rho(table_task):
     """Sequence weights p(y)/mu(y) of every response, by the engine's kept responses."""
-    r = exact(table_task, progress=False, keep_sequences=True)
+    r = exact(table_task, progress=False, options=EngineOptions(keep_sequences=True))
     s = r.sequences
     return s, s["prob"] / s["sampler_prob"]
 

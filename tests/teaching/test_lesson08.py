@@ -22,6 +22,7 @@ from fisher_ref.rewards import FunctionReward
 from fisher_ref.samplers import make_sampler
 from fisher_ref.teaching.exercises import EXERCISES, exercises_for
 from fisher_ref.teaching.quizzes import QUIZZES, quizzes_for
+from fisher_ref.engine.plan import EngineOptions
 
 from tests.estimators.brute import state_kl_gradient, tiny_task
 
@@ -144,7 +145,7 @@ def prove_centering_or_is():
     (bc, vc), (bs, vs) = out["offpolicy_temperature"]
     assert bs <= RTOL < BIASED < bc and vs < vc
     s = exact(load_config("offpolicy_temperature"), progress=False,
-              keep_sequences=True).sequences
+              options=EngineOptions(keep_sequences=True)).sequences
     assert (s["prob"] / s["sampler_prob"]).max() < 1.6
     (bc, vc), (bs, vs) = out["offpolicy_stale"]
     assert bc + vc < bs + vs and bs < bc  # centering at n = 1, IS for large n

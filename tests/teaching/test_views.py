@@ -15,6 +15,7 @@ from fisher_ref.teaching.views import (alignment_factor, concentration, entropy,
                                   shuffled_token_fisher, state_sensitivities)
 from fisher_ref.monte_carlo.ztests import bonferroni_z
 from fisher_ref.checks.tolerances import rel_err
+from fisher_ref.engine.plan import EngineOptions
 
 RTOL = 1e-10
 
@@ -68,7 +69,7 @@ def test_fisher_ratio_matches_stored_arrays():
     assert rel_err(ratio[ok], f[ok] / fu[ok]) <= RTOL
     assert np.all(fu[~ok] <= alignment.RATIO_FLOOR * fu.max())
     assert (~ok).any()  # the EOS embedding never enters a window
-    r_no = exact(load_config("default"), keep_states=False, progress=False)
+    r_no = exact(load_config("default"), progress=False, options=EngineOptions(keep_states=False))
     with pytest.raises(ValueError, match="keep_states=True"):
         fisher_ratio(r_no)
 

@@ -18,6 +18,7 @@ from fisher_ref import list_configs, load_config  # noqa: E402
 from fisher_ref.engine.fast import exact  # noqa: E402
 from fisher_ref.samplers import LogitsSampler  # noqa: E402
 from fisher_ref.torch.exact import torch_exact  # noqa: E402
+from fisher_ref.engine.plan import EngineOptions  # noqa: E402
 from torch_checks import mismatches  # noqa: E402
 from tests.engine.test_identities_exact import small_tasks  # noqa: E402
 
@@ -32,7 +33,8 @@ ADAPTED_CASES = ["tabular_context2", "logits_sampler", "custom_reward", "zero_we
 
 
 def _ref(task):
-    return exact(task, progress=False, keep_states=True, keep_sequences=True)
+    return exact(task, progress=False,
+                 options=EngineOptions(keep_states=True, keep_sequences=True))
 
 
 @pytest.mark.parametrize("config", list_configs())

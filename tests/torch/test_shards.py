@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 from fisher_ref import load_config
-from fisher_ref.engine.shards import ShardError
+from fisher_ref.parallel.shards import ShardError
 from fisher_ref.torch.exact import torch_exact
 from fisher_ref.torch.shards import merge_errors
 

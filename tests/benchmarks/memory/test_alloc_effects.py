@@ -1,5 +1,5 @@
 """benchmarks/memory/alloc_effects.py: exact's page faults and time in glibc's default memory, with
-freed memory kept from the start, and after fisher_ref.keep_freed_memory()."""
+freed memory kept from the start, and after fisher_ref.engine.keep_memory.keep_freed_memory()."""
 import platform
 import re
 import subprocess
@@ -24,7 +24,7 @@ def test_alloc_effects_measures_every_condition():
     """Every condition and mode gets its line, the commit and machine come first. Whether
     the faults differ is not asserted here: in glibc's default memory a run's faults depend
     on what the heap went through before (they range from a handful to thousands from run
-    to run on medium); tests/engine/test_keep_memory.py holds the call's effect."""
+    to run on medium); tests/parallel/test_keep_memory.py holds the call's effect."""
     pytest.importorskip("torch")  # the peer; CI installs the torch extra
     out = subprocess.run([sys.executable, str(SCRIPT), "--config", "medium", "--repeats", "1",
                           "--rounds", "2"],

@@ -48,7 +48,7 @@ def test_instruction_count_is_read_from_cachegrind_summary():
 def test_sub_block_effects_measures_every_budget_and_condition():
     """A row per budget and condition, the commit and machine first. The times and faults
     are not asserted (they depend on the machine's load and the heap's history);
-    tests/engine/test_keep_memory.py holds which budget each condition takes."""
+    tests/parallel/test_keep_memory.py holds which budget each condition takes."""
     out = _run("--configs", "medium", "--budgets", "1048576", "4194304", "--repeats", "1",
                timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]

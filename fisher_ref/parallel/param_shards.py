@@ -1,38 +1,20 @@
-"""Parameter shards of one exact run: ``exact(task, param_shard=(i, n))`` walks the whole
+"""Parameter shards of one exact run: ``exact_param_shard(task, (i, n))`` walks the whole
 tree for the ``i``-th set of the parameters (:func:`fisher_ref.engine.factored.shard_columns`:
-:func:`param_columns`, or for the MLP sets cut between hidden units); every sum the engine
-forms is a sum per parameter, so each set's columns are placed at its parameters
-(:func:`merge_params`, which :func:`fisher_ref.engine.shards.merge` calls for them). What
+the slices of :func:`fisher_ref.engine.columns.param_columns`, or for the MLP sets cut
+between hidden units); every sum the engine forms is a sum per parameter, so each set's
+columns are placed at its parameters (:func:`merge_params`, which
+:func:`fisher_ref.parallel.shards.merge` calls for them). What
 ``exact(task, workers=N)`` runs."""
 from __future__ import annotations
 
 import numpy as np
 
+from fisher_ref.engine.columns import column_index
 from fisher_ref.engine.moments import Moments, finish_fisher, finish_stream
-from fisher_ref.engine.shard_result import ShardError, ShardResult, check_arrays, task_key
+from fisher_ref.parallel.shard_result import ShardError, ShardResult, check_arrays, task_key
 from fisher_ref.results import ExactResult, GatheredStates
 
-__all__ = ["param_columns", "column_index", "column_count", "param_shard_result",
-           "merge_params"]
-
-
-def param_columns(P, n):
-    """``n`` slices of the ``P`` parameters: consecutive, as equal as whole parameters
-    allow (their sizes differ by one at most): the parameter shards of a model other than the
-    MLP (:func:`fisher_ref.engine.factored.shard_columns`)."""
-    return [slice(i * P // n, (i + 1) * P // n) for i in range(n)]
-
-
-def column_index(columns, P):
-    """The parameters a run over ``columns`` holds, ``(width,)`` in the order of its
-    columns: a slice of ``0..P``, or a set with an ``index`` (as
-    :class:`fisher_ref.models.mlp_scores.UnitColumns`)."""
-    return np.arange(P)[columns] if isinstance(columns, slice) else columns.index
-
-
-def column_count(columns, P):
-    """How many parameters a run over ``columns`` (:func:`column_index`) holds."""
-    return len(range(P)[columns]) if isinstance(columns, slice) else columns.width
+__all__ = ["param_shard_result", "merge_params"]
 
 
 def param_shard_result(run, result, shard, tables, keep, windows=None):

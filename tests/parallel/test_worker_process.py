@@ -1,4 +1,4 @@
-"""What a worker process runs (fisher_ref.engine.worker_process): its shard, timed, with
+"""What a worker process runs (fisher_ref.parallel.worker_process): its shard, timed, with
 its large arrays moved to shared memory; one BLAS thread; and an end of its own, with
 nothing left behind, when the process that started it is killed."""
 import glob
@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 from fisher_ref import load_config
-from fisher_ref.engine import worker_memory
-from fisher_ref.engine.fast import exact
-from fisher_ref.engine.worker_process import shard_in_worker
+from fisher_ref.engine.plan import EngineOptions
+from fisher_ref.parallel import exact_param_shard, worker_memory
+from fisher_ref.parallel.worker_process import shard_in_worker
 
 #: How long the workers of a killed caller may take to end and free what they held.
 GONE_WITHIN_S = 10.0
@@ -21,8 +21,8 @@ GONE_WITHIN_S = 10.0
 def test_a_shard_in_a_worker_is_timed_and_its_arrays_shared(monkeypatch):
     task = load_config("default")
     monkeypatch.setattr(worker_memory, "SHARED_BYTES", 1)
-    seconds, sent = shard_in_worker(exact, task, {"param_shard": (1, 2)},
-                                    dict(progress=False, keep_states=True))
+    seconds, sent = shard_in_worker(exact_param_shard, task, {"param_shard": (1, 2)},
+                                    dict(options=EngineOptions(keep_states=True)))
     assert seconds > 0 and sent.shared[1] is None  # no run number: a block of its own
     worker_memory.unpack(sent)  # read back, and the block freed
 
@@ -39,9 +39,9 @@ def _stall(prompt, response):
 
 CALLER = """
 from fisher_ref import load_config
-from fisher_ref.engine.fast import exact
+from fisher_ref import exact
 from fisher_ref.rewards import FunctionReward
-from tests.engine.test_worker_process import _stall
+from tests.parallel.test_worker_process import _stall
 exact(load_config("default").with_(reward=FunctionReward(_stall)), workers=2, progress=False)
 """
 

@@ -1,6 +1,6 @@
 """What a shard of an exact run returns, and how shards are told apart: the
-:class:`ShardResult` both kinds of shard return (subtrees, :mod:`fisher_ref.engine.shards`;
-parameter slices, :mod:`fisher_ref.engine.param_shards`), the :class:`ShardError` a merge
+:class:`ShardResult` both kinds of shard return (subtrees, :mod:`fisher_ref.parallel.shards`;
+parameter slices, :mod:`fisher_ref.parallel.param_shards`), the :class:`ShardError` a merge
 raises, the check of ``(i, n)``, the task digest that keeps shards of different tasks
 apart, and the checksum of a shard's payload (:meth:`ShardResult.digest`), taken when the
 shard is made and checked before a merge reads it (:func:`check_payload`)."""
@@ -89,7 +89,7 @@ class ShardResult:
             which its block sizes, set by its width, can change).
         n_states: states the shard added.
         columns: a parameter shard's parameters (a slice, or the MLP's
-            :class:`fisher_ref.models.mlp_scores.UnitColumns`); ``None`` for a subtree cut.
+            :class:`fisher_ref.engine.mlp_columns.UnitColumns`); ``None`` for a subtree cut.
         checksum: the SHA-256 of all the above (:meth:`digest`), taken when the result is
             made (left ``None``, it is taken then; not inside :func:`merged_here`); a merge
             refuses a shard whose payload no longer matches it (:func:`check_payload`).
@@ -107,6 +107,8 @@ class ShardResult:
     window_tables: dict = None
     windows: np.ndarray = None
     n_states: int = 0
+    # a parameter shard: the parameters it holds, a slice or (the MLP's hidden units) a
+    # fisher_ref.engine.mlp_columns.UnitColumns; None for a subtree cut
     columns: object = None
     checksum: str = None
 

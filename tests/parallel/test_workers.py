@@ -1,4 +1,4 @@
-"""The shards of one exact run in local worker processes (fisher_ref.engine.workers):
+"""The shards of one exact run in local worker processes (fisher_ref.parallel.workers):
 the same result as one process, one BLAS thread each, one shard in the calling process,
 'auto' sized by the cost, the cores and the memory limit, a dead worker named by its
 shard, a broken kept pool replaced, and tasks the workers cannot receive refused."""
@@ -9,12 +9,14 @@ import sys
 import pytest
 
 from fisher_ref import load_config
-from fisher_ref.engine import worker_memory, workers as workers_mod
-from fisher_ref.engine.fast import exact
+from fisher_ref.parallel import worker_memory, workers as workers_mod
+from fisher_ref.parallel.run import exact
 from fisher_ref.engine.plan import EngineOptions, estimate_cost
 from fisher_ref.perf.scaling import load_scale_config
 from fisher_ref.rewards import FunctionReward
-from tests.engine.test_shards import RTOL, merged_errors
+from fisher_ref.parallel import exact_param_shard
+from tests.parallel.test_shards import RTOL, merged_errors
+from cases import with_options
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, "many", True, None])
@@ -62,7 +64,8 @@ def test_workers_give_the_single_run():
     """Two local processes (spawned, one BLAS thread each): the same result."""
     task = load_config("offpolicy_stale")
     kw = dict(progress=False, topk=(1, 2))
-    single, par = exact(task, workers=1, **kw), exact(task, workers=2, **kw)
+    single = exact(task, workers=1, **with_options(kw))
+    par = exact(task, workers=2, **with_options(kw))
     errs = merged_errors(par, single)
     assert max(errs.values()) <= RTOL, errs
     assert par.cost.workers == 2
@@ -71,7 +74,7 @@ def test_workers_give_the_single_run():
 def test_only_the_workers_shards_are_checked_by_their_checksum(monkeypatch):
     """The caller hashes one payload per worker's shard (issue 46 item 9's checksum, checked
     at the merge), and none for its own shard, which it makes and merges itself."""
-    from fisher_ref.engine.shard_result import ShardResult
+    from fisher_ref.parallel.shard_result import ShardResult
     hashed, digest = [], ShardResult.digest
     monkeypatch.setattr(ShardResult, "digest", lambda self: hashed.append(self.shard)
                         or digest(self))
@@ -312,7 +315,7 @@ def test_workers_with_tables_past_the_shared_size_give_the_single_run():
     errs = merged_errors(par, single)
     assert max(errs.values()) <= RTOL, errs
     # the worker's half of a per-window table is past the size sent through shared memory
-    half = exact(task, param_shard=(0, 2), progress=False, keep_states=True)
+    half = exact_param_shard(task, (0, 2), options=EngineOptions(keep_states=True))
     assert half.window_tables["token_fisher"].nbytes >= worker_memory.SHARED_BYTES
 
 
@@ -322,8 +325,8 @@ def test_a_failed_run_frees_the_shared_memory_of_results_that_came_back(monkeypa
     from multiprocessing import shared_memory
     task = load_config("default")
     monkeypatch.setattr(worker_memory, "SHARED_BYTES", 1)
-    sent = 0.1, worker_memory.share(exact(task, param_shard=(1, 2), progress=False,
-                                          keep_states=True))
+    sent = 0.1, worker_memory.share(exact_param_shard(task, (1, 2),
+                                                      options=EngineOptions(keep_states=True)))
     name = sent[1].shared[0]
     done, failed, pending = Future(), Future(), Future()
     done.set_result(sent)

@@ -1,7 +1,7 @@
 """What a worker process of ``exact(task, workers=N)`` runs: its set-up
 (:func:`init_worker`: one BLAS thread, freed memory kept, its caller watched) and each
 shard sent to it (:func:`shard_in_worker`, its large arrays sent back through shared
-memory, :mod:`fisher_ref.engine.worker_memory`).
+memory, :mod:`fisher_ref.parallel.worker_memory`).
 
 A worker whose caller dies without ending the pool (killed with SIGKILL, say) ends too,
 at once, whatever it is doing (:func:`watch_parent`): it would otherwise wait forever on
@@ -17,7 +17,7 @@ import threading
 from threadpoolctl import threadpool_limits
 
 from fisher_ref.engine.keep_memory import OLD_MMAP_CAP, keep_freed_memory
-from fisher_ref.engine.worker_memory import unlink_blocks, share
+from fisher_ref.parallel.worker_memory import unlink_blocks, share
 
 __all__ = ["ORPHAN_EXIT", "init_worker", "shard_in_worker", "watch_parent"]
 
@@ -38,7 +38,7 @@ def init_worker():
 def shard_in_worker(engine, task, shard, kw, run=None, busy=frozenset()):
     """In a worker: ``(seconds, result)``, the wall time of the engine call
     ``engine(task, **shard, **kw)`` and the shard's result, its large arrays moved to a
-    shared-memory block (:func:`fisher_ref.engine.worker_memory.share`, under the caller's
+    shared-memory block (:func:`fisher_ref.parallel.worker_memory.share`, under the caller's
     run number ``run``, the blocks ``busy`` left alone)."""
     import time
     t0 = time.perf_counter()
@@ -52,7 +52,7 @@ def watch_parent():
     whose other end only the parent holds (``multiprocessing.parent_process().sentinel``,
     readable once the parent is gone, however it ended) and then ends this process
     (status :data:`ORPHAN_EXIT`), its shared-memory blocks' names removed first
-    (:func:`fisher_ref.engine.worker_memory.unlink_blocks`). Nothing where this process has no
+    (:func:`fisher_ref.parallel.worker_memory.unlink_blocks`). Nothing where this process has no
     such parent."""
     parent = multiprocessing.parent_process()
     if parent is None:

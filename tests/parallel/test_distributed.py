@@ -1,7 +1,7 @@
-"""fisher_ref.distributed.exact_ray on a local Ray (two CPUs), against exact(task) here.
+"""fisher_ref.parallel.distributed.exact_ray on a local Ray (two CPUs), against exact(task) here.
 
 Ray is started once for the module. Every merged run is held to a single run of the
-fast engine at 1e-12 (tests/engine/test_shards.py's measure), including a run in which
+fast engine at 1e-12 (tests/parallel/test_shards.py's measure), including a run in which
 one shard's worker process dies on its first attempt (``os._exit``, remembered by a
 marker file, so that the retry succeeds); a shard that always fails ends the run with
 an error naming it, after exactly ``max_retries + 1`` attempts, and no result.
@@ -14,10 +14,11 @@ import pytest
 ray = pytest.importorskip("ray", reason="needs ray: pip install -e \".[distributed]\"")
 
 from fisher_ref import load_config  # noqa: E402
-from fisher_ref.distributed import ShardFailed, exact_ray  # noqa: E402
-from fisher_ref.engine.fast import exact  # noqa: E402
+from fisher_ref.engine.plan import EngineOptions  # noqa: E402
+from fisher_ref.parallel.distributed import ShardFailed, exact_ray  # noqa: E402
+from fisher_ref.parallel.run import exact  # noqa: E402
 
-from tests.engine.test_shards import RTOL, merged_errors
+from tests.parallel.test_shards import RTOL, merged_errors
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,8 @@ def local_ray():
 
 
 def single(task, **kw):
-    return exact(task, progress=False, workers=1, keep_states=False, keep_sequences=False, **kw)
+    return exact(task, progress=False, workers=1,
+                 options=EngineOptions(keep_states=False, keep_sequences=False), **kw)
 
 
 def assert_same(merged, one):
@@ -44,7 +46,8 @@ def test_ray_shards_give_the_single_run(local_ray):
 def test_ray_keeps_the_arrays_when_asked(local_ray):
     task = load_config("weighted_prompts")
     merged = exact_ray(task, keep_states=True, keep_sequences=True)  # shards: the cluster's CPUs
-    one = exact(task, progress=False, workers=1, keep_states=True, keep_sequences=True)
+    one = exact(task, progress=False, workers=1,
+                options=EngineOptions(keep_states=True, keep_sequences=True))
     assert_same(merged, one)
     assert merged.states is not None and merged.sequences is not None
 
@@ -54,8 +57,8 @@ def _runner_dying_once(marker):
         if shard[0] == 1 and not os.path.exists(marker):
             open(marker, "w").close()
             os._exit(7)  # the worker process dies mid-run
-        from fisher_ref.engine.fast import exact as run_exact
-        return run_exact(task, shard=shard, **options)
+        from fisher_ref.parallel import exact_shard
+        return exact_shard(task, shard, options=options)
     return run
 
 
@@ -73,8 +76,8 @@ def _runner_failing(log, bad):
             with open(log, "a") as f:
                 f.write("attempt\n")
             raise RuntimeError(f"shard {shard} cannot run")
-        from fisher_ref.engine.fast import exact as run_exact
-        return run_exact(task, shard=shard, **options)
+        from fisher_ref.parallel import exact_shard
+        return exact_shard(task, shard, options=options)
     return run
 
 
@@ -104,7 +107,7 @@ def test_the_cost_guard_counts_the_shards_side_by_side(local_ray, monkeypatch):
     limit = (one.seconds + two.seconds) / 2
     assert two.seconds < limit < one.seconds
     with pytest.raises(EnumerationTooLarge):
-        exact(task, progress=False, workers=1, max_seconds=limit)
+        exact(task, progress=False, workers=1, options=EngineOptions(max_seconds=limit))
     assert_same(exact_ray(task, shards=2, max_seconds=limit), single(task))
     with pytest.raises(EnumerationTooLarge, match="memory"):
         exact_ray(task, shards=2, max_bytes=one.bytes / 2)
@@ -161,7 +164,7 @@ def test_bad_address_or_timeout_is_refused_by_name(kw, field):
 def test_the_address_check_knows_a_ray_cluster(local_ray):
     """The check exact_ray makes of an address passes for the GCS of a running Ray (the
     one it would join), so that only addresses where no cluster answers are refused."""
-    from fisher_ref.distributed import check_address
+    from fisher_ref.parallel.distributed import check_address
     gcs = ray.get_runtime_context().gcs_address
     check_address(gcs, 10)
     check_address(f"ray://{gcs}", 10)  # the same server: the check reads host:port

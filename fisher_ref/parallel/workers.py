@@ -1,23 +1,23 @@
 """The shards of one exact run in local processes: ``exact(task, workers=N)``.
 
-Shard ``i`` of ``N`` is ``exact(task, param_shard=(i, N))``: the whole tree, for the
+Shard ``i`` of ``N`` is ``exact_param_shard(task, (i, N))``: the whole tree, for the
 ``i``-th set of the parameters (:func:`fisher_ref.engine.factored.shard_columns`). Every
 sum the engine forms per parameter is that parameter's alone, so the sets split the
 work per window and per state instead of repeating it (subtrees, ``shard=(i, N)``, would
 each compute the windows they share; that cut serves the Ray cluster, where what crosses
 the network must be small). Only the MLP forms just its columns of the sensitivities;
 other models form all of a window's and keep their columns. Shards ``0..N-2`` run in
-``N - 1`` worker processes (:mod:`fisher_ref.engine.worker_process`), which send back
+``N - 1`` worker processes (:mod:`fisher_ref.parallel.worker_process`), which send back
 their sums, each shard with the checksum of its payload (arrays past
-:data:`fisher_ref.engine.worker_memory.SHARED_BYTES`, the per-window tables of a
+:data:`fisher_ref.parallel.worker_memory.SHARED_BYTES`, the per-window tables of a
 parameter shard, through a shared-memory block that each worker keeps and writes again
 run after run, unless the caller still holds arrays read from it: the caller reads them
-in place, :mod:`fisher_ref.engine.worker_memory`); the last shard runs in the calling
+in place, :mod:`fisher_ref.parallel.worker_memory`); the last shard runs in the calling
 process meanwhile (which would otherwise wait idle, and whose result then needs no
 pickling nor checksum), and the caller merges them once. The last shard keeps the
 per-state and per-response records and forms the autodiff gradient, so none of them is
 sent; for the MLP it holds ``W2``'s family and the last hidden units, a smaller share of
-the work (:data:`fisher_ref.models.mlp_scores.LAST_SHARE`). (Subtree shards: shard 0 runs
+the work (:data:`fisher_ref.engine.plan.LAST_SHARE`). (Subtree shards: shard 0 runs
 in the caller.) A worker (a process of ours alone) has glibc keep the memory its shards
 free for the next one (:mod:`fisher_ref.engine.keep_memory`), and ends when its caller
 dies. Workers are started with the ``spawn`` method, with the BLAS thread counts set to 1
@@ -58,9 +58,10 @@ from contextlib import contextmanager
 from threadpoolctl import threadpool_limits
 
 from fisher_ref._progress import Progress
+from fisher_ref.engine.keep_memory import OLD_MMAP_CAP, keep_freed_memory
 from fisher_ref.engine.run import plan
-from fisher_ref.engine.worker_memory import busy_blocks, close_attached, unpack
-from fisher_ref.engine.worker_process import init_worker, shard_in_worker
+from fisher_ref.parallel.worker_memory import busy_blocks, close_attached, unpack
+from fisher_ref.parallel.worker_process import init_worker, shard_in_worker
 
 __all__ = ["AUTO_MIN_SECONDS", "BLAS_THREAD_VARS", "available_cores", "check_workers",
            "environment", "last_run_times", "local_workers", "WorkersCapped",
@@ -75,7 +76,7 @@ BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 _POOL = {}  # {"n": workers, "executor": ProcessPoolExecutor}
 #: One run at a time on the kept pool (calls from several threads wait their turn): a
 #: worker reuses a shared-memory block of a run before only once the caller holds no array
-#: read from it (:func:`fisher_ref.engine.worker_memory.busy_blocks`), which the caller tells it as the run starts. ``count``:
+#: read from it (:func:`fisher_ref.parallel.worker_memory.busy_blocks`), which the caller tells it as the run starts. ``count``:
 #: the runs started, each run's number.
 _RUNS = {"lock": threading.Lock(), "count": 0}
 #: The wall times of the last finished run of :func:`run_shards` (:func:`last_run_times`):
@@ -129,7 +130,7 @@ def local_workers(task, workers, options):
     (``options``: an :class:`fisher_ref.engine.plan.EngineOptions`): ``workers``
     (:func:`resolve_workers` of the single-core estimate for ``"auto"``, and no more than
     fit in ``options.max_bytes`` together), at most one per parameter (the workers run
-    parameter shards, ``exact(task, param_shard=(i, N))``) and one per core this process
+    parameter shards, ``exact_param_shard(task, (i, N))``) and one per core this process
     may use (:func:`available_cores`): an explicit count past either is capped, with a
     :class:`WorkersCapped` warning that names the cap and why."""
     workers = check_workers(workers)

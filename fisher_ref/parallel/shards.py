@@ -21,8 +21,9 @@ baseline, the gradient, the variances) is formed once, after the merge.
   (:meth:`ShardPlan.select`). A shard walks the others above its own units without
   adding them (*silent* blocks: their arrays are formed, their children carried,
   nothing summed).
-- ``exact(task, shard=(i, n))`` returns a :class:`ShardResult`: the raw sums of each
-  stream (:class:`fisher_ref.engine.moments.Moments`), the autodiff gradient, and, when kept,
+- ``exact_shard(task, (i, n))`` (:mod:`fisher_ref.parallel.run`) returns a
+  :class:`ShardResult`: the raw sums of each stream
+  (:class:`fisher_ref.engine.moments.Moments`), the autodiff gradient, and, when kept,
   the shard's per-state and per-response rows with their places in the sorted arrays.
 - :func:`merge` adds the shards of one task and finishes once: the same
   :class:`fisher_ref.results.ExactResult` as a single run, to rounding.
@@ -37,10 +38,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from fisher_ref.engine.moments import Moments, finish_fisher, finish_stream
-from fisher_ref.engine.param_shards import merge_params, param_columns, param_shard_result
+from fisher_ref.engine.columns import param_columns
+from fisher_ref.parallel.param_shards import merge_params, param_shard_result
 from fisher_ref.engine.plan import count_states
-from fisher_ref.engine.shard_result import (ShardError, ShardResult, check_arrays,
-                                            check_payload, check_shard, task_key)
+from fisher_ref.parallel.shard_result import (ShardError, ShardResult, check_arrays,
+                                              check_payload, check_shard, task_key)
 from fisher_ref.engine.tree import take_rows
 from fisher_ref.results import ExactResult, GatheredStates
 
@@ -215,7 +217,7 @@ def merge(task, parts):
     parts = list(parts)
     if not parts or not all(isinstance(p, ShardResult) for p in parts):
         raise ShardError("merge needs the ShardResult of every shard, from "
-                         "exact(task, shard=(i, n))")
+                         "exact_shard(task, (i, n)) or exact_param_shard(task, (i, n))")
     n = parts[0].shard[1]
     ids = sorted(p.shard[0] for p in parts)
     if any(p.shard[1] != n for p in parts) or ids != list(range(n)):
@@ -273,6 +275,13 @@ class ShardWalk:
         self.task, self.plan = task, plan_shards(task, n)
         self.n_states, self.n_responses = self.plan.n_states(self.i), self.plan.n_responses(self.i)
         self.rows, self.filled = {}, {}
+
+    def start(self, run):
+        """Set up ``run`` (a :class:`fisher_ref.engine.run.Run` of this shard): every shard
+        takes the same ``r0`` (one more call of the reward per shard)."""
+        if run.quantities == "all":
+            for m in run.moments.values():
+                m.r0 = first_reward(self.task)
 
     def roots(self, root):
         """The prompts' states this shard walks, as blocks: those it adds and the silent

@@ -1,4 +1,4 @@
-"""What a shard returns (fisher_ref.engine.shard_result): small, picklable sums; the check
+"""What a shard returns (fisher_ref.parallel.shard_result): small, picklable sums; the check
 of (i, n); the task digest that keeps shards of different tasks apart."""
 import pickle
 
@@ -6,10 +6,12 @@ import pytest
 
 from fisher_ref import load_config
 from fisher_ref.engine.fast import exact
-from fisher_ref.engine.shard_result import ShardResult, task_key
-from fisher_ref.engine.shards import merge
+from fisher_ref.parallel.shard_result import ShardResult, task_key
+from fisher_ref.parallel.shards import merge
 from fisher_ref.perf.scaling import load_scale_config
-from tests.engine.test_shards import RTOL, merged_errors
+from fisher_ref.engine.plan import EngineOptions
+from fisher_ref.parallel import exact_param_shard, exact_shard
+from tests.parallel.test_shards import RTOL, merged_errors
 
 
 def test_task_key_tells_tasks_apart():
@@ -21,8 +23,9 @@ def test_task_key_tells_tasks_apart():
 
 def test_shard_results_are_small_and_picklable():
     task = load_scale_config("medium").with_(max_len=3)
-    single = exact(task, progress=False, keep_states=False, keep_sequences=False)
-    parts = [pickle.loads(pickle.dumps(exact(task, progress=False, shard=(i, 3))))
+    single = exact(task, progress=False,
+                   options=EngineOptions(keep_states=False, keep_sequences=False))
+    parts = [pickle.loads(pickle.dumps(exact_shard(task, (i, 3))))
              for i in range(3)]  # "auto" keeps no rows in a shard
     P, T = task.model.num_params, task.max_len
     for p in parts:
@@ -35,7 +38,8 @@ def test_shard_results_are_small_and_picklable():
 @pytest.mark.parametrize("bad", [(2, 2), (-1, 2), (0, 0), "0/2", (True, 2), (0.0, 2), (1,)])
 def test_bad_shard_is_refused(bad):
     with pytest.raises(ValueError, match="shard"):
-        exact(load_config("default"), progress=False, shard=bad)
+        exact_shard(load_config("default"), bad)
+
 
 
 def test_checksum_is_taken_when_made_and_travels_with_the_shard():
@@ -43,10 +47,10 @@ def test_checksum_is_taken_when_made_and_travels_with_the_shard():
     it survives pickling (what a worker or Ray sends), and a number changed in place since
     is refused, naming the shard."""
     import numpy as np
-    from fisher_ref.engine.shard_result import ShardError, check_payload
+    from fisher_ref.parallel.shard_result import ShardError, check_payload
     task = load_config("default")
-    for kw in (dict(shard=(1, 2), keep_states=True), dict(param_shard=(0, 2))):
-        part = exact(task, progress=False, **kw)
+    for part in (exact_shard(task, (1, 2), options=EngineOptions(keep_states=True)),
+                 exact_param_shard(task, (0, 2))):
         assert len(part.checksum) == 64 and part.checksum == part.digest()
         back = pickle.loads(pickle.dumps(part))
         assert back.checksum == back.digest() == part.checksum
@@ -62,12 +66,12 @@ def test_shards_made_and_merged_by_one_call_skip_the_checksum():
     """Inside merged_here (what exact(task, workers=N) runs its own shard and the merge in)
     a shard is made without a checksum and merged so; outside, a shard without one is
     refused, and one with a checksum is checked inside too."""
-    from fisher_ref.engine.shard_result import ShardError, merged_here
+    from fisher_ref.parallel.shard_result import ShardError, merged_here
     task = load_config("default")
     with merged_here():
-        here = exact(task, progress=False, param_shard=(1, 2))
+        here = exact_param_shard(task, (1, 2))
     assert here.checksum is None
-    sent = exact(task, progress=False, param_shard=(0, 2))
+    sent = exact_param_shard(task, (0, 2))
     with merged_here():
         merge(task, [sent, here])
     with pytest.raises(ShardError, match="^parameter shard 1 of 2: .*checksum"):

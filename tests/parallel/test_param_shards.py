@@ -1,15 +1,17 @@
-"""Parameter shards (fisher_ref.engine.param_shards): the whole tree for a slice of the
+"""Parameter shards (fisher_ref.parallel.param_shards): the whole tree for a slice of the
 parameters, placed side by side; what exact(task, workers=N) runs."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from cases import CASES
+from cases import CASES, with_options
 from fisher_ref import load_config
-from fisher_ref.engine.fast import exact
-from fisher_ref.engine.shards import ShardError, merge
+from fisher_ref.parallel.run import exact
+from fisher_ref.parallel.shards import ShardError, merge
+from fisher_ref.engine.plan import EngineOptions
+from fisher_ref.parallel import exact_param_shard, exact_shard
 from tests.engine.test_identities_exact import small_tasks
-from tests.engine.test_shards import assert_merged_equal
+from tests.parallel.test_shards import assert_merged_equal
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -31,25 +33,21 @@ def test_merged_parameter_shards_match_on_random_tasks(task, n):
 
 
 def test_parameter_shards_tile_the_parameters_and_refuse_mixing():
-    from fisher_ref.engine.shards import param_columns
+    from fisher_ref.engine.columns import param_columns
     for P, n in ((10, 3), (7, 7), (4376, 2)):
         cols = param_columns(P, n)
         assert cols[0].start == 0 and cols[-1].stop == P
         assert all(a.stop == b.start for a, b in zip(cols, cols[1:]))
         assert max(c.stop - c.start for c in cols) - min(c.stop - c.start for c in cols) <= 1
     task = load_config("default")
-    tree = [exact(task, progress=False, shard=(i, 2)) for i in range(2)]
-    cols = [exact(task, progress=False, param_shard=(i, 2)) for i in range(2)]
+    tree = [exact_shard(task, (i, 2)) for i in range(2)]
+    cols = [exact_param_shard(task, (i, 2)) for i in range(2)]
     with pytest.raises(ShardError, match="different runs"):
         merge(task, [tree[0], cols[1]])
     with pytest.raises(ShardError, match="each of the 2 shards once"):
         merge(task, [cols[0], cols[0]])
-    with pytest.raises(ValueError, match="give one of them"):
-        exact(task, progress=False, shard=(0, 2), param_shard=(0, 2))
-    with pytest.raises(ValueError, match="neither"):
-        exact(task, progress=False, reference=True, param_shard=(0, 2))
     with pytest.raises(ValueError, match="shard must be a pair"):
-        exact(task, progress=False, param_shard=(2, 2))
+        exact_param_shard(task, (2, 2))
 
 
 def test_shards_that_do_not_hold_each_parameter_once_are_refused():
@@ -57,11 +55,11 @@ def test_shards_that_do_not_hold_each_parameter_once_are_refused():
     differ), or whose sums are not as wide as the parameters they name, are refused by
     name, never placed over one another."""
     import dataclasses
-    from fisher_ref.models.mlp_scores import UnitColumns
+    from fisher_ref.engine.mlp_columns import UnitColumns
     from fisher_ref.perf.scaling import load_scale_config
     medium = load_scale_config("medium")
     spec, P = medium.model.spec, medium.model.num_params
-    parts = [exact(medium, progress=False, param_shard=(i, 2)) for i in range(2)]
+    parts = [exact_param_shard(medium, (i, 2)) for i in range(2)]
     held = [p.columns for p in parts]
     assert all(isinstance(c, UnitColumns) for c in held)
     kd1 = spec.context * spec.embed_dim + 1  # one hidden unit's parameters
@@ -79,7 +77,7 @@ def test_shards_that_do_not_hold_each_parameter_once_are_refused():
 
 
 def _columns_index(task, cols):
-    from fisher_ref.engine.param_shards import column_index
+    from fisher_ref.engine.columns import column_index
     return [column_index(c, task.model.num_params) for c in cols]
 
 
@@ -91,8 +89,8 @@ def test_mlp_parameter_shards_are_cut_between_hidden_units():
     (the cut within reach of its start moves there). The GPT-2's shards are consecutive
     slices."""
     from fisher_ref.engine.factored import shard_columns
-    from fisher_ref.engine.shards import param_columns
-    from fisher_ref.models.mlp_scores import UnitColumns, mlp_blocks
+    from fisher_ref.engine.columns import param_columns
+    from fisher_ref.engine.mlp_columns import UnitColumns, mlp_blocks
     from fisher_ref.perf.scaling import load_scale_config
     for name in ("medium", "v16"):
         task = load_scale_config(name)
@@ -105,7 +103,7 @@ def test_mlp_parameter_shards_are_cut_between_hidden_units():
         idx = _columns_index(task, (first, second))
         assert set(range(at["E"][1])) <= set(idx[0]) and set(range(at["W2"][0], P)) <= set(idx[1])
         assert np.array_equal(np.sort(np.concatenate(idx)), np.arange(P))
-        assert exact(task, progress=False, param_shard=(1, 2)).columns == second
+        assert exact_param_shard(task, (1, 2)).columns == second
     v16 = load_scale_config("v16")
     third = shard_columns(v16, 3)[2]
     assert third == slice(mlp_blocks(v16.model.spec)[3][1], v16.model.num_params)
@@ -132,7 +130,7 @@ def test_a_parameter_shard_keeps_only_its_families_factors(monkeypatch):
     medium = load_scale_config("medium")
     held = []
     for i in range(2):
-        exact(medium, progress=False, param_shard=(i, 2))
+        exact_param_shard(medium, (i, 2))
         held.append({n.rstrip("0123456789_") for n in caches[-1].arrays})
         units = caches[-1].columns.h1 - caches[-1].columns.h0
         assert caches[-1].arrays["gc0"].shape[-1] == units < medium.model.spec.hidden
@@ -148,7 +146,7 @@ def test_more_parameter_shards_than_parameters_are_refused():
     task = load_config("tabular")
     P = task.model.num_params
     with pytest.raises(ValueError, match=f"{P} parameters into more slices"):
-        exact(task, progress=False, param_shard=(0, P + 1))
+        exact_param_shard(task, (0, P + 1))
     assert_merged_equal(task, P, "one parameter each", by="param_shard")
 
 
@@ -164,7 +162,7 @@ def test_parameter_shards_with_some_arrays_kept(keep):
 def test_parameter_shards_of_different_walks_are_refused():
     import dataclasses
     task = load_config("default")
-    parts = [exact(task, progress=False, param_shard=(i, 2)) for i in range(2)]
+    parts = [exact_param_shard(task, (i, 2)) for i in range(2)]
     parts[1].moments["policy"]["mass"] *= 1.5
     parts[1] = dataclasses.replace(parts[1], checksum=None)  # past its checksum: to the walk
     with pytest.raises(ShardError, match="did not walk the same tree"):
@@ -175,10 +173,11 @@ def test_only_the_last_parameter_shard_carries_the_records():
     """Shards before the last (what workers run) send their sums and their own columns'
     window arrays, and no per-state or per-response record; a merge whose last shard holds
     none of the records its run kept is refused, not returned without them."""
-    from fisher_ref.engine.param_shards import column_count
+    from fisher_ref.engine.columns import column_count
     task = load_config("default")
-    parts = [exact(task, progress=False, param_shard=(i, 3), keep_states=True,
-                   keep_sequences=True) for i in range(3)]
+    parts = [exact_param_shard(task, (i, 3),
+                               options=EngineOptions(keep_states=True, keep_sequences=True))
+             for i in range(3)]
     for p in parts[:-1]:
         assert p.states is None and p.sequences is None
         assert not np.any(p.grad_ad)
@@ -210,10 +209,10 @@ def test_shards_numbering_windows_apart_keep_each_states_rows(name, chunk, cache
     kw = dict(progress=False, chunk=chunk, budgets=Budgets(window_cache_bytes=cache_bytes),
               keep_states=True, keep_sequences=True)
     n = 3
-    parts = [exact(task, param_shard=(i, n), **kw) for i in range(n)]
+    parts = [exact_param_shard(task, (i, n), **with_options(kw)) for i in range(n)]
     orders = {tuple(map(tuple, p.windows)) for p in parts}
     assert len(orders) > 1, "the slices numbered the windows alike: the case tests nothing"
-    got, want = merge(task, parts), exact(task, **kw)
+    got, want = merge(task, parts), exact(task, **with_options(kw))
     # to rounding, on the scale of the largest per-state array (a state's E[xi | s] is 0
     # to rounding, far below the token Fisher)
     scale = max(np.abs(want.states[key]).max() for key in want.states)
@@ -227,7 +226,7 @@ def test_a_slice_whose_tables_lack_their_windows_is_refused():
     import dataclasses
     task = load_config("default")
     kw = dict(progress=False, keep_states=True, keep_sequences=True)
-    parts = [exact(task, param_shard=(i, 2), **kw) for i in range(2)]
+    parts = [exact_param_shard(task, (i, 2), **with_options(kw)) for i in range(2)]
     parts[0] = dataclasses.replace(parts[0], windows=None, checksum=None)
     with pytest.raises(ShardError, match=r"parameter shard 0 of 2 keeps its window tables"):
         merge(task, parts)

@@ -1,6 +1,6 @@
 """The shards of one exact run as Ray tasks, on one machine or a cluster.
 
-:func:`exact_ray` runs ``exact(task, shard=(i, n))`` (``fisher_ref.engine.shards``)
+:func:`exact_ray` runs ``exact_shard(task, (i, n))`` (:mod:`fisher_ref.parallel.run`)
 as one Ray task per shard and merges their sums once, in the calling process: the
 same :class:`fisher_ref.ExactResult` as ``exact(task)``, to rounding. What
 crosses the network: the task (put once in Ray's object store, a task file's worth of
@@ -34,7 +34,7 @@ from dataclasses import replace
 
 from fisher_ref.engine.plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, EngineOptions, check_cost
 from fisher_ref.engine.run import plan
-from fisher_ref.engine.shards import merge, plan_shards
+from fisher_ref.parallel.shards import merge, plan_shards
 
 __all__ = ["CONNECT_TIMEOUT", "check_address", "exact_ray", "ShardFailed", "run_shard"]
 
@@ -51,16 +51,17 @@ class ShardFailed(RuntimeError):
 
 
 def run_shard(task, shard, options):
-    """What one Ray task runs: ``fisher_ref.exact(task, shard=shard, **options)``."""
-    from fisher_ref.engine.fast import exact
-    return exact(task, shard=shard, **options)
+    """What one Ray task runs: :func:`fisher_ref.parallel.exact_shard` of ``shard`` with
+    ``options`` (an :class:`fisher_ref.engine.plan.EngineOptions`)."""
+    from fisher_ref.parallel.run import exact_shard
+    return exact_shard(task, shard, options=options)
 
 
 def _ray():
     try:
         import ray
     except ImportError as e:  # pragma: no cover - CI installs the extra
-        raise ImportError("fisher_ref.distributed needs Ray: pip install "
+        raise ImportError("fisher_ref.parallel.distributed needs Ray: pip install "
                           "'fisher-ref[distributed]' (or pip install 'ray[client]>=2')") from e
     return ray
 
@@ -81,10 +82,12 @@ def exact_ray(task, address=None, shards=None, *, max_retries=2, runner=None, to
         shards: how many shards (one Ray task each); default: the cluster's CPUs. Never
             more than the task has subtrees at the cut (``plan_shards``).
         max_retries: extra attempts of a shard that raised or whose worker died.
-        runner: ``(task, shard, options) -> ShardResult`` run in each Ray task (default
-            :func:`run_shard`, the numpy engine); it must be picklable.
+        runner: ``(task, shard, options) -> ShardResult`` run in each Ray task, ``options``
+            an :class:`fisher_ref.engine.plan.EngineOptions` (default :func:`run_shard`, the
+            numpy engine); it must be picklable.
         topk, chunk, keep_states, keep_sequences, max_seconds, max_bytes, quantities: as
-            for :func:`fisher_ref.exact`. The per-state and per-response arrays are not
+            for :func:`fisher_ref.exact` and its options. The per-state and per-response
+            arrays are not
             kept unless asked (they would cross the network); the limits apply to the
             whole run, its time shared by the shards and its memory by each.
         connect_timeout: seconds (default :data:`CONNECT_TIMEOUT`, 30) that a
@@ -130,7 +133,7 @@ def exact_ray(task, address=None, shards=None, *, max_retries=2, runner=None, to
     remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=True)(
         runner or run_shard)
     task_ref = ray.put(task)
-    refs = [remote.remote(task_ref, (i, n), options.as_kwargs()) for i in range(n)]
+    refs = [remote.remote(task_ref, (i, n), options) for i in range(n)]
     parts = []
     for i, ref in enumerate(refs):
         try:

@@ -1,13 +1,13 @@
 """Shards of one enumeration and their merge, against a single run of the same engine.
 
-``exact(task, shard=(i, n))`` walks only the subtrees of shard ``i`` (cut by prompt and
-first tokens, fisher_ref/engine/shards.py); :func:`merge` adds the shards' raw sums and
+``exact_shard(task, (i, n))`` walks only the subtrees of shard ``i`` (cut by prompt and
+first tokens, fisher_ref/parallel/shards.py); :func:`merge` adds the shards' raw sums and
 finishes once. Held against ``exact(task)`` in one process at 1e-12 relative (on the
 scales of tests/engine/test_fast.py for quantities that cancel), with the
 per-state and per-response arrays in the same order, on every case of tests/cases.py,
 hypothesis tasks, 1 to 5 shards (more than the task has subtrees included), off policy,
 in small blocks, with ``quantities="fisher"`` and after pickling (in worker processes:
-tests/engine/test_workers.py).
+tests/parallel/test_workers.py).
 """
 import copy
 import dataclasses
@@ -17,13 +17,14 @@ import pytest
 from hypothesis import event, given, settings, strategies as st
 
 from fisher_ref import load_config
-from fisher_ref.engine import shards as shards_mod
-from fisher_ref.engine.fast import exact
-from fisher_ref.engine.plan import count_states, estimate_cost
-from fisher_ref.engine.shards import ShardError, merge, plan_shards
+from fisher_ref.parallel import shards as shards_mod
+from fisher_ref.parallel.run import exact
+from fisher_ref.engine.plan import EngineOptions, count_states, estimate_cost
+from fisher_ref.parallel.shards import ShardError, merge, plan_shards
+from fisher_ref.parallel import exact_param_shard, exact_shard
 from fisher_ref.perf.scaling import load_scale_config
 
-from cases import CASES, rel
+from cases import CASES, rel, with_options
 from tests.engine.test_fast import natural_scale, result_errors
 from tests.engine.test_identities_exact import small_tasks
 
@@ -34,8 +35,12 @@ def options(task):
     return dict(progress=False, topk=(1, 2) if task.sampler is not None else ())
 
 
+#: The run of one shard, by the keyword that used to name it.
+SHARD_RUN = {"shard": exact_shard, "param_shard": exact_param_shard}
+
+
 def sharded(task, n, by="shard", **kw):
-    parts = [exact(task, **{by: (i, n)}, **kw) for i in range(n)]
+    parts = [SHARD_RUN[by](task, (i, n), **with_options(kw)) for i in range(n)]
     return merge(task, parts), parts
 
 
@@ -55,7 +60,7 @@ def merged_errors(merged, single):
 def assert_merged_equal(task, n, label, by="shard", **kw):
     kw = {**options(task), "keep_states": True, "keep_sequences": kw.get(
         "quantities") != "fisher", **kw}
-    single = exact(task, **kw, workers=1)
+    single = exact(task, **with_options(kw))
     merged, parts = sharded(task, n, by, **kw)
     errs = merged_errors(merged, single)
     bad = {k: e for k, e in errs.items() if not e <= RTOL}
@@ -124,14 +129,14 @@ def test_kept_rows_come_back_in_order():
 
 def test_merge_refuses_a_partial_or_foreign_set():
     task = load_config("default")
-    parts = [exact(task, progress=False, shard=(i, 3)) for i in range(3)]
+    parts = [exact_shard(task, (i, 3)) for i in range(3)]
     with pytest.raises(ShardError, match=r"missing \[1\]"):
         merge(task, [parts[0], parts[2]])
     with pytest.raises(ShardError, match=r"repeated \[0\]"):
         merge(task, [parts[0], parts[0], parts[1], parts[2]])
     with pytest.raises(ShardError, match="another task"):
         merge(load_config("no_eos"), parts)
-    other = exact(task, progress=False, shard=(1, 3), quantities="fisher")
+    other = exact_shard(task, (1, 3), quantities="fisher")
     with pytest.raises(ShardError, match="different runs"):
         merge(task, [parts[0], other, parts[2]])
     with pytest.raises(ShardError, match="ShardResult"):
@@ -154,7 +159,7 @@ def test_changed_shard_sums_are_refused_naming_the_shard(by):
     gradient 34% off; its checksum (a SHA-256 of its payload, taken when it was made) no
     longer matches, and the merge names it."""
     task = load_config("default")
-    parts = [exact(task, progress=False, **{by: (i, 2)}) for i in range(2)]
+    parts = [SHARD_RUN[by](task, (i, 2)) for i in range(2)]
     merge(task, parts)  # as made: merged
     kind = "parameter shard" if by == "param_shard" else "shard"
     with pytest.raises(ShardError, match=f"^{kind} 1 of 2: .*checksum"):
@@ -173,7 +178,8 @@ def test_a_truncated_shard_is_refused_naming_it():
     "operands could not be broadcast together"; it is refused by name, by its checksum, and
     by the shapes of its sums where its checksum was taken again after the cut."""
     task = load_config("default")
-    parts = [exact(task, progress=False, shard=(i, 2), keep_states=True) for i in range(2)]
+    parts = [exact_shard(task, (i, 2), options=EngineOptions(keep_states=True))
+             for i in range(2)]
     for field in ("h", "cross"):
         cut = copy.deepcopy(parts[1])
         cut.moments["policy"][field] = cut.moments["policy"][field][..., :5]
@@ -233,7 +239,7 @@ def _corrupted(task, parts, by, broken, i, data, kw):
         again = "again" in broken
         bad[i] = dataclasses.replace(part, checksum=None) if again else part
         return bad, f"^{label}[: ]" if again else f"^{label}: .*checksum"
-    bad[i] = exact(task.with_(theta=task.theta + 0.25), **{by: (i, n)}, **kw)
+    bad[i] = SHARD_RUN[by](task.with_(theta=task.theta + 0.25), (i, n), **with_options(kw))
     return bad, f"^{label} of the {n} were computed for another task"
 
 
@@ -249,7 +255,7 @@ def test_fuzz_sharding_merges_exactly_and_refuses_corruptions_by_name(task, by, 
         n = min(n, task.model.num_params)
     kw = dict(options(task), keep_states=True, keep_sequences=True)
     merged, parts = sharded(task, n, by, **kw)
-    errs = merged_errors(merged, exact(task, workers=1, **kw))
+    errs = merged_errors(merged, exact(task, workers=1, **with_options(kw)))
     assert max(errs.values()) <= RTOL, errs
     for broken in CORRUPTIONS:
         i = data.draw(st.integers(0, n - 1), label="shard")
@@ -262,19 +268,27 @@ def test_fuzz_sharding_merges_exactly_and_refuses_corruptions_by_name(task, by, 
         event(f"{by}: {broken}")
 
 
-def test_reference_engine_takes_no_shard():
-    with pytest.raises(ValueError, match="shard"):
-        exact(load_config("default"), progress=False, reference=True, shard=(0, 2))
+def test_exact_refuses_a_shard_naming_the_function_that_returns_one():
+    """exact() always returns an ExactResult: a shard, which returns a ShardResult, has a
+    function of its own, and the refusal names it (the plain judge takes none either)."""
+    task = load_config("default")
+    for kw, name in (({"shard": (0, 2)}, "fisher_ref.parallel.exact_shard"),
+                     ({"param_shard": (0, 2)}, "fisher_ref.parallel.exact_param_shard")):
+        for extra in ({}, {"reference": True}, {"workers": 2}):
+            with pytest.raises(TypeError, match=name.replace(".", r"\.")):
+                exact(task, progress=False, **kw, **extra)
+    with pytest.raises(TypeError, match="reference"):  # the shard runs are the fast engine's
+        exact_shard(task, (0, 2), reference=True)
 
 
 def test_cost_guard_counts_every_worker(monkeypatch):
-    from fisher_ref.engine import workers
+    from fisher_ref.parallel import workers
     monkeypatch.setattr(workers, "available_cores", lambda: 4)  # four workers, not capped
     task = load_scale_config("v16")
     one, four = estimate_cost(task), estimate_cost(task, workers=4)
     assert four.bytes > 3 * one.bytes and four.seconds < one.seconds and four.workers == 4
     with pytest.raises(Exception, match="memory"):
-        exact(task, progress=False, workers=4, max_bytes=2 * one.bytes)
+        exact(task, progress=False, workers=4, options=EngineOptions(max_bytes=2 * one.bytes))
 
 
 def test_fisher_run_is_sized_as_a_fisher_run():

@@ -1,4 +1,4 @@
-"""A worker's large arrays through shared memory (fisher_ref.engine.worker_memory): the
+"""A worker's large arrays through shared memory (fisher_ref.parallel.worker_memory): the
 caller gets the same arrays, read in place from a block the worker keeps from run to run
 unless the caller still reads it, and nothing is left named in /dev/shm."""
 import os
@@ -6,8 +6,14 @@ import os
 import pytest
 
 from fisher_ref import load_config
-from fisher_ref.engine import worker_memory
-from fisher_ref.engine.fast import exact
+from fisher_ref.parallel import exact_param_shard, worker_memory
+
+from cases import with_options
+
+
+def exact(task, param_shard, **kw):
+    """The parameter shard ``param_shard`` of ``task`` (the knobs of ``kw`` as options)."""
+    return exact_param_shard(task, param_shard, **with_options(kw))
 
 
 def test_large_arrays_of_a_worker_come_back_through_shared_memory(monkeypatch):

@@ -62,7 +62,7 @@ def drop_blocks():
 def unlink_blocks():
     """The names of this worker's blocks removed, its mappings of them left as they are (a
     thread may still be writing into one): what a worker whose caller died does before it
-    ends (:func:`fisher_ref.engine.worker_process.watch_parent`)."""
+    ends (:func:`fisher_ref.parallel.worker_process.watch_parent`)."""
     for blocks in _BLOCKS["mem"]:
         for mem in blocks:
             try:
