@@ -41,7 +41,8 @@ from fisher_ref.torch.registry import torch_model
 from fisher_ref.torch.moments import Ranges, StreamSums
 from fisher_ref.torch.shards import ShardTree, merge_torch, shard_result
 from fisher_ref.torch.tree import depth_first, ending_tokens, open_children, root_block
-from fisher_ref.torch.self_check import (CausalLMResult, SelfCheckError, SelfCheckWarning,
+from fisher_ref.torch.self_check import (SELF_CHECK_MODES, CausalLMResult, SelfCheckError,
+                                         SelfCheckWarning, failed_check_text,
                                          check_finite, self_checks)
 from fisher_ref.torch.window_cache import WindowCache, unique_windows
 
@@ -338,7 +339,7 @@ def _sorted(records, keys):
 def exact_causal_lm(module, prompts, max_len, reward, *, vocab_size, eos, bos=None,
                     prompt_weights=None, baseline=0.0, sampler=None, vectorize=True,
                     device="cpu", dtype="float64", params="all", strict=False,
-                    n_embeddings=None, **engine_kwargs):
+                    n_embeddings=None, self_check="raise", **engine_kwargs):
     r"""Every exact quantity of a torch causal LM on a task: :func:`causal_lm_task`, then
     :func:`fisher_ref.torch.exact.torch_exact` (``engine_kwargs``: ``chunk``,
     ``keep_states``, ``keep_sequences``, ``variances``), then the self-checks. The arguments
@@ -347,12 +348,17 @@ def exact_causal_lm(module, prompts, max_len, reward, *, vocab_size, eos, bos=No
     Args:
         params: what ``theta`` is (``"all"``, ``"trainable"``, a list of names, a predicate
             ``(name, param) -> bool``; :func:`fisher_ref.torch.module.select_parameters`).
-        strict: raise instead of warning: :class:`~fisher_ref.torch.precision.LowPrecisionError`
-            when the module runs an op below ``dtype`` (default: the op runs in ``dtype``,
-            listed in ``result["upcasts"]``), and
-            :class:`~fisher_ref.torch.self_check.SelfCheckError` when an exact identity
-            fails (default: a :class:`~fisher_ref.torch.self_check.SelfCheckWarning`
-            naming the worst row).
+        strict: raise :class:`~fisher_ref.torch.precision.LowPrecisionError` when the
+            module runs an op below ``dtype`` (default: the op runs in ``dtype``, listed in
+            ``result["upcasts"]``); ``strict=True`` also makes a failed self-check raise,
+            whatever ``self_check`` says.
+        self_check: what a failed exact identity of the result does (a module whose
+            output for a window depends on the rest of its batch, say):
+            ``"raise"`` (default) raises
+            :class:`~fisher_ref.torch.self_check.SelfCheckError` naming the module, the
+            identity and what differed; ``"warn"`` returns the result with a
+            :class:`~fisher_ref.torch.self_check.SelfCheckWarning`; ``"off"`` returns it
+            silently. Every result carries its rows in ``result["checks"]``.
         n_embeddings: prompts may hold ids ``0..n_embeddings-1`` (default: the rows of the
             module's input embedding); ids ``vocab_size`` and up are input-only.
 
@@ -378,6 +384,9 @@ def exact_causal_lm(module, prompts, max_len, reward, *, vocab_size, eos, bos=No
         >>> out.by_name("table.weight").shape, [r["passed"] for r in out["checks"]]
         ((4, 3), [True, True, True])
     """
+    if self_check not in SELF_CHECK_MODES:
+        raise ValueError(f"self_check must be one of {', '.join(map(repr, SELF_CHECK_MODES))}, "
+                         f"got {self_check!r}")
     task = causal_lm_task(module, prompts, max_len, reward, vocab_size=vocab_size, eos=eos,
                           bos=bos, prompt_weights=prompt_weights, baseline=baseline,
                           sampler=sampler, vectorize=vectorize, params=params, strict=strict,
@@ -386,13 +395,10 @@ def exact_causal_lm(module, prompts, max_len, reward, *, vocab_size, eos, bos=No
     out["layout"] = list(task.model.layout())
     out["params"] = [name for name, _, _ in out["layout"]]
     failed = [r for r in out["checks"] if not r["passed"]]
-    if failed:
-        worst = max(failed, key=lambda r: r["value"] / r["tolerance"])
-        text = (f"exact_causal_lm: the exact identity {worst['identity']} is off by "
-                f"{worst['value']:.3g} relative, beyond the {out['dtype']} tolerance "
-                f"{worst['tolerance']:.0e} ({len(failed)} of {len(out['checks'])} self-checks "
-                "failed; see result['checks'])")
-        if strict:
+    mode = "raise" if strict else self_check
+    if failed and mode != "off":
+        text = failed_check_text(type(module).__name__, failed, out)
+        if mode == "raise":
             raise SelfCheckError(text)
         warnings.warn(text, SelfCheckWarning, stacklevel=2)
     return out
