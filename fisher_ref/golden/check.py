@@ -203,6 +203,15 @@ def _check_real(key, y):
     part with a warning, read ``True`` as 1 and parse ``"1.5"``): ``TypeError`` naming
     the key."""
     kinds = {"c": "complex", "b": "boolean", "U": "string", "S": "bytes", "V": "structured"}
+    if y.dtype.kind == "O":  # None, strings, or numbers mixed with them
+        flat = y.ravel()
+        bad = next((i for i, x in enumerate(flat) if isinstance(x, bool) or
+                    not isinstance(x, numbers.Real)), None)
+        if bad is not None:
+            where = [int(i) for i in np.unravel_index(bad, y.shape)] if y.ndim else []
+            raise _Refused(f"{key}: your array holds Python objects (dtype object), "
+                           f"{flat[bad]!r:.60} at {where}; golden values are real numbers: "
+                           "pass a float or integer array")
     if y.dtype.kind in kinds:
         raise _Refused(f"{key}: your array holds {kinds[y.dtype.kind]} values (dtype "
                        f"{y.dtype}); golden values are real numbers: pass a float or integer "
@@ -232,7 +241,7 @@ def _compare_key(key, yours, g, S, Rs, rtol):
     try:
         y = np.asarray(yours)
         _check_real(key, y)
-        y = y if kind == "exact" else np.asarray(y, dtype=np.float64)
+        y = y if kind == "exact" and y.dtype.kind != "O" else np.asarray(y, dtype=np.float64)
     except (TypeError, ValueError) as exc:
         if isinstance(exc, _Refused):
             raise
@@ -292,8 +301,9 @@ def compare_to_golden(arrays, golden, keys=None, rtol=RTOL):
     Raises:
         KeyError: a key that no golden file has (a typo), or one this file lacks
             (an off-policy key in an on-policy file).
-        TypeError: ``arrays`` is not a dict, or an array holds complex, boolean or
-            string values (never silently converted).
+        TypeError: ``arrays`` is not a dict, or an array holds complex, boolean,
+            string or non-numeric object values (``None``), naming the key (never
+            silently converted).
         ValueError: nothing to compare (no arrays and no keys), or ``rtol`` is not a
             finite number ``>= 0``.
 

@@ -151,3 +151,18 @@ def test_comparison_result_api():
         r["sequence_fisher"]
     with pytest.raises(ValueError, match="an empty comparison is not a pass"):
         compare_to_golden({}, "tabular")
+
+
+@pytest.mark.parametrize("value", [None, "2", b"2", object()], ids=["none", "str", "bytes", "object"])
+def test_object_arrays_are_refused_naming_the_key(value):
+    """issue 46 item 3: an object array (None or a string where state_depth is expected)
+    raised numpy's untyped "unsupported operand type(s) for -"; now the documented
+    TypeError names the key and the entry, for integer and float keys alike."""
+    g = load_golden(golden_path("default"))
+    for key in ("state_depth", "sequence_fisher"):
+        mine = np.array(g[key], dtype=object)
+        mine[1] = value
+        with pytest.raises(TypeError, match=rf"^{key}: your array holds Python objects .* at \[1\]"):
+            compare_to_golden({key: mine}, g)
+    # numbers in an object array are numbers: compared as usual
+    assert compare_to_golden({"state_depth": np.array(g["state_depth"], dtype=object)}, g)
