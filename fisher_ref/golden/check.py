@@ -52,8 +52,22 @@ def golden_names():
 
 
 def golden_path(name):
-    """Path of the shipped golden file ``name`` (see :func:`golden_names`)."""
+    """Path of the shipped golden file ``name`` (see :func:`golden_names`).
+
+    Raises:
+        ValueError: ``name`` is not a plain name (a path separator, ``..``, a leading
+            dot, not a string), or no shipped file has it; the resolved path never
+            leaves the package's golden data.
+    """
+    if not isinstance(name, str) or not name or name.startswith(".") or \
+            any(c in name for c in ("/", "\\", "\0")) or Path(name).name != name:
+        raise ValueError(f"golden name must be a plain name such as 'default' (no path "
+                         f"separator, no '..'), got {name!r:.80}; shipped: "
+                         f"{', '.join(golden_names())}")
     path = GOLDEN_DIR / f"{name}.npz"
+    if path.resolve().parent != GOLDEN_DIR.resolve():  # a link pointing out, say
+        raise ValueError(f"golden name {name!r} resolves outside the shipped golden data "
+                         f"({path.resolve()})")
     if not path.is_file():
         raise ValueError(f"no shipped golden file {name!r}; shipped: {', '.join(golden_names())}")
     return path
