@@ -181,7 +181,7 @@ def test_golden_path_refuses_names_that_are_paths(name):
 def test_golden_path_stays_inside_the_golden_data(tmp_path, monkeypatch):
     """issue 46 item 6: a link in the golden data that points outside is refused too."""
     import fisher_ref.golden.check as check
-    assert golden_path("default").parent == GOLDEN_DIR
+    assert golden_path("default").parent == check.GOLDEN_DIR
     outside = tmp_path / "outside.npz"
     outside.write_bytes(golden_path("default").read_bytes())
     data = tmp_path / "data"
