@@ -27,12 +27,15 @@ stack holds at most ``T`` blocks of ``chunk * V`` rows and no ``(M, T, P)`` hist
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np  # noqa: F401 (the doctest below uses it)
 import torch
 
-from fisher_ref.engine.plan import check_chunk, count_states, default_chunk, resolve_keep
+from fisher_ref.engine.plan import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, check_chunk,
+                                    check_cost, count_states, default_chunk, estimate_cost,
+                                    resolve_keep)
 from fisher_ref.results import sorted_by_tokens
 from fisher_ref.rewards import evaluate_reward
 from fisher_ref.engine.run import stream_specs
@@ -46,7 +49,7 @@ from fisher_ref.torch.self_check import (SELF_CHECK_MODES, CausalLMResult, SelfC
                                          check_finite, self_checks)
 from fisher_ref.torch.window_cache import WindowCache, unique_windows
 
-__all__ = ["torch_exact", "exact_causal_lm", "STREAM_QUANTITIES", "GradientBatch", "visit_block", "add_complete"]
+__all__ = ["torch_exact", "exact_causal_lm", "check_torch_cost", "STREAM_QUANTITIES", "GradientBatch", "visit_block", "add_complete"]
 
 STREAM_QUANTITIES = ("score_mean", "sequence_fisher", "token_fisher_sum",
                      "token_fisher_sum_paths", "cross_terms", "gradient", "covariance",
@@ -230,9 +233,26 @@ def add_complete(run, block, p, q, arr, inv, G, cols):
     return out
 
 
+def check_torch_cost(task, chunk=None, keep_states="auto", keep_sequences="auto",
+                     shard=None, max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES):
+    """Refuse (:class:`~fisher_ref.engine.plan.EnumerationTooLarge`, with the estimate) a
+    torch run past the limits, before anything is allocated: the estimate and the limits
+    of :func:`fisher_ref.exact` (:func:`~fisher_ref.engine.plan.estimate_cost`,
+    :func:`~fisher_ref.engine.plan.check_cost`). A shard (``shard=(i, n)``) is judged on
+    memory only: splitting the time is what shards are for."""
+    S = len(stream_specs(task, ()))
+    m = task.model
+    N, M = count_states(m.vocab_size, task.max_len, m.eos, len(task.prompts))
+    keep_s, keep_q = resolve_keep(keep_states, keep_sequences, N, M, m.num_params,
+                                  task.max_len)
+    cost = estimate_cost(task, n_streams=S, chunk=check_chunk(chunk), keep_states=keep_s,
+                         keep_sequences=keep_q)
+    check_cost(cost, math.inf if shard is not None else max_seconds, max_bytes)
+
+
 def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None,
                 keep_states="auto", keep_sequences="auto", variances=True, shard=None,
-                merge=None):
+                merge=None, max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES):
     r"""Every exact quantity of ``task`` by enumeration in torch (docs/theory.md §2, §3).
 
     Args:
@@ -255,6 +275,11 @@ def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None
             sums (a picklable dict, ``fisher_ref.torch.shards``) instead.
         merge: the sums of every shard of one run (same other arguments): their result,
             the dict of the whole run, with no walk.
+        max_seconds, max_bytes: refuse the run
+            (:class:`~fisher_ref.engine.plan.EnumerationTooLarge`, naming the estimate)
+            before anything is allocated when the estimate of :func:`fisher_ref.exact`
+            passes them (the same limits; ``math.inf``: none). The time is the numpy
+            engine's estimate: on a GPU, raise ``max_seconds`` if you mean it.
 
     Returns:
         dict: ``streams`` {name: {quantity: float64 numpy}} (:data:`STREAM_QUANTITIES`,
@@ -280,6 +305,9 @@ def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None
         >>> bool(np.allclose(pol["sequence_fisher"], pol["token_fisher_sum"], rtol=1e-10, atol=0))
         True
     """
+    if merge is None:
+        check_torch_cost(task, chunk, keep_states, keep_sequences, shard, max_seconds,
+                         max_bytes)
     adapter = torch_model(task.model, device=device, dtype=dtype) if adapter is None else adapter
     run = _Run(task, adapter, chunk, keep_states, keep_sequences, variances)
     if merge is not None:  # the shards' sums instead of a walk (fisher_ref.torch.shards)
@@ -342,7 +370,9 @@ def exact_causal_lm(module, prompts, max_len, reward, *, vocab_size, eos, bos=No
                     n_embeddings=None, self_check="raise", **engine_kwargs):
     r"""Every exact quantity of a torch causal LM on a task: :func:`causal_lm_task`, then
     :func:`fisher_ref.torch.exact.torch_exact` (``engine_kwargs``: ``chunk``,
-    ``keep_states``, ``keep_sequences``, ``variances``), then the self-checks. The arguments
+    ``keep_states``, ``keep_sequences``, ``variances``, ``max_seconds``, ``max_bytes``: a
+    task past the limits of :func:`fisher_ref.exact` is refused before the walk
+    allocates anything), then the self-checks. The arguments
     not listed below are those of :func:`causal_lm_task` and :func:`torch_exact`.
 
     Args:
