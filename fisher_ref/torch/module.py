@@ -329,7 +329,7 @@ def from_module(module, vocab_size, eos, bos=None, *, positions, device="cpu",
         vocab_size: ``V``; token ids ``0..V-1`` are generated.
         eos: whether id 0 ends a response: ``True`` or ``False`` only (fisher_ref's EOS
             is always id 0; an id such as a tokenizer's ``eos_token_id`` is refused,
-            :func:`check_eos`).
+            :func:`~fisher_ref.torch.module.check_eos`).
         bos: the id every input starts with (``None``: none; then no state may be empty);
             any id of the input embedding.
         positions: the longest input the module reads (BOS included).
