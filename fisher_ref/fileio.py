@@ -64,7 +64,8 @@ def _kind(mode):
 
 def check_output_path(path, what="output file"):
     """``path`` as a ``Path`` if a file could be written there; else :class:`FileProblem`
-    naming it: empty, written as a directory (``out/``), an existing directory, FIFO,
+    naming it: empty, ``-`` (standard output, which is not written to), written as a
+    directory (``out/``), an existing directory, FIFO,
     device or socket, a symlink to nothing or to such a thing, or in a directory that
     does not exist. Run before a long computation, so that a bad ``--out`` is refused
     at once.
@@ -78,6 +79,10 @@ def check_output_path(path, what="output file"):
     _path(path, what)
     text = os.fspath(path)  # as given: Path("out/") would drop the slash
     path = Path(text)
+    if text == "-":
+        raise FileProblem(f"{what} '-' would be a file literally named '-' (writing to "
+                          "standard output is not supported): give a file name (./- for a "
+                          "file named '-')")
     if text.endswith(("/", os.sep)) or (os.altsep and text.endswith(os.altsep)):
         raise FileProblem(f"{what} {text!r} names a directory (it ends with a slash); "
                           "give a file name")

@@ -40,9 +40,9 @@ __all__ = ["MAX_PARAMS", "MAX_CONTEXT", "MAX_LAYERS", "MAX_INIT_SCALE", "MAX_ABS
            "is_real", "check_real", "check_size", "MAX_PROMPT_LEN", "MAX_TASK_FILE_BYTES",
            "MAX_GOLDEN_BYTES", "MAX_SEED", "MIN_TEMPERATURE", "MAX_TEMPERATURE",
            "MAX_DECIMALS", "check_seed", "LIMITS_TABLE", "TOL_FLOAT64", "TOL_FLOAT32",
-           "TOL_BFLOAT16", "TOLERANCES", "DEFAULT_MAX_SECONDS", "DEFAULT_MAX_BYTES",
-           "EnumerationTooLarge", "Cost", "count_states", "check_cost", "KEEP_BYTES",
-           "resolve_keep"]
+           "TOL_BFLOAT16", "TOLERANCES", "TINY_REWARD", "DEFAULT_MAX_SECONDS",
+           "DEFAULT_MAX_BYTES", "EnumerationTooLarge", "Cost", "count_states", "check_cost",
+           "KEEP_BYTES", "resolve_keep"]
 
 #: Parameters of a spec-built model: ``theta`` alone is 80 MB at this size, and the
 #: exact engine's sensitivities are ``V`` times that per state.
@@ -78,6 +78,11 @@ MAX_SEED = 2 ** 63 - 1
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-100, 1e100
 #: ``|decimals|`` of a rounded sampler: ``10^decimals`` times a logit stays finite.
 MAX_DECIMALS = 20
+#: Rewards below this in size (:math:`\sqrt{E[R]^2 + \mathrm{std}(A)^2} + |b|`) have
+#: squares outside float64's normal range: the exact variances of the reward quantities
+#: (what Monte Carlo z-scores divide by) cannot be formed, so z-scores are refused and
+#: ``verify`` scales such rewards by a power of two first.
+TINY_REWARD = 1e-100
 
 #: ``(name, value, what it bounds)`` of every limit, for the docs' limits table.
 LIMITS_TABLE = (

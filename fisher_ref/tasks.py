@@ -95,16 +95,21 @@ def _check_prompts(prompts, V, model=None):
 def _check_weights(weights, n):
     r"""Prompt weights as float64 ``(n,)``: numbers, finite, non-negative, summing to 1
     within ``WEIGHT_SUM_TOL``; divided by their sum when it is off by more than rounding."""
-    if isinstance(weights, (str, bytes)) or weights is None:
-        raise ValueError(f"prompt_weights must be a list of numbers, got {weights!r}")
+    want = f"a flat list of numbers, one per prompt ({n} prompt{'s' * (n != 1)})"
+    if isinstance(weights, (str, bytes, dict)) or weights is None or np.ndim(weights) == 0:
+        raise ValueError(f"prompt_weights must be {want}, got the "
+                         f"{type(weights).__name__} {weights!r:.80}")
     _check_numbers(weights, "prompt_weights")
     try:
         w = np.asarray(weights)
     except ValueError as exc:
-        raise ValueError(f"prompt_weights must be a flat list of numbers: {exc}") from None
+        raise ValueError(f"prompt_weights must be {want}: {exc}") from None
+    if w.ndim != 1:
+        raise ValueError(f"prompt_weights must be {want}, got a nested list of shape "
+                         f"{w.shape}: {w.tolist()!r:.80}")
     if w.shape != (n,):
-        raise ValueError(f"prompt_weights has {w.size} entries for {n} prompts"
-                         + (f" (shape {w.shape})" if w.ndim != 1 else ""))
+        raise ValueError(f"prompt_weights has {w.size} entries for {n} prompts; it must be "
+                         f"{want}")
     if w.dtype.kind not in "iuf":
         raise ValueError(f"prompt_weights must be numbers, got {w.tolist()!r:.80}")
     w = w.astype(float)

@@ -134,3 +134,19 @@ def test_old_policy_round_trips_through_json():
     assert "old_policy" not in load_config("tabular").to_json()
     with pytest.raises(ValueError, match="old_policy"):
         task_from_json({**spec, "old_policy": "theta"})
+
+
+@pytest.mark.parametrize("weights, got", [
+    ({"a": 1.0}, "got the dict"), (1.0, "got the float 1.0"), (1, "got the int 1"),
+    ([[1.0]], r"got a nested list of shape \(1, 1\)"),
+    ([[0.5], [0.5]], r"got a nested list of shape \(2, 1\)"),
+], ids=["dict", "float", "int", "nested", "nested_column"])
+def test_prompt_weights_of_the_wrong_kind_say_what_they_are_and_what_is_expected(weights, got):
+    """issue 46 item 5: a dict, a scalar or a nested list was refused with "prompt_weights
+    has 1 entries for 1 prompts", which contradicts itself."""
+    data = {**_with(), "prompts": [[1, 2]] if not isinstance(weights, list) or
+            len(weights) == 1 else [[1, 2], [3]], "prompt_weights": weights}
+    with pytest.raises(ValueError, match=r"prompt_weights must be a flat list of numbers, one "
+                       r"per prompt \(\d prompts?\), " + got) as info:
+        task_from_json(data)
+    assert "entries for" not in str(info.value)

@@ -32,7 +32,7 @@ from fisher_ref.checks.score_scale import (distinct_windows, state_score_scale, 
 from fisher_ref.checks.table import Check, format_table
 from fisher_ref.checks.tolerances import (EXACT_RTOL, GRADIENT_FLOOR, fisher_scale, gradient_scale,
                                          rel_err)
-from fisher_ref.limits import check_seed
+from fisher_ref.limits import TINY_REWARD as LIMIT_TINY_REWARD, check_seed
 from fisher_ref.results import require_all_quantities
 from fisher_ref.rewards import Reward
 from fisher_ref.models.sensitivities import sensitivities, sensitivities_autograd
@@ -201,7 +201,7 @@ class _ScaledReward(Reward):
 
 #: Reward sizes below this are scaled up for the Monte Carlo rows (their squares, in the
 #: exact variances the z-tests divide by, would leave float64's normal range).
-TINY_REWARD = 1e-100
+TINY_REWARD = LIMIT_TINY_REWARD  # see fisher_ref.limits
 
 
 def _rewards_near_one(task, result, progress, workers):

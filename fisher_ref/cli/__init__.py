@@ -67,8 +67,11 @@ def main(argv=None):
     be a regular file or not exist yet, in an existing directory, and neither may be
     the ``--task`` file or the other output. Text the terminal cannot encode is
     written escaped; a reader that closes the pipe early (``verify | head -1``) ends
-    the run quietly with exit code 0.
+    the run quietly with exit code 0. SIGTERM during a run removes the temporary files,
+    leaves every output as it was and exits with 143; once the run is over (outputs in
+    place), a process started with ``argv=None`` ignores SIGTERM while it exits.
     """
+    argv_is_process = argv is None  # the program's own command line, not a caller's call
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in SUBCOMMANDS else "")
@@ -84,6 +87,8 @@ def main(argv=None):
             _check_outputs(args)
             code = int(args._run(args) or 0)
             sys.stdout.flush()  # a closed pipe shows here, not at exit
+        if argv_is_process:  # the outputs are complete: exit with the run's code
+            _ignore_sigterm()
         return code
     except BrokenPipeError:  # the reader left (verify | head -1): quiet, as Unix tools are
         _silence_stdout()
@@ -129,6 +134,16 @@ def _terminate_cleanly():
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def _ignore_sigterm():
+    """Ignore SIGTERM from here on (main thread only): the run is over and its outputs in
+    place, so the interpreter's shutdown (a second or so with torch loaded) ends with the
+    run's exit code instead of a -15 that would say nothing was written."""
+    import signal
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _silence_stdout():

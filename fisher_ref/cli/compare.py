@@ -2,6 +2,7 @@
 (and ``--json``)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -61,15 +62,17 @@ def run(args):
     except NotImplementedError as exc:  # a model without a torch twin: bad input
         raise ValueError(str(exc)) from None
     failed = [r for r in rows if not r["passed"]]
-    if args.json:  # the temporary file exists only while the rows are written
-        with atomic_output(args.json, "--json file") as tmp, open(tmp, "w") as fh:
-            json.dump({"task": task.name, "device": device, "dtypes": dtypes,
-                       "relative_error": RELATIVE_ERROR, "tolerances": TOLERANCES,
-                       "rows": rows}, fh, indent=1)
-    print(format_table(rows, title=f"fisher_ref compare: task {task.name!r}, device "
-                                   f"{device}; rel = {RELATIVE_ERROR}"))
-    print(f"{len(rows) - len(failed)}/{len(rows)} rows pass"
-          + (f"; FAILED: {', '.join(r['quantity'] + ' ' + r['dtype'] for r in failed)}"
-             if failed else ""))
-    sys.stdout.flush()
+    with contextlib.ExitStack() as stack:  # --json: renamed into place once all is printed
+        if args.json:
+            tmp = stack.enter_context(atomic_output(args.json, "--json file"))
+            with open(tmp, "w") as fh:
+                json.dump({"task": task.name, "device": device, "dtypes": dtypes,
+                           "relative_error": RELATIVE_ERROR, "tolerances": TOLERANCES,
+                           "rows": rows}, fh, indent=1)
+        print(format_table(rows, title=f"fisher_ref compare: task {task.name!r}, device "
+                                       f"{device}; rel = {RELATIVE_ERROR}"))
+        print(f"{len(rows) - len(failed)}/{len(rows)} rows pass"
+              + (f"; FAILED: {', '.join(r['quantity'] + ' ' + r['dtype'] for r in failed)}"
+                 if failed else ""))
+        sys.stdout.flush()
     return 1 if failed else 0

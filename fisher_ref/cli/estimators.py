@@ -6,7 +6,9 @@ to its target (the policy gradient; the sequence KL gradient for the KL terms): 
 fitted ``scale`` (-1 unbiased), the ``cosine``, the ``relative_bias`` after the scale,
 the variance of one batch's gradient (trace) and the MSE of an average over ``--batch``
 batches. A batch is one group, or ``--groups-per-batch K`` groups (the loss normalises
-over all of them, as a trainer's mini-batch), padded as ``--pad`` says.
+over all of them, as a trainer's mini-batch), padded as ``--pad`` says. ``--symmetric``
+enumerates each group once as a multiset (every preset's loss is symmetric in its
+responses); past ``--max-groups`` groups the run is refused at once, naming both.
 """
 from __future__ import annotations
 
@@ -15,13 +17,16 @@ import inspect
 import numpy as np
 
 from fisher_ref.cli._common import count_arg, task_from_args
+from fisher_ref.engine.plan import EnumerationTooLarge
+from fisher_ref.estimators.groups import DEFAULT_MAX_GROUPS, check_groups
+from fisher_ref.limits import readable
 
-__all__ = ["add_arguments", "run", "report_rows"]
+__all__ = ["add_arguments", "run", "report_rows", "check_cli_groups"]
 
 
 def add_arguments(parser):
     """``--batch B``, ``--group-size G``, ``--groups-per-batch K``, ``--pad``, ``--preset
-    NAME`` and ``--max-groups N``."""
+    NAME``, ``--max-groups N`` and ``--symmetric``."""
     parser.add_argument("--batch", type=count_arg, default=16,
                         help="groups averaged by the MSE column (default 16)")
     parser.add_argument("--group-size", type=count_arg, default=2,
@@ -32,9 +37,15 @@ def add_arguments(parser):
     parser.add_argument("--pad", choices=("max_len", "longest"), default="max_len",
                         help="pad each batch to max_len (default) or to its longest response")
     parser.add_argument("--preset", action="append", default=None,
-                        help="a preset to report (repeatable; default: every preset)")
+                        help="a preset to report (repeatable, each reported once; default: "
+                             "every preset)")
     parser.add_argument("--max-groups", type=count_arg, default=None,
-                        help="refuse past this many groups (default 2e6)")
+                        help=f"refuse past this many groups (default "
+                             f"{readable(DEFAULT_MAX_GROUPS)})")
+    parser.add_argument("--symmetric", action="store_true",
+                        help="enumerate each group as a multiset, once for all its orders "
+                             "(far fewer groups; every preset's loss is symmetric in its "
+                             "responses, and one that is not is refused)")
 
 
 def _check(args):
@@ -53,15 +64,38 @@ def _cosine(a, b):
     return float(a @ b / d) if d > 0 else 0.0
 
 
+def _presets(names):
+    """The preset names in the order given, each once (``--preset`` repeated)."""
+    return None if names is None else list(dict.fromkeys(names))
+
+
+def check_cli_groups(task, group_size, symmetric, max_groups):
+    """Refuse (:class:`~fisher_ref.engine.plan.EnumerationTooLarge`) a run past
+    ``max_groups`` groups with advice in the command line's own terms: ``--group-size``,
+    ``--symmetric`` and ``--max-groups``."""
+    limit = DEFAULT_MAX_GROUPS if max_groups is None else max_groups
+    try:
+        check_groups(task, group_size, symmetric, limit)
+    except EnumerationTooLarge as exc:
+        head = str(exc).split(". Use ")[0]
+        advice = "use a smaller --group-size or task" + \
+            ("" if symmetric else ", --symmetric (each group as a multiset: every preset's "
+                                  "loss is symmetric in its responses)") + \
+            f", or raise --max-groups (now {readable(limit)})"
+        raise EnumerationTooLarge(f"{head.replace('expected_loss_gradient', 'estimators')}: "
+                                  f"{advice}") from None
+
+
 def report_rows(task, group_size=2, batch=16, names=None, max_groups=None,
-                groups_per_batch=1, pad="max_len"):
-    """``(name, target, scale, cosine, relative_bias, variance_trace, mse)`` per preset."""
+                groups_per_batch=1, pad="max_len", symmetric=False):
+    """``(name, target, scale, cosine, relative_bias, variance_trace, mse)`` per preset
+    (each of ``names`` once, in their order); ``symmetric``: groups as multisets."""
     from fisher_ref.engine.plan import EngineOptions
     from fisher_ref.estimators.gradient import expected_loss_gradient
     from fisher_ref.estimators.gradient import fit_scale
     from fisher_ref.estimators.presets import PRESETS, preset
 
-    names = list(PRESETS) if names is None else list(names)
+    names = list(PRESETS) if names is None else _presets(names)
     for n in names:
         preset(n)  # an unknown name is refused before any work
     from fisher_ref.parallel.run import exact
@@ -78,8 +112,8 @@ def report_rows(task, group_size=2, batch=16, names=None, max_groups=None,
         args = {"baseline": baseline} if "baseline" in inspect.signature(factory).parameters \
             else {}
         lg = expected_loss_gradient(task, preset(n, **args), group_size,
-                                    policy_gradient=r.gradient, groups_per_batch=groups_per_batch,
-                                    pad=pad, **kw)
+                                    symmetric=symmetric, policy_gradient=r.gradient,
+                                    groups_per_batch=groups_per_batch, pad=pad, **kw)
         target = lg.kl_gradient if needs_ref else lg.policy_gradient
         alpha, rel = fit_scale(lg.mean, target)
         bias = lg.mean - alpha * target
@@ -93,8 +127,9 @@ def run(args):
     """Print one row per preset; exit 0."""
     _check(args)
     task = task_from_args(args)
+    check_cli_groups(task, args.group_size, args.symmetric, args.max_groups)
     rows = report_rows(task, args.group_size, args.batch, args.preset, args.max_groups,
-                       args.groups_per_batch, args.pad)
+                       args.groups_per_batch, args.pad, args.symmetric)
     ref = getattr(task, "reference", None)
     print(f"task {task.name}: group size {args.group_size}, groups per batch "
           f"{args.groups_per_batch}, pad {args.pad}, batch {args.batch}, sampler="

@@ -92,17 +92,27 @@ class Moments:
         Wb = float(np.sum(w))
         if Wb <= 0:
             return
-        unit = _power_of_two(float(np.max(np.abs(R))))
+        top = float(np.max(np.abs(R)))
+        if top == 0:  # all zero: no unit of its own, so it cannot coarsen a tiny one
+            self.merge_spread(Wb, 0.0, 0.0, 0.0)
+            return
+        unit = _power_of_two(top)
         Rs = R / unit  # (M,) exact: a power of two
         r1 = float(Rs[0])  # a block whose rewards are all equal gets exactly that mean
         mean_b = r1 + float(w @ (Rs - r1)) / Wb
         self.merge_spread(Wb, mean_b * unit, float(w @ (Rs - mean_b) ** 2), unit)
 
-    def merge_spread(self, mass, mean, m2, unit=1.0):  # unit: a power of two > 0
+    def merge_spread(self, mass, mean, m2, unit=1.0):  # unit: a power of two, 0: all zero
         """Merge another weighted spread (``mass``, ``mean``, ``m2`` in units of ``unit^2``,
-        as this object's ``spread_*`` fields) into this one (Chan's update)."""
+        as this object's ``spread_*`` fields) into this one (Chan's update). A unit of 0
+        marks rewards that are all 0 (mean and ``m2`` 0): it takes the other's unit, so
+        that a block of zero rewards does not coarsen the unit of rewards of 1e-170
+        (whose squares would then underflow)."""
         u = max(self.spread_unit, unit)  # both in the larger unit: squares cannot overflow
         total = self.spread_mass + mass
+        if u == 0:  # every reward so far is 0
+            self.spread_mass = total
+            return
         delta = (mean - self.spread_mean) / u
         self.spread_m2 = (self.spread_m2 * (self.spread_unit / u) ** 2 + m2 * (unit / u) ** 2
                           + delta * delta * self.spread_mass * mass / total)

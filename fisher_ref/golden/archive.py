@@ -26,8 +26,8 @@ import numpy as np
 from fisher_ref.fileio import FileProblem, read_bytes
 from fisher_ref.limits import MAX_GOLDEN_BYTES
 
-__all__ = ["GoldenFileError", "read_raw", "members_of", "check_shipped", "SHIPPED_DIR",
-           "MAX_MEMBERS"]
+__all__ = ["GoldenFileError", "read_raw", "members_of", "check_shipped",
+           "check_claimed_name", "differs_from_shipped", "SHIPPED_DIR", "MAX_MEMBERS"]
 
 #: Entries a golden file may hold (a file with a sampler and the matrices has 53).
 MAX_MEMBERS = 256
@@ -70,6 +70,86 @@ def check_shipped(path, raw):
             f"{path}: this shipped golden file's SHA-256 is {got[:16]}..., but the manifest "
             f"shipped with fisher_ref says {want[:16]}...: the file was changed after release; "
             "reinstall fisher_ref, or regenerate with `python -m fisher_ref.golden --regenerate`")
+
+
+#: Meta fields a regeneration of a shipped file may change: the generator's version, the
+#: hashes (rounding-level differences in the arrays change those) and whether the
+#: matrices are stored (the arrays both files hold are compared).
+_REGENERATED_FIELDS = ("generator", "sha256", "meta_sha256", "matrices")
+#: How far a regenerated array may be from the shipped one, relative to the largest
+#: value of the shipped file (rounding of another machine or version is about 1e-16).
+CLAIM_RTOL = 1e-9
+
+
+def check_claimed_name(path, raw, meta, arrays):
+    """A golden file anywhere whose meta claims a shipped name (``meta["name"]``, say
+    ``"default"``) must be that shipped file: its bytes hash to the SHA-256 of
+    :mod:`fisher_ref.golden.manifest`, or it is a regeneration of it (the same meta but
+    for :data:`_REGENERATED_FIELDS`; of the arrays both hold, integer ones equal and
+    float ones within :data:`CLAIM_RTOL` of the shipped file's largest value). Else
+    :class:`GoldenFileError`: an edited copy that rewrote its own unkeyed hashes cannot
+    pass for the shipped file."""
+    from fisher_ref.golden.manifest import SHA256
+    name = meta.get("name")
+    want = SHA256.get(name) if isinstance(name, str) else None
+    got = hashlib.sha256(raw).hexdigest()
+    if want is None or got == want:
+        return
+    differ = differs_from_shipped(meta, arrays)
+    if not differ:
+        return
+    raise GoldenFileError(
+        f"{path}: its meta claims the shipped name {name!r}, but it is not the shipped "
+        f"golden file {name!r} ({differ}; its SHA-256 is {got[:16]}... where the manifest "
+        f"shipped with fisher_ref records {want[:16]}...): edited after release? A golden "
+        "file of your own must carry a name of its own (export it from task.with_(name=...))")
+
+
+def differs_from_shipped(meta, arrays):
+    """What makes a file (``meta``, ``arrays``) that claims a shipped name other than a
+    regeneration of that shipped file, in words ("" if nothing, or if the name is not a
+    shipped one)."""
+    from fisher_ref.golden.manifest import SHA256
+    name = meta.get("name")
+    want = SHA256.get(name) if isinstance(name, str) else None
+    if want is None:
+        return ""
+    shipped = _shipped_members(name, want)
+    return "the shipped file cannot be read" if shipped is None else \
+        _differences(meta, arrays, *shipped)
+
+
+def _shipped_members(name, want):
+    """``(meta, arrays)`` of the shipped file ``name`` if its bytes hash to ``want``."""
+    import json
+    path = SHIPPED_DIR / f"{name}.npz"
+    try:
+        raw = read_raw(path)
+        if hashlib.sha256(raw).hexdigest() != want:
+            return None
+        members = members_of(path, raw)
+        return json.loads(str(members.pop("meta"))), members
+    except (GoldenFileError, KeyError, ValueError):
+        return None
+
+
+def _differences(meta, arrays, ship_meta, ship_arrays):
+    """What differs between a file and the shipped one beyond a regeneration ("" if
+    nothing)."""
+    fields = sorted(k for k in set(meta) | set(ship_meta)
+                    if k not in _REGENERATED_FIELDS and meta.get(k) != ship_meta.get(k))
+    if fields:
+        return f"meta {', '.join(fields)} differ from the shipped file's"
+    floats = [np.abs(a).max(initial=0.0) for a in ship_arrays.values() if a.dtype.kind == "f"]
+    tol = CLAIM_RTOL * float(max(floats, default=0.0))
+    for key in sorted(set(arrays) & set(ship_arrays)):
+        a, b = arrays[key], ship_arrays[key]
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"array {key!r} has another shape or dtype"
+        same = np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+        if not same and (a.dtype.kind != "f" or not np.all(np.abs(a - b) <= tol)):
+            return f"array {key!r} differs from the shipped file's"
+    return ""
 
 
 def _check_entry(path, zf, info):

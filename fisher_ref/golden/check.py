@@ -52,8 +52,22 @@ def golden_names():
 
 
 def golden_path(name):
-    """Path of the shipped golden file ``name`` (see :func:`golden_names`)."""
+    """Path of the shipped golden file ``name`` (see :func:`golden_names`).
+
+    Raises:
+        ValueError: ``name`` is not a plain name (a path separator, ``..``, a leading
+            dot, not a string), or no shipped file has it; the resolved path never
+            leaves the package's golden data.
+    """
+    if not isinstance(name, str) or not name or name.startswith(".") or \
+            any(c in name for c in ("/", "\\", "\0")) or Path(name).name != name:
+        raise ValueError(f"golden name must be a plain name such as 'default' (no path "
+                         f"separator, no '..'), got {name!r:.80}; shipped: "
+                         f"{', '.join(golden_names())}")
     path = GOLDEN_DIR / f"{name}.npz"
+    if path.resolve().parent != GOLDEN_DIR.resolve():  # a link pointing out, say
+        raise ValueError(f"golden name {name!r} resolves outside the shipped golden data "
+                         f"({path.resolve()})")
     if not path.is_file():
         raise ValueError(f"no shipped golden file {name!r}; shipped: {', '.join(golden_names())}")
     return path
@@ -203,6 +217,15 @@ def _check_real(key, y):
     part with a warning, read ``True`` as 1 and parse ``"1.5"``): ``TypeError`` naming
     the key."""
     kinds = {"c": "complex", "b": "boolean", "U": "string", "S": "bytes", "V": "structured"}
+    if y.dtype.kind == "O":  # None, strings, or numbers mixed with them
+        flat = y.ravel()
+        bad = next((i for i, x in enumerate(flat) if isinstance(x, bool) or
+                    not isinstance(x, numbers.Real)), None)
+        if bad is not None:
+            where = [int(i) for i in np.unravel_index(bad, y.shape)] if y.ndim else []
+            raise _Refused(f"{key}: your array holds Python objects (dtype object), "
+                           f"{flat[bad]!r:.60} at {where}; golden values are real numbers: "
+                           "pass a float or integer array")
     if y.dtype.kind in kinds:
         raise _Refused(f"{key}: your array holds {kinds[y.dtype.kind]} values (dtype "
                        f"{y.dtype}); golden values are real numbers: pass a float or integer "
@@ -232,7 +255,7 @@ def _compare_key(key, yours, g, S, Rs, rtol):
     try:
         y = np.asarray(yours)
         _check_real(key, y)
-        y = y if kind == "exact" else np.asarray(y, dtype=np.float64)
+        y = y if kind == "exact" and y.dtype.kind != "O" else np.asarray(y, dtype=np.float64)
     except (TypeError, ValueError) as exc:
         if isinstance(exc, _Refused):
             raise
@@ -292,8 +315,9 @@ def compare_to_golden(arrays, golden, keys=None, rtol=RTOL):
     Raises:
         KeyError: a key that no golden file has (a typo), or one this file lacks
             (an off-policy key in an on-policy file).
-        TypeError: ``arrays`` is not a dict, or an array holds complex, boolean or
-            string values (never silently converted).
+        TypeError: ``arrays`` is not a dict, or an array holds complex, boolean,
+            string or non-numeric object values (``None``), naming the key (never
+            silently converted).
         ValueError: nothing to compare (no arrays and no keys), or ``rtol`` is not a
             finite number ``>= 0``.
 

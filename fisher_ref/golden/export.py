@@ -27,7 +27,7 @@ import numpy as np
 from fisher_ref.golden.format import (MATRIX_MAX_PARAMS, OLDEST_READABLE_VERSION, SCHEMA,
                                       SCHEMA_VERSION, Golden, array_sha256, expected_keys,
                                       load_golden, meta_sha256, write_npz)
-from fisher_ref.golden.archive import GoldenFileError
+from fisher_ref.golden.archive import GoldenFileError, differs_from_shipped
 from fisher_ref.limits import MAX_GOLDEN_BYTES
 from fisher_ref.results import require_all_quantities
 from fisher_ref.golden.check import GOLDEN_DIR, compare_golden
@@ -51,6 +51,10 @@ GOLDEN_CASES = GOLDEN_CONFIGS + GOLDEN_TASKS
 NO_MATRICES = {"gpt2_small": "P = 1,000: the two P x P matrices would add 16 MB",
                "gpt2_offpolicy": "P = 1,848: the two P x P matrices would add 55 MB"}
 MAX_EXPORT_BYTES = MAX_GOLDEN_BYTES  # refuse to write a golden file larger than this
+#: Added to the recorded name of a task that carries a shipped golden file's name but is
+#: not that file's task (another reward, say): a file that claims a shipped name must be
+#: that file (:func:`fisher_ref.golden.archive.check_claimed_name`).
+CUSTOM_SUFFIX = "-custom"
 _SENS_BYTES = 2 ** 26  # sensitivities held at once by the score pass
 
 
@@ -243,6 +247,8 @@ def _meta(task, arrays):
                       "T": int(task.max_len), "N": int(st.shape[0]), "M": int(sq.shape[0]),
                       "L": int(st.shape[1]), "X": len(task.prompts)},
             "sha256": {k: array_sha256(v) for k, v in sorted(arrays.items())}}
+    if differs_from_shipped(meta, arrays):  # a shipped name, another task: not that file
+        meta["name"] = f"{task.name}{CUSTOM_SUFFIX}"
     meta["meta_sha256"] = meta_sha256(meta)
     return meta
 
@@ -251,7 +257,11 @@ def export_golden(task, path, exact_result=None, matrices="auto"):
     """Write the golden file of ``task`` to ``path`` atomically; returns ``path``.
 
     Args:
-        task: a :class:`fisher_ref.tasks.Task` (a custom reward is recorded by name).
+        task: a :class:`fisher_ref.tasks.Task` (a custom reward is recorded by name). A
+            task named like a shipped golden file (``"default"``) whose file would not be
+            a regeneration of the shipped one (another reward, say) is recorded as
+            ``"default-custom"`` (:data:`CUSTOM_SUFFIX`): only the shipped file may claim
+            the shipped name.
         path: destination ``.npz``; on any failure no file (and no partial file) is left,
             and an existing file is left as it was.
         exact_result: an :class:`ExactResult` of ``task`` with states and sequences

@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from fisher_ref.fileio import atomic_output
-from fisher_ref.golden.archive import GoldenFileError, check_shipped, members_of, read_raw
+from fisher_ref.golden.archive import (GoldenFileError, check_claimed_name, check_shipped,
+                                      members_of, read_raw)
 from fisher_ref.golden.hashes import array_sha256, canonical_json, meta_sha256
 from fisher_ref.golden.schema import (MATRIX_KEYS, MATRIX_MAX_PARAMS,  # noqa: F401
                                       OFF_POLICY_KEYS, OLDEST_READABLE_VERSION, ON_POLICY_KEYS,
@@ -107,8 +108,10 @@ def read_members(path):
 def load_golden(path):
     """Load and check a golden file: a regular file within the size limit, the shipped
     manifest (for the shipped files), zip, meta, schema, version, hashes (meta's own,
-    then the arrays'), keys, dtypes, shapes, and cheap identities of the values
-    (:func:`check_values`).
+    then the arrays'), keys, dtypes, shapes, cheap identities of the values
+    (:func:`check_values`), and a shipped name claimed by the meta (the file must then
+    be the shipped one or a regeneration of it:
+    :func:`~fisher_ref.golden.archive.check_claimed_name`).
 
     Raises:
         GoldenFileError: naming the first thing that is wrong, in that order.
@@ -123,6 +126,7 @@ def load_golden(path):
         meta = check_meta(path, members)
         check_arrays(path, meta, members)
         check_values(path, meta, members)
+        check_claimed_name(path, raw, meta, members)
     except GoldenFileError:
         raise
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError,

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import numpy as np
 
 from fisher_ref.monte_carlo.ztests import stream_z_scores
@@ -40,10 +42,17 @@ class Estimate:
 
 
 def _se_from_values(x, axis=0):
+    """std(x, ddof=1) / sqrt(n) along ``axis``, the deviations divided by a power of two of
+    their size before they are squared (exact), so values of 1e-170 do not underflow."""
     n = x.shape[axis]
     if n < 2:
         return np.full(np.delete(x.shape, axis), np.nan) if x.ndim > 1 else np.float64(np.nan)
-    return np.std(x, axis=axis, ddof=1) / np.sqrt(n)
+    dev = x - x.mean(axis=axis, keepdims=True)
+    top = np.max(np.abs(dev), axis=axis, keepdims=True)
+    with np.errstate(divide="ignore"):  # 0 only where every deviation is 0
+        unit = np.where(top > 0, np.exp2(np.ceil(np.log2(np.where(top > 0, top, 1.0)))), 1.0)
+    var = np.sum((dev / unit) ** 2, axis=axis, keepdims=True) / (n - 1)  # in units of unit^2
+    return np.squeeze(unit * np.sqrt(var), axis=axis) / np.sqrt(n)
 
 
 def mean_estimate(x):
@@ -106,6 +115,12 @@ def advantage_estimates(R, h, h2):
     """
     n = R.shape[0]
     dR = R - R.mean()  # (n,)
+    # in units of a power of two u of the deviations (exact), so that the squares of
+    # rewards of 1e-170 do not underflow; covariance and bound scale with u, and so do
+    # their influence values, the correlation not at all
+    top = float(np.max(np.abs(dR), initial=0.0))
+    u = float(2.0 ** math.frexp(top)[1]) if 0 < top < math.inf else 1.0
+    dR = dR / u
     infl_cov = dR[:, None] * (h - h.mean(axis=0))  # (n, P)
     cov = infl_cov.sum(axis=0) / max(n - 1, 1)  # (P,)
     infl_cov -= cov
@@ -120,8 +135,8 @@ def advantage_estimates(R, h, h2):
     Bs = np.where(pos, B, 1.0)
     corr = np.where(pos, np.abs(cov) * (n - 1) / n / Bs, 0.0)  # (P,); <= 1 by Cauchy-Schwarz
     infl_c = np.where(pos, (np.sign(cov) * infl_cov - corr * infl_b) / Bs, 0.0)  # (n, P)
-    return {"covariance": Estimate(cov, _se_from_values(infl_cov), n),
-            "bound": Estimate(B, _se_from_values(infl_b), n),
+    return {"covariance": Estimate(u * cov, u * _se_from_values(infl_cov), n),
+            "bound": Estimate(u * B, u * _se_from_values(infl_b), n),
             "correlation": Estimate(corr, _se_from_values(infl_c), n)}
 
 

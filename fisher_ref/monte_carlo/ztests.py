@@ -11,9 +11,14 @@ many entries.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-__all__ = ["bonferroni_z", "z_score", "stream_z_scores", "bernstein_halfwidth", "bernstein_z",
+from fisher_ref.limits import TINY_REWARD
+
+__all__ = ["bonferroni_z", "z_score", "stream_z_scores", "check_reward_scale",
+           "bernstein_halfwidth", "bernstein_z",
            "bernstein_ratio", "linearised_values", "spread", "cross_spread", "ZERO_VAR_RTOL",
            "ROUNDING_RTOL", "EXACT_VARIANCE", "SAMPLE_SE"]
 
@@ -84,6 +89,21 @@ def z_score(mean, exact_value, variance, n, scale=None):
     return np.where(zero, const, z)
 
 
+def check_reward_scale(exact_result):
+    """Refuse (``ValueError`` naming the reward scale) an exact result whose rewards are
+    below :data:`~fisher_ref.limits.TINY_REWARD` in size (see :func:`stream_z_scores`)."""
+    st = exact_result.streams.get("policy") or next(iter(exact_result.streams.values()))
+    size = math.hypot(st.reward_std, st.expected_reward) + abs(st.baseline)
+    if 0 < size < TINY_REWARD:
+        raise ValueError(
+            f"Monte Carlo z-scores refused: the rewards are of size {size:.3g} "
+            f"(sqrt(E[R]^2 + std(A)^2) + |baseline|), below {TINY_REWARD:g}; their squares, "
+            "the variances the z-scores of expected_reward and gradient divide by, leave "
+            "float64's range, so those z would be wrong. Multiply the reward and the "
+            f"baseline by a power of two near 1/{size:.3g} (z is unchanged; "
+            "fisher_ref.verify does this)")
+
+
 def stream_z_scores(streams, exact_result, n, mean_baseline=False):
     r"""``{(stream, quantity): z}`` of Monte Carlo ``streams`` against ``exact_result``.
 
@@ -92,7 +112,14 @@ def stream_z_scores(streams, exact_result, n, mean_baseline=False):
     baseline ``"mean"`` has another variance when :math:`E[h] \ne 0`); those of
     :data:`SAMPLE_SE` and that gradient use the sample se (:math:`z \approx t_{n-1}`).
     ``correlation`` is left out (not smooth where the covariance is 0).
+
+    Raises:
+        ValueError: the rewards are below :data:`fisher_ref.limits.TINY_REWARD` in size:
+            the variances of the reward quantities underflow, and their z would be
+            wrong (0 or infinite); scale the reward by a power of two first (z is
+            unchanged; ``verify`` does it).
     """
+    check_reward_scale(exact_result)
     out = {}
     for s, est in streams.items():
         ex = exact_result.streams[s]

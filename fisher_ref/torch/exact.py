@@ -27,12 +27,15 @@ stack holds at most ``T`` blocks of ``chunk * V`` rows and no ``(M, T, P)`` hist
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np  # noqa: F401 (the doctest below uses it)
 import torch
 
-from fisher_ref.engine.plan import check_chunk, count_states, default_chunk, resolve_keep
+from fisher_ref.engine.plan import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, check_chunk,
+                                    check_cost, count_states, default_chunk, estimate_cost,
+                                    resolve_keep)
 from fisher_ref.results import sorted_by_tokens
 from fisher_ref.rewards import evaluate_reward
 from fisher_ref.engine.run import stream_specs
@@ -41,11 +44,12 @@ from fisher_ref.torch.registry import torch_model
 from fisher_ref.torch.moments import Ranges, StreamSums
 from fisher_ref.torch.shards import ShardTree, merge_torch, shard_result
 from fisher_ref.torch.tree import depth_first, ending_tokens, open_children, root_block
-from fisher_ref.torch.self_check import (CausalLMResult, SelfCheckError, SelfCheckWarning,
+from fisher_ref.torch.self_check import (SELF_CHECK_MODES, CausalLMResult, SelfCheckError,
+                                         SelfCheckWarning, failed_check_text,
                                          check_finite, self_checks)
 from fisher_ref.torch.window_cache import WindowCache, unique_windows
 
-__all__ = ["torch_exact", "exact_causal_lm", "STREAM_QUANTITIES", "GradientBatch", "visit_block", "add_complete"]
+__all__ = ["torch_exact", "exact_causal_lm", "check_torch_cost", "STREAM_QUANTITIES", "GradientBatch", "visit_block", "add_complete"]
 
 STREAM_QUANTITIES = ("score_mean", "sequence_fisher", "token_fisher_sum",
                      "token_fisher_sum_paths", "cross_terms", "gradient", "covariance",
@@ -229,9 +233,26 @@ def add_complete(run, block, p, q, arr, inv, G, cols):
     return out
 
 
+def check_torch_cost(task, chunk=None, keep_states="auto", keep_sequences="auto",
+                     shard=None, max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES):
+    """Refuse (:class:`~fisher_ref.engine.plan.EnumerationTooLarge`, with the estimate) a
+    torch run past the limits, before anything is allocated: the estimate and the limits
+    of :func:`fisher_ref.exact` (:func:`~fisher_ref.engine.plan.estimate_cost`,
+    :func:`~fisher_ref.engine.plan.check_cost`). A shard (``shard=(i, n)``) is judged on
+    memory only: splitting the time is what shards are for."""
+    S = len(stream_specs(task, ()))
+    m = task.model
+    N, M = count_states(m.vocab_size, task.max_len, m.eos, len(task.prompts))
+    keep_s, keep_q = resolve_keep(keep_states, keep_sequences, N, M, m.num_params,
+                                  task.max_len)
+    cost = estimate_cost(task, n_streams=S, chunk=check_chunk(chunk), keep_states=keep_s,
+                         keep_sequences=keep_q)
+    check_cost(cost, math.inf if shard is not None else max_seconds, max_bytes)
+
+
 def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None,
                 keep_states="auto", keep_sequences="auto", variances=True, shard=None,
-                merge=None):
+                merge=None, max_seconds=DEFAULT_MAX_SECONDS, max_bytes=DEFAULT_MAX_BYTES):
     r"""Every exact quantity of ``task`` by enumeration in torch (docs/theory.md §2, §3).
 
     Args:
@@ -254,6 +275,11 @@ def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None
             sums (a picklable dict, ``fisher_ref.torch.shards``) instead.
         merge: the sums of every shard of one run (same other arguments): their result,
             the dict of the whole run, with no walk.
+        max_seconds, max_bytes: refuse the run
+            (:class:`~fisher_ref.engine.plan.EnumerationTooLarge`, naming the estimate)
+            before anything is allocated when the estimate of :func:`fisher_ref.exact`
+            passes them (the same limits; ``math.inf``: none). The time is the numpy
+            engine's estimate: on a GPU, raise ``max_seconds`` if you mean it.
 
     Returns:
         dict: ``streams`` {name: {quantity: float64 numpy}} (:data:`STREAM_QUANTITIES`,
@@ -279,6 +305,9 @@ def torch_exact(task, device="cpu", dtype="float64", *, adapter=None, chunk=None
         >>> bool(np.allclose(pol["sequence_fisher"], pol["token_fisher_sum"], rtol=1e-10, atol=0))
         True
     """
+    if merge is None:
+        check_torch_cost(task, chunk, keep_states, keep_sequences, shard, max_seconds,
+                         max_bytes)
     adapter = torch_model(task.model, device=device, dtype=dtype) if adapter is None else adapter
     run = _Run(task, adapter, chunk, keep_states, keep_sequences, variances)
     if merge is not None:  # the shards' sums instead of a walk (fisher_ref.torch.shards)
@@ -338,21 +367,28 @@ def _sorted(records, keys):
 def exact_causal_lm(module, prompts, max_len, reward, *, vocab_size, eos, bos=None,
                     prompt_weights=None, baseline=0.0, sampler=None, vectorize=True,
                     device="cpu", dtype="float64", params="all", strict=False,
-                    n_embeddings=None, **engine_kwargs):
+                    n_embeddings=None, self_check="raise", **engine_kwargs):
     r"""Every exact quantity of a torch causal LM on a task: :func:`causal_lm_task`, then
     :func:`fisher_ref.torch.exact.torch_exact` (``engine_kwargs``: ``chunk``,
-    ``keep_states``, ``keep_sequences``, ``variances``), then the self-checks. The arguments
+    ``keep_states``, ``keep_sequences``, ``variances``, ``max_seconds``, ``max_bytes``: a
+    task past the limits of :func:`fisher_ref.exact` is refused before the walk
+    allocates anything), then the self-checks. The arguments
     not listed below are those of :func:`causal_lm_task` and :func:`torch_exact`.
 
     Args:
         params: what ``theta`` is (``"all"``, ``"trainable"``, a list of names, a predicate
             ``(name, param) -> bool``; :func:`fisher_ref.torch.module.select_parameters`).
-        strict: raise instead of warning: :class:`~fisher_ref.torch.precision.LowPrecisionError`
-            when the module runs an op below ``dtype`` (default: the op runs in ``dtype``,
-            listed in ``result["upcasts"]``), and
-            :class:`~fisher_ref.torch.self_check.SelfCheckError` when an exact identity
-            fails (default: a :class:`~fisher_ref.torch.self_check.SelfCheckWarning`
-            naming the worst row).
+        strict: raise :class:`~fisher_ref.torch.precision.LowPrecisionError` when the
+            module runs an op below ``dtype`` (default: the op runs in ``dtype``, listed in
+            ``result["upcasts"]``); ``strict=True`` also makes a failed self-check raise,
+            whatever ``self_check`` says.
+        self_check: what a failed exact identity of the result does (a module whose
+            output for a window depends on the rest of its batch, say):
+            ``"raise"`` (default) raises
+            :class:`~fisher_ref.torch.self_check.SelfCheckError` naming the module, the
+            identity and what differed; ``"warn"`` returns the result with a
+            :class:`~fisher_ref.torch.self_check.SelfCheckWarning`; ``"off"`` returns it
+            silently. Every result carries its rows in ``result["checks"]``.
         n_embeddings: prompts may hold ids ``0..n_embeddings-1`` (default: the rows of the
             module's input embedding); ids ``vocab_size`` and up are input-only.
 
@@ -378,6 +414,9 @@ def exact_causal_lm(module, prompts, max_len, reward, *, vocab_size, eos, bos=No
         >>> out.by_name("table.weight").shape, [r["passed"] for r in out["checks"]]
         ((4, 3), [True, True, True])
     """
+    if self_check not in SELF_CHECK_MODES:
+        raise ValueError(f"self_check must be one of {', '.join(map(repr, SELF_CHECK_MODES))}, "
+                         f"got {self_check!r}")
     task = causal_lm_task(module, prompts, max_len, reward, vocab_size=vocab_size, eos=eos,
                           bos=bos, prompt_weights=prompt_weights, baseline=baseline,
                           sampler=sampler, vectorize=vectorize, params=params, strict=strict,
@@ -386,13 +425,10 @@ def exact_causal_lm(module, prompts, max_len, reward, *, vocab_size, eos, bos=No
     out["layout"] = list(task.model.layout())
     out["params"] = [name for name, _, _ in out["layout"]]
     failed = [r for r in out["checks"] if not r["passed"]]
-    if failed:
-        worst = max(failed, key=lambda r: r["value"] / r["tolerance"])
-        text = (f"exact_causal_lm: the exact identity {worst['identity']} is off by "
-                f"{worst['value']:.3g} relative, beyond the {out['dtype']} tolerance "
-                f"{worst['tolerance']:.0e} ({len(failed)} of {len(out['checks'])} self-checks "
-                "failed; see result['checks'])")
-        if strict:
+    mode = "raise" if strict else self_check
+    if failed and mode != "off":
+        text = failed_check_text(type(module).__name__, failed, out)
+        if mode == "raise":
             raise SelfCheckError(text)
         warnings.warn(text, SelfCheckWarning, stacklevel=2)
     return out

@@ -48,7 +48,7 @@ from fisher_ref.torch.module_parameters import (flat_parameters, input_embedding
                                                 position_table, select_parameters)
 from fisher_ref.torch.precision import RANK, LowPrecisionError, prepare, run_dtype
 
-__all__ = ["from_module", "ModuleAdapter", "flat_parameters", "select_parameters",
+__all__ = ["from_module", "check_eos", "ModuleAdapter", "flat_parameters", "select_parameters",
            "input_embeddings", "sampler_from_module", "LowPrecisionError"]
 
 #: Rows of the first batch re-evaluated alone by the batch-independence check.
@@ -297,6 +297,26 @@ class ModuleAdapter(TorchAdapter):
                              strict=self.strict, n_embeddings=self.n_embeddings)
 
 
+def check_eos(eos):
+    """``eos`` as a bool: ``True`` or ``False`` only (numpy's bool too), never coerced.
+
+    fisher_ref's EOS is always id 0, so ``eos`` says *whether* id 0 ends a response,
+    not *which* id does. An integer (a tokenizer's ``eos_token_id``), a string or
+    anything else is refused with a ``ValueError`` that says so; ``eos=0`` too, since
+    ``bool(0)`` would read "EOS is id 0" as "no EOS".
+    """
+    if isinstance(eos, (bool, np.bool_)):
+        return bool(eos)
+    if isinstance(eos, (int, np.integer)):
+        hint = ("if id 0 ends a response, write eos=True" if eos == 0 else
+                f"a vocabulary whose EOS is id {eos} must be reordered so that EOS is id 0 "
+                "(then eos=True), or write eos=False if no id ends a response early")
+        raise ValueError(f"eos must be True or False (whether id 0 ends a response: "
+                         f"fisher_ref's EOS is always id 0), got the integer {int(eos)}; {hint}")
+    raise ValueError(f"eos must be True or False (whether id 0 ends a response: fisher_ref's "
+                     f"EOS is always id 0), got {type(eos).__name__} {eos!r:.40}")
+
+
 def from_module(module, vocab_size, eos, bos=None, *, positions, device="cpu",
                 dtype="float64", vectorize=True, name="torch_module", params="all",
                 strict=False, n_embeddings=None):
@@ -307,7 +327,9 @@ def from_module(module, vocab_size, eos, bos=None, *, positions, device="cpu",
             (see the module docstring); it is copied, moved to ``device``/``dtype`` and put
             in eval mode (the caller's module is not changed).
         vocab_size: ``V``; token ids ``0..V-1`` are generated.
-        eos: whether id 0 ends a response.
+        eos: whether id 0 ends a response: ``True`` or ``False`` only (fisher_ref's EOS
+            is always id 0; an id such as a tokenizer's ``eos_token_id`` is refused,
+            :func:`~fisher_ref.torch.module.check_eos`).
         bos: the id every input starts with (``None``: none; then no state may be empty);
             any id of the input embedding.
         positions: the longest input the module reads (BOS included).
@@ -329,6 +351,7 @@ def from_module(module, vocab_size, eos, bos=None, *, positions, device="cpu",
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"from_module needs a torch.nn.Module, got {type(module).__name__}")
+    eos = check_eos(eos)
     for key, v in (("vocab_size", vocab_size), ("positions", positions)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"{key} must be a positive integer, got {v!r}")

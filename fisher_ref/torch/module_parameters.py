@@ -17,7 +17,9 @@ def select_parameters(module, params="all"):
         module: a ``torch.nn.Module``.
         params: ``"all"`` (every floating parameter), ``"trainable"`` (those with
             ``requires_grad``), a list of names from ``named_parameters()``, or a
-            predicate ``(name, param) -> bool``.
+            predicate ``(name, param) -> bool``. A name of a tied tensor under any of its
+            names (``lm_head.weight`` of a model with tied embeddings) selects the shared
+            tensor, listed under its first name (``model.embed_tokens.weight``).
 
     Returns:
         list of ``(name, parameter)`` in ``named_parameters()`` order (tied once);
@@ -38,16 +40,19 @@ def select_parameters(module, params="all"):
         out = [(n, p) for n, p in floating if params(n, p)]
     elif isinstance(params, (list, tuple, set, frozenset)):
         have = dict(named)
+        first = _first_names(module)  # every name, tied aliases included -> its first name
+        want = set()
         for n in params:
-            if n not in have:
-                close = [k for k in have if k.endswith(str(n)) or str(n) in k][:3]
+            if n not in first:
+                close = [k for k in first if k.endswith(str(n)) or str(n) in k][:3]
                 raise ValueError(f"params names {n!r}, which is not in the module's "
                                  f"named_parameters()" + (f" (did you mean {close}?)"
                                                           if close else ""))
+            n = first[n]  # a tied alias: the shared tensor, under its first name
             if not have[n].is_floating_point():
                 raise ValueError(f"params names {n!r}, an integer parameter "
                                  f"({have[n].dtype}): it has no derivative")
-        want = set(params)
+            want.add(n)
         out = [(n, p) for n, p in floating if n in want]
     else:
         raise ValueError(f"params must be 'all', 'trainable', a list of names or a "
@@ -59,6 +64,15 @@ def select_parameters(module, params="all"):
         raise ValueError(f"the module has {what}: there is no theta to differentiate "
                          "(fisher_ref needs at least one floating parameter)")
     return out
+
+
+def _first_names(module):
+    """``{name: first name}`` over every parameter name of ``module``, tied aliases
+    included (``named_parameters()`` lists a tied tensor once, under its first name)."""
+    first, seen = {}, {}
+    for n, p in module.named_parameters(remove_duplicate=False):
+        first[n] = seen.setdefault(id(p), n)
+    return first
 
 
 def flat_parameters(module, params="all"):

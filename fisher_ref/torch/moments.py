@@ -20,7 +20,8 @@ states reached with :math:`\pi_w(s)`, a :class:`StreamSums` accumulates
 - per state: :math:`\sum_s \pi_w(s)\, m(s)` (the token sum by states).
 
 :meth:`StreamSums.finish` gives, with :math:`d = r_0 - b` and :math:`A = R_c + d`,
-:math:`\mathrm{std}(A) = \sqrt{M_2/W}`, :math:`G = E[R_c h] + d\,E[h]`,
+:math:`\mathrm{std}(A) = \sqrt{M_2/W}` (``M2`` kept in units of a power of two of the rewards,
+so that tiny rewards do not underflow when squared), :math:`G = E[R_c h] + d\,E[h]`,
 :math:`\mathrm{Cov}(A,h) = E[R_c h] - E[R_c]E[h]`, the bound
 :math:`\mathrm{std}(A)\sqrt{E[h^2]}`, the correlation ``|Cov| / bound`` (0 where the bound
 is 0) and the exact variances of the per-response values.
@@ -29,7 +30,14 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["StreamSums", "Ranges"]
+__all__ = ["StreamSums", "Ranges", "power_of_two"]
+
+
+def power_of_two(x):
+    """The smallest power of two at least ``x >= 0`` (a 0-d tensor; 0 for 0): dividing
+    by it is exact, and it keeps ``x / unit`` in ``(1/2, 1]`` whatever ``x``'s size."""
+    _, expo = torch.frexp(x)
+    return torch.where(x > 0, torch.ldexp(torch.ones_like(x), expo), torch.zeros_like(x))
 
 
 class StreamSums:
@@ -42,6 +50,7 @@ class StreamSums:
         self.variances = variances
         z = lambda *shape: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
         self.mass, self.mean, self.M2 = z(), z(), z()
+        self.unit = z()  # M2 is in units of unit^2 (a power of two; 0: no reward yet)
         self.h, self.h2, self.h4, self.Rh, self.Rh2, self.R2h2 = (z(P) for _ in range(6))
         self.is_h, self.is_Rh, self.g, self.g2, self.token_sum = (z(P) for _ in range(5))
         self.token_sum_by_depth = z(T, P)
@@ -54,17 +63,24 @@ class StreamSums:
         self.token_sum_by_depth[depth] += contrib
 
     def add_rewards(self, w, R):
-        """Merge a block's rewards ``R`` with weights ``w`` ``(C,)`` into mass, mean, M2."""
+        """Merge a block's rewards ``R`` with weights ``w`` ``(C,)`` into mass, mean, M2.
+
+        ``M2`` is kept in units of ``unit^2``, ``unit`` a power of two of the largest
+        reward seen (0 while every reward is 0): deviations are divided by it (exactly)
+        before they are squared, so rewards of 1e-170 do not underflow when squared."""
         wB = w.sum()
         r1 = R[:1].sum()  # the block's first reward: a constant block's mean is exact
         meanB = r1 + (w @ (R - r1)) / torch.where(wB > 0, wB, torch.ones_like(wB))
-        M2B = w @ (R - meanB).square()
+        u = torch.maximum(self.unit, power_of_two(R.abs().max()))
+        us = torch.where(u > 0, u, torch.ones_like(u))  # all rewards 0: any unit will do
+        M2B = w @ ((R - meanB) / us).square()  # in units of u^2
         W = self.mass + wB
         frac = wB / torch.where(W > 0, W, torch.ones_like(W))
         delta = meanB - self.mean
         self.mean = self.mean + delta * frac
-        self.M2 = self.M2 + M2B + delta * delta * self.mass * frac
-        self.mass = W
+        self.M2 = (self.M2 * (self.unit / us).square() + M2B
+                   + (delta / us).square() * self.mass * frac)
+        self.mass, self.unit = W, u
 
     def add_responses(self, w, Rc, wp, h):
         r"""Per-response sums: weights ``w``, rewards ``Rc = R - r0``, policy probabilities
@@ -152,8 +168,8 @@ class StreamSums:
         ERc = ER - r0  # E[R - r0]
         b = ER if baseline == "mean" else torch.as_tensor(float(baseline), dtype=m.dtype,
                                                            device=m.device)
-        var_R = self.M2 / m
-        std_A = var_R.sqrt()
+        std_A = self.unit * (self.M2 / m).sqrt()  # M2 in units of unit^2: no underflow
+        var_R = std_A * std_A
         d = r0 - b  # A = (R - r0) + d
         G = self.Rh + d * self.h
         cov = self.Rh - ERc * self.h

@@ -16,9 +16,10 @@ the sums exist, so :func:`self_checks` runs them on every result:
 
 Each row's value is the error over its scale; the tolerance is the run's dtype's
 (:data:`SELF_CHECK_TOL`: the float64, float32 and bfloat16 tolerances of
-``fisher_ref.checks.tolerances``). :func:`fisher_ref.torch.exact.exact_causal_lm` warns
-(:class:`SelfCheckWarning`) naming the worst failed row, or raises
-(:class:`SelfCheckError`) with ``strict=True``.
+``fisher_ref.checks.tolerances``). :func:`fisher_ref.torch.exact.exact_causal_lm` raises
+(:class:`SelfCheckError`) naming the module, the worst failed row and what differed;
+``self_check="warn"`` warns (:class:`SelfCheckWarning`) instead and ``self_check="off"``
+returns the result as it is (:data:`SELF_CHECK_MODES`).
 
 :class:`CausalLMResult` is the result dict with the layout: ``result.by_name(name)``
 returns the block of parameter ``name`` of any per-parameter array, shaped like the
@@ -30,8 +31,8 @@ import numpy as np
 
 from fisher_ref.limits import TOLERANCES
 
-__all__ = ["SELF_CHECK_TOL", "SelfCheckWarning", "SelfCheckError", "self_checks",
-           "CausalLMResult", "check_finite"]
+__all__ = ["SELF_CHECK_TOL", "SELF_CHECK_MODES", "SelfCheckWarning", "SelfCheckError",
+           "self_checks", "failed_check_text", "CausalLMResult", "check_finite"]
 
 #: Tolerance of the self-checks per run dtype: the package's one table of dtype
 #: tolerances (:data:`fisher_ref.limits.TOLERANCES`, explained in
@@ -39,12 +40,44 @@ __all__ = ["SELF_CHECK_TOL", "SelfCheckWarning", "SelfCheckError", "self_checks"
 SELF_CHECK_TOL = TOLERANCES
 
 
+#: What :func:`fisher_ref.torch.exact.exact_causal_lm` does when a self-check fails:
+#: raise :class:`SelfCheckError` (the default), warn, or nothing.
+SELF_CHECK_MODES = ("raise", "warn", "off")
+
+#: What each identity compares, for the message of a failed row.
+_WHAT_DIFFERED = {
+    "F = sum pi f": "the sequence Fisher E[h^2] and the reach-weighted token Fisher "
+                    "summed over states",
+    "gradient = autodiff": "the exact gradient E[(R - b) h] and torch autograd of the "
+                           "exact E[R]",
+    "E[h] = 0": "the on-policy score mean E[h] and 0",
+}
+
+
 class SelfCheckWarning(UserWarning):
-    """An exact identity of a torch-engine result is off by more than its dtype allows."""
+    """An exact identity of a torch-engine result is off by more than its dtype allows
+    (``self_check="warn"``)."""
 
 
 class SelfCheckError(ValueError):
-    """As :class:`SelfCheckWarning`, raised instead with ``strict=True``."""
+    """An exact identity of a torch-engine result is off by more than its dtype allows:
+    the result is wrong (the default, ``self_check="raise"``)."""
+
+
+def failed_check_text(module_name, failed, out):
+    """The message of failed self-check rows ``failed`` of a result ``out`` of the module
+    class ``module_name``: the worst row, what it compares, and the likely causes."""
+    worst = max(failed, key=lambda r: r["value"] / r["tolerance"])
+    name = worst["identity"]
+    what = _WHAT_DIFFERED.get(name.replace(" (centered)", ""), name)
+    return (f"exact_causal_lm: the result for module {module_name} fails its self-check: "
+            f"the exact identity {name} is off by {worst['value']:.3g} relative "
+            f"({what} differ), beyond the {out['dtype']} tolerance "
+            f"{worst['tolerance']:.0e}; {len(failed)} of {len(out['checks'])} self-checks "
+            "failed. The module's output for a window must depend only on that window "
+            "and the parameters (not on the rest of its batch, not on a cast below the "
+            "run's dtype); self_check='warn' or 'off' returns the result anyway, with the "
+            "rows in result['checks']")
 
 
 def _ratio(err, scale):

@@ -79,18 +79,21 @@ def _add(s, d, dev):
     """Add a shard's StreamSums fields ``d`` to ``s`` (the first spread taken as it is)."""
     to = {k: v.to(dev) for k, v in d.items() if torch.is_tensor(v)}
     for k, v in to.items():
-        if k not in ("mass", "mean", "M2"):
+        if k not in ("mass", "mean", "M2", "unit"):
             setattr(s, k, getattr(s, k) + v)
     if float(to["mass"]) <= 0:
         return
     if float(s.mass) <= 0:
-        s.mass, s.mean, s.M2 = to["mass"], to["mean"], to["M2"]
+        s.mass, s.mean, s.M2, s.unit = to["mass"], to["mean"], to["M2"], to["unit"]
         return
     W = s.mass + to["mass"]
     delta = to["mean"] - s.mean
+    u = torch.maximum(s.unit, to["unit"])  # both M2 in units of u^2 (see StreamSums)
+    us = torch.where(u > 0, u, torch.ones_like(u))
     s.mean = s.mean + delta * (to["mass"] / W)
-    s.M2 = s.M2 + to["M2"] + delta * delta * s.mass * (to["mass"] / W)
-    s.mass = W
+    s.M2 = (s.M2 * (s.unit / us).square() + to["M2"] * (to["unit"] / us).square()
+            + (delta / us).square() * s.mass * (to["mass"] / W))
+    s.mass, s.unit = W, u
 
 
 def merge_torch(run, parts):

@@ -102,3 +102,69 @@ def test_json_into_a_missing_directory_exits_2_before_running(tmp_path, capsys, 
 def test_unknown_dtype_on_command_line_exits_2(capsys):
     assert main(["compare", "--config", "default", "--dtype", "half", "--mc", "0"]) == 2
     assert "unknown dtype 'half'" in capsys.readouterr().err
+
+
+_CHILD = r'''
+import atexit, json, os, runpy, sys, time
+import fisher_ref.cli.compare as c
+out, marker, stage = sys.argv[1:4]
+row = {"quantity": "q", "dtype": "float64", "device": "cpu", "max_abs_error": 0.0,
+       "max_rel_error": 0.0, "test": "rel", "statistic": 0.0, "tolerance": 1e-10,
+       "passed": True}
+c.compare = lambda task, **kw: [row]  # the torch run is not what is tested here
+
+def hold():  # say where we are, then wait for the signal
+    open(marker, "w").close()
+    time.sleep(20)
+
+if stage == "writing":  # the temporary file holds half the rows
+    def dump(obj, fh, **kw):
+        fh.write("{\"rows\": [")
+        fh.flush()
+        hold()
+    c.json = type("J", (), {"dump": staticmethod(dump)})
+elif stage == "printing":  # the rows written, the table being printed
+    real = c.format_table
+    c.format_table = lambda *a, **k: (hold(), real(*a, **k))[1]
+else:  # "exiting": the run is over, the interpreter shuts down
+    atexit.register(lambda: (open(marker, "w").close(), time.sleep(2)))
+sys.argv = ["fisher_ref", "compare", "--config", "tabular", "--device", "cpu", "--json", out]
+runpy.run_module("fisher_ref", run_name="__main__")
+'''
+
+
+@pytest.mark.parametrize("stage", ["writing", "printing", "exiting"])
+def test_sigterm_during_compare_json_leaves_no_file_and_exits_143(tmp_path, stage):
+    """issue 46 item 7: SIGTERM during ``compare --json`` left the JSON output behind and
+    exited -15. Inside the run (the temporary file half written, or the table being
+    printed) nothing is left and the exit is 143; once the run is over (the output in
+    place) the shutdown ends with the run's own code 0, not -15."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    outdir, marker = tmp_path / "out", tmp_path / "marker"
+    outdir.mkdir()
+    out = outdir / "rows.json"
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(out), str(marker), stage],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert marker.exists(), child.communicate()
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=30)
+    finally:
+        child.kill()
+    err = err.decode()
+    if stage == "exiting":
+        assert child.returncode == 0, err
+        assert json.loads(out.read_text())["rows"][0]["passed"]
+    else:
+        assert child.returncode == 143, err
+        assert "terminated (SIGTERM)" in err and "Traceback" not in err
+        assert list(outdir.iterdir()) == []  # neither the output nor a temporary file

@@ -72,3 +72,38 @@ def test_groups_per_batch_and_pad_reach_the_library(capsys):
     assert main(["estimators", "--config", "tabular", "--group-size", "1", "--preset",
                  "reinforce", "--groups-per-batch", "2"]) == 0
     assert "groups per batch 2" in capsys.readouterr().out
+
+
+def test_past_max_groups_the_advice_names_the_cli_options(capsys):
+    """issue 46 item 18: the refusal past max_groups suggested ``symmetric=True`` (no CLI
+    flag) and did not name ``--max-groups``; it now names --group-size, --symmetric and
+    --max-groups, and --symmetric exists and gives the ordered tuples' numbers."""
+    argv = ["estimators", "--config", "tabular", "--group-size", "3", "--max-groups", "50"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--symmetric" in err and "raise --max-groups (now 50)" in err
+    assert "--group-size" in err and "symmetric=True" not in err
+    assert "estimators refused" in err
+    assert main(argv[:-2] + ["--preset", "grpo", "--preset", "rloo"]) == 0
+    ordered = capsys.readouterr().out.splitlines()[2:]
+    assert main(argv[:-2] + ["--preset", "grpo", "--preset", "rloo", "--symmetric"]) == 0
+    multisets = capsys.readouterr().out.splitlines()[2:]
+    for a, b in zip(ordered, multisets):  # the same expected gradients, fewer groups
+        na, nb = a.split(), b.split()
+        assert na[:2] == nb[:2]
+        np.testing.assert_allclose([float(x) for x in nb[2:]], [float(x) for x in na[2:]],
+                                   rtol=1e-4, atol=1e-9)
+    with_sym = ["estimators", "--config", "tabular", "--group-size", "3", "--symmetric",
+                "--max-groups", "5"]
+    assert main(with_sym) == 2
+    err = capsys.readouterr().err
+    assert "multisets" in err and "raise --max-groups (now 5)" in err
+    assert ", --symmetric" not in err  # already given: not advised again
+
+
+def test_a_repeated_preset_is_reported_once(capsys):
+    """issue 46 item 18: ``--preset grpo --preset grpo`` printed the grpo row twice."""
+    assert main(["estimators", "--config", "tabular", "--preset", "grpo", "--preset", "rloo",
+                 "--preset", "grpo"]) == 0
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert names == ["grpo", "rloo"]

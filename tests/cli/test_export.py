@@ -78,3 +78,13 @@ def test_regenerate_refuses_a_missing_directory(tmp_path, capsys):
     os.mkfifo(tmp_path / "tabular.npz")
     rc, err = run_cli(["regenerate", str(tmp_path), "--names", "tabular"], capsys)
     assert rc == 2 and "FIFO" in err
+
+
+def test_export_out_dash_is_refused_naming_out(tmp_path, capsys, monkeypatch):
+    """issue 46 item 18: ``export --out -`` wrote a zip file literally named ``-``; it is
+    refused (exit 2) naming --out, and nothing is written. ``./-`` is a file name."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["export", "--config", "tabular", "--out", "-"]) == 2
+    err = capsys.readouterr().err
+    assert "--out '-'" in err and "standard output" in err and "./-" in err
+    assert os.listdir(tmp_path) == []

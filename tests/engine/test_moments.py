@@ -96,3 +96,44 @@ def test_finish_stream_forms_the_documented_quantities_from_the_sums():
 def test_importance_weighted_is_zero_where_the_sampler_never_draws():
     w, p = np.array([0.5, 0.0, 0.5]), np.array([0.25, 0.5, 0.25])
     assert np.array_equal(importance_weighted(w, p), np.array([0.25, 0.0, 0.25]))
+
+
+def _exact_std(prob, rewards):
+    """The weighted std of ``rewards`` from exact rationals (the floats as they are), its
+    square root taken after scaling by 2^1120, so that nothing underflows."""
+    from fractions import Fraction
+    p = [Fraction(float(x)) for x in prob]
+    R = [Fraction(float(x)) for x in rewards]
+    W = sum(p)
+    mean = sum(a * b for a, b in zip(p, R)) / W
+    var = sum(a * (b - mean) ** 2 for a, b in zip(p, R)) / W
+    return float(np.sqrt(float(var * 2 ** 1120))) * 2.0 ** -560
+
+
+def test_tiny_rewards_keep_std_bound_and_correlation():
+    """issue 46 item 1: rewards of 1e-170 x a count. Blocks whose rewards are all 0 used
+    to set the spread's unit to 1, and the squares of 1e-170 then underflowed: std(A) and
+    the bound came out 0, the correlation 0. Both engines, against exact rationals."""
+    base = load_config("default")
+    count = base.reward
+    scale = 1e-170
+    tiny = base.with_(reward=lambda prompt, resp: scale * count(prompt, resp))
+    unit = exact(base, progress=False)
+    for reference in (False, True):
+        r = exact(tiny, progress=False, reference=reference)
+        want = _exact_std(r.sequences["prob"], r.sequences["reward"])
+        assert want > 0
+        assert abs(r.reward_std - want) <= RTOL * want, (reference, r.reward_std, want)
+        assert rel(r.bound, want * np.sqrt(r.sequence_fisher)) <= RTOL, reference
+        assert rel(r.correlation, unit.correlation) <= RTOL, reference
+
+
+def test_a_block_of_zero_rewards_leaves_a_tiny_unit_alone():
+    """issue 46 item 1: zero rewards merged before and after rewards of 1e-170."""
+    for order in ((0, 1), (1, 0)):
+        m = Moments(1, 1)
+        blocks = [np.zeros(2), np.array([1e-170, 3e-170])]
+        for i in order:
+            m.add_reward_spread(np.array([0.25, 0.25]), blocks[i])
+        want = _exact_std([0.25] * 4, [0.0, 0.0, 1e-170, 3e-170])
+        assert abs(m.reward_std() - want) <= RTOL * want, (order, m.reward_std(), want)

@@ -11,7 +11,7 @@ import pytest
 import fisher_ref.golden.archive as archive
 from fisher_ref.golden import manifest
 from fisher_ref.golden.check import GOLDEN_DIR, golden_path
-from fisher_ref.golden.format import load_golden
+from fisher_ref.golden.format import load_golden, read_members
 from tests.golden.test_format import expect_error, rewrite
 
 SOURCE = golden_path("tabular")
@@ -126,3 +126,39 @@ def test_garbage_file(tmp_path):
 
 def test_missing_file(tmp_path):
     expect_error(tmp_path / "absent.npz", "cannot read")
+
+
+def test_an_edited_copy_claiming_a_shipped_name_is_refused(tmp_path):
+    """issue 46 item 4: a copy of the shipped ``default`` with its reward token changed and
+    every hash rewritten, outside the package, loaded silently; a file that claims a shipped
+    name must be that file (or a regeneration of it)."""
+    source = golden_path("default")
+
+    def other_token(meta, arrays):
+        meta["task"]["reward"]["token"] = 3
+
+    def scaled(meta, arrays):
+        arrays["gradient"] = 1.5 * arrays["gradient"]
+
+    for change, what in ((other_token, "meta task differ"),
+                         (scaled, "array 'gradient' differs")):
+        edited = rewrite(tmp_path, change, source=source)
+        expect_error(edited, "claims the shipped name 'default'", what,
+                     manifest.SHA256["default"][:16], "task.with_(name=...)")
+    # the shipped content with other bytes (entry order, compression) still loads
+    members = read_members(source)
+    np.savez_compressed(tmp_path / "packed.npz", **members)
+    assert (tmp_path / "packed.npz").read_bytes() != source.read_bytes()
+    assert load_golden(tmp_path / "packed.npz").name == "default"
+
+
+def test_an_export_of_another_task_under_a_shipped_name_does_not_claim_it(tmp_path):
+    """issue 46 item 4: exporting ``default`` with another reward records the name
+    ``default-custom``, so the export loads and does not pass for the shipped file."""
+    from fisher_ref import load_config
+    from fisher_ref.golden.export import export_golden
+    task = load_config("tabular").with_(reward={"name": "length"})
+    g = load_golden(export_golden(task, tmp_path / "mine.npz"))
+    assert g.name == "tabular-custom"
+    same = load_golden(export_golden(load_config("tabular"), tmp_path / "same.npz"))
+    assert same.name == "tabular"  # a regeneration keeps the shipped name

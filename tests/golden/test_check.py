@@ -151,3 +151,42 @@ def test_comparison_result_api():
         r["sequence_fisher"]
     with pytest.raises(ValueError, match="an empty comparison is not a pass"):
         compare_to_golden({}, "tabular")
+
+
+@pytest.mark.parametrize("value", [None, "2", b"2", object()], ids=["none", "str", "bytes", "object"])
+def test_object_arrays_are_refused_naming_the_key(value):
+    """issue 46 item 3: an object array (None or a string where state_depth is expected)
+    raised numpy's untyped "unsupported operand type(s) for -"; now the documented
+    TypeError names the key and the entry, for integer and float keys alike."""
+    g = load_golden(golden_path("default"))
+    for key in ("state_depth", "sequence_fisher"):
+        mine = np.array(g[key], dtype=object)
+        mine[1] = value
+        with pytest.raises(TypeError, match=rf"^{key}: your array holds Python objects .* at \[1\]"):
+            compare_to_golden({key: mine}, g)
+    # numbers in an object array are numbers: compared as usual
+    assert compare_to_golden({"state_depth": np.array(g["state_depth"], dtype=object)}, g)
+
+
+@pytest.mark.parametrize("name", ["../golden_data/default", "../../../etc/passwd", "..",
+                                  "sub/default", "sub\\default", "/abs/default", ".hidden",
+                                  "", "default\0", 5, None])
+def test_golden_path_refuses_names_that_are_paths(name):
+    """issue 46 item 6: golden_path("../../...") returned a path outside the package's
+    golden data; a name with a separator or ``..`` is refused by name."""
+    with pytest.raises(ValueError, match="golden name must be a plain name"):
+        golden_path(name)
+
+
+def test_golden_path_stays_inside_the_golden_data(tmp_path, monkeypatch):
+    """issue 46 item 6: a link in the golden data that points outside is refused too."""
+    import fisher_ref.golden.check as check
+    assert golden_path("default").parent == check.GOLDEN_DIR
+    outside = tmp_path / "outside.npz"
+    outside.write_bytes(golden_path("default").read_bytes())
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "evil.npz").symlink_to(outside)
+    monkeypatch.setattr(check, "GOLDEN_DIR", data)
+    with pytest.raises(ValueError, match="resolves outside the shipped golden data"):
+        check.golden_path("evil")

@@ -122,3 +122,23 @@ def test_mc_result_z_scores_and_variance_reduction():
     live = vg > 1e-12 * np.max(g[k] ** 2)
     assert live.sum() > 0.5 * len(vg)
     np.testing.assert_allclose(variance_reduction(mc)[live], vh[live] / vg[live], rtol=1e-8)
+
+
+def test_tiny_rewards_keep_their_standard_errors():
+    """issue 46 item 1 (Monte Carlo): with rewards of 1e-170 x a count, the squares in the
+    standard errors (and in the bound's spread) underflowed: se 0 and bound 0. The same
+    draws with rewards of 1 x the count give the same numbers times 1e-170."""
+    from fisher_ref import load_config
+    from fisher_ref.monte_carlo.sampling import estimate
+    task = load_config("default")
+    count, s = task.reward, 1e-170
+    unit = estimate(task, 300, np.random.default_rng(3))
+    tiny = estimate(task.with_(reward=lambda p, r: s * count(p, r)), 300,
+                    np.random.default_rng(3))
+    for q in ("expected_reward", "gradient", "covariance", "bound", "correlation"):
+        a, b = unit.streams["policy"][q], tiny.streams["policy"][q]
+        k = 1.0 if q == "correlation" else s
+        assert np.any(np.asarray(a.se) > 0), q
+        np.testing.assert_allclose(b.mean, k * np.asarray(a.mean), rtol=1e-10, atol=0,
+                                   err_msg=q)
+        np.testing.assert_allclose(b.se, k * np.asarray(a.se), rtol=1e-10, atol=0, err_msg=q)

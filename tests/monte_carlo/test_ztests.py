@@ -73,3 +73,26 @@ def test_z_score_handles_zero_and_rounding_variance():
     assert z[2] == np.inf  # constant but off by more than rounding
     assert z[3] == pytest.approx(10.0, rel=RTOL)
     assert z_score(np.array([1.0 + 0.5 * ROUNDING_RTOL]), np.array([1.0]), np.array([0.0]), 5)[0] == 0
+
+
+def test_z_scores_of_tiny_rewards_are_refused_naming_the_reward_scale():
+    """issue 46 item 1 (Monte Carlo): with rewards of 1e-170 x a count the exact variances
+    of expected_reward and gradient underflow, and their z came out 0 (a pass whatever the
+    estimate). The z-scores are refused, naming the scale; the same task with the reward
+    scaled by a power of two gives the z of rewards near 1."""
+    from fisher_ref import exact, load_config
+    from fisher_ref.monte_carlo.sampling import check_monte_carlo, estimate
+    task = load_config("default")
+    count = task.reward
+    tiny = task.with_(reward=lambda p, r: 1e-170 * count(p, r))
+    ex = exact(tiny, progress=False)
+    mc = estimate(tiny, 200, np.random.default_rng(0))
+    with pytest.raises(ValueError, match=r"z-scores refused: the rewards are of size [\d.]+e-1\d\d"
+                       r" .* below 1e-100"):
+        mc.z_scores(ex)
+    with pytest.raises(ValueError, match="z-scores refused"):
+        check_monte_carlo(tiny, ex, 200, seed=0)
+    s = 2.0 ** 560  # exact: the z of the scaled task are those of rewards near 1
+    scaled = task.with_(reward=lambda p, r: s * 1e-170 * count(p, r))
+    z = estimate(scaled, 200, np.random.default_rng(0)).z_scores(exact(scaled, progress=False))
+    assert np.max(np.abs(z[("policy", "gradient")])) > 0

@@ -144,3 +144,46 @@ def test_v16_task_runs_within_2_gib():
     assert got["P"] == 4376
     assert got["err"] <= RTOL
     assert got["maxrss"] < MEMORY_LIMIT, f"peak RSS {got['maxrss'] / GIB:.2f} GiB"
+
+
+def test_every_torch_entry_point_refuses_a_huge_vocabulary_before_allocating(monkeypatch):
+    """issue 46 item 15: a Llama with V=50,000 and max_len 3 made exact_causal_lm and
+    torch_exact try to allocate 320 GB (an allocator error after 1.8 s), where
+    exact(causal_lm_task(...)) refused at once with an estimate. Every entry point now
+    refuses with the same estimate, in well under a second, before the walk is set up."""
+    import time
+
+    transformers = pytest.importorskip("transformers", reason="the hf extra is needed")
+    import fisher_ref.torch.exact as tex
+    from fisher_ref.engine.plan import EnumerationTooLarge
+    from fisher_ref.torch import causal_lm_task, exact_causal_lm
+
+    V = 50_000
+    config = transformers.LlamaConfig(
+        vocab_size=V + 1, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8)
+    torch.manual_seed(0)
+    llama = transformers.LlamaForCausalLM(config).double().eval()
+
+    def no_walk(*args, **kwargs):
+        raise AssertionError("the walk was set up: the guard came too late")
+    monkeypatch.setattr(tex, "_Run", no_walk)
+    monkeypatch.setattr(tex, "torch_model", no_walk)
+    reward = lambda prompt, response: float(response.count(2))  # noqa: E731
+    kw = dict(vocab_size=V, eos=True, bos=V)
+    task = causal_lm_task(llama, [[1]], 3, reward, **kw)
+    calls = {"exact (numpy)": lambda: exact(task),
+             "torch_exact": lambda: torch_exact(task),
+             "torch_exact shard": lambda: torch_exact(task, shard=(0, 2)),
+             "exact_causal_lm": lambda: exact_causal_lm(llama, [[1]], 3, reward, **kw)}
+    for name, call in calls.items():
+        start = time.perf_counter()
+        with pytest.raises(EnumerationTooLarge, match=r"estimated memory [\d,.]+ GiB exceeds the "
+                           r"limit .* V=50,000, T=3") as info:
+            call()
+        took = time.perf_counter() - start
+        assert took < 1.0, (name, took)
+        assert "Use Monte Carlo instead" in str(info.value), name
+    # the limits are those of exact(): raised, the estimate is still judged on memory
+    with pytest.raises(EnumerationTooLarge, match="estimated memory"):
+        torch_exact(task, max_seconds=float("inf"))

@@ -201,3 +201,44 @@ def test_too_few_output_columns_are_named():
 
     with pytest.raises(ValueError, match="fewer than vocab_size=3"):
         exact_causal_lm(Narrow(), [[1]], 2, reward, vocab_size=3, eos=True, bos=3)
+
+
+class _Bigram(torch.nn.Module):
+    def __init__(self, V=3):
+        super().__init__()
+        self.table = torch.nn.Embedding(V + 1, V)
+
+    def forward(self, ids):  # (b, n) -> (b, V)
+        return self.table(ids[:, -1])
+
+
+@pytest.mark.parametrize("eos, words", [
+    (0, "got the integer 0; if id 0 ends a response, write eos=True"),
+    (2, "got the integer 2; a vocabulary whose EOS is id 2 must be reordered"),
+    (99, "got the integer 99"), (-1, "got the integer -1"),
+    (np.int64(2), "got the integer 2"), ("yes", "got str 'yes'"), (None, "got NoneType"),
+    (1.0, "got float 1.0"),
+], ids=["0", "2", "99", "minus_1", "np_int", "yes", "none", "float"])
+def test_eos_must_be_a_bool_and_is_never_coerced(eos, words):
+    """issue 46 item 8: ``eos`` was read as ``bool(eos)``: ``eos=0`` (a tokenizer's
+    ``eos_token_id`` of 0) silently meant no EOS, and 2, 99, -1, "yes" meant "id 0 ends".
+    Every entry point refuses anything but a bool, naming fisher_ref's convention."""
+    kw = dict(vocab_size=3, eos=eos, bos=3)
+    args = (_Bigram(), [[1]], 2, lambda p, r: r.count(2))
+    for entry in (exact_causal_lm, causal_lm_task):
+        with pytest.raises(ValueError, match=r"eos must be True or False \(whether id 0 ends a "
+                           r"response: fisher_ref's EOS is always id 0\), " + words):
+            entry(*args, **kw)
+    with pytest.raises(ValueError, match="eos must be True or False"):
+        from_module(_Bigram(), 3, eos, 3, positions=2)
+
+
+def test_eos_numpy_bool_is_a_bool():
+    """issue 46 item 8: numpy's bool is a bool (read as True and False are)."""
+    args = (_Bigram(), [[1]], 2, lambda p, r: r.count(2))
+    torch.manual_seed(0)
+    module = _Bigram()
+    for flag in (True, False):
+        a = causal_lm_task(module, *args[1:], vocab_size=3, eos=flag, bos=3)
+        b = causal_lm_task(module, *args[1:], vocab_size=3, eos=np.bool_(flag), bos=3)
+        assert a.model.eos is b.model.eos is flag

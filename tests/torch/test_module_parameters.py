@@ -63,3 +63,31 @@ def test_a_transformers_model_gives_its_embedding_rows_and_position_table():
     model = frozen_llama()
     assert input_embeddings(model) == model.get_input_embeddings().weight.shape[0]
     assert position_table(model) == model.config.max_position_embeddings > 0
+
+
+def test_a_tied_alias_selects_the_shared_weight():
+    """issue 46 item 20: with tied embeddings, ``params=["lm_head.weight"]`` was refused as
+    "not in the module's named_parameters()", which lists the shared tensor only as
+    ``model.embed_tokens.weight``. The alias now selects the shared weight, under its first
+    name, and gives the same result as that name."""
+    import transformers
+
+    from fisher_ref.torch import exact_causal_lm
+    V = 4
+    config = transformers.LlamaConfig(
+        vocab_size=V + 1, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8,
+        tie_word_embeddings=True)
+    torch.manual_seed(0)
+    llama = transformers.LlamaForCausalLM(config).double().eval()
+    assert llama.lm_head.weight is llama.model.embed_tokens.weight
+    for names in (["lm_head.weight"], ["lm_head.weight", "model.embed_tokens.weight"]):
+        (picked,) = select_parameters(llama, names)
+        assert picked[0] == "model.embed_tokens.weight" and picked[1] is llama.lm_head.weight
+    reward = lambda prompt, response: float(response.count(2))  # noqa: E731
+    kw = dict(vocab_size=V, eos=True, bos=V)
+    a = exact_causal_lm(llama, [[1]], 2, reward, params=["model.embed_tokens.weight"], **kw)
+    b = exact_causal_lm(llama, [[1]], 2, reward, params=["lm_head.weight"], **kw)
+    assert b["params"] == ["model.embed_tokens.weight"]
+    for q in ("gradient", "sequence_fisher"):
+        np.testing.assert_array_equal(b["streams"]["policy"][q], a["streams"]["policy"][q])

@@ -33,3 +33,21 @@ def test_ranges_bound_the_exact_variances():
     ranges, pol = torch_exact(task)["ranges"], _ref(task).streams["policy"]
     for q, var_key in (("sequence_fisher", "h2"), ("token_fisher_sum", "token_sum")):
         assert np.all(pol.variances[var_key] <= ranges[q] ** 2 * (1 + 1e-9) + 1e-300)
+
+
+def test_tiny_rewards_keep_std_bound_and_correlation():
+    """issue 46 item 1: rewards of 1e-170 x a count. The squared deviations underflowed:
+    std(A) and the bound came out 0. Against exact rationals over the kept responses."""
+    from tests.engine.test_moments import _exact_std
+    task = load_config("default")
+    count, scale = task.reward, 1e-170
+    tiny = task.with_(reward=FunctionReward(lambda p, r: scale * count(p, r)))
+    unit = torch_exact(task)["streams"]["policy"]
+    out = torch_exact(tiny)
+    pol, seqs = out["streams"]["policy"], out["sequences"]
+    want = _exact_std(seqs["prob"], seqs["reward"])
+    assert want > 0
+    assert abs(float(pol["reward_std"]) - want) <= 1e-10 * want, (pol["reward_std"], want)
+    np.testing.assert_allclose(pol["bound"], want * np.sqrt(pol["sequence_fisher"]),
+                               rtol=1e-10, atol=0)
+    np.testing.assert_allclose(pol["correlation"], unit["correlation"], rtol=1e-10, atol=0)
