@@ -91,10 +91,10 @@ $10^{-16}$. The rows are numbered as in docs/theory.md §2.9:
 | 2 | cross terms vanish: $E[\xi_{u,i}\xi_{t,i}] = 0$ for $u \ne t$ | 1 |
 | 3 | sequence Fisher = token-sum Fisher, $F_i = E[\sum_t f_i(s_t)]$ | 1 |
 | 4 | centered form = pairwise form; a uniform logit shift changes nothing | 2 |
-| 5 | the uniform reference $f^{unif}$ (the pairwise form at $p = 1/V$) | 3 |
+| 5 | $f/f^{unif} = \kappa(s)\,\alpha_i(s)$: concentration times alignment | 3 |
 | 6 | $E[A h_i]$ = autograd of the exact $E[R]$ | 4 |
 | 7 | $G_i = \mathrm{Cov}(A, h_i)$ and $\lvert G_i \rvert \le \mathrm{std}(A)\sqrt{F_i}$ | 4 |
-| 8 | where Fisher meets gradient: the top-$q$ overlap (information, not graded) | 4 |
+| 8 | top-$q$ overlap of $\lvert G \rvert$ and $F$: a diagnostic set by two spreads (info) | 4 |
 
 The table's `C[u,t]` is `cross_terms`, `rho(s)` the reach, `mu` the sampler; rows marked
 `info` report a number and grade nothing.
