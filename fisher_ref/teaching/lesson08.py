@@ -61,7 +61,8 @@ QUIZ_ROWS = [
     _quiz("grpo-two",
           r"GRPO with groups of $B = 2$ and a binary reward. How does its difficulty weight "
           r"$w_2(\gamma)$ depend on the prompt's pass rate $\gamma$?",
-          (r"It is the same for every $\gamma$: a mixed pair gets $A = \pm 1/\sqrt2$.",
+          (r"It is the same for every $\gamma$: a mixed pair gets $A = \pm 1/\sqrt2$, whatever "
+           r"the pass rate.",
            r"It grows like $1/\sqrt{\gamma(1-\gamma)}$, large for the rarest successes.",
            r"It is zero, because two draws cannot estimate a standard deviation.",
            r"It peaks at $\gamma = 1/2$, where the rewards vary the most."),

@@ -53,8 +53,8 @@ task = load_config("default")
 r = exact(task, progress=False)
 pol = r.streams["policy"]
 P = task.model.num_params
-print(f"reward: {task.spec['reward']}, baseline R_0 = {task.baseline}; "
-      f"E[R] = {r.expected_reward:.4f}, std(A) = {r.reward_std:.4f}")
+print(f"reward: {task.spec['reward']}, baseline R_0 = {task.baseline}")
+print(f"E[R] = {r.expected_reward:.4f}, std(A) = {r.reward_std:.4f}")
 
 def rel_err(a, b):
     return np.abs(a - b).max() / max(np.abs(a).max(), np.abs(b).max())
@@ -129,15 +129,17 @@ secs = time.perf_counter() - t0
 Pm = medium.model.num_params
 print(f"medium: V = {medium.model.vocab_size}, responses up to {medium.max_len} tokens, "
       f"baseline {medium.spec['baseline']!r}")
-print(f"{Pm} parameters, {rm.n_responses} responses, {rm.n_states} states; exact in "
-      f"{secs:.1f} s on this machine ({platform.machine()}, {os.cpu_count()} CPU cores)")
+print(f"{Pm} parameters, {rm.n_responses} responses, {rm.n_states} states")
+print(f"exact in {secs:.1f} s on this machine ({platform.machine()}, "
+      f"{os.cpu_count()} CPU cores)")
+print("p: the chance that a random set of as many parameters shares as many")
 rows = rm.topk_overlap((0.01, 0.02, 0.05, 0.1, 0.25))
 p_values = []
 for q, n, o, rnd in rows:
     hits = round(o * n)
     p_values.append(hypergeom.sf(hits - 1, Pm, n, n))      # P(random top-n set shares >= hits)
-    print(f"top {100 * q:4.0f}% ({n:3d} params): {hits:3d} shared = {o:6.1%}  vs random "
-          f"{rnd:6.1%}  (chance of >= {hits} at random: {p_values[-1]:.1e})")"""),
+    print(f"top {100 * q:3.0f}% ({n:3d} params): {hits:3d} shared = {o:6.1%}, random "
+          f"{rnd:5.1%}, p = {p_values[-1]:.1e}")"""),
     md(r"""
 Far more than chance, and far from complete. Why both? Take logarithms of
 $|G_i| = \mathrm{cap}_i \cdot |\mathrm{corr}_i|$:
@@ -155,7 +157,8 @@ log_cap = np.log10(rm.bound[live_m])                      # (n_live,)
 log_corr = np.log10(rm.correlation[live_m])               # (n_live,)
 sd_cap, sd_corr = log_cap.std(), log_corr.std()
 print(f"medium, {live_m.sum()} parameters: sd of log10 cap = {sd_cap:.2f}, "
-      f"sd of log10 |corr| = {sd_corr:.2f}, their correlation "
+      f"sd of log10 |corr| = {sd_corr:.2f}")
+print(f"the two logs' correlation over the parameters: "
       f"{np.corrcoef(log_cap, log_corr)[0, 1]:.2f}")
 fig, axes = plt.subplots(1, 2, figsize=(12, 3.9), constrained_layout=True)
 axes[0].hist(log_cap - log_cap.mean(), bins=40, alpha=0.6, label=r"$\\log_{10}\\mathrm{cap}$")

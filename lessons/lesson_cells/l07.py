@@ -75,8 +75,8 @@ mlp_task = load_config("default")
 r_mlp = exact(mlp_task, progress=False)
 same = {key: (getattr(mlp_task, key), getattr(task, key)) for key in ("prompts", "max_len")}
 same["reward"] = (mlp_task.spec["reward"], task.spec["reward"])
-print(f"the MLP of lessons 0-6 (config default): P = {mlp_task.model.num_params}; "
-      f"same prompts, reward and response length: {all(a == b for a, b in same.values())}")"""),
+print(f"the MLP of lessons 0-6 (config default): P = {mlp_task.model.num_params}")
+print(f"same prompts, reward and response length: {all(a == b for a, b in same.values())}")"""),
     md(r"""
 ## Every identity, on attention
 
@@ -181,10 +181,10 @@ for label, (t, res) in models.items():
 short = {"MLP (default)": "MLP", "GPT-2 (gpt2_small)": "GPT-2",
          "GPT-2, LayerNorm gain 1, bias 0": "GPT-2, LN 1/0"}
 print("share of F / share of parameters (- : no such group)")
-print(f"{'':>14}" + "".join(f"{g:>16}" for g in GROUPS))
+print(f"{'':>14}" + "".join(f"{g:>14}" for g in GROUPS))
 for label in models:
     cells = [f"{f:.0%} / {p:.0%}" if p else "-" for f, p in zip(share_F[label], share_P[label])]
-    print(f"{short[label]:>14}" + "".join(f"{c:>16}" for c in cells))"""),
+    print(f"{short[label]:>14}" + "".join(f"{c:>14}" for c in cells))"""),
     code("""
 COLORS = dict(zip(models, ("tab:gray", "tab:purple", "tab:cyan")))
 x = np.arange(len(GROUPS))
@@ -214,8 +214,8 @@ print(f"embeddings + LayerNorm hold {sP[outer].sum():.0%} and {sF[outer].sum():.
 gains = np.concatenate([v for n, v in model.unpack(task.theta).items()
                         if "ln_" in n and n.endswith("weight")])
 print(f"the shipped LayerNorm gains: {gains.size} values from {gains.min():.2f} to "
-      f"{gains.max():.2f}, {(gains < 0).sum()} negative, {(np.abs(gains) < 0.1).sum()} "
-      f"within 0.1 of 0")
+      f"{gains.max():.2f},")
+print(f"  {(gains < 0).sum()} negative, {(np.abs(gains) < 0.1).sum()} within 0.1 of 0")
 hf = share_F["GPT-2, LayerNorm gain 1, bias 0"]
 print(f"attention's share of F: {sF[1]:.1%} as shipped, {hf[1]:.1%} with LayerNorm gain 1, "
       f"bias 0")"""),
@@ -244,8 +244,9 @@ the next one.
     code("""
 eos_mlp = mlp_task.model.unpack(r_mlp.sequence_fisher)["E"][0]          # (d,) F of E[0]
 eos_gpt2 = blocks_F["transformer.wte.weight"][0]                         # (d,) F of wte[0]
-print("F of the EOS row (token 0): MLP E[0] =", eos_mlp)
-print("                           GPT-2 wte[0] =", np.round(eos_gpt2, 4))"""),
+print("F of the EOS row (token 0):")
+print("  MLP E[0]     =", eos_mlp)
+print("  GPT-2 wte[0] =", np.round(eos_gpt2, 4))"""),
     md(r"""
 ## A parameter no logit feels: the key bias
 
@@ -280,8 +281,8 @@ parts = {"query": off + np.arange(d), "key": off + d + np.arange(d),
 F = r.sequence_fisher                                     # (P,)
 J = state_sensitivities(task, r.states)                   # (N, P, V)
 for part, idx in parts.items():
-    print(f"{part:>5} bias: max F = {F[idx].max():.1e} (largest F of all {F.max():.2f}), "
-          f"max |j| over states and tokens = {np.abs(J[:, idx]).max():.1e}")"""),
+    print(f"{part:>5} bias: max F = {F[idx].max():.1e} (largest F of all {F.max():.2f}),")
+    print(f"{'':>12}max |j| over states and tokens = {np.abs(J[:, idx]).max():.1e}")"""),
     code("""
 toks = r.states["tokens"]
 W = model.windows(toks, (toks >= 0).sum(axis=1))          # (N, n_positions) every state's input
@@ -366,11 +367,12 @@ the 10 parameters with the largest $|G_i|$ are among the 10 with the largest $F_
     code("""
 from scipy.stats import hypergeom
 p_values = []
+print("p: the chance that a random set of as many parameters shares as many")
 for q, n, o, rnd in r.topk_overlap((0.01, 0.05, 0.1)):
     hits = round(o * n)
     p_values.append(hypergeom.sf(hits - 1, model.num_params, n, n))  # P(random set >= hits)
-    print(f"top {100 * q:3.0f}% ({n:3d} params): {hits:3d} shared = {o:5.0%} vs random "
-          f"{rnd:4.0%} (chance of >= {hits} at random: {p_values[-1]:.1e})")"""),
+    print(f"top {100 * q:3.0f}% ({n:3d} params): {hits:3d} shared = {o:5.0%}, random "
+          f"{rnd:4.0%}, p = {p_values[-1]:.1e}")"""),
     md(r"""
 The bound holds for every parameter of the transformer, exactly as for the MLP: it is
 Cauchy–Schwarz on $G_i = \mathrm{Cov}(A, h_i)$ and $F_i = \mathrm{Var}(h_i)$, nothing about the

@@ -123,8 +123,10 @@ for axis, points in drifts.items():
     code("""
 fig, axes = plt.subplots(2, 3, figsize=(13, 6.5), constrained_layout=True)
 colors = {"sequence": "tab:blue", "token": "tab:red", "prefix": "tab:orange"}
+titles = ["a hotter sampler", "a stale copy of the policy", "longer responses"]
 for k, (axis, points) in enumerate(drifts.items()):
     xs = [x for x, _ in points]
+    axes[0, k].set_title(titles[k])
     for name, color in colors.items():
         axes[0, k].plot(xs, [bias[axis, name, x] for x in xs], "o-", color=color, label=name)
         axes[1, k].semilogy(xs, [mse[axis, name, x] for x in xs], "o-", color=color)
@@ -135,8 +137,8 @@ axes[0, 0].legend(title="importance weight")
 plt.show()
 for axis, points in drifts.items():
     x = points[-1][0]
-    print(f"{axis} = {x}: " + ", ".join(
-        f"{name} bias {bias[axis, name, x]:.3f}" for name in ratios))"""),
+    print(f"{axis} = {x}:")
+    print("    " + ", ".join(f"{name} bias {bias[axis, name, x]:.3f}" for name in ratios))"""),
     md(r"""
 The sequence ratio is exact at every drift (the blue line sits at zero); the token and prefix
 ratios are exact only when there is nothing to correct ($\mu = p$, or $T = 1$, where all
@@ -416,7 +418,7 @@ for name, loss in [("sequence IS", presets.sequence_is(baseline=b0)),
                    ("token IS", presets.token_is(baseline=b0))]:
     verdict = check_loss(stale_task, loss, expect="unbiased")
     verdicts[name] = verdict.passed
-    print(textwrap.fill(f"{name}: {verdict}", 96, subsequent_indent="    "))"""),
+    print(textwrap.fill(f"{name}: {verdict}", 88, subsequent_indent="    "))"""),
     checks("""
 tol = 1e-10
 for axis, points in drifts.items():                              # (a)
