@@ -204,7 +204,8 @@ def problems(rel, wide, narrow=None, site=None):
                    f"where the site was built?)")
     if site is not None and Path(rel).parts[0] == "lessons" and Path(rel).name[0].isdigit():
         notebooks = [h for h in wide["downloads"] if h.split("#")[0].endswith(".ipynb")
-                     and (site / Path(rel).parent / h.split("#")[0]).is_file()]
+                     and Path(os.path.normpath(site / Path(rel).parent / h.split("#")[0]))
+                     .is_file()]
         if not notebooks:
             out.append(f"{rel}: no download link to its notebook")
     if narrow is not None:
