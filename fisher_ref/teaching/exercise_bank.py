@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from fisher_ref.numerics import token_fisher
 from fisher_ref.teaching.exercise import Exercise, Mistake, close_to
-from fisher_ref.teaching.exercise_references import (_anti_aligned, _expected_adam2, _expected_b2,
-                                                     _expected_c_best, _expected_concentration,
-                                                     _expected_mean_length, _expected_needed,
-                                                     _expected_one_token, _expected_overlaps,
-                                                     _expected_params)
+from fisher_ref.teaching.exercise_references import (anti_aligned, expected_adam2, expected_b2,
+                                                     expected_c_best, expected_concentration,
+                                                     expected_mean_length, expected_needed,
+                                                     expected_one_token, expected_overlaps,
+                                                     expected_params)
 from fisher_ref.teaching.exercises_transformer import TRANSFORMER_EXERCISES
 from fisher_ref.teaching.lesson08 import EXERCISES as LESSON08_EXERCISES
 from fisher_ref.teaching.views import shuffled_token_fisher
@@ -71,7 +71,7 @@ _E = [
                  "`E` has $V + 1$ rows: BOS is read as an input too (it pads short windows)."),
          Mistake("n_params = (V + 1) * d + k * d * D + D * V",
                  "the biases are parameters too: `b1` adds $D$ and `b2` adds $V$.")),
-        close_to(_expected_params, rtol=0)),
+        close_to(expected_params, rtol=0)),
     Exercise(
         "b2-moves-logits", "00_start_here", "what b2 does",
         r"By central finite differences of `task.model.logits` (step $10^{-6}$), compute "
@@ -92,8 +92,16 @@ for b in range(V):
         (Mistake("S = np.ones((V, V))",
                  "`b2[b]` is added to token $b$'s logit only; the other logits do not move."),
          Mistake("S = np.zeros((V, V))",
-                 "`b2` does move the logits: `b2[b]` adds one-for-one to $z_b$.")),
-        close_to(_expected_b2, rtol=0, atol=1e-6)),
+                 "`b2` does move the logits: `b2[b]` adds one-for-one to $z_b$."),
+         Mistake("""S = np.zeros((V, V))
+for b in range(V):
+    step = np.zeros_like(task.theta)
+    step[off + b] = 1e-6
+    S[b] = (task.model.logits(task.theta + step, window)[0]
+            - task.model.logits(task.theta - step, window)[0]) / 1e-6""",
+                 "a central difference spans two steps: $z(\\theta + h) - z(\\theta - h)$ "
+                 "is $2h$ wide, so divide by $2 \\times 10^{-6}$, not $10^{-6}$.")),
+        close_to(expected_b2, rtol=0, atol=1e-6)),
     # ---- lesson 1 -------------------------------------------------------------
     Exercise(
         "second-token-square", "01_sequence_to_tokens", "a diagonal term by hand",
@@ -112,7 +120,10 @@ i = off + int(np.argmax(r.sequence_fisher[off:off + nb2]))""",
                  "weight each response by its probability `w`; a plain mean treats rare and "
                  "likely responses alike."),
          Mistake("m22 = (w @ XI[:, 1, i]) ** 2",
-                 "square first, then average: $E[\\xi^2]$, not $E[\\xi]^2$ (which is 0 here).")),
+                 "square first, then average: $E[\\xi^2]$, not $E[\\xi]^2$ (which is 0 here)."),
+         Mistake("m22 = w @ XI[:, 2, i] ** 2",
+                 "positions count from 0 in `XI[:, t, i]`: the second token is `XI[:, 1, i]`; "
+                 "`XI[:, 2, i]` is the third.")),
         close_to(lambda ns: ns["r"].cross_terms[1, 1, ns["i"]], rtol=1e-10)),
     Exercise(
         "expected-length", "01_sequence_to_tokens", "how many tokens a response holds",
@@ -128,7 +139,7 @@ mean_len = w @ lengths""",
                  "equally."),
          Mistake("mean_len = w @ (seqs['tokens'] > 0).sum(axis=1)",
                  "EOS (token 0) is a drawn token too: the model was asked for it at that state.")),
-        close_to(_expected_mean_length, rtol=1e-10)),
+        close_to(expected_mean_length, rtol=1e-10)),
     # ---- lesson 2 -------------------------------------------------------------
     Exercise(
         "pairwise-by-broadcasting", "02_pairwise_differences", "the pairwise form, no loops",
@@ -162,7 +173,7 @@ f = 0.5 * (p[:, None] * p[None, :] * gaps ** 2).sum(axis=(1, 2))""",
                  "$\\bar j^2 = p_{tea}^2$."),
          Mistake("f_tea = 0.46 ** 2",
                  "that is the squared mean $\\bar j^2$; the variance is $E[j^2] - \\bar j^2$.")),
-        close_to(_expected_one_token, rtol=1e-6)),
+        close_to(expected_one_token, rtol=1e-6)),
     # ---- lesson 3 -------------------------------------------------------------
     Exercise(
         "temperature-concentration", "03_where_mass_lands", "what temperature moves",
@@ -185,7 +196,7 @@ kappa_beta = (1 - (P_beta ** 2).sum(axis=1)) / (1 - 1 / V)""",
                  "kappa_beta = (softmax(betas[:, None] * z[None]) ** 2).sum(axis=1)",
                  "that is $\\sum_a p_a^2$ itself, which *grows* as $p$ sharpens; "
                  "$\\kappa = (1 - \\sum_a p_a^2)/(1 - 1/V)$.")),
-        close_to(_expected_concentration, rtol=1e-10)),
+        close_to(expected_concentration, rtol=1e-10)),
     Exercise(
         "permutation-average", "03_where_mass_lands", "the shuffle, by brute force",
         r"Average state 0's token Fisher over all $V! = 120$ arrangements of its "
@@ -221,7 +232,7 @@ answer = (p, j)""",
          Mistake("answer = (np.array([0.49, 0.49, 0.01, 0.01]), np.array([1.0, 1.0, 0.0, 0.0]))",
                  "your likely tokens move alike, which is alignment ($\\alpha < 1$); put the "
                  "mass on a token the parameter moves apart from the others.")),
-        _anti_aligned),
+        anti_aligned),
     # ---- lesson 4 -------------------------------------------------------------
     Exercise(
         "bound-by-hand", "04_gradient_is_covariance", "the bound from the responses",
@@ -270,7 +281,7 @@ delta = lr * (m / (1 - b1 ** 2)) / (np.sqrt(v / (1 - b2 ** 2)) + eps)""",
          Mistake("delta = lr * G2 / (np.abs(G2) + eps)",
                  "that is a first step from fresh moments at $\\theta_1$; Adam keeps its "
                  "moments, so step 2 mixes $G_1$ and $G_2$.")),
-        close_to(_expected_adam2, rtol=1e-9)),
+        close_to(expected_adam2, rtol=1e-9)),
     Exercise(
         "overlap-spread", "04_gradient_is_covariance", "when the overlap is high or low",
         r"Since $\log|G_i| = \log \mathrm{cap}_i + \log|\mathrm{corr}_i|$, scale the second "
@@ -293,8 +304,14 @@ overlaps = np.array([len(top_F & set(np.argsort(-(cap * corr ** s))[:n])) / n
                  "overlaps = np.array([len(top_F & set(np.argsort(cap * corr ** s)[:n])) / n"
                  " for s in svals])",
                  "`np.argsort` sorts in increasing order, so that took the 10 *smallest* "
-                 "$|G^{(s)}|$; sort `-(cap * corr ** s)`.")),
-        close_to(_expected_overlaps, rtol=0, atol=1e-12)),
+                 "$|G^{(s)}|$; sort `-(cap * corr ** s)`."),
+         Mistake("top_F = set(np.argsort(F)[:n])\n"
+                 "overlaps = np.array([len(top_F & set(np.argsort(cap * corr ** s)[:n])) / n"
+                 " for s in svals])",
+                 "`np.argsort` sorts in increasing order, so both of your sets hold the 10 "
+                 "*smallest* values (an overlap of the bottoms); sort `-F` and "
+                 "`-(cap * corr ** s)`.")),
+        close_to(expected_overlaps, rtol=0, atol=1e-12)),
     # ---- lesson 5 -------------------------------------------------------------
     Exercise(
         "raw-score-mean", "05_offpolicy_centering", "the raw score's mean under the sampler",
@@ -308,7 +325,10 @@ overlaps = np.array([len(top_F & set(np.argsort(-(cap * corr ** s))[:n])) / n
                  "the raw score is centered at $\\bar j_p$, not at the sampler's mean "
                  "$\\bar j_\\mu$, so its mean under $\\mu$ is not zero."),
          Mistake("bias = J @ p - J @ mu",
-                 "the sign is flipped: the mean is $\\bar j_\\mu - \\bar j_p$.")),
+                 "the sign is flipped: the mean is $\\bar j_\\mu - \\bar j_p$."),
+         Mistake("bias = J.mean(axis=1) - J @ p",
+                 "the mean under $\\mu$ weights token $a$ by $\\mu_a$ (`J @ mu`); the plain "
+                 "mean `J.mean(axis=1)` is the mean under a uniform sampler.")),
         close_to(lambda ns: (ns["J"] * (ns["mu"] - ns["p"])).sum(axis=1), rtol=1e-10)),
     Exercise(
         "best-constant", "05_offpolicy_centering", "the best constant for the raw gradient",
@@ -331,7 +351,7 @@ c_best = m @ (g - raw.gradient) / (m @ m)""",
          Mistake("m = raw.score_mean\nc_best = m @ (g - raw.gradient)",
                  "divide by $m \\cdot m$: the least-squares coefficient of one direction is "
                  "a projection.")),
-        close_to(_expected_c_best, rtol=1e-8)),
+        close_to(expected_c_best, rtol=1e-8)),
     # ---- lesson 6 -------------------------------------------------------------
     Exercise(
         "se-by-hand", "06_monte_carlo", "a standard error by hand",
@@ -371,7 +391,7 @@ var_h2 = r.streams["policy"].variances["h2"][i]""",
                  "$n = \\mathrm{Var}/(0.01F)^2$."),
          Mistake("n_needed = int(np.ceil(np.sqrt(var_h2) / (0.01 * F)))",
                  "that is $\\sqrt n$: the se falls like $1/\\sqrt n$, so square it.")),
-        close_to(_expected_needed, rtol=0, atol=0.5)),
+        close_to(expected_needed, rtol=0, atol=0.5)),
 ]
 
 _E += TRANSFORMER_EXERCISES  # lesson 7

@@ -216,7 +216,15 @@ for nu in range(B):                        # successes among the other B - 1
                  "not numpy's default `ddof=0`."),
          Mistake("w = 1 / np.sqrt(gamma * (1 - gamma))",
                  "that is the large-$B$ limit $1/\\sqrt{\\gamma(1-\\gamma)}$; at $B = 4$ many "
-                 "groups have equal rewards and $A = 0$, so sum over $\\nu$ instead.")),
+                 "groups have equal rewards and $A = 0$, so sum over $\\nu$ instead."),
+         Mistake("w = 0.0\nfor nu in range(B):\n"
+                 "    prob = comb(B - 1, nu) * gamma ** nu * (1 - gamma) ** (B - 1 - nu)\n"
+                 "    for c, sign in ((1.0, 1), (0.0, -1)):\n"
+                 "        R = np.array([c] + [1.0] * nu + [0.0] * (B - 1 - nu))\n"
+                 "        w += sign * prob * (R[0] - R.mean())",
+                 "GRPO normalises each advantage by the group's std: divide "
+                 "$R_1 - \\bar R$ by `R.std(ddof=1) + eps` (a group of equal rewards has "
+                 "$R_1 - \\bar R = 0$ either way).")),
         close_to(_expected_difficulty_weight, rtol=1e-9)),
     Exercise(
         "k3-state-gradient", STEM, "the k3 gradient at one state",
