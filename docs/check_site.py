@@ -143,24 +143,34 @@ class Browser:
                 return msg.get("result", {})
 
     def open(self, url, width):
+        self.width = width
         self.call("Emulation.setDeviceMetricsOverride", width=width, height=HEIGHT,
                   deviceScaleFactor=1, mobile=False)
         self.loaded = False
         self.call("Page.navigate", url=url)
         deadline = time.time() + 60
-        while not self.loaded and time.time() < deadline:
-            msg = json.loads(self.ws.recv())
+        while not self.loaded and time.time() < deadline:  # (a same-page #anchor fires none)
+            self.ws.settimeout(max(1.0, deadline - time.time()) if "#" not in url else 5.0)
+            try:
+                msg = json.loads(self.ws.recv())
+            except Exception as exc:  # websocket's timeout: measure the page as it is
+                if type(exc).__name__ != "WebSocketTimeoutException":
+                    raise
+                break
             if msg.get("method") == "Page.loadEventFired":
                 self.loaded = True
+        self.ws.settimeout(60)
         out = self.call("Runtime.evaluate", expression=MEASURE, awaitPromise=True,
                         returnByValue=True)
         if "exceptionDetails" in out:
             raise RuntimeError(f"{url}: {out['exceptionDetails']}")
         return out["result"]["value"]
 
-    def screenshot(self, path):
-        data = self.call("Page.captureScreenshot", format="png",
-                         captureBeyondViewport=False)["data"]
+    def screenshot(self, path, top=0.0):
+        """A PNG of the window's worth of the page starting ``top`` px down."""
+        clip = {"x": 0, "y": top, "width": self.width, "height": HEIGHT, "scale": 1}
+        data = self.call("Page.captureScreenshot", format="png", clip=clip,
+                         captureBeyondViewport=True)["data"]
         Path(path).write_bytes(base64.b64decode(data))
 
     def close(self):
@@ -243,8 +253,13 @@ def main(argv=None):
             url = (site / rel).as_uri() + (f"#{anchor}" if anchor else "")
             wide = browser.open(url, WIDE)
             if args.shots:
+                top = 0.0
+                if anchor:  # the window's worth of page from that anchor down
+                    top = browser.call("Runtime.evaluate", returnByValue=True, expression=(
+                        f"(document.getElementById({json.dumps(anchor)})"
+                        f"?.getBoundingClientRect().top ?? 0) + window.scrollY"))["result"]["value"]
                 name = str(rel).replace("/", "_") + (f"_{anchor}" if anchor else "")
-                browser.screenshot(args.shots / (name + ".png"))
+                browser.screenshot(args.shots / (name + ".png"), top)
             narrow = None
             if str(rel) == "index.html":
                 narrow = browser.open(url, NARROW)
