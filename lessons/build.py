@@ -147,7 +147,7 @@ def sharp_bits():
             for i, (option, feedback) in enumerate(zip(q.options, q.feedback)):
                 if i != q.correct:
                     out.append(f"- *Belief:* {option} {feedback}")
-            out += ["", f"  *What holds:* {q.options[q.correct]}", ""]
+            out += ["", f"*What holds:* {q.options[q.correct]}", ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 

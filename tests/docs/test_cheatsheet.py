@@ -16,7 +16,7 @@ def rows(text):
     """``[(identity, lessons, labels, fields)]`` from the cheat sheet's table."""
     out = []
     for line in text.splitlines():
-        if line.startswith("| ") and not line.startswith(("| identity", "|---")):
+        if line.startswith("| ") and not line.startswith(("| no.", "|---")):
             cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
             assert len(cells) == 5, line
             out.append((cells[0], re.findall(r"\]\(([^)]+)\)", cells[2]),
