@@ -29,21 +29,24 @@ r = exact(task, progress=False)"""
 
 _SCORES = _DEFAULT + """
 from fisher_ref.teaching.views import response_token_scores
-seqs, w = r.sequences, r.sequences["prob"]                   # (M,) response probabilities
+# (M,) response probabilities
+seqs, w = r.sequences, r.sequences["prob"]
 XI = np.stack([response_token_scores(task, pr, tk)           # (M, T, P) token scores
                for pr, tk in zip(seqs["prompt"], seqs["tokens"])])"""
 
 _STATE0 = _DEFAULT + """
 from fisher_ref.teaching.views import state_sensitivities
 J = state_sensitivities(task, r.states)[0]                   # (P, V) at state 0
-z = np.log(r.states["probs"][0])                             # (V,) logits up to a constant
+# (V,) logits up to a constant
+z = np.log(r.states["probs"][0])
 betas = np.array([0.0, 0.5, 1.0, 2.0, 4.0])"""
 
 _RNG_STATE = """\
 import numpy as np
 rng = np.random.default_rng(7)
 z = rng.normal(size=6)
-p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()          # (V,) next-token probabilities
+# (V,) next-token probabilities
+p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
 J = rng.normal(size=(4, 6))                                  # (P, V) sensitivities"""
 
 _MEDIUM = """\
@@ -52,7 +55,8 @@ from importlib import resources
 from fisher_ref import load_task, exact
 medium = load_task(resources.files("fisher_ref") / "configs" / "scale" / "medium.json")
 rm = exact(medium, progress=False)
-F, cap, corr = rm.sequence_fisher, rm.bound, rm.correlation  # (P,) each; |G| = cap * corr
+# (P,) each; |G| = cap * corr
+F, cap, corr = rm.sequence_fisher, rm.bound, rm.correlation
 n = 10                                                       # the top 1% of 1,044
 svals = [0.0, 0.5, 1.0, 2.0]"""
 

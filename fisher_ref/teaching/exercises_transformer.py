@@ -25,7 +25,8 @@ def _expected_key_weight(ns):
     """Flat indices of block 0's key weights: unpack a vector that holds its own indices."""
     model = ns["task"].model
     d = model.spec.embed_dim
-    where = model.unpack(np.arange(model.num_params, dtype=float))[C_ATTN_WEIGHT]  # (d, 3d)
+    # (d, 3d)
+    where = model.unpack(np.arange(model.num_params, dtype=float))[C_ATTN_WEIGHT]
     return np.sort(where[:, d:2 * d].ravel())  # (d * d,)
 
 
@@ -58,7 +59,8 @@ TRANSFORMER_EXERCISES = [
         r"increasing order (an integer array of length $d^2$). Then compare `F[key]` with the "
         r"key bias's Fisher: is it zero too?",
         _GPT2, "key", f"""(d, d3), off = layout["{C_ATTN_WEIGHT}"]
-flat = off + np.arange(d * d3).reshape(d, d3)               # (d, 3d) index of each entry
+# (d, 3d) index of each entry
+flat = off + np.arange(d * d3).reshape(d, d3)
 key = np.sort(flat[:, d:2 * d].ravel())
 print(F[key].max())                                  # not zero: K_u = Y_u W_K varies with u""",
         r"The key outputs are columns $d..2d-1$ of every row, so in a row-major layout they "

@@ -174,7 +174,8 @@ _STATE = """\
 import numpy as np
 rng = np.random.default_rng(8)
 z = rng.normal(size=5)
-p = np.exp(z) / np.exp(z).sum()                              # (V,) the policy at one state
+# (V,) the policy at one state
+p = np.exp(z) / np.exp(z).sum()
 ref = np.exp(z + 0.5 * rng.normal(size=5))
 ref /= ref.sum()                                             # (V,) the reference policy
 J = rng.normal(size=(3, 5))                                  # (P, V) sensitivities"""

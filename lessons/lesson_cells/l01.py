@@ -122,8 +122,10 @@ The products of single responses take a handful of distinct values. Their probab
 by value, with the exact mean:
 """),
     code("""
-values, where = np.unique(np.round(prod12, 9), return_inverse=True)      # distinct products
-mass = np.bincount(where, weights=w)                                     # their probability
+# distinct products
+values, where = np.unique(np.round(prod12, 9), return_inverse=True)
+# their probability
+mass = np.bincount(where, weights=w)
 fig, ax = plt.subplots(figsize=(7, 3.6), constrained_layout=True)
 ax.stem(values, mass, basefmt=" ", linefmt="tab:orange", markerfmt="o")
 ax.axvline(w @ prod12, color="k", lw=1.5, ls="--", label=f"exact mean = {w @ prod12:.1e}")
@@ -147,7 +149,8 @@ $h_i$, and at a state where the response goes on, the next score still has condi
 zero.
 """),
     code("""
-lengths = (seqs["tokens"] >= 0).sum(axis=1)                               # (M,) tokens drawn
+# (M,) tokens drawn
+lengths = (seqs["tokens"] >= 0).sum(axis=1)
 for L in range(1, T + 1):
     print(f"responses of length {L}: {np.sum(lengths == L):3d}, "
           f"probability {w[lengths == L].sum():.4f}")
@@ -179,10 +182,12 @@ ax.legend()
 plt.show()
 print(f"after {n[-1]} responses: {run['mean'][-1]:.4f} ± {run['se'][-1]:.4f}")"""),
     checks("""
-assert (prod12 > 1e-3).any() and (prod12 < -1e-3).any()    # single cross terms: both signs
+# single cross terms: both signs
+assert (prod12 > 1e-3).any() and (prod12 < -1e-3).any()
 assert abs(w @ prod12) <= 1e-12 * np.abs(prod12).max()     # ... and a zero mean
 diag = max(np.abs(r.cross_terms[t, t]).max() for t in range(T))
-assert off_diag <= 1e-12 * diag                            # every cross term, every parameter
+# every cross term, every parameter
+assert off_diag <= 1e-12 * diag
 assert r.streams["policy"].cond_score_max.max() <= 1e-12 * max(1.0, diag)   # step 1
 assert np.abs(F_hand - r.sequence_fisher).max() <= 1e-10 * scale
 assert np.abs(r.sequence_fisher - r.token_fisher_sum).max() <= 1e-10 * scale

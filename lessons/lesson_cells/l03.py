@@ -53,12 +53,15 @@ the model becomes certain. Predict what happens to $f$ first:
 """),
     *quiz("confident-state"),
     code("""
-s = 0                                                    # first state: prompt 0, nothing generated
+# first state: prompt 0, nothing generated
+s = 0
 J = J_all[s]                                              # (P, V)
-z = np.log(states["probs"][s])                            # (V,) the logits, up to a constant
+# (V,) the logits, up to a constant
+z = np.log(states["probs"][s])
 betas = np.linspace(0.0, 12.0, 61)
 f_beta = np.array([token_fisher(softmax((b * z)[None])[0], J) for b in betas])  # (B, P)
-top = np.argsort(-uniform_token_fisher(J))[:4]            # four parameters with large f_unif
+# four parameters with large f_unif
+top = np.argsort(-uniform_token_fisher(J))[:4]
 
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), constrained_layout=True)
 for i in top:
@@ -96,7 +99,8 @@ ratio = fisher_ratio(result)                              # (N, P), NaN where f_
 reach = np.broadcast_to(states["reach"][:, None], ratio.shape)
 ok = np.isfinite(ratio) & (ratio > 0)
 fu_all = states["uniform"]                                # (N, P)
-flat = np.ptp(J_all, axis=2) == 0                        # (N, P) every logit moved alike
+# (N, P) every logit moved alike
+flat = np.ptp(J_all, axis=2) == 0
 nan = np.isnan(ratio)
 print(f"NaN entries: {nan.sum()}:")
 print(f"  {(flat & nan).sum()} where j is the same for every token "
@@ -249,7 +253,8 @@ for name, run in runs.items():
     code("""
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), constrained_layout=True, sharey=True)
 for ax, (name, run) in zip(axes, runs.items()):
-    curves = np.sort(np.log10(run["shuffled_ratio"]), axis=1)   # (K, n) sorted per shuffle
+    # (K, n) sorted per shuffle
+    curves = np.sort(np.log10(run["shuffled_ratio"]), axis=1)
     rank = np.arange(curves.shape[1])
     ax.fill_between(rank, *np.quantile(curves, [0.005, 0.995], axis=0), color="0.8",
                     label="shuffled p (0.5-99.5%)")
@@ -280,10 +285,11 @@ the same amount, the other moves them in opposite directions.
 from fisher_ref import token_fisher_pairwise
 from fisher_ref.teaching.views import pairwise_terms
 p = np.array([0.48, 0.48, 0.02, 0.02])                    # two likely candidates
-j = np.array([[3.0, 3.1, 0.0, 0.0],                       # (2, V): alike on the likely pair
-              [3.0, -3.0, 0.0, 0.0]])                     #         opposite on the likely pair
+j = np.array([[3.0, 3.1, 0.0, 0.0],         # (2, V): alike on the likely pair
+              [3.0, -3.0, 0.0, 0.0]])       #         opposite on the likely pair
 f = token_fisher_pairwise(p, j)
-likely_pair = 2 * pairwise_terms(p, j)[:, 0, 1]           # both orders (a, b) and (b, a)
+# both orders (a, b) and (b, a)
+likely_pair = 2 * pairwise_terms(p, j)[:, 0, 1]
 for name, fi, fs, lp in zip(["alike", "opposite"], f, shuffled_token_fisher(p, j), likely_pair):
     print(f"{name:>8}: f = {fi:.4f} (from the likely pair: {lp:.4f})")
     print(f"{'':>10}shuffled-p average = {fs:.4f}, alignment factor alpha = {fi / fs:.2f}")"""),
@@ -311,8 +317,10 @@ closed = shuffled_token_fisher(p0, J_all[0])              # kappa(s) f_unif
 assert np.allclose(closed, concentration(p0) * uniform_token_fisher(J_all[0]), rtol=1e-12)
 assert np.allclose(f_beta[0], uniform_token_fisher(J), rtol=1e-12)          # beta = 0
 assert f_beta[-1].max() < 1e-3 * f_at_1.max()             # a confident state: f -> 0
-assert below > 0.5                                        # most pairs below the reference
-assert shuffled_share.min() <= below <= shuffled_share.max()   # ... explained by concentration
+# most pairs below the reference
+assert below > 0.5
+# ... explained by concentration
+assert shuffled_share.min() <= below <= shuffled_share.max()
 assert inside == {"default": True, "distinct": True, "synonyms": False}   # the table's claims"""),
     *exercise("temperature-concentration"),
     *exercise("permutation-average"),

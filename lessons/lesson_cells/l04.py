@@ -137,7 +137,8 @@ rows = rm.topk_overlap((0.01, 0.02, 0.05, 0.1, 0.25))
 p_values = []
 for q, n, o, rnd in rows:
     hits = round(o * n)
-    p_values.append(hypergeom.sf(hits - 1, Pm, n, n))      # P(random top-n set shares >= hits)
+    # P(random top-n set shares >= hits)
+    p_values.append(hypergeom.sf(hits - 1, Pm, n, n))
     print(f"top {100 * q:3.0f}% ({n:3d} params): {hits:3d} shared = {o:6.1%}, random "
           f"{rnd:5.1%}, p = {p_values[-1]:.1e}")"""),
     md(r"""
@@ -220,7 +221,8 @@ from fisher_ref.teaching.training import policy_gradient, bf16_changed
 eps = 1e-8
 steps = {"sgd": lambda lr, G: lr * G, "adam": lambda lr, G: lr * G / (np.abs(G) + eps)}
 step_err = {}
-for opt, step in steps.items():                           # the formulas are the training code's
+# the formulas are the training code's
+for opt, step in steps.items():
     tr = policy_gradient(task, steps=1, lr=1e-3, optimizer=opt, eps=eps)
     step_err[opt] = rel_err(tr.thetas[1] - tr.thetas[0], step(1e-3, r.gradient))
     print(f"{opt}: first step vs policy_gradient: relative error {step_err[opt]:.1e}")"""),
@@ -257,7 +259,8 @@ best, moved = {}, {}
 print(f"{'optimizer':>9} {'lr':>8} {'float64':>8} {'bf16':>6} | share of the bf16-changed set")
 print(f"{'':>36} also in the top set by each predictor")
 for opt in steps:
-    k = int(np.argmin(np.abs(share[opt] - 0.15)))        # the step closest to 15% changed
+    # the step closest to 15% changed
+    k = int(np.argmin(np.abs(share[opt] - 0.15)))
     new = th + steps[opt](lrs[opt][k], Gm)                 # (Pm,)
     changed = bf16_changed(th, new)                       # (Pm,) bool
     n, got = int(changed.sum()), set(np.flatnonzero(changed).tolist())
@@ -296,13 +299,17 @@ assert np.all(G <= cap * (1 + 1e-10) + 1e-12 * G.max()) and np.all(G[~live] == 0
 assert max(p_values) < 1e-6 and rows[0][2] > 10 * rows[0][3]     # far more than chance
 assert rows[0][2] < 1 and sd_corr >= sd_cap                        # ... not complete
 only_F, only_G = list(set(top_F) - set(top_G)), list(set(top_G) - set(top_F))
-assert log_corr[only_G].min() > log_corr[only_F].max()             # swapped for a higher corr
-assert log_cap[only_G].max() < log_cap[only_F].min()               # ... at a smaller cap
+# swapped for a higher corr
+assert log_corr[only_G].min() > log_corr[only_F].max()
+# ... at a smaller cap
+assert log_cap[only_G].max() < log_cap[only_F].min()
 assert top_g - off_b2 == 2 and rank_f > P // 2 and r.correlation[top_g] > 0.95   # b2[2]
 assert max(step_err.values()) <= 1e-9
 assert min(share["sgd"].min(), share["adam"].min()) == 0 and share["adam"].max() > 0.9
-assert all(s.min() < 0.05 and s.max() > 0.3 for s in share.values())   # crosses the band
-assert share["sgd"].max() < 0.9                                    # SGD: well short of all
+# crosses the band
+assert all(s.min() < 0.05 and s.max() > 0.3 for s in share.values())
+# SGD: well short of all
+assert share["sgd"].max() < 0.9
 assert best == {"sgd": "largest |G|/|theta|", "adam": "smallest |theta|"}
 assert min(moved.values()) > 0.9                                   # small is not sparse"""),
     *exercise("bound-by-hand"),

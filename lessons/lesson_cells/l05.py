@@ -116,7 +116,8 @@ for ax, name in zip(axes, configs):
         broken[name, stream] = np.array([
             np.mean(np.abs(s.gradient_with_constant(c)) > s.bound * (1 + 1e-9)) for c in cs])
         ax.plot(cs, 100 * broken[name, stream], "o-", color=color, label=LABEL[stream])
-    ax.set_xscale("symlog", linthresh=1e-2)             # linear near 0, so c = 0 is on the axis
+    # linear near 0, so c = 0 is on the axis
+    ax.set_xscale("symlog", linthresh=1e-2)
     ax.set_xlim(0, cs[-1] * 1.5)
     ax.set_ylim(-3, 103)
     ax.set_xlabel("constant c added to every advantage (0, then log scale)")
@@ -124,7 +125,7 @@ for ax, name in zip(axes, configs):
     ax.set_title(name)
     ax.legend()
 plt.show()
-uncentered = {}                                           # sqrt(E[(A+c)^2] E[h^2]), broken?
+uncentered = {}                                    # sqrt(E[(A+c)^2] E[h^2]) broken?
 for name in configs:
     s = results[name].streams["raw"]
     mean_A = s.expected_reward - s.baseline               # E_mu[A]
@@ -257,13 +258,15 @@ axes[1].set_title("The bound with c = 10 added to A")
 m_max = max(results[name].task.model.vocab_size for name in configs)
 for ax in axes:
     ax.set_xlabel("m (top-m tokens of the sampler known)")
-    ax.set_xticks(np.arange(1, m_max + 1))                # m is a whole number of tokens
+    # m is a whole number of tokens
+    ax.set_xticks(np.arange(1, m_max + 1))
     ax.legend(fontsize=8)
 plt.show()"""),
     checks("""
 for name in configs:
     st = results[name].streams
-    assert np.abs(st["raw"].score_mean).max() > 1e-3                 # raw: mean not zero
+    # raw: mean not zero
+    assert np.abs(st["raw"].score_mean).max() > 1e-3
     assert np.abs(st["centered"].score_mean).max() <= 1e-12          # centered: zero
     assert gaps[name, "centered"] <= 1e-10 < 1e-6 < gaps[name, "raw"]
     assert broken[name, "centered"].max() == 0 and broken[name, "raw"][-1] > 0
@@ -273,9 +276,11 @@ for name in configs:
     assert np.abs(r.streams["raw"].importance_gradient - r.gradient).max() <= (
         1e-10 * np.abs(r.gradient).max())
     assert bias_m[name][-1] <= 1e-12 and bias_m[name][:-1].min() > 1e-3   # top-m, m < V
-    assert uncentered[name].max() == 0 < broken[name, "raw"].max()   # only the std(A) form
+    # only the std(A) form
+    assert uncentered[name].max() == 0 < broken[name, "raw"].max()
     assert 1.3 < std_ratio[name] < norm_ratio[name] and abs(np.log(fisher_ratio[name])) < 0.2
-    assert norm_ratio[name] > 1.5                                    # "about twice as long"
+    # "about twice as long"
+    assert norm_ratio[name] > 1.5
 assert cos["offpolicy_stale", "raw"][at0] > cos["offpolicy_stale", "centered"][at0]"""),
     *exercise("raw-score-mean"),
     *exercise("best-constant"),

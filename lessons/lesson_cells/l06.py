@@ -74,7 +74,8 @@ axes[0].plot(grid, norm.pdf(grid), "k-", label="standard normal")
 axes[0].set_xlabel(r"$\\zeta$ = (estimate $-$ exact) / se")
 axes[0].set_ylabel("density")
 axes[0].legend(fontsize=8)
-expected = norm.ppf((np.arange(zeta.size) + 0.5) / zeta.size)            # normal quantiles
+# normal quantiles
+expected = norm.ppf((np.arange(zeta.size) + 0.5) / zeta.size)
 axes[1].plot(expected, np.sort(zeta), ".", ms=3, label="z-scores")
 axes[1].plot([-4, 4], [-4, 4], "k-", lw=0.8, label="normal draws")
 axes[1].set_xlabel("standard normal quantile")
@@ -197,9 +198,12 @@ var_h2 = r.streams["policy"].variances["h2"][i]
 for n in (100, 10_000, 1_000_000):
     print(f"n = {n:>9,}: se of mean h^2 for parameter {i} = {np.sqrt(var_h2 / n):.2e}")"""),
     checks("""
-assert all(np.nanmax(np.abs(z)) <= z_max for z in zs.values())          # no estimate far off
-assert abs(zeta.mean()) < 0.5 and 0.6 < zeta.std() < 1.5               # roughly standard normal
-assert np.all(exact_ratio[ok] > 1) and np.median(exact_ratio[ok]) > 1  # the token sum saves
+# no estimate far off
+assert all(np.nanmax(np.abs(z)) <= z_max for z in zs.values())
+# roughly standard normal
+assert abs(zeta.mean()) < 0.5 and 0.6 < zeta.std() < 1.5
+# the token sum saves
+assert np.all(exact_ratio[ok] > 1) and np.median(exact_ratio[ok]) > 1
 h2_small = rate[200, "sequence_fisher"]                   # coverage, as the text says
 assert h2_small < 0.95 and h2_small < rate[200, "token_fisher_sum"]
 assert h2_small < rate[2000, "sequence_fisher"]

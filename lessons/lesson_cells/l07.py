@@ -157,10 +157,12 @@ WHERE = {"wte": "embeddings", "wpe": "embeddings", "E": "embeddings", "attn": "a
          "mlp": "MLP", "W1": "MLP", "b1": "MLP", "ln_1": "LayerNorm", "ln_2": "LayerNorm",
          "ln_f": "LayerNorm", "W2": "output layer", "b2": "output layer"}
 
-def group_of(name):                       # "transformer.h.0.attn.c_attn.bias" -> "attention"
+# "transformer.h.0.attn.c_attn.bias" -> "attention"
+def group_of(name):
     return next(WHERE[part] for part in name.split(".") if part in WHERE)
 
-ln_init = task.theta.copy()                               # GPT-2's LayerNorm init: gain 1, bias 0
+# GPT-2's LayerNorm init: gain 1, bias 0
+ln_init = task.theta.copy()
 for name, shape, offset in model.layout():
     if group_of(name) == "LayerNorm":
         ln_init[offset:offset + int(np.prod(shape))] = 1.0 if name.endswith("weight") else 0.0
@@ -243,7 +245,8 @@ the next one.
 """),
     code("""
 eos_mlp = mlp_task.model.unpack(r_mlp.sequence_fisher)["E"][0]          # (d,) F of E[0]
-eos_gpt2 = blocks_F["transformer.wte.weight"][0]                         # (d,) F of wte[0]
+# (d,) F of wte[0]
+eos_gpt2 = blocks_F["transformer.wte.weight"][0]
 print("F of the EOS row (token 0):")
 print("  MLP E[0]     =", eos_mlp)
 print("  GPT-2 wte[0] =", np.round(eos_gpt2, 4))"""),
@@ -285,7 +288,8 @@ for part, idx in parts.items():
     print(f"{'':>12}max |j| over states and tokens = {np.abs(J[:, idx]).max():.1e}")"""),
     code("""
 toks = r.states["tokens"]
-W = model.windows(toks, (toks >= 0).sum(axis=1))          # (N, n_positions) every state's input
+# (N, n_positions) every state's input
+W = model.windows(toks, (toks >= 0).sum(axis=1))
 rng = np.random.default_rng(0)
 thetas = {"shipped theta": task.theta, "random theta": 2.0 * rng.standard_normal(model.num_params)}
 moves = {}
@@ -370,7 +374,8 @@ p_values = []
 print("p: the chance that a random set of as many parameters shares as many")
 for q, n, o, rnd in r.topk_overlap((0.01, 0.05, 0.1)):
     hits = round(o * n)
-    p_values.append(hypergeom.sf(hits - 1, model.num_params, n, n))  # P(random set >= hits)
+    # P(random set >= hits)
+    p_values.append(hypergeom.sf(hits - 1, model.num_params, n, n))
     print(f"top {100 * q:3.0f}% ({n:3d} params): {hits:3d} shared = {o:5.0%}, random "
           f"{rnd:4.0%}, p = {p_values[-1]:.1e}")"""),
     md(r"""

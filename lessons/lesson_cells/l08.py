@@ -73,7 +73,8 @@ def rel_mse(lg, n):
     return lg.mse(n) / (lg.scale * np.linalg.norm(lg.policy_gradient)) ** 2
 
 
-base = load_config("default")                  # V = 5, T = 3, two prompts, R = count of 2
+# V = 5, T = 3, two prompts, R = count of 2
+base = load_config("default")
 G0 = exact(base, progress=False).gradient      # (P,) the policy gradient G
 print(f"P = {G0.size} parameters, |G| = {np.linalg.norm(G0):.4f}")"""),
     md(r"""
@@ -178,7 +179,8 @@ for name, style in zip(capped, ["o-", "s-", "o--", "s--"]):
     ax.semilogx(caps, trunc[name], style, label=name)
 ax.axvline(r_max, color="k", ls=":", label=f"largest ratio r(y) = {r_max:.0f}")
 ax.axhline(token_is_bias, color="tab:red", lw=0.8, label="token IS, uncapped")
-ax.set_yscale("symlog", linthresh=0.01)                    # linear near 0: zero bias shows
+# linear near 0: zero bias shows
+ax.set_yscale("symlog", linthresh=0.01)
 ax.set_xlabel("cap C (band [1/C, C] for MIS)")
 ax.set_ylabel("relative bias")
 ax.set_title("offpolicy_stale")
@@ -269,7 +271,8 @@ expected gradient of REINFORCE with the length as the reward. Against the baseli
 """),
     code("""
 length_loss = lambda b: -(b.lengths * b.logp.sum(1)).mean()      # REINFORCE, R = L
-grad_len = -expected_loss_gradient(base, length_loss, policy_gradient=G0).mean   # grad E[L]
+# grad E[L]
+grad_len = -expected_loss_gradient(base, length_loss, policy_gradient=G0).mean
 R0s = np.linspace(-1.0, 3.0, 9)
 aggs = ["seq-mean-token-sum", "seq-mean-token-mean"]
 drift = {agg: [] for agg in aggs}
@@ -286,10 +289,12 @@ ax.set_xlabel("baseline $R_0$ (the rewards are 0 to 3)")
 ax.set_ylabel("change of E[L] per unit step")
 ax.legend()
 plt.show()
-f_reward = FunctionReward(lambda x, y: (np.sum(np.asarray(y) == 2) - 2.0) / len(y))  # R0 = 2
+# R0 = 2
+f_reward = FunctionReward(lambda x, y: (np.sum(np.asarray(y) == 2) - 2.0) / len(y))
 mean_len = presets.policy_gradient_loss("constant", aggregation=aggs[1], baseline=2.0)
 lhs = expected_loss_gradient(base, mean_len, policy_gradient=G0).mean
-rhs = exact(base.with_(reward=f_reward), progress=False).gradient     # grad E[(R - R0)/L]
+# grad E[(R - R0)/L]
+rhs = exact(base.with_(reward=f_reward), progress=False).gradient
 len_err = np.abs(lhs + rhs).max() / np.abs(rhs).max()
 print(f"R0 = 2: |E[grad L] + grad E[(R - R0)/L]| / max = {len_err:.1e}")"""),
     md(r"""
@@ -331,9 +336,11 @@ kl_terms = {"k1 in the loss": presets.kl_loss("k1"), "k2 in the loss": presets.k
             "k3 in the loss": presets.kl_loss("k3"), "ratio * k3": presets.rho_k3(),
             "k1 in the reward": presets.kl_in_reward()}
 forward = lambda b: ((b.ref_logp_all.exp() * (b.ref_logp_all - b.logp_all)).sum(-1)
-                     * b.mask).sum(-1).mean()                    # sum_t KL(p_ref || p) at s_t
+                     # sum_t KL(p_ref || p) at s_t
+                     * b.mask).sum(-1).mean()
 reverse = lambda b: ((b.logp_all.exp() * (b.logp_all - b.ref_logp_all)).sum(-1)
-                     * b.mask).sum(-1).mean()                    # sum_t KL(p || p_ref) at s_t
+                     # sum_t KL(p || p_ref) at s_t
+                     * b.mask).sum(-1).mean()
 ref_scales = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
 kl_bias, kl_far, kl_size = {}, {}, {}
 for lam in ref_scales:
@@ -342,14 +349,16 @@ for lam in ref_scales:
                 for f in (forward, reverse))
     for name, loss in kl_terms.items():
         lg = expected_loss_gradient(task, loss, policy_gradient=G0)
-        kg = lg.kl_gradient                                  # grad KL(p_seq || p_ref,seq)
+        # grad KL(p_seq || p_ref,seq)
+        kg = lg.kl_gradient
         kl_bias[name, lam] = np.linalg.norm(lg.mean - kg) / np.linalg.norm(kg)
         kl_size[name, lam] = np.linalg.norm(lg.mean) / np.linalg.norm(kg)
         kl_far[name, lam] = [np.linalg.norm(lg.mean - t) / np.linalg.norm(t)
                              for t in (fwd, rev)]"""),
     code("""
 fig, ax = plt.subplots(figsize=(7.5, 4), constrained_layout=True)
-for name, style in zip(kl_terms, ["o-", "s-", "^-", "x--", "d-"]):      # k2 and rho*k3 coincide
+# k2 and rho*k3 coincide
+for name, style in zip(kl_terms, ["o-", "s-", "^-", "x--", "d-"]):
     ax.plot(ref_scales, [kl_bias[name, lam] for lam in ref_scales], style, label=name)
 ax.set_xlabel("reference: perturbation scale of theta")
 ax.set_ylabel(r"$\\|E[\\nabla L] - \\nabla KL_{seq}\\| / \\|\\nabla KL_{seq}\\|$")
@@ -442,7 +451,8 @@ assert np.abs(-lg_grpo.mean - by_weight[2]).max() <= tol * np.abs(by_weight[2]).
 assert np.abs(red8 - by_weight[8]).max() <= tol * np.abs(by_weight[8]).max()
 assert np.ptp(drift["seq-mean-token-sum"]) <= tol * np.abs(drift["seq-mean-token-sum"]).max()
 assert all(np.diff(drift["seq-mean-token-mean"]) > 0) and drift["seq-mean-token-mean"][-1] > 0
-assert rate["seq-mean-token-mean"] > 1.5 * rate["seq-mean-token-sum"] and len_err <= tol  # (d)
+# (d)
+assert rate["seq-mean-token-mean"] > 1.5 * rate["seq-mean-token-sum"] and len_err <= tol
 for lam in ref_scales:                                                          # (e)
     assert kl_far["k3 in the loss", lam][0] <= tol and kl_far["k2 in the loss", lam][1] <= tol
     assert kl_far["ratio * k3", lam][1] <= tol and kl_bias["k1 in the reward", lam] <= tol
