@@ -150,7 +150,8 @@ vector `theta`; the layout says which slice is which block.
     code("""
 task = load_config("default")
 m = task.model
-print(f"V = {m.vocab_size} tokens (0 = EOS, BOS = {m.bos} as input only), window k = {m.context}")
+print(f"V = {m.vocab_size} tokens (0 = EOS, BOS = {m.bos} as input only), "
+      f"window k = {m.context}")
 print(f"{'block':>5} {'shape':>9} {'offset':>7} {'size':>5}")
 for name, shape, offset in m.layout():
     print(f"{name:>5} {str(shape):>9} {offset:7d} {int(np.prod(shape)):5d}")

@@ -60,7 +60,8 @@ def rel_err(a, b):
     return np.abs(a - b).max() / max(np.abs(a).max(), np.abs(b).max())
 
 print(f"max |E[h_i]|                     = {np.abs(r.score_mean).max():.1e}")
-print(f"E[A h] vs Cov(A, h)              : relative error {rel_err(r.gradient, r.covariance):.1e}")
+print(f"E[A h] vs Cov(A, h)              : relative error "
+      f"{rel_err(r.gradient, r.covariance):.1e}")
 print(f"E[A h] vs autograd of exact E[R] : relative error "
       f"{rel_err(r.gradient, r.gradient_autodiff):.1e}")"""),
     md(r"""
@@ -103,7 +104,8 @@ axes[1].set_xlabel(r"$|\\mathrm{corr}(A, h_i)| = |G_i| / \\mathrm{cap}_i$")
 axes[1].set_ylabel("parameters")
 axes[1].set_title("How much of the bound each parameter uses")
 plt.show()
-print(f"parameters with F = 0: {np.flatnonzero(~live).tolist()}, their |G|: {G[~live].tolist()}")
+print(f"parameters with F = 0: {np.flatnonzero(~live).tolist()}, "
+      f"their |G|: {G[~live].tolist()}")
 print(f"largest |G| / cap: {r.correlation.max():.4f}")"""),
     md(r"""
 ## Does high Fisher pick out high gradient?
@@ -127,8 +129,8 @@ medium = load_task(resources.files("fisher_ref") / "configs" / "scale" / "medium
 rm = exact(medium, progress=False)
 secs = time.perf_counter() - t0
 Pm = medium.model.num_params
-print(f"medium: V = {medium.model.vocab_size}, responses up to {medium.max_len} tokens, "
-      f"baseline {medium.spec['baseline']!r}")
+print(f"medium: V = {medium.model.vocab_size}, responses up to {medium.max_len} "
+      f"tokens, baseline {medium.spec['baseline']!r}")
 print(f"{Pm} parameters, {rm.n_responses} responses, {rm.n_states} states")
 print(f"exact in {secs:.1f} s on this machine ({platform.machine()}, "
       f"{os.cpu_count()} CPU cores)")
@@ -162,8 +164,10 @@ print(f"medium, {live_m.sum()} parameters: sd of log10 cap = {sd_cap:.2f}, "
 print(f"the two logs' correlation over the parameters: "
       f"{np.corrcoef(log_cap, log_corr)[0, 1]:.2f}")
 fig, axes = plt.subplots(1, 2, figsize=(12, 3.9), constrained_layout=True)
-axes[0].hist(log_cap - log_cap.mean(), bins=40, alpha=0.6, label=r"$\\log_{10}\\mathrm{cap}$")
-axes[0].hist(log_corr - log_corr.mean(), bins=40, alpha=0.6, label=r"$\\log_{10}|\\mathrm{corr}|$")
+axes[0].hist(log_cap - log_cap.mean(), bins=40, alpha=0.6,
+             label=r"$\\log_{10}\\mathrm{cap}$")
+axes[0].hist(log_corr - log_corr.mean(), bins=40, alpha=0.6,
+             label=r"$\\log_{10}|\\mathrm{corr}|$")
 axes[0].set_xlabel("deviation from its mean (decades)")
 axes[0].set_ylabel("parameters")
 axes[0].set_title(r"The two terms of $\\log_{10}|G_i|$")
@@ -172,7 +176,8 @@ n_top = rows[0][1]                                        # the top 1%: 10 param
 top_F = np.argsort(-rm.sequence_fisher[live_m])[:n_top]
 top_G = np.argsort(-(log_cap + log_corr))[:n_top]
 axes[1].plot(log_cap, log_corr, ".", color="0.7", ms=3, label="parameters")
-axes[1].plot(log_cap[top_F], log_corr[top_F], "s", mfc="none", ms=8, label="top 1% by F")
+axes[1].plot(log_cap[top_F], log_corr[top_F], "s", mfc="none", ms=8,
+             label="top 1% by F")
 axes[1].plot(log_cap[top_G], log_corr[top_G], "x", ms=7, label="top 1% by |G|")
 axes[1].set_xlabel(r"$\\log_{10}\\mathrm{cap}_i$ (ranks like $F_i$)")
 axes[1].set_ylabel(r"$\\log_{10}|\\mathrm{corr}_i|$")
@@ -194,8 +199,8 @@ layout = {name: (shape, offset) for name, shape, offset in task.model.layout()}
 (nb2,), off_b2 = layout["b2"]
 top_g = int(np.argmax(G))                                 # the largest |G_i|
 rank_f = 1 + int(np.sum(r.sequence_fisher > r.sequence_fisher[top_g]))
-print(f"largest |G|: parameter {top_g} = b2[{top_g - off_b2}], the bias of the rewarded "
-      f"token's logit")
+print(f"largest |G|: parameter {top_g} = b2[{top_g - off_b2}], "
+      f"the bias of the rewarded token's logit")
 print(f"its rank by Fisher: {rank_f} of {P}; |corr(A, h)| = {r.correlation[top_g]:.3f}")"""),
     md(r"""
 The bias of token 2's logit raises the probability of exactly the token the reward counts, so
@@ -229,7 +234,8 @@ for opt, step in steps.items():
     code("""
 th, Gm, Fm = medium.theta, rm.gradient, rm.sequence_fisher    # (Pm,) each
 lrs = {"sgd": np.logspace(-3, 1, 17), "adam": np.logspace(-5, -1, 17)}
-share = {opt: np.array([bf16_changed(th, th + steps[opt](lr, Gm)).mean() for lr in lrs[opt]])
+share = {opt: np.array([bf16_changed(th, th + steps[opt](lr, Gm)).mean()
+                        for lr in lrs[opt]])
          for opt in steps}
 fig, ax = plt.subplots(figsize=(6.5, 3.6), constrained_layout=True)
 for opt in steps:
@@ -241,8 +247,8 @@ ax.set_title(f"One exact step on the medium model ({Pm} parameters)")
 ax.legend()
 plt.show()
 for opt in steps:
-    print(f"{opt}: from {share[opt].min():.0%} to {share[opt].max():.0%} changed over the "
-          f"step sizes plotted")"""),
+    print(f"{opt}: from {share[opt].min():.0%} to {share[opt].max():.0%} changed "
+          f"over the step sizes plotted")"""),
     md(r"""
 The share is whatever the step size makes it: over the step sizes plotted it runs from
 nearly none to the largest share printed above for each optimizer (for SGD, well short of
@@ -254,9 +260,11 @@ Predict for Adam first:
     *quiz("adam-bf16"),
     code("""
 predictors = {"largest F": Fm, "largest |G|": np.abs(Gm),
-              "largest |G|/|theta|": np.abs(Gm) / np.abs(th), "smallest |theta|": -np.abs(th)}
+              "largest |G|/|theta|": np.abs(Gm) / np.abs(th),
+              "smallest |theta|": -np.abs(th)}
 best, moved = {}, {}
-print(f"{'optimizer':>9} {'lr':>8} {'float64':>8} {'bf16':>6} | share of the bf16-changed set")
+print(f"{'optimizer':>9} {'lr':>8} {'float64':>8} {'bf16':>6} "
+      f"| share of the bf16-changed set")
 print(f"{'':>36} also in the top set by each predictor")
 for opt in steps:
     # the step closest to 15% changed
@@ -291,7 +299,8 @@ normalisation and the parameters' magnitudes, and with Adam the changed set foll
 parameters' magnitudes rather than their Fisher.
 """),
     checks("""
-assert np.abs(r.score_mean).max() <= 1e-12 and rel_err(r.gradient, r.covariance) <= 1e-10
+assert np.abs(r.score_mean).max() <= 1e-12
+assert rel_err(r.gradient, r.covariance) <= 1e-10
 assert rel_err(r.gradient, r.gradient_autodiff) <= 1e-8
 assert all(np.abs(pol.gradient_with_constant(c) - r.gradient).max()
            <= 1e-10 * np.abs(r.gradient).max() for c in (-10.0, 10.0, 100.0))
