@@ -343,7 +343,7 @@ overlaps = np.array([len(top_F & set(np.argsort(-(cap * corr ** s))[:n])) / n
         """import numpy as np
 from fisher_ref import load_config, exact
 r = exact(load_config("offpolicy_stale"), progress=False)
-g, raw = r.gradient, r.streams["raw"]                        # policy gradient; raw stream""",
+g, raw = r.gradient, r.streams["raw"]                 # policy gradient; raw stream""",
         "c_best", """m = raw.score_mean                                           # (P,) E_mu[h]
 c_best = m @ (g - raw.gradient) / (m @ m)""",
         r"$\|G^{raw} + c\,m - g\|^2$ is a parabola in $c$ with its minimum at "

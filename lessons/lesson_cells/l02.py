@@ -90,7 +90,8 @@ f_uniform = uniform_token_fisher(sens)
 print(f"{'parameter':>10} {'centered':>10} {'pairwise':>10} {'uniform p':>10}")
 for name, fc, fp, fu in zip(names, f_centered, f_pairwise, f_uniform):
     print(f"{name:>10} {fc:10.4f} {fp:10.4f} {fu:10.4f}")
-print(f"mass on tokens other than tea and coffee: {p[2:].sum():.2f}; p(rock) = {p[4]:.2f}")"""),
+print(f"mass on tokens other than tea and coffee: {p[2:].sum():.2f}; "
+      f"p(rock) = {p[4]:.2f}")"""),
     md(r"""
 The two forms agree. *apart* has by far the largest Fisher: it changes the model's preference
 between its two favourite answers. *together* moves the same two logits by the same amount, yet
@@ -146,7 +147,8 @@ else:
     jbar_t = jt @ pt                                              # (P,)
     f_torch = ((jt - jbar_t[:, None]) ** 2) @ pt                  # (P,)
     print("torch:", np.round(f_torch.numpy(), 6))
-    print(f"largest difference from numpy: {np.abs(f_torch.numpy() - f_numpy).max():.1e}")"""),
+    print(f"largest difference from numpy: "
+          f"{np.abs(f_torch.numpy() - f_numpy).max():.1e}")"""),
     md(r"""
 ## The same identities on the tiny language model
 
@@ -172,8 +174,8 @@ rng = np.random.default_rng(0)
 # (N, P, 1): same for every token
 shift = rng.normal(scale=3.0, size=J.shape[:2] + (1,))
 f_shifted = token_fisher(probs, J + shift)
-print(f"{J.shape[0]} states x {J.shape[1]} parameters; vocabulary {task.model.vocab_size}, "
-      f"responses up to {task.max_len} tokens")
+print(f"{J.shape[0]} states x {J.shape[1]} parameters; "
+      f"vocabulary {task.model.vocab_size}, responses up to {task.max_len} tokens")
 print(f"centered vs pairwise:           relative error {rel_err(f_c, f_p):.1e}")
 print(f"after a uniform logit shift:    relative error {rel_err(f_c, f_shifted):.1e}")
 # (N, P) what exact() accumulated

@@ -109,8 +109,8 @@ for key, label, color in [("h2", r"$\\overline{h_i^2}$", "tab:blue"),
     run = running_estimates(mc.samples["policy"][key][:, i], exact=F)
     n = run["n"]
     ax.plot(n, run["mean"], color=color, label=label)
-    ax.fill_between(n[1:], (run["mean"] - 2 * run["se"])[1:], (run["mean"] + 2 * run["se"])[1:],
-                    color=color, alpha=0.2)
+    lo, hi = run["mean"] - 2 * run["se"], run["mean"] + 2 * run["se"]
+    ax.fill_between(n[1:], lo[1:], hi[1:], color=color, alpha=0.2)
 ax.axhline(F, color="k", ls="--", label=f"exact $F_{{{i}}}$ = {F:.4f}")
 ax.set_xscale("log")
 ax.set_xlabel("number of sampled responses")
@@ -128,7 +128,8 @@ same ratio measured from the 4000 samples.
     code("""
 exact_ratio = exact_variance_reduction(r)                 # (P,)
 mc_ratio = variance_reduction(mc)                         # (P,)
-ok = np.isfinite(exact_ratio) & np.isfinite(mc_ratio) & (exact_ratio > 0) & (mc_ratio > 0)
+ok = (np.isfinite(exact_ratio) & np.isfinite(mc_ratio)
+      & (exact_ratio > 0) & (mc_ratio > 0))
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True)
 axes[0].hist(np.log10(exact_ratio[ok]), bins=30, color="tab:red", alpha=0.8)
 axes[0].axvline(0.0, color="k", ls="--", label="no saving")
@@ -163,7 +164,8 @@ for n_small in (200, 2000):
         for q in cover:
             e = m.streams["policy"][q]
             live = e.se > 0
-            cover[q].append(np.abs(e.mean - getattr(r, q))[live] <= 1.959963984540054 * e.se[live])
+            err = np.abs(e.mean - getattr(r, q))[live]
+            cover[q].append(err <= 1.959963984540054 * e.se[live])
     for q, c in cover.items():
         c = np.concatenate(c)
         rate[n_small, q] = c.mean()
@@ -207,7 +209,8 @@ assert np.all(exact_ratio[ok] > 1) and np.median(exact_ratio[ok]) > 1
 h2_small = rate[200, "sequence_fisher"]                   # coverage, as the text says
 assert h2_small < 0.95 and h2_small < rate[200, "token_fisher_sum"]
 assert h2_small < rate[2000, "sequence_fisher"]
-assert np.median(skew_h2) > 2 * np.median(skew_ts) > 0 and np.mean(skew_h2 > skew_ts) > 0.9"""),
+assert np.median(skew_h2) > 2 * np.median(skew_ts) > 0
+assert np.mean(skew_h2 > skew_ts) > 0.9"""),
     *exercise("se-by-hand"),
     *exercise("samples-needed"),
     footer(STEM, [
