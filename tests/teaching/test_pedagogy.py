@@ -70,6 +70,15 @@ def test_code_lines_fit_a_cell(stem):
 
 
 @pytest.mark.parametrize("stem", STEMS)
+def test_solution_code_fits_a_block(stem):
+    """The collapsed solutions hold their code in ```python blocks: those lines fit too."""
+    for cell in _cells(stem):
+        if cell.cell_type == "markdown":
+            for block in re.findall(r"```python\n(.*?)```", cell.source, flags=re.S):
+                assert not too_long(block), (stem, cell.id, too_long(block))
+
+
+@pytest.mark.parametrize("stem", STEMS)
 def test_code_cells_are_short(stem):
     for cell in _code(stem):
         if not (_is_exercise(cell) or _is_checks(cell)):
