@@ -42,34 +42,33 @@ extensions = [
 
 # -- the lessons: copied from lessons/, executed at build time ---------------------
 
-QUIZ_NOTE = ("```{note}\nThe quizzes are answered in JupyterLab (`jupyter lab lessons/`): "
-             "set `answer` to a letter in the cell above and run it, and `check` explains "
-             "the option you chose. On this page that cell ran unanswered.\n```")
+def _clickable():
+    """Whether this build shows clickable quizzes (jupyterquiz importable by the kernels)."""
+    import importlib.util
+    return importlib.util.find_spec("jupyterquiz") is not None
 
 
-def _is_quiz_check(cell):
-    src = cell.source
-    return cell.cell_type == "code" and "answer = None" in src and "check(" in src
+def _lessons_build():
+    """``lessons/build.py`` of this checkout, as a module."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("lessons_build", ROOT / "lessons" / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def copy_lessons():
-    """Write ``docs/lessons/<stem>.ipynb`` for every ``lessons/<stem>.ipynb``, with a note
-    after each quiz's answer cell; a copy is rewritten only when its text changes, so the
-    execution cache and Sphinx's change detection keep working."""
+    """Write ``docs/lessons/<stem>.ipynb`` for every lesson: the stored notebook with the
+    site's additions (``lessons/build.py``'s ``site_notebook``: a download and launch line,
+    a note under each quiz saying what the page shows); a copy is rewritten only when its
+    text changes, so the execution cache and Sphinx's change detection keep working."""
+    build = _lessons_build()
     out = DOCS / "lessons"
     wanted = set()
-    for src in sorted((ROOT / "lessons").glob("[0-9]*.ipynb")):
-        nb = nbformat.read(src, as_version=4)
-        cells = []
-        for cell in nb.cells:
-            cells.append(cell)
-            if _is_quiz_check(cell):
-                note = nbformat.v4.new_markdown_cell(QUIZ_NOTE)
-                note.id = f"{cell.get('id', 'quiz')}-note"
-                cells.append(note)
-        nb.cells = cells
-        text = nbformat.writes(nb) + "\n"
-        dst = out / src.name
+    clickable = _clickable()
+    for stem in build.LESSONS:
+        text = nbformat.writes(build.site_notebook(stem, clickable)) + "\n"
+        dst = out / f"{stem}.ipynb"
         wanted.add(dst.name)
         if not dst.exists() or dst.read_text() != text:
             dst.write_text(text)

@@ -10,7 +10,8 @@ with its natural scale (docs/theory.md §9.3):
   (:func:`~fisher_ref.checks.score_scale.state_score_scale`) for scores;
 - ``bound`` rows: the largest excess of the left side over the right, scaled
   the same way (must be :math:`\le` the tolerance);
-- ``info`` rows report a diagnostic (overlap, alignment, the raw score's mean where
+- ``info`` rows report a diagnostic (the top-k overlap and its two spreads, the shares
+  of ratios to the uniform reference below 1, the raw score's mean where
   the sampler equals the policy) and always pass;
 - ``z`` rows (Monte Carlo) report, for each estimator, the :math:`|z|` of the
   entry (parameter) nearest its threshold; thresholds are per entry, the larger
@@ -20,6 +21,7 @@ with its natural scale (docs/theory.md §9.3):
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -39,7 +41,7 @@ from fisher_ref.models.sensitivities import sensitivities, sensitivities_autogra
 from fisher_ref.tasks import require_task
 from fisher_ref.numerics import token_fisher, token_fisher_pairwise, uniform_token_fisher
 
-__all__ = ["Check", "exact_checks", "format_table", "verify_task",
+__all__ = ["Check", "exact_checks", "format_table", "verify_task", "concentration",
            "state_score_scale", "sampler_gap",
            "EXACT_RTOL", "constant_breaking_bound", "bound_broken_at_zero"]
 
@@ -47,6 +49,8 @@ MC_ALPHA = 1e-6  # false-failure rate of all Monte Carlo rows together
 WEAK_POWER = 3.0  # a row whose threshold exceeds this multiple of the Bonferroni-normal
 #                   one (skewed, rarely non-zero values) is flagged as having little power
 _SHIFT_STATES = 256  # states on which the pairwise form and the logit shift are re-derived
+_ARRANGEMENT_V = 7  # the mean over all V! arrangements of p is checked up to this V ...
+_ARRANGEMENT_STATES = 8  # ... on this many states
 #: f(j + c) is formed from sensitivities of size max|j + c|, centered on their mean: the
 #: centering rounds each by about V eps max|j + c|, which moves f by up to 2 sqrt(f)
 #: times that; below the floor (2 V eps max|j + c| / EXACT_RTOL)^2 that is more than
@@ -94,15 +98,41 @@ def _stream_checks(name, s, T, centered, state_scale=0.0):
     return rows if centered else []
 
 
+def _arrangement_mean(p, J, perms):
+    r"""Mean of the token Fisher over the arrangements ``perms`` of ``p`` across the tokens.
+
+    Args:
+        p: ``(V,)`` next-token probabilities of one state.
+        J: ``(P, V)`` its sensitivities.
+        perms: ``(K, V)`` permutations of ``range(V)``.
+
+    Returns:
+        ``(P,)``: :math:`\frac1K \sum_\pi f_i(p_\pi)`, each arrangement's Fisher formed by
+        the centered form.
+    """
+    return token_fisher(p[perms], J[None]).mean(axis=0)  # (K, V), (1, P, V) -> (P,)
+
+
+def concentration(p):
+    r""":math:`\kappa(s) = (1 - \sum_a p_a^2)/(1 - 1/V)`, shape ``(...)`` for ``p`` of shape
+    ``(..., V)``: 1 for a uniform ``p``, 0 for a point mass."""
+    V = p.shape[-1]
+    # 1 - sum p^2 = sum_a p_a (sum of the others), the others summed, not 1 - p_a: no
+    # cancellation when p is nearly a point mass
+    before = np.concatenate([np.zeros_like(p[..., :1]), np.cumsum(p, axis=-1)[..., :-1]], axis=-1)
+    after = np.flip(np.concatenate([np.zeros_like(p[..., :1]),
+                                    np.cumsum(np.flip(p, -1), axis=-1)[..., :-1]], axis=-1), -1)
+    return np.sum(p * (before + after), axis=-1) / (1.0 - 1.0 / V)
+
+
 def _state_form_checks(result):
     """Identities 4 and 5 re-derived on up to ``_SHIFT_STATES`` states; without the kept
     per-state arrays, one info row says why they are not there."""
     task, st = result.task, result.states
     if st is None:
-        return [Check("4-5 pairwise, alignment", "policy", "not checked: the per-state arrays "
-                      "were not kept (exact(..., options=EngineOptions(keep_states=True)) "
-                      "keeps them)", float("nan"),
-                      0.0, "info", f"{result.cost.n_states:,} states x P = "
+        return [Check("4-5 pairwise, uniform reference", "policy", "not checked: the per-state "
+                      "arrays were not kept (exact(..., options=EngineOptions(keep_states=True)) "
+                      "keeps them)", float("nan"), 0.0, "info", f"{result.cost.n_states:,} states x P = "
                       f"{task.model.num_params:,} would not fit the memory for kept arrays")]
     n = min(len(st["depth"]), _SHIFT_STATES)
     tokens = st["tokens"][:n]
@@ -115,12 +145,19 @@ def _state_form_checks(result):
     Jc = J + 10 * shift  # (n, P, V)
     f_unif = uniform_token_fisher(J)
     V = J.shape[-1]
-    live = f_unif > 0
+    kappa = concentration(p)  # (n,)
+    live = (f_unif > 0) & (kappa[:, None] > 0)
     ratio = f[live] / f_unif[live]
-    below, note = ((float(np.mean(ratio < 1)), f"median ratio {np.median(ratio):.3g}")
-                   if ratio.size else (float("nan"), "f_unif = 0 at every (state, parameter)"))
+    alpha = ratio / np.broadcast_to(kappa[:, None], f.shape)[live]
+    if ratio.size:
+        below = float(np.mean(ratio < 1))
+        below_alpha = float(np.mean(alpha < 1))
+        note = f"median ratio {np.median(ratio):.3g}, median kappa(s) {np.median(kappa):.3g}"
+    else:
+        below = below_alpha = float("nan")
+        note = "f_unif = 0 at every (state, parameter)"
     shift_floor = (SHIFT_ROUNDING * V * float(np.max(np.abs(Jc), initial=0.0))) ** 2
-    return [
+    rows = [
         Check("4 pairwise identity", "policy", "centered f = pairwise f",
               rel_err(f, token_fisher_pairwise(p, J)), EXACT_RTOL),
         Check("4 pairwise identity", "policy", "f(j + c) = f(j), c per parameter",
@@ -131,11 +168,49 @@ def _state_form_checks(result):
               rel_err(st["token_fisher"][:n],
                       token_fisher_pairwise(p, sensitivities_autograd(task.model, task.theta, W))),
               EXACT_RTOL),
-        Check("5 alignment", "policy", "f_unif = pairwise form at p = 1/V",
+        Check("5 uniform reference", "policy", "f_unif = pairwise form at p = 1/V",
               rel_err(f_unif, token_fisher_pairwise(np.full_like(p, 1.0 / V), J)), EXACT_RTOL),
-        Check("5 alignment", "policy", "share of (state, param) with f/f_unif < 1",
-              below, 0.0, "info", note),
     ]
+    if V <= _ARRANGEMENT_V:
+        perms = np.array(list(itertools.permutations(range(V))))  # (V!, V)
+        m = min(n, _ARRANGEMENT_STATES)
+        mean = np.stack([_arrangement_mean(p[s], J[s], perms) for s in range(m)])  # (m, P)
+        rows.append(Check("5 concentration x alignment", "policy",
+                          f"mean of f over all {len(perms)} arrangements of p = kappa(s) f_unif",
+                          rel_err(mean, kappa[:m, None] * f_unif[:m]), EXACT_RTOL, "equal",
+                          f"on the first {m} states; kappa(s) = (1 - sum p^2)/(1 - 1/V)"))
+    rows += [
+        Check("5 concentration x alignment", "policy",
+              "share of (state, param) with f/f_unif < 1", below, 0.0, "info", note),
+        Check("5 concentration x alignment", "policy",
+              "share with alignment f/(kappa f_unif) < 1", below_alpha, 0.0, "info",
+              "f/f_unif = kappa(s) alpha: a ratio below 1 is concentration times alignment"),
+    ]
+    return rows
+
+
+def _overlap_rows(result):
+    """Identity 8, a diagnostic: the top-k overlap of |G| and F, and the two spreads that
+    govern it (log|G| = log cap + log|corr|)."""
+    rows = []
+    for frac, n, ov, rnd in result.topk_overlap((0.01, 0.05, 0.1, 0.25)):
+        rows.append(Check("8 overlap (diagnostic)", "policy",
+                          f"top {100 * frac:g}% by |G| also top by F (n={n}; random {rnd:.3f})",
+                          ov, 0.0, "info"))
+    G, cap, corr, F = (np.abs(result.gradient), result.bound, result.correlation,
+                       result.sequence_fisher)
+    live = (cap > 0) & (corr > 0)
+    note = "the overlap is high as far as the sd of log cap outweighs that of log |corr|"
+    if live.sum() >= 2:
+        rows += [Check("8 overlap (diagnostic)", "policy", "sd over parameters of log10 cap",
+                       float(np.log10(cap[live]).std()), 0.0, "info", note),
+                 Check("8 overlap (diagnostic)", "policy", "sd over parameters of log10 |corr|",
+                       float(np.log10(corr[live]).std()), 0.0, "info", note)]
+    top = int(np.argmax(G))
+    rows.append(Check("8 overlap (diagnostic)", "policy",
+                      f"rank by F of the largest |G| (of P = {G.size})",
+                      float(1 + np.sum(F > F[top])), 0.0, "info"))
+    return rows
 
 
 def exact_checks(result):
@@ -150,10 +225,7 @@ def exact_checks(result):
     rows += _state_form_checks(result)
     rows.append(Check("6 policy gradient", "policy", "E[A h] = autograd of E[R]",
                       rel_err(result.gradient, result.gradient_autodiff, gfloor), EXACT_RTOL))
-    for frac, n, ov, rnd in result.topk_overlap((0.01, 0.05, 0.1, 0.25)):
-        rows.append(Check("8 Fisher meets gradient", "policy",
-                          f"top {100 * frac:g}% by |G| also top by F (n={n})", ov, 0.0, "info",
-                          f"random: {rnd:.3f}"))
+    rows += _overlap_rows(result)
     if "centered" in result.streams:
         c, raw = result.streams["centered"], result.streams["raw"]
         rows += _stream_checks("centered", c, T, True, state_scale)
@@ -266,8 +338,8 @@ def verify_task(task, mc=0, seed=0, progress=True, workers="auto"):
         for r in check_monte_carlo(checked_task, checked, mc, seed, alpha=MC_ALPHA):
             weak = r.threshold > WEAK_POWER * normal
             rows.append(Check(_mc_label(r.quantity, r.stream), r.stream,
-                              f"{r.quantity}: |z| of the entry nearest its threshold "
-                              f"(n={mc}, seed={seed})", float(r.max_abs_z), float(r.threshold),
-                              "z", "little power: rare values raised the threshold; "
-                              "use more samples" if weak else ""))
+                              f"{r.quantity}: |z| of the entry nearest its threshold",
+                              float(r.max_abs_z), float(r.threshold), "z",
+                              f"n={mc} samples, seed={seed}" + ("; little power: rare values "
+                              "raised the threshold; use more samples" if weak else "")))
     return result, rows

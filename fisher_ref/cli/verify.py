@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from fisher_ref.checks.identities import format_table, verify_task
+from fisher_ref.checks.table import TABLE_WIDTH
 from fisher_ref.parallel.workers import check_workers
 from fisher_ref.cli._common import count_arg, seed_arg, task_from_args
 
@@ -38,11 +40,13 @@ def run(args):
     result, rows = verify_task(task, mc=args.mc, seed=args.seed, progress=not args.quiet,
                                workers=args.workers)
     c = result.cost
-    print(f"task {task.name}: V={c.vocab_size}, T={c.max_len}, P={c.num_params}, "
-          f"{c.n_states} states, {c.n_responses} responses, prompts={len(task.prompts)}, "
-          f"sampler={'none' if task.sampler is None else task.sampler.to_json()}")
+    head = (f"task {task.name}: V={c.vocab_size}, T={c.max_len}, P={c.num_params}, "
+            f"{c.n_states} states, {c.n_responses} responses, prompts={len(task.prompts)}, "
+            f"sampler={'none' if task.sampler is None else task.sampler.to_json()}")
+    print("\n".join(textwrap.wrap(head, TABLE_WIDTH, subsequent_indent="  ")))
     print(format_table(rows))
     failed = [r for r in rows if not r.passed]
-    print(f"\n{len(rows) - len(failed)} of {len(rows)} checks passed"
-          + (f"; FAILED: {', '.join(r.check for r in failed)}" if failed else ""))
+    tail = (f"{len(rows) - len(failed)} of {len(rows)} checks passed"
+            + (f"; FAILED: {', '.join(r.check for r in failed)}" if failed else ""))
+    print("\n" + "\n".join(textwrap.wrap(tail, TABLE_WIDTH, subsequent_indent="  ")))
     return 1 if failed else 0

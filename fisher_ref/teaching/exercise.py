@@ -5,7 +5,9 @@ learner's variable, a solution with the reason it is right, the plausible mistak
 (each with the feedback a learner who made it should read) and a judge. A judge is
 a function ``judge(value, namespace) -> (ok, message)``; :func:`close_to` builds
 the common one, an elementwise comparison with a reference the judge computes
-itself from the setup's variables. :func:`matches` tells whether a wrong answer is
+itself from the setup's variables, which also names an answer that is a constant
+multiple of the reference (:func:`constant_ratio`: "the sign is flipped", "off by a
+factor of 2"). :func:`matches` tells whether a wrong answer is
 one of the recorded mistakes, so the feedback can name it. The lessons' exercises
 live in :mod:`fisher_ref.teaching.exercise_bank` (lessons 0-6) and
 :mod:`fisher_ref.teaching.exercises_transformer` (lesson 7);
@@ -19,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["Exercise", "Mistake", "close_to", "matches"]
+__all__ = ["Exercise", "Mistake", "close_to", "matches", "constant_ratio", "describe_ratio"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,62 @@ def matches(value, other, rtol=1e-6):
         1.0, float(np.max(np.abs(y), initial=0.0)))) for x, y in zip(a, b))
 
 
+#: Factors a learner's slip commonly leaves, and how to name them.
+_NAMED = {-1.0: "the sign is flipped", 2.0: "off by a factor of 2 (twice the reference)",
+          0.5: "off by a factor of 2 (half the reference)",
+          -2.0: "off by a factor of 2 and the sign is flipped",
+          -0.5: "off by a factor of 2 and the sign is flipped"}
+
+
+def constant_ratio(value, reference, rtol=1e-6):
+    """The number ``c`` with ``value == c * reference`` everywhere (to ``rtol``), or None.
+
+    Entries where the reference is 0 must be 0 in ``value`` too; at least one entry of the
+    reference must be non-zero, and ``c`` must be neither 0 nor 1.
+
+    Example:
+        >>> constant_ratio([-2.0, 4.0, 0.0], [1.0, -2.0, 0.0])
+        -2.0
+        >>> constant_ratio([1.0, 3.0], [1.0, 2.0]) is None
+        True
+    """
+    got, want = np.asarray(value, dtype=float), np.asarray(reference, dtype=float)
+    if got.shape != want.shape or not np.all(np.isfinite(got)):
+        return None
+    scale = float(np.max(np.abs(want), initial=0.0))
+    live = np.abs(want) > 1e-12 * scale
+    if not live.any() or np.any(np.abs(got[~live]) > 1e-9 * max(scale, 1e-300)):
+        return None
+    ratios = got[live] / want[live]
+    c = float(np.median(ratios))
+    if (c == 0 or not np.allclose(ratios, c, rtol=rtol, atol=0)
+            or np.isclose(c, 1.0, rtol=rtol, atol=0)):
+        return None
+    return c
+
+
+def describe_ratio(c, entries):
+    """A sentence naming a constant ratio ``c`` of an answer to its reference, or "" when a
+    single number's ratio says nothing (it is always some constant).
+
+    Example:
+        >>> describe_ratio(-1.0, 5)
+        'your answer is -1 times the reference everywhere: the sign is flipped'
+        >>> describe_ratio(2.0, 1)
+        'your answer is 2 times the reference: off by a factor of 2 (twice the reference)'
+        >>> describe_ratio(3.7, 1)
+        ''
+    """
+    named = next((text for k, text in _NAMED.items() if np.isclose(c, k, rtol=1e-6)), None)
+    where = " everywhere" if entries > 1 else ""
+    if named:
+        return f"your answer is {c:.4g} times the reference{where}: {named}"
+    if entries > 1:
+        return (f"your answer is {c:.4g} times the reference everywhere: a constant factor, "
+                f"so look for a missing or extra normalisation")
+    return ""
+
+
 def close_to(expected, rtol=1e-8, atol=0.0):
     """A judge comparing an array (or number) with ``expected(namespace)`` elementwise.
 
@@ -114,5 +172,8 @@ def close_to(expected, rtol=1e-8, atol=0.0):
         tol = atol + rtol * float(np.max(np.abs(want), initial=0.0))
         if err <= tol:
             return True, f"largest difference from the reference {err:.1e} (tolerance {tol:.1e})"
-        return False, f"largest difference from the reference {err:.2e} > {tol:.1e}"
+        message = f"largest difference from the reference {err:.2e} > {tol:.1e}"
+        c = constant_ratio(got, want)
+        hint = describe_ratio(c, int(np.count_nonzero(want))) if c is not None else ""
+        return False, message + (f"; {hint}" if hint else "")
     return judge

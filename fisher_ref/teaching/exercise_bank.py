@@ -29,21 +29,24 @@ r = exact(task, progress=False)"""
 
 _SCORES = _DEFAULT + """
 from fisher_ref.teaching.views import response_token_scores
-seqs, w = r.sequences, r.sequences["prob"]                   # (M,) response probabilities
+# (M,) response probabilities
+seqs, w = r.sequences, r.sequences["prob"]
 XI = np.stack([response_token_scores(task, pr, tk)           # (M, T, P) token scores
                for pr, tk in zip(seqs["prompt"], seqs["tokens"])])"""
 
 _STATE0 = _DEFAULT + """
 from fisher_ref.teaching.views import state_sensitivities
 J = state_sensitivities(task, r.states)[0]                   # (P, V) at state 0
-z = np.log(r.states["probs"][0])                             # (V,) logits up to a constant
+# (V,) logits up to a constant
+z = np.log(r.states["probs"][0])
 betas = np.array([0.0, 0.5, 1.0, 2.0, 4.0])"""
 
 _RNG_STATE = """\
 import numpy as np
 rng = np.random.default_rng(7)
 z = rng.normal(size=6)
-p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()          # (V,) next-token probabilities
+# (V,) next-token probabilities
+p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
 J = rng.normal(size=(4, 6))                                  # (P, V) sensitivities"""
 
 _MEDIUM = """\
@@ -52,7 +55,8 @@ from importlib import resources
 from fisher_ref import load_task, exact
 medium = load_task(resources.files("fisher_ref") / "configs" / "scale" / "medium.json")
 rm = exact(medium, progress=False)
-F, cap, corr = rm.sequence_fisher, rm.bound, rm.correlation  # (P,) each; |G| = cap * corr
+# (P,) each; |G| = cap * corr
+F, cap, corr = rm.sequence_fisher, rm.bound, rm.correlation
 n = 10                                                       # the top 1% of 1,044
 svals = [0.0, 0.5, 1.0, 2.0]"""
 
@@ -92,7 +96,15 @@ for b in range(V):
         (Mistake("S = np.ones((V, V))",
                  "`b2[b]` is added to token $b$'s logit only; the other logits do not move."),
          Mistake("S = np.zeros((V, V))",
-                 "`b2` does move the logits: `b2[b]` adds one-for-one to $z_b$.")),
+                 "`b2` does move the logits: `b2[b]` adds one-for-one to $z_b$."),
+         Mistake("""S = np.zeros((V, V))
+for b in range(V):
+    step = np.zeros_like(task.theta)
+    step[off + b] = 1e-6
+    S[b] = (task.model.logits(task.theta + step, window)[0]
+            - task.model.logits(task.theta - step, window)[0]) / 1e-6""",
+                 "a central difference spans two steps: $z(\\theta + h) - z(\\theta - h)$ "
+                 "is $2h$ wide, so divide by $2 \\times 10^{-6}$, not $10^{-6}$.")),
         close_to(expected_b2, rtol=0, atol=1e-6)),
     # ---- lesson 1 -------------------------------------------------------------
     Exercise(
@@ -112,7 +124,10 @@ i = off + int(np.argmax(r.sequence_fisher[off:off + nb2]))""",
                  "weight each response by its probability `w`; a plain mean treats rare and "
                  "likely responses alike."),
          Mistake("m22 = (w @ XI[:, 1, i]) ** 2",
-                 "square first, then average: $E[\\xi^2]$, not $E[\\xi]^2$ (which is 0 here).")),
+                 "square first, then average: $E[\\xi^2]$, not $E[\\xi]^2$ (which is 0 here)."),
+         Mistake("m22 = w @ XI[:, 2, i] ** 2",
+                 "positions count from 0 in `XI[:, t, i]`: the second token is `XI[:, 1, i]`; "
+                 "`XI[:, 2, i]` is the third.")),
         close_to(lambda ns: ns["r"].cross_terms[1, 1, ns["i"]], rtol=1e-10)),
     Exercise(
         "expected-length", "01_sequence_to_tokens", "how many tokens a response holds",
@@ -293,7 +308,13 @@ overlaps = np.array([len(top_F & set(np.argsort(-(cap * corr ** s))[:n])) / n
                  "overlaps = np.array([len(top_F & set(np.argsort(cap * corr ** s)[:n])) / n"
                  " for s in svals])",
                  "`np.argsort` sorts in increasing order, so that took the 10 *smallest* "
-                 "$|G^{(s)}|$; sort `-(cap * corr ** s)`.")),
+                 "$|G^{(s)}|$; sort `-(cap * corr ** s)`."),
+         Mistake("top_F = set(np.argsort(F)[:n])\n"
+                 "overlaps = np.array([len(top_F & set(np.argsort(cap * corr ** s)[:n])) / n"
+                 " for s in svals])",
+                 "`np.argsort` sorts in increasing order, so both of your sets hold the 10 "
+                 "*smallest* values (an overlap of the bottoms); sort `-F` and "
+                 "`-(cap * corr ** s)`.")),
         close_to(expected_overlaps, rtol=0, atol=1e-12)),
     # ---- lesson 5 -------------------------------------------------------------
     Exercise(
@@ -308,7 +329,10 @@ overlaps = np.array([len(top_F & set(np.argsort(-(cap * corr ** s))[:n])) / n
                  "the raw score is centered at $\\bar j_p$, not at the sampler's mean "
                  "$\\bar j_\\mu$, so its mean under $\\mu$ is not zero."),
          Mistake("bias = J @ p - J @ mu",
-                 "the sign is flipped: the mean is $\\bar j_\\mu - \\bar j_p$.")),
+                 "the sign is flipped: the mean is $\\bar j_\\mu - \\bar j_p$."),
+         Mistake("bias = J.mean(axis=1) - J @ p",
+                 "the mean under $\\mu$ weights token $a$ by $\\mu_a$ (`J @ mu`); the plain "
+                 "mean `J.mean(axis=1)` is the mean under a uniform sampler.")),
         close_to(lambda ns: (ns["J"] * (ns["mu"] - ns["p"])).sum(axis=1), rtol=1e-10)),
     Exercise(
         "best-constant", "05_offpolicy_centering", "the best constant for the raw gradient",
@@ -319,7 +343,7 @@ overlaps = np.array([len(top_F & set(np.argsort(-(cap * corr ** s))[:n])) / n
         """import numpy as np
 from fisher_ref import load_config, exact
 r = exact(load_config("offpolicy_stale"), progress=False)
-g, raw = r.gradient, r.streams["raw"]                        # policy gradient; raw stream""",
+g, raw = r.gradient, r.streams["raw"]                 # policy gradient; raw stream""",
         "c_best", """m = raw.score_mean                                           # (P,) E_mu[h]
 c_best = m @ (g - raw.gradient) / (m @ m)""",
         r"$\|G^{raw} + c\,m - g\|^2$ is a parabola in $c$ with its minimum at "

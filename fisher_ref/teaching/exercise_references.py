@@ -13,9 +13,22 @@ from fisher_ref.numerics import softmax, token_fisher, uniform_token_fisher
 from fisher_ref.teaching.training import policy_gradient
 from fisher_ref.teaching.views import concentration
 
+__all__ = ["anti_aligned", "expected_params", "expected_mean_length", "expected_b2",
+           "expected_one_token", "expected_concentration", "expected_adam2", "expected_overlaps",
+           "expected_c_best", "expected_needed"]
+
 
 def anti_aligned(value, ns):
-    """Accept ``(p, j)`` with f/f_unif < 1 and alignment factor f/(kappa f_unif) > 1."""
+    r"""The judge of ``anti-aligned``: accept ``(p, j)`` with :math:`f/f^{unif} < 1` and
+    alignment factor :math:`f/(\kappa f^{unif}) > 1`.
+
+    Args:
+        value: the learner's ``(p, j)``, two vectors of one length :math:`V \ge 2`.
+        ns: the setup's variables (unused: the exercise is open-ended).
+
+    Returns:
+        ``(ok, message)``.
+    """
     try:
         p, j = (np.asarray(v, dtype=float) for v in value)
     except (TypeError, ValueError):
@@ -37,39 +50,42 @@ def anti_aligned(value, ns):
 
 
 def expected_params(ns):
-    """The parameter count of the exercise's MLP, from its spec."""
+    """``count-params``: the medium config's parameter count, from the model's own layout."""
     return ModelSpec(vocab_size=12, context=2, embed_dim=8, hidden=32).num_params
 
 
 def expected_mean_length(ns):
-    """E[number of drawn tokens] from the states: each drawn token is one state reached."""
+    """``expected-length``: E[number of drawn tokens] from the states (each drawn token is
+    one state reached)."""
     return ns["r"].states["reach"].sum()
 
 
 def expected_b2(ns):
-    """The ``b2`` block of the logit sensitivities at the exercise's window: ``(V, V)``."""
+    """``b2-moves-logits``: :math:`\\partial z_a / \\partial b2_b` at the window, ``(V, V)``,
+    from the model's analytic sensitivities."""
     J = sensitivities(ns["task"].model, ns["task"].theta, ns["window"])  # (1, P, V)
     return J[0, ns["off"]:ns["off"] + ns["V"]]
 
 
 def expected_one_token(ns):
-    """The token Fisher of a single one-hot parameter direction at ``p``."""
+    """``predict-one-token``: the token Fisher of :math:`j = (1, 0, 0, 0, 0)` under ``p``."""
     return token_fisher(ns["p"], np.eye(5)[:1])[0]
 
 
 def expected_concentration(ns):
-    """The concentration of ``softmax(beta z)`` for each ``beta``: ``(B,)``."""
+    """``temperature-concentration``: :math:`\\kappa` of :math:`\\mathrm{softmax}(\\beta z)`
+    for each :math:`\\beta`, shape ``(B,)``."""
     return concentration(softmax(ns["betas"][:, None] * ns["z"][None]))  # (B,)
 
 
 def expected_adam2(ns):
-    """The second Adam step of the policy gradient, ``theta_2 - theta_1``: ``(P,)``."""
+    """``adam-second-step``: Adam's second step, ``(P,)``, from the training code."""
     tr = policy_gradient(ns["task"], steps=2, lr=ns["lr"], optimizer="adam", eps=ns["eps"])
     return tr.thetas[2] - tr.thetas[1]
 
 
 def expected_overlaps(ns):
-    """Top-n overlap of F with cap * corr**s, from sorted index sets (rank order by F)."""
+    """``overlap-spread``: top-n overlap of F with cap * corr**s, from sorted index sets (rank order by F)."""
     n, F = ns["n"], ns["F"]
     by_f = set(np.argsort(-F, kind="stable")[:n].tolist())
     out = []
@@ -80,7 +96,8 @@ def expected_overlaps(ns):
 
 
 def expected_c_best(ns):
-    """The constant ``c`` that brings the raw gradient closest to ``g`` (the vertex of the parabola in ``c``)."""
+    """``best-constant``: the constant :math:`c` nearest the policy gradient, from the
+    vertex of a parabola fitted through three constants (not the projection formula)."""
     raw, g = ns["raw"], ns["g"]
     cs = np.array([-1.0, 0.0, 1.0])
     d2 = [np.sum((raw.gradient_with_constant(c) - g) ** 2) for c in cs]  # a parabola in c
@@ -89,5 +106,6 @@ def expected_c_best(ns):
 
 
 def expected_needed(ns):
-    """The draws needed for a 1% standard error on ``F``: ``ceil(Var(h^2) / (0.01 F)^2)``."""
+    """``samples-needed``: the smallest :math:`n` with a standard error of 1% of
+    :math:`F_i`."""
     return np.ceil(ns["var_h2"] / (0.01 * ns["F"]) ** 2)

@@ -25,7 +25,8 @@ def _expected_key_weight(ns):
     """Flat indices of block 0's key weights: unpack a vector that holds its own indices."""
     model = ns["task"].model
     d = model.spec.embed_dim
-    where = model.unpack(np.arange(model.num_params, dtype=float))[C_ATTN_WEIGHT]  # (d, 3d)
+    # (d, 3d)
+    where = model.unpack(np.arange(model.num_params, dtype=float))[C_ATTN_WEIGHT]
     return np.sort(where[:, d:2 * d].ravel())  # (d * d,)
 
 
@@ -58,9 +59,10 @@ TRANSFORMER_EXERCISES = [
         r"increasing order (an integer array of length $d^2$). Then compare `F[key]` with the "
         r"key bias's Fisher: is it zero too?",
         _GPT2, "key", f"""(d, d3), off = layout["{C_ATTN_WEIGHT}"]
-flat = off + np.arange(d * d3).reshape(d, d3)               # (d, 3d) index of each entry
+# (d, 3d) index of each entry
+flat = off + np.arange(d * d3).reshape(d, d3)
 key = np.sort(flat[:, d:2 * d].ravel())
-print(F[key].max())                                  # not zero: K_u = Y_u W_K varies with u""",
+print(F[key].max())                        # not zero: K_u = Y_u W_K varies with u""",
         r"The key outputs are columns $d..2d-1$ of every row, so in a row-major layout they "
         r"are $d$ short runs, not one block. Their Fisher is not zero: $Y_u W_K$ changes "
         r"with the key position $u$, unlike the shared shift $b_K$.",
@@ -103,7 +105,8 @@ share = sum(F[off:off + int(np.prod(shape))].sum()
         r"BOS, the prompt and the tokens generated so far. Which rows of the position "
         r"embedding `wpe` (positions 0..7) have $F_i = 0$, because no input is that long? "
         r"Set `unused` to those positions in increasing order; then check them against `F`.",
-        _GPT2, "unused", """longest = 1 + max(len(p) for p in task.prompts) + task.max_len - 1  # BOS, prompt, T - 1
+        _GPT2, "unused", """# BOS, the longest prompt, then T - 1 generated tokens
+longest = 1 + max(len(p) for p in task.prompts) + task.max_len - 1
 unused = np.arange(longest, task.model.spec.n_positions)""",
         r"The longest input is BOS, the longest prompt and $T - 1$ generated tokens: the "
         r"last drawn token is never read, since no state follows it. Positions from that "

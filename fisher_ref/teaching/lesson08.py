@@ -61,7 +61,8 @@ QUIZ_ROWS = [
     _quiz("grpo-two",
           r"GRPO with groups of $B = 2$ and a binary reward. How does its difficulty weight "
           r"$w_2(\gamma)$ depend on the prompt's pass rate $\gamma$?",
-          (r"It is the same for every $\gamma$: a mixed pair gets $A = \pm 1/\sqrt2$.",
+          (r"It is the same for every $\gamma$: a mixed pair gets $A = \pm 1/\sqrt2$, whatever "
+           r"the pass rate.",
            r"It grows like $1/\sqrt{\gamma(1-\gamma)}$, large for the rarest successes.",
            r"It is zero, because two draws cannot estimate a standard deviation.",
            r"It peaks at $\gamma = 1/2$, where the rewards vary the most."),
@@ -173,7 +174,8 @@ _STATE = """\
 import numpy as np
 rng = np.random.default_rng(8)
 z = rng.normal(size=5)
-p = np.exp(z) / np.exp(z).sum()                              # (V,) the policy at one state
+# (V,) the policy at one state
+p = np.exp(z) / np.exp(z).sum()
 ref = np.exp(z + 0.5 * rng.normal(size=5))
 ref /= ref.sum()                                             # (V,) the reference policy
 J = rng.normal(size=(3, 5))                                  # (P, V) sensitivities"""
@@ -215,7 +217,15 @@ for nu in range(B):                        # successes among the other B - 1
                  "not numpy's default `ddof=0`."),
          Mistake("w = 1 / np.sqrt(gamma * (1 - gamma))",
                  "that is the large-$B$ limit $1/\\sqrt{\\gamma(1-\\gamma)}$; at $B = 4$ many "
-                 "groups have equal rewards and $A = 0$, so sum over $\\nu$ instead.")),
+                 "groups have equal rewards and $A = 0$, so sum over $\\nu$ instead."),
+         Mistake("w = 0.0\nfor nu in range(B):\n"
+                 "    prob = comb(B - 1, nu) * gamma ** nu * (1 - gamma) ** (B - 1 - nu)\n"
+                 "    for c, sign in ((1.0, 1), (0.0, -1)):\n"
+                 "        R = np.array([c] + [1.0] * nu + [0.0] * (B - 1 - nu))\n"
+                 "        w += sign * prob * (R[0] - R.mean())",
+                 "GRPO normalises each advantage by the group's std: divide "
+                 "$R_1 - \\bar R$ by `R.std(ddof=1) + eps` (a group of equal rewards has "
+                 "$R_1 - \\bar R = 0$ either way).")),
         close_to(_expected_difficulty_weight, rtol=1e-9)),
     Exercise(
         "k3-state-gradient", STEM, "the k3 gradient at one state",

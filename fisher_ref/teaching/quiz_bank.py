@@ -84,7 +84,8 @@ _Q = [
     Quiz("cross-term-single", "01_sequence_to_tokens",
          r"Take one full-length response sampled from the model and one parameter $i$. What is "
          r"the product $\xi_{1,i}\,\xi_{2,i}$ of its first two token scores?",
-         (r"Usually non-zero, of either sign: only its average over all responses is zero.",
+         (r"A number of either sign, different from one response to the next: only its average "
+          r"over all responses is zero.",
           r"Exactly zero for every response, since the two scores are uncorrelated.",
           r"Always positive, since it is one of the terms that make up a Fisher information.",
           r"Equal to $f_i(s_1)\,f_i(s_2)$, the product of the two token Fishers."),
@@ -199,10 +200,9 @@ _Q = [
     Quiz("constant-baseline", "04_gradient_is_covariance",
          r"On-policy, you add the constant $c = 5$ to every advantage. What happens to the "
          r"exact gradient $E[A h]$?",
-         (r"It grows by $5\,E[h]$, which is large when the responses are long and their "
-          r"scores are big.",
+         (r"It grows by $5\,E[h]$, large for long responses with big scores.",
           r"It is multiplied by 5, like every advantage.",
-          r"Nothing: $E[h] = 0$, so the constant adds $5\,E[h] = 0$.",
+          r"Nothing: $E[h] = 0$ on-policy, so the constant adds $5\,E[h] = 0$ to the gradient.",
           r"It changes sign, since the baseline is subtracted."),
          2,
          (r"No: on-policy $E[h] = 0$ exactly, so the shift is zero.",
@@ -213,7 +213,7 @@ _Q = [
          r"One Adam step from zero moments moves parameter $i$ by "
          r"$\eta\,G_i/(|G_i| + \epsilon) \approx \eta\,\mathrm{sign}(G_i)$. Which parameters "
          r"then change at bf16 precision?",
-         (r"Those with the largest Fisher $F_i$, since the bound caps each gradient "
+         (r"Mostly those with the largest Fisher $F_i$, since the bound caps each gradient "
           r"coordinate and so each step.",
           r"Mostly those whose own magnitude $|\theta_i|$ is small: bf16 spacing grows with "
           r"$|\theta_i|$.",
@@ -251,7 +251,8 @@ _Q = [
           r"The gradient shifts, but it always stays within the bound "
           r"$\mathrm{std}(A)\sqrt{E_\mu[h^2]}$.",
           r"The Fisher $E_\mu[h^2]$ grows by $c^2$.",
-          r"It shifts by $c\,E_\mu[h]$, and for a large enough $c$ it exceeds the bound."),
+          r"It shifts by $c\,E_\mu[h]$, not zero off-policy, and for a large enough $c$ it "
+          r"exceeds $\mathrm{std}(A)\sqrt{E_\mu[h^2]}$."),
          3,
          (r"No: on-policy $E[h]=0$; under $\mu$ the raw score's mean is not zero.",
           r"No: the bound does not depend on $c$, the gradient grows linearly in it.",

@@ -10,8 +10,9 @@ optional package ``jupyterquiz``) or with :func:`check`, which works anywhere::
     check("seq-to-token", answer)
 
 ``tests/teaching/test_quizzes.py`` proves every correct answer with a computation from
-fisher_ref, so a quiz cannot drift from the code, and checks that the longest option is the
-right one in at most a third of the quizzes (so "pick the longest" does not pay).
+fisher_ref, so a quiz cannot drift from the code; ``tests/teaching/test_pedagogy.py`` checks
+that the right option's form gives it away nowhere: it is the longest in between an eighth
+and a third of the quizzes, the shortest likewise, and never the only hedged option.
 """
 from __future__ import annotations
 
@@ -183,14 +184,14 @@ def check(quiz_id, answer):
 
     Example:
         >>> check("se-scaling", None)
-        se-scaling: not answered yet -- set `answer` to a letter and run the cell again.
+        se-scaling: not answered yet -- set `answer` to a letter, run again.
         >>> check("se-scaling", "b")
         se-scaling: B is right. Right: $\\sqrt{100} = 10$.
         True
     """
     q = get(quiz_id)
     if answer is None:
-        print(f"{q.id}: not answered yet -- set `answer` to a letter and run the cell again.")
+        print(f"{q.id}: not answered yet -- set `answer` to a letter, run again.")
         return None
     letters = LETTERS[:len(q.options)]
     a = answer.strip().upper() if isinstance(answer, str) else ""

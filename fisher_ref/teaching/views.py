@@ -294,7 +294,7 @@ _LESSON_WORDS = {"pi(s)": "rho(s)", "rho A h": "(p/mu) A h", "f(j + c) = f(j), c
                  "f(j + delta) = f(j), delta per"}
 
 
-def compact_table(rows, width=96):
+def compact_table(rows, width=84):
     """Rows of :func:`fisher_ref.checks.identities.exact_checks` as a table ``width`` wide.
 
     One line per row (identity, stream, value, result), the check's wording wrapped under it;

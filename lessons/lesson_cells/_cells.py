@@ -8,7 +8,9 @@ from fisher_ref import load_config, exact
 from fisher_ref.teaching.quizzes import show, check
 from fisher_ref.teaching.exercises import check_exercise"""
 
-#: Reading order: (notebook stem, title). The lesson after the last is announced, not linked.
+#: Reading order: (notebook stem, title). After the last lesson come the documentation's
+#: 'Check your implementation' pages (linked from the repository's lessons/ folder; the
+#: documentation site's copies link them from docs/lessons/, see build.site_notebook).
 PATH = [
     ("00_start_here", "Start here"),
     ("01_sequence_to_tokens", "From sequences to tokens"),
@@ -21,8 +23,11 @@ PATH = [
     ("08_rl_estimators", "Which RL estimator is unbiased?"),
 ]
 NEXT_AFTER_LAST = ("hold your own Fisher, policy-gradient or RL-loss code against these exact "
-                   "values: the documentation's 'Check your implementation' pages (golden "
-                   "files, the conformance check, compare, RL losses)")
+                   "values, with the 'Check your implementation' pages: "
+                   "[golden files](../docs/check/golden.md), "
+                   "[the conformance check](../docs/check/conformance.md), "
+                   "[compare](../docs/check/compare.md) and "
+                   "[RL losses](../docs/check/rl_losses.md)")
 
 
 def md(text):

@@ -97,7 +97,8 @@ many, so one samples and hopes. fisher_ref takes the other road: its model is so
 (a handful of tokens, responses of at most a few tokens) that every response can be listed
 with its exact probability. Every average then becomes a finite sum in float64, with nothing
 estimated. Those exact numbers are the reference that sampling, a torch implementation or
-your own code can be held against.
+your own code can be held against. How the numbers are made, in short readable code: the
+source file `fisher_ref/reference.py` of the repository.
 """),
     code(IMPORTS),
     md(r"""
@@ -124,7 +125,13 @@ constant added to the advantage, a valid bound) and does not (the policy gradien
 Lesson 6 checks that sampling converges to every exact value, with honest error bars. Lesson 7
 runs every check again on a small GPT-2 transformer: the identities do not depend on how the
 logits are computed.
+
+## A first quiz
+
+Quizzes come *before* the text that answers them. This one asks how the model of these
+lessons reads its input; predict, then read the next section:
 """),
+    *quiz("window"),
     md(r"""
 ## The model
 
@@ -140,11 +147,11 @@ with $V$ tokens (token 0 is EOS: drawing it ends the response). `b2` is the **ou
 number per token, added to that token's logit at every state. All parameters live in one flat
 vector `theta`; the layout says which slice is which block.
 """),
-    *quiz("window"),
     code("""
 task = load_config("default")
 m = task.model
-print(f"V = {m.vocab_size} tokens (0 = EOS, BOS = {m.bos} as input only), window k = {m.context}")
+print(f"V = {m.vocab_size} tokens (0 = EOS, BOS = {m.bos} as input only), "
+      f"window k = {m.context}")
 print(f"{'block':>5} {'shape':>9} {'offset':>7} {'size':>5}")
 for name, shape, offset in m.layout():
     print(f"{name:>5} {str(shape):>9} {offset:7d} {int(np.prod(shape)):5d}")

@@ -72,7 +72,7 @@ print(f"vocabulary {task.model.vocab_size} (token 0 = EOS), prompts {task.prompt
       f"responses up to T = {T} tokens")
 print(f"{r.n_responses} responses, {r.n_states} states, {P} parameters")
 layout = {name: (shape, offset) for name, shape, offset in task.model.layout()}
-(nb2,), off = layout["b2"]                         # output biases: move every state's logits
+(nb2,), off = layout["b2"]            # output biases: move every state's logits
 i = off + int(np.argmax(r.sequence_fisher[off:off + nb2]))  # the parameter we look at
 print(f"parameter {i} = b2[{i - off}] (bias of token {i - off}'s logit), "
       f"F = {r.sequence_fisher[i]:.4f}")"""),
@@ -86,11 +86,13 @@ parameter $i$. Predict first.
     code("""
 full = np.flatnonzero((seqs["tokens"] >= 0).sum(axis=1) == T)
 top = full[np.argsort(-seqs["prob"][full])[:5]]
-print(f"{'prompt':>8} {'response':>12} {'prob':>8} {'xi1*xi2':>9} {'xi1*xi3':>9} {'xi2*xi3':>9}")
+print(f"{'prompt':>8} {'response':>12} {'prob':>8} "
+      f"{'xi1*xi2':>9} {'xi1*xi3':>9} {'xi2*xi3':>9}")
 for k in top:
     xi = response_token_scores(task, seqs["prompt"][k], seqs["tokens"][k])[:, i]  # (T,)
-    print(f"{str(task.prompts[seqs['prompt'][k]]):>8} {str(seqs['tokens'][k].tolist()):>12} "
-          f"{seqs['prob'][k]:8.4f} {xi[0] * xi[1]:9.4f} {xi[0] * xi[2]:9.4f} {xi[1] * xi[2]:9.4f}")"""),
+    prompt, tokens = task.prompts[seqs['prompt'][k]], seqs['tokens'][k].tolist()
+    print(f"{str(prompt):>8} {str(tokens):>12} {seqs['prob'][k]:8.4f} "
+          f"{xi[0] * xi[1]:9.4f} {xi[0] * xi[2]:9.4f} {xi[1] * xi[2]:9.4f}")"""),
     md(r"""
 ## ... and over all responses
 
@@ -104,7 +106,8 @@ XI = np.stack([response_token_scores(task, pr, tk)                       # (M, T
                for pr, tk in zip(seqs["prompt"], seqs["tokens"])])
 w = seqs["prob"]                                                         # (M,)
 prod12 = XI[:, 0, i] * XI[:, 1, i]                                       # (M,)
-off_diag = max(np.abs(r.cross_terms[u, t]).max() for u in range(T) for t in range(T) if u != t)
+off_diag = max(np.abs(r.cross_terms[u, t]).max()
+               for u in range(T) for t in range(T) if u != t)
 print(f"probabilities sum to {w.sum():.15f}")
 print(f"E[xi1 xi2] by hand = {w @ prod12: .2e}   (single responses range "
       f"{prod12.min():.2f} .. {prod12.max():.2f})")
@@ -122,11 +125,14 @@ The products of single responses take a handful of distinct values. Their probab
 by value, with the exact mean:
 """),
     code("""
-values, where = np.unique(np.round(prod12, 9), return_inverse=True)      # distinct products
-mass = np.bincount(where, weights=w)                                     # their probability
+# distinct products
+values, where = np.unique(np.round(prod12, 9), return_inverse=True)
+# their probability
+mass = np.bincount(where, weights=w)
 fig, ax = plt.subplots(figsize=(7, 3.6), constrained_layout=True)
 ax.stem(values, mass, basefmt=" ", linefmt="tab:orange", markerfmt="o")
-ax.axvline(w @ prod12, color="k", lw=1.5, ls="--", label=f"exact mean = {w @ prod12:.1e}")
+ax.axvline(w @ prod12, color="k", lw=1.5, ls="--",
+           label=f"exact mean = {w @ prod12:.1e}")
 ax.set_xlabel(r"$\\xi_{1,i}\\,\\xi_{2,i}$ of one response")
 ax.set_ylabel("probability")
 ax.set_title(f"Cross terms of single responses (parameter {i}) average to zero")
@@ -147,7 +153,8 @@ $h_i$, and at a state where the response goes on, the next score still has condi
 zero.
 """),
     code("""
-lengths = (seqs["tokens"] >= 0).sum(axis=1)                               # (M,) tokens drawn
+# (M,) tokens drawn
+lengths = (seqs["tokens"] >= 0).sum(axis=1)
 for L in range(1, T + 1):
     print(f"responses of length {L}: {np.sum(lengths == L):3d}, "
           f"probability {w[lengths == L].sum():.4f}")
@@ -170,7 +177,8 @@ lo, hi = (run["mean"] - 2 * run["se"])[1:], (run["mean"] + 2 * run["se"])[1:]
 fig, ax = plt.subplots(figsize=(7, 3.8), constrained_layout=True)
 ax.plot(n, run["mean"], color="tab:blue", label=r"running mean of $h_i^2$")
 ax.fill_between(n[1:], lo, hi, color="tab:blue", alpha=0.25, label="± 2 se")
-ax.axhline(r.sequence_fisher[i], color="k", ls="--", label=f"exact F = {r.sequence_fisher[i]:.4f}")
+ax.axhline(r.sequence_fisher[i], color="k", ls="--",
+           label=f"exact F = {r.sequence_fisher[i]:.4f}")
 ax.set_xscale("log")
 ax.set_xlabel("number of sampled responses")
 ax.set_ylabel(rf"estimate of $F_{{{i}}}$")
@@ -179,10 +187,12 @@ ax.legend()
 plt.show()
 print(f"after {n[-1]} responses: {run['mean'][-1]:.4f} ± {run['se'][-1]:.4f}")"""),
     checks("""
-assert (prod12 > 1e-3).any() and (prod12 < -1e-3).any()    # single cross terms: both signs
+# single cross terms: both signs
+assert (prod12 > 1e-3).any() and (prod12 < -1e-3).any()
 assert abs(w @ prod12) <= 1e-12 * np.abs(prod12).max()     # ... and a zero mean
 diag = max(np.abs(r.cross_terms[t, t]).max() for t in range(T))
-assert off_diag <= 1e-12 * diag                            # every cross term, every parameter
+# every cross term, every parameter
+assert off_diag <= 1e-12 * diag
 assert r.streams["policy"].cond_score_max.max() <= 1e-12 * max(1.0, diag)   # step 1
 assert np.abs(F_hand - r.sequence_fisher).max() <= 1e-10 * scale
 assert np.abs(r.sequence_fisher - r.token_fisher_sum).max() <= 1e-10 * scale

@@ -90,7 +90,8 @@ f_uniform = uniform_token_fisher(sens)
 print(f"{'parameter':>10} {'centered':>10} {'pairwise':>10} {'uniform p':>10}")
 for name, fc, fp, fu in zip(names, f_centered, f_pairwise, f_uniform):
     print(f"{name:>10} {fc:10.4f} {fp:10.4f} {fu:10.4f}")
-print(f"mass on tokens other than tea and coffee: {p[2:].sum():.2f}; p(rock) = {p[4]:.2f}")"""),
+print(f"mass on tokens other than tea and coffee: {p[2:].sum():.2f}; "
+      f"p(rock) = {p[4]:.2f}")"""),
     md(r"""
 The two forms agree. *apart* has by far the largest Fisher: it changes the model's preference
 between its two favourite answers. *together* moves the same two logits by the same amount, yet
@@ -104,7 +105,8 @@ The pairwise terms $\tfrac12 p_a p_b (j_{i,a}-j_{i,b})^2$ show where each Fisher
 terms = pairwise_terms(p, sens)  # (P, V, V)
 fig, axes = plt.subplots(1, 4, figsize=(15, 3.8), constrained_layout=True)
 for ax, n, t in zip(axes, names, terms):
-    im = ax.imshow(t, vmin=0, vmax=t.max() if t.max() > 0 else 1.0, cmap="viridis")  # own scale
+    # own scale
+    im = ax.imshow(t, vmin=0, vmax=t.max() if t.max() > 0 else 1.0, cmap="viridis")
     ax.set_xticks(range(5), tokens, rotation=60)
     ax.set_yticks(range(5), tokens)
     ax.set_xlabel("token $b$")
@@ -122,10 +124,12 @@ token Fisher of every parameter at a state is three lines: the mean sensitivity 
 the sensitivities centered on it, and their $p$-weighted mean square. In numpy:
 """),
     code("""
-z = np.log(p)                                   # (V,) logits of the toy state (up to a constant)
+# (V,) logits of the toy state (up to a constant)
+z = np.log(p)
 probs = np.exp(z - z.max()) / np.exp(z - z.max()).sum()   # (V,) softmax
 jbar = sens @ probs                             # (P,)   mean sensitivity under p
-f_numpy = ((sens - jbar[:, None]) ** 2) @ probs  # (P,) p-weighted mean square, centered j
+# (P,) p-weighted mean square, centered j
+f_numpy = ((sens - jbar[:, None]) ** 2) @ probs
 print("numpy:", np.round(f_numpy, 6))"""),
     md(r"""
 The same three lines in torch (an optional dependency: install it with
@@ -143,7 +147,8 @@ else:
     jbar_t = jt @ pt                                              # (P,)
     f_torch = ((jt - jbar_t[:, None]) ** 2) @ pt                  # (P,)
     print("torch:", np.round(f_torch.numpy(), 6))
-    print(f"largest difference from numpy: {np.abs(f_torch.numpy() - f_numpy).max():.1e}")"""),
+    print(f"largest difference from numpy: "
+          f"{np.abs(f_torch.numpy() - f_numpy).max():.1e}")"""),
     md(r"""
 ## The same identities on the tiny language model
 
@@ -166,13 +171,15 @@ def rel_err(a, b):
 f_c = token_fisher(probs, J)                            # (N, P)
 f_p = token_fisher_pairwise(probs, J)
 rng = np.random.default_rng(0)
-shift = rng.normal(scale=3.0, size=J.shape[:2] + (1,))  # (N, P, 1): same for every token
+# (N, P, 1): same for every token
+shift = rng.normal(scale=3.0, size=J.shape[:2] + (1,))
 f_shifted = token_fisher(probs, J + shift)
-print(f"{J.shape[0]} states x {J.shape[1]} parameters; vocabulary {task.model.vocab_size}, "
-      f"responses up to {task.max_len} tokens")
+print(f"{J.shape[0]} states x {J.shape[1]} parameters; "
+      f"vocabulary {task.model.vocab_size}, responses up to {task.max_len} tokens")
 print(f"centered vs pairwise:           relative error {rel_err(f_c, f_p):.1e}")
 print(f"after a uniform logit shift:    relative error {rel_err(f_c, f_shifted):.1e}")
-f_stored = result.states["token_fisher"]                # (N, P) what exact() accumulated
+# (N, P) what exact() accumulated
+f_stored = result.states["token_fisher"]
 print(f"engine's stored token Fisher:   relative error {rel_err(f_c, f_stored):.1e}")"""),
     md(r"""
 All three agree to rounding (the relative errors printed above). The shift was large
@@ -180,8 +187,10 @@ All three agree to rounding (the relative errors printed above). The shift was l
 only sees logit differences.
 """),
     checks("""
-assert rel_err(f_centered, f_pairwise) <= 1e-12 and abs(f_centered[2]) <= 1e-12  # shift: 0
-assert f_centered[1] > 5 * f_centered[0] > 0 and f_centered[3] < f_uniform[3]   # the text
+# shift: 0
+assert rel_err(f_centered, f_pairwise) <= 1e-12 and abs(f_centered[2]) <= 1e-12
+# the text
+assert f_centered[1] > 5 * f_centered[0] > 0 and f_centered[3] < f_uniform[3]
 assert np.abs(f_numpy - f_centered).max() <= 1e-12
 assert max(rel_err(f_c, f_p), rel_err(f_c, f_shifted), rel_err(f_c, f_stored)) <= 1e-10"""),
     *exercise("pairwise-by-broadcasting"),

@@ -33,8 +33,9 @@ The lesson measures both, and shows how to tell them apart.
 """),
     code(IMPORTS + """
 from fisher_ref import token_fisher, uniform_token_fisher
-from fisher_ref.teaching.views import (fisher_ratio, entropy, concentration, shuffled_token_fisher,
-                                  shuffle_control, state_sensitivities)
+from fisher_ref.teaching.views import (fisher_ratio, entropy, concentration,
+                                       shuffled_token_fisher, shuffle_control,
+                                       state_sensitivities)
 from fisher_ref.numerics import softmax
 
 task = load_config("default")
@@ -53,12 +54,15 @@ the model becomes certain. Predict what happens to $f$ first:
 """),
     *quiz("confident-state"),
     code("""
-s = 0                                                    # first state: prompt 0, nothing generated
+# first state: prompt 0, nothing generated
+s = 0
 J = J_all[s]                                              # (P, V)
-z = np.log(states["probs"][s])                            # (V,) the logits, up to a constant
+# (V,) the logits, up to a constant
+z = np.log(states["probs"][s])
 betas = np.linspace(0.0, 12.0, 61)
 f_beta = np.array([token_fisher(softmax((b * z)[None])[0], J) for b in betas])  # (B, P)
-top = np.argsort(-uniform_token_fisher(J))[:4]            # four parameters with large f_unif
+# four parameters with large f_unif
+top = np.argsort(-uniform_token_fisher(J))[:4]
 
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), constrained_layout=True)
 for i in top:
@@ -77,7 +81,8 @@ plt.show()
 f_at_1 = f_beta[np.searchsorted(betas, 1.0)]
 print("beta = 0 equals the uniform reference:",
       np.allclose(f_beta[0], uniform_token_fisher(J), rtol=1e-12))
-print(f"largest f at beta = 12: {f_beta[-1].max():.2e}  (at beta = 1: {f_at_1.max():.2e})")"""),
+print(f"largest f at beta = 12: {f_beta[-1].max():.2e}  "
+      f"(at beta = 1: {f_at_1.max():.2e})")"""),
     md(r"""
 ## The ratio $f/f^{unif}$ over every state and parameter
 
@@ -96,7 +101,8 @@ ratio = fisher_ratio(result)                              # (N, P), NaN where f_
 reach = np.broadcast_to(states["reach"][:, None], ratio.shape)
 ok = np.isfinite(ratio) & (ratio > 0)
 fu_all = states["uniform"]                                # (N, P)
-flat = np.ptp(J_all, axis=2) == 0                        # (N, P) every logit moved alike
+# (N, P) every logit moved alike
+flat = np.ptp(J_all, axis=2) == 0
 nan = np.isnan(ratio)
 print(f"NaN entries: {nan.sum()}:")
 print(f"  {(flat & nan).sum()} where j is the same for every token "
@@ -107,7 +113,8 @@ ax.hist(np.log10(ratio[ok]), bins=50, weights=reach[ok], color="tab:purple", alp
 ax.axvline(0.0, color="k", ls="--", label="ratio 1")
 ax.set_xlabel(r"$\\log_{10}\\, f_i(s) / f^{unif}_i(s)$")
 ax.set_ylabel("reach-weighted count")
-ax.set_title("Model probabilities against the uniform reference, all (state, parameter) pairs")
+ax.set_title("Model probabilities against the uniform reference, "
+             "all (state, parameter) pairs")
 ax.legend()
 plt.show()
 below = (reach[ok] * (ratio[ok] < 1)).sum() / reach[ok].sum()
@@ -136,7 +143,8 @@ for d, (mk, size) in markers.items():
         for ax, y in zip(axes, (med, total_f)):
             ax.scatter(ent[at], y[at], marker=mk, s=size, facecolors="none",
                        edgecolors=plt.cm.viridis(d / 3), label=f"depth {d}")
-axes[0].scatter(ent, kappa, marker="x", s=12, color="k", label=r"$\\kappa(s)$ (see below)")
+axes[0].scatter(ent, kappa, marker="x", s=12, color="k",
+                label=r"$\\kappa(s)$ (see below)")
 axes[0].axhline(1.0, color="k", ls="--", lw=0.8)
 axes[0].axvline(np.log(task.model.vocab_size), color="gray", ls=":")
 axes[0].set_xlabel("entropy of p(.|s) (nats); dotted: log V")
@@ -229,13 +237,15 @@ synonyms[ob + 1] += 5.0
 synonyms[ob + 3] += 5.0"""),
     code("""
 runs = {}
-for name, th in [("default", task.theta), ("distinct", distinct), ("synonyms", synonyms)]:
+models = [("default", task.theta), ("distinct", distinct), ("synonyms", synonyms)]
+for name, th in models:
     t = task.with_(theta=th)
     res = exact(t, progress=False)
     reach_ = res.states["reach"]
     runs[name] = shuffle_control(t, res, np.random.default_rng(0), shuffles=200,
                                  params=np.flatnonzero(features))
-    runs[name]["mass13"] = reach_ @ res.states["probs"][:, [1, 3]].sum(axis=1) / reach_.sum()
+    mass13 = res.states["probs"][:, [1, 3]].sum(axis=1)          # (N,)
+    runs[name]["mass13"] = reach_ @ mass13 / reach_.sum()
 print(f"{'model':>9} {'mass on 1,3':>11} {'% f<f_unif':>11} {'(shuffled)':>14} "
       f"{'median F/F_shuf':>16} {'(shuffled, 0.5-99.5%)':>22}")
 inside = {}
@@ -243,23 +253,27 @@ for name, run in runs.items():
     sh, med = run["shuffled_share"], np.median(run["ratio"])
     lo, hi = np.quantile(np.median(run["shuffled_ratio"], axis=1), [0.005, 0.995])
     inside[name] = bool(lo <= med <= hi and sh.min() <= run["share"] <= sh.max())
-    print(f"{name:>9} {run['mass13']:11.2f} {100 * run['share']:10.1f}% {100 * sh.min():6.1f}.."
-          f"{100 * sh.max():4.1f}% {med:16.3f} {lo:11.3f} .. {hi:.3f}")
+    print(f"{name:>9} {run['mass13']:11.2f} {100 * run['share']:10.1f}% "
+          f"{100 * sh.min():6.1f}..{100 * sh.max():4.1f}% {med:16.3f} "
+          f"{lo:11.3f} .. {hi:.3f}")
 """),
     code("""
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), constrained_layout=True, sharey=True)
 for ax, (name, run) in zip(axes, runs.items()):
-    curves = np.sort(np.log10(run["shuffled_ratio"]), axis=1)   # (K, n) sorted per shuffle
+    # (K, n) sorted per shuffle
+    curves = np.sort(np.log10(run["shuffled_ratio"]), axis=1)
     rank = np.arange(curves.shape[1])
     ax.fill_between(rank, *np.quantile(curves, [0.005, 0.995], axis=0), color="0.8",
                     label="shuffled p (0.5-99.5%)")
-    ax.plot(rank, np.sort(np.log10(run["ratio"])), color="tab:purple", label="the model")
+    ax.plot(rank, np.sort(np.log10(run["ratio"])), color="tab:purple",
+            label="the model")
     ax.axhline(0.0, color="k", lw=0.8, ls="--")
     ax.set_xlabel("feature parameters, sorted")
     ax.set_title(name)
 axes[0].set_ylabel(r"$\\log_{10} F_i / F^{shuf}_i$")
 axes[0].legend(fontsize=8)
-fig.suptitle("Alignment of each parameter's Fisher against shuffles of the model's own p")
+fig.suptitle("Alignment of each parameter's Fisher against shuffles of the model's "
+             "own p")
 plt.show()"""),
     md(r"""
 Read the printed table and the plot together. The raw share of pairs below the uniform
@@ -280,13 +294,16 @@ the same amount, the other moves them in opposite directions.
 from fisher_ref import token_fisher_pairwise
 from fisher_ref.teaching.views import pairwise_terms
 p = np.array([0.48, 0.48, 0.02, 0.02])                    # two likely candidates
-j = np.array([[3.0, 3.1, 0.0, 0.0],                       # (2, V): alike on the likely pair
-              [3.0, -3.0, 0.0, 0.0]])                     #         opposite on the likely pair
+j = np.array([[3.0, 3.1, 0.0, 0.0],         # (2, V): alike on the likely pair
+              [3.0, -3.0, 0.0, 0.0]])       #         opposite on the likely pair
 f = token_fisher_pairwise(p, j)
-likely_pair = 2 * pairwise_terms(p, j)[:, 0, 1]           # both orders (a, b) and (b, a)
-for name, fi, fs, lp in zip(["alike", "opposite"], f, shuffled_token_fisher(p, j), likely_pair):
+# both orders (a, b) and (b, a)
+likely_pair = 2 * pairwise_terms(p, j)[:, 0, 1]
+shuffled = shuffled_token_fisher(p, j)                    # (2,) kappa f_unif
+for name, fi, fs, lp in zip(["alike", "opposite"], f, shuffled, likely_pair):
     print(f"{name:>8}: f = {fi:.4f} (from the likely pair: {lp:.4f})")
-    print(f"{'':>10}shuffled-p average = {fs:.4f}, alignment factor alpha = {fi / fs:.2f}")"""),
+    print(f"{'':>10}shuffled-p average = {fs:.4f}, "
+          f"alignment factor alpha = {fi / fs:.2f}")"""),
     md(r"""
 ## What this toy shows, and what it does not
 
@@ -308,12 +325,16 @@ $\kappa(s) f^{unif}$ or with shuffles of $p$.
     checks("""
 p0 = states["probs"][0]                                   # (V,)
 closed = shuffled_token_fisher(p0, J_all[0])              # kappa(s) f_unif
-assert np.allclose(closed, concentration(p0) * uniform_token_fisher(J_all[0]), rtol=1e-12)
+assert np.allclose(closed, concentration(p0) * uniform_token_fisher(J_all[0]),
+                   rtol=1e-12)
 assert np.allclose(f_beta[0], uniform_token_fisher(J), rtol=1e-12)          # beta = 0
 assert f_beta[-1].max() < 1e-3 * f_at_1.max()             # a confident state: f -> 0
-assert below > 0.5                                        # most pairs below the reference
-assert shuffled_share.min() <= below <= shuffled_share.max()   # ... explained by concentration
-assert inside == {"default": True, "distinct": True, "synonyms": False}   # the table's claims"""),
+# most pairs below the reference
+assert below > 0.5
+# ... explained by concentration
+assert shuffled_share.min() <= below <= shuffled_share.max()
+# the table's claims
+assert inside == {"default": True, "distinct": True, "synonyms": False}"""),
     *exercise("temperature-concentration"),
     *exercise("permutation-average"),
     *exercise("anti-aligned"),

@@ -53,14 +53,15 @@ task = load_config("default")
 r = exact(task, progress=False)
 pol = r.streams["policy"]
 P = task.model.num_params
-print(f"reward: {task.spec['reward']}, baseline R_0 = {task.baseline}; "
-      f"E[R] = {r.expected_reward:.4f}, std(A) = {r.reward_std:.4f}")
+print(f"reward: {task.spec['reward']}, baseline R_0 = {task.baseline}")
+print(f"E[R] = {r.expected_reward:.4f}, std(A) = {r.reward_std:.4f}")
 
 def rel_err(a, b):
     return np.abs(a - b).max() / max(np.abs(a).max(), np.abs(b).max())
 
 print(f"max |E[h_i]|                     = {np.abs(r.score_mean).max():.1e}")
-print(f"E[A h] vs Cov(A, h)              : relative error {rel_err(r.gradient, r.covariance):.1e}")
+print(f"E[A h] vs Cov(A, h)              : relative error "
+      f"{rel_err(r.gradient, r.covariance):.1e}")
 print(f"E[A h] vs autograd of exact E[R] : relative error "
       f"{rel_err(r.gradient, r.gradient_autodiff):.1e}")"""),
     md(r"""
@@ -103,7 +104,8 @@ axes[1].set_xlabel(r"$|\\mathrm{corr}(A, h_i)| = |G_i| / \\mathrm{cap}_i$")
 axes[1].set_ylabel("parameters")
 axes[1].set_title("How much of the bound each parameter uses")
 plt.show()
-print(f"parameters with F = 0: {np.flatnonzero(~live).tolist()}, their |G|: {G[~live].tolist()}")
+print(f"parameters with F = 0: {np.flatnonzero(~live).tolist()}, "
+      f"their |G|: {G[~live].tolist()}")
 print(f"largest |G| / cap: {r.correlation.max():.4f}")"""),
     md(r"""
 ## Does high Fisher pick out high gradient?
@@ -127,17 +129,20 @@ medium = load_task(resources.files("fisher_ref") / "configs" / "scale" / "medium
 rm = exact(medium, progress=False)
 secs = time.perf_counter() - t0
 Pm = medium.model.num_params
-print(f"medium: V = {medium.model.vocab_size}, responses up to {medium.max_len} tokens, "
-      f"baseline {medium.spec['baseline']!r}")
-print(f"{Pm} parameters, {rm.n_responses} responses, {rm.n_states} states; exact in "
-      f"{secs:.1f} s on this machine ({platform.machine()}, {os.cpu_count()} CPU cores)")
+print(f"medium: V = {medium.model.vocab_size}, responses up to {medium.max_len} "
+      f"tokens, baseline {medium.spec['baseline']!r}")
+print(f"{Pm} parameters, {rm.n_responses} responses, {rm.n_states} states")
+print(f"exact in {secs:.1f} s on this machine ({platform.machine()}, "
+      f"{os.cpu_count()} CPU cores)")
+print("p: the chance that a random set of as many parameters shares as many")
 rows = rm.topk_overlap((0.01, 0.02, 0.05, 0.1, 0.25))
 p_values = []
 for q, n, o, rnd in rows:
     hits = round(o * n)
-    p_values.append(hypergeom.sf(hits - 1, Pm, n, n))      # P(random top-n set shares >= hits)
-    print(f"top {100 * q:4.0f}% ({n:3d} params): {hits:3d} shared = {o:6.1%}  vs random "
-          f"{rnd:6.1%}  (chance of >= {hits} at random: {p_values[-1]:.1e})")"""),
+    # P(random top-n set shares >= hits)
+    p_values.append(hypergeom.sf(hits - 1, Pm, n, n))
+    print(f"top {100 * q:3.0f}% ({n:3d} params): {hits:3d} shared = {o:6.1%}, random "
+          f"{rnd:5.1%}, p = {p_values[-1]:.1e}")"""),
     md(r"""
 Far more than chance, and far from complete. Why both? Take logarithms of
 $|G_i| = \mathrm{cap}_i \cdot |\mathrm{corr}_i|$:
@@ -155,11 +160,14 @@ log_cap = np.log10(rm.bound[live_m])                      # (n_live,)
 log_corr = np.log10(rm.correlation[live_m])               # (n_live,)
 sd_cap, sd_corr = log_cap.std(), log_corr.std()
 print(f"medium, {live_m.sum()} parameters: sd of log10 cap = {sd_cap:.2f}, "
-      f"sd of log10 |corr| = {sd_corr:.2f}, their correlation "
+      f"sd of log10 |corr| = {sd_corr:.2f}")
+print(f"the two logs' correlation over the parameters: "
       f"{np.corrcoef(log_cap, log_corr)[0, 1]:.2f}")
 fig, axes = plt.subplots(1, 2, figsize=(12, 3.9), constrained_layout=True)
-axes[0].hist(log_cap - log_cap.mean(), bins=40, alpha=0.6, label=r"$\\log_{10}\\mathrm{cap}$")
-axes[0].hist(log_corr - log_corr.mean(), bins=40, alpha=0.6, label=r"$\\log_{10}|\\mathrm{corr}|$")
+axes[0].hist(log_cap - log_cap.mean(), bins=40, alpha=0.6,
+             label=r"$\\log_{10}\\mathrm{cap}$")
+axes[0].hist(log_corr - log_corr.mean(), bins=40, alpha=0.6,
+             label=r"$\\log_{10}|\\mathrm{corr}|$")
 axes[0].set_xlabel("deviation from its mean (decades)")
 axes[0].set_ylabel("parameters")
 axes[0].set_title(r"The two terms of $\\log_{10}|G_i|$")
@@ -168,7 +176,8 @@ n_top = rows[0][1]                                        # the top 1%: 10 param
 top_F = np.argsort(-rm.sequence_fisher[live_m])[:n_top]
 top_G = np.argsort(-(log_cap + log_corr))[:n_top]
 axes[1].plot(log_cap, log_corr, ".", color="0.7", ms=3, label="parameters")
-axes[1].plot(log_cap[top_F], log_corr[top_F], "s", mfc="none", ms=8, label="top 1% by F")
+axes[1].plot(log_cap[top_F], log_corr[top_F], "s", mfc="none", ms=8,
+             label="top 1% by F")
 axes[1].plot(log_cap[top_G], log_corr[top_G], "x", ms=7, label="top 1% by |G|")
 axes[1].set_xlabel(r"$\\log_{10}\\mathrm{cap}_i$ (ranks like $F_i$)")
 axes[1].set_ylabel(r"$\\log_{10}|\\mathrm{corr}_i|$")
@@ -190,8 +199,8 @@ layout = {name: (shape, offset) for name, shape, offset in task.model.layout()}
 (nb2,), off_b2 = layout["b2"]
 top_g = int(np.argmax(G))                                 # the largest |G_i|
 rank_f = 1 + int(np.sum(r.sequence_fisher > r.sequence_fisher[top_g]))
-print(f"largest |G|: parameter {top_g} = b2[{top_g - off_b2}], the bias of the rewarded "
-      f"token's logit")
+print(f"largest |G|: parameter {top_g} = b2[{top_g - off_b2}], "
+      f"the bias of the rewarded token's logit")
 print(f"its rank by Fisher: {rank_f} of {P}; |corr(A, h)| = {r.correlation[top_g]:.3f}")"""),
     md(r"""
 The bias of token 2's logit raises the probability of exactly the token the reward counts, so
@@ -217,14 +226,16 @@ from fisher_ref.teaching.training import policy_gradient, bf16_changed
 eps = 1e-8
 steps = {"sgd": lambda lr, G: lr * G, "adam": lambda lr, G: lr * G / (np.abs(G) + eps)}
 step_err = {}
-for opt, step in steps.items():                           # the formulas are the training code's
+# the formulas are the training code's
+for opt, step in steps.items():
     tr = policy_gradient(task, steps=1, lr=1e-3, optimizer=opt, eps=eps)
     step_err[opt] = rel_err(tr.thetas[1] - tr.thetas[0], step(1e-3, r.gradient))
     print(f"{opt}: first step vs policy_gradient: relative error {step_err[opt]:.1e}")"""),
     code("""
 th, Gm, Fm = medium.theta, rm.gradient, rm.sequence_fisher    # (Pm,) each
 lrs = {"sgd": np.logspace(-3, 1, 17), "adam": np.logspace(-5, -1, 17)}
-share = {opt: np.array([bf16_changed(th, th + steps[opt](lr, Gm)).mean() for lr in lrs[opt]])
+share = {opt: np.array([bf16_changed(th, th + steps[opt](lr, Gm)).mean()
+                        for lr in lrs[opt]])
          for opt in steps}
 fig, ax = plt.subplots(figsize=(6.5, 3.6), constrained_layout=True)
 for opt in steps:
@@ -236,8 +247,8 @@ ax.set_title(f"One exact step on the medium model ({Pm} parameters)")
 ax.legend()
 plt.show()
 for opt in steps:
-    print(f"{opt}: from {share[opt].min():.0%} to {share[opt].max():.0%} changed over the "
-          f"step sizes plotted")"""),
+    print(f"{opt}: from {share[opt].min():.0%} to {share[opt].max():.0%} changed "
+          f"over the step sizes plotted")"""),
     md(r"""
 The share is whatever the step size makes it: over the step sizes plotted it runs from
 nearly none to the largest share printed above for each optimizer (for SGD, well short of
@@ -249,12 +260,15 @@ Predict for Adam first:
     *quiz("adam-bf16"),
     code("""
 predictors = {"largest F": Fm, "largest |G|": np.abs(Gm),
-              "largest |G|/|theta|": np.abs(Gm) / np.abs(th), "smallest |theta|": -np.abs(th)}
+              "largest |G|/|theta|": np.abs(Gm) / np.abs(th),
+              "smallest |theta|": -np.abs(th)}
 best, moved = {}, {}
-print(f"{'optimizer':>9} {'lr':>8} {'float64':>8} {'bf16':>6} | share of the bf16-changed set")
+print(f"{'optimizer':>9} {'lr':>8} {'float64':>8} {'bf16':>6} "
+      f"| share of the bf16-changed set")
 print(f"{'':>36} also in the top set by each predictor")
 for opt in steps:
-    k = int(np.argmin(np.abs(share[opt] - 0.15)))        # the step closest to 15% changed
+    # the step closest to 15% changed
+    k = int(np.argmin(np.abs(share[opt] - 0.15)))
     new = th + steps[opt](lrs[opt][k], Gm)                 # (Pm,)
     changed = bf16_changed(th, new)                       # (Pm,) bool
     n, got = int(changed.sum()), set(np.flatnonzero(changed).tolist())
@@ -285,7 +299,8 @@ normalisation and the parameters' magnitudes, and with Adam the changed set foll
 parameters' magnitudes rather than their Fisher.
 """),
     checks("""
-assert np.abs(r.score_mean).max() <= 1e-12 and rel_err(r.gradient, r.covariance) <= 1e-10
+assert np.abs(r.score_mean).max() <= 1e-12
+assert rel_err(r.gradient, r.covariance) <= 1e-10
 assert rel_err(r.gradient, r.gradient_autodiff) <= 1e-8
 assert all(np.abs(pol.gradient_with_constant(c) - r.gradient).max()
            <= 1e-10 * np.abs(r.gradient).max() for c in (-10.0, 10.0, 100.0))
@@ -293,13 +308,17 @@ assert np.all(G <= cap * (1 + 1e-10) + 1e-12 * G.max()) and np.all(G[~live] == 0
 assert max(p_values) < 1e-6 and rows[0][2] > 10 * rows[0][3]     # far more than chance
 assert rows[0][2] < 1 and sd_corr >= sd_cap                        # ... not complete
 only_F, only_G = list(set(top_F) - set(top_G)), list(set(top_G) - set(top_F))
-assert log_corr[only_G].min() > log_corr[only_F].max()             # swapped for a higher corr
-assert log_cap[only_G].max() < log_cap[only_F].min()               # ... at a smaller cap
+# swapped for a higher corr
+assert log_corr[only_G].min() > log_corr[only_F].max()
+# ... at a smaller cap
+assert log_cap[only_G].max() < log_cap[only_F].min()
 assert top_g - off_b2 == 2 and rank_f > P // 2 and r.correlation[top_g] > 0.95   # b2[2]
 assert max(step_err.values()) <= 1e-9
 assert min(share["sgd"].min(), share["adam"].min()) == 0 and share["adam"].max() > 0.9
-assert all(s.min() < 0.05 and s.max() > 0.3 for s in share.values())   # crosses the band
-assert share["sgd"].max() < 0.9                                    # SGD: well short of all
+# crosses the band
+assert all(s.min() < 0.05 and s.max() > 0.3 for s in share.values())
+# SGD: well short of all
+assert share["sgd"].max() < 0.9
 assert best == {"sgd": "largest |G|/|theta|", "adam": "smallest |theta|"}
 assert min(moved.values()) > 0.9                                   # small is not sparse"""),
     *exercise("bound-by-hand"),

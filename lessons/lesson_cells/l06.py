@@ -74,7 +74,8 @@ axes[0].plot(grid, norm.pdf(grid), "k-", label="standard normal")
 axes[0].set_xlabel(r"$\\zeta$ = (estimate $-$ exact) / se")
 axes[0].set_ylabel("density")
 axes[0].legend(fontsize=8)
-expected = norm.ppf((np.arange(zeta.size) + 0.5) / zeta.size)            # normal quantiles
+# normal quantiles
+expected = norm.ppf((np.arange(zeta.size) + 0.5) / zeta.size)
 axes[1].plot(expected, np.sort(zeta), ".", ms=3, label="z-scores")
 axes[1].plot([-4, 4], [-4, 4], "k-", lw=0.8, label="normal draws")
 axes[1].set_xlabel("standard normal quantile")
@@ -108,8 +109,8 @@ for key, label, color in [("h2", r"$\\overline{h_i^2}$", "tab:blue"),
     run = running_estimates(mc.samples["policy"][key][:, i], exact=F)
     n = run["n"]
     ax.plot(n, run["mean"], color=color, label=label)
-    ax.fill_between(n[1:], (run["mean"] - 2 * run["se"])[1:], (run["mean"] + 2 * run["se"])[1:],
-                    color=color, alpha=0.2)
+    lo, hi = run["mean"] - 2 * run["se"], run["mean"] + 2 * run["se"]
+    ax.fill_between(n[1:], lo[1:], hi[1:], color=color, alpha=0.2)
 ax.axhline(F, color="k", ls="--", label=f"exact $F_{{{i}}}$ = {F:.4f}")
 ax.set_xscale("log")
 ax.set_xlabel("number of sampled responses")
@@ -127,7 +128,8 @@ same ratio measured from the 4000 samples.
     code("""
 exact_ratio = exact_variance_reduction(r)                 # (P,)
 mc_ratio = variance_reduction(mc)                         # (P,)
-ok = np.isfinite(exact_ratio) & np.isfinite(mc_ratio) & (exact_ratio > 0) & (mc_ratio > 0)
+ok = (np.isfinite(exact_ratio) & np.isfinite(mc_ratio)
+      & (exact_ratio > 0) & (mc_ratio > 0))
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True)
 axes[0].hist(np.log10(exact_ratio[ok]), bins=30, color="tab:red", alpha=0.8)
 axes[0].axvline(0.0, color="k", ls="--", label="no saving")
@@ -162,12 +164,13 @@ for n_small in (200, 2000):
         for q in cover:
             e = m.streams["policy"][q]
             live = e.se > 0
-            cover[q].append(np.abs(e.mean - getattr(r, q))[live] <= 1.959963984540054 * e.se[live])
+            err = np.abs(e.mean - getattr(r, q))[live]
+            cover[q].append(err <= 1.959963984540054 * e.se[live])
     for q, c in cover.items():
         c = np.concatenate(c)
         rate[n_small, q] = c.mean()
-        print(f"n = {n_small:>5}, {q:>17}: {c.mean():.1%} of {c.size} intervals cover "
-              f"the exact value (nominal 95%)")
+        print(f"n = {n_small:>5}, {q:>16}: {c.mean():.1%} of {c.size} intervals cover "
+              f"the exact value")
 """),
     md(r"""
 With few samples the intervals for $h^2$ cover less often than 95%. The se is itself estimated
@@ -182,8 +185,8 @@ live_F = r.sequence_fisher > 0
 skew_h2 = skew(mc.samples["policy"]["h2"][:, live_F], axis=0)            # (P_live,)
 skew_ts = skew(mc.samples["policy"]["token_sum"][:, live_F], axis=0)     # (P_live,)
 print(f"median skewness over parameters: h^2 {np.median(skew_h2):.1f}, "
-      f"token sum {np.median(skew_ts):.1f}; h^2 more skewed for "
-      f"{np.mean(skew_h2 > skew_ts):.0%} of the parameters")"""),
+      f"token sum {np.median(skew_ts):.1f}")
+print(f"h^2 more skewed for {np.mean(skew_h2 > skew_ts):.0%} of the parameters")"""),
     md(r"""
 The token sum has the shorter tail and covers better, and the $h^2$ intervals come closer to
 nominal as $n$ grows.
@@ -197,13 +200,17 @@ var_h2 = r.streams["policy"].variances["h2"][i]
 for n in (100, 10_000, 1_000_000):
     print(f"n = {n:>9,}: se of mean h^2 for parameter {i} = {np.sqrt(var_h2 / n):.2e}")"""),
     checks("""
-assert all(np.nanmax(np.abs(z)) <= z_max for z in zs.values())          # no estimate far off
-assert abs(zeta.mean()) < 0.5 and 0.6 < zeta.std() < 1.5               # roughly standard normal
-assert np.all(exact_ratio[ok] > 1) and np.median(exact_ratio[ok]) > 1  # the token sum saves
+# no estimate far off
+assert all(np.nanmax(np.abs(z)) <= z_max for z in zs.values())
+# roughly standard normal
+assert abs(zeta.mean()) < 0.5 and 0.6 < zeta.std() < 1.5
+# the token sum saves
+assert np.all(exact_ratio[ok] > 1) and np.median(exact_ratio[ok]) > 1
 h2_small = rate[200, "sequence_fisher"]                   # coverage, as the text says
 assert h2_small < 0.95 and h2_small < rate[200, "token_fisher_sum"]
 assert h2_small < rate[2000, "sequence_fisher"]
-assert np.median(skew_h2) > 2 * np.median(skew_ts) > 0 and np.mean(skew_h2 > skew_ts) > 0.9"""),
+assert np.median(skew_h2) > 2 * np.median(skew_ts) > 0
+assert np.mean(skew_h2 > skew_ts) > 0.9"""),
     *exercise("se-by-hand"),
     *exercise("samples-needed"),
     footer(STEM, [

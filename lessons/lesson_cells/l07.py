@@ -73,10 +73,12 @@ print(f"{r.n_responses} responses through {r.n_states} states, exact in "
       f"{os.cpu_count()} CPU cores)")
 mlp_task = load_config("default")
 r_mlp = exact(mlp_task, progress=False)
-same = {key: (getattr(mlp_task, key), getattr(task, key)) for key in ("prompts", "max_len")}
+same = {key: (getattr(mlp_task, key), getattr(task, key))
+        for key in ("prompts", "max_len")}
 same["reward"] = (mlp_task.spec["reward"], task.spec["reward"])
-print(f"the MLP of lessons 0-6 (config default): P = {mlp_task.model.num_params}; "
-      f"same prompts, reward and response length: {all(a == b for a, b in same.values())}")"""),
+print(f"the MLP of lessons 0-6 (config default): P = {mlp_task.model.num_params}")
+print(f"same prompts, reward and response length: "
+      f"{all(a == b for a, b in same.values())}")"""),
     md(r"""
 ## Every identity, on attention
 
@@ -91,10 +93,10 @@ $10^{-16}$. The rows are numbered as in docs/theory.md §2.9:
 | 2 | cross terms vanish: $E[\xi_{u,i}\xi_{t,i}] = 0$ for $u \ne t$ | 1 |
 | 3 | sequence Fisher = token-sum Fisher, $F_i = E[\sum_t f_i(s_t)]$ | 1 |
 | 4 | centered form = pairwise form; a uniform logit shift changes nothing | 2 |
-| 5 | the uniform reference $f^{unif}$ (the pairwise form at $p = 1/V$) | 3 |
+| 5 | $f/f^{unif} = \kappa(s)\,\alpha_i(s)$: concentration times alignment | 3 |
 | 6 | $E[A h_i]$ = autograd of the exact $E[R]$ | 4 |
 | 7 | $G_i = \mathrm{Cov}(A, h_i)$ and $\lvert G_i \rvert \le \mathrm{std}(A)\sqrt{F_i}$ | 4 |
-| 8 | where Fisher meets gradient: the top-$q$ overlap (information, not graded) | 4 |
+| 8 | top-$q$ overlap of $\lvert G \rvert$ and $F$: a diagnostic set by two spreads (info) | 4 |
 
 The table's `C[u,t]` is `cross_terms`, `rho(s)` the reach, `mu` the sampler; rows marked
 `info` report a number and grade nothing.
@@ -153,17 +155,21 @@ bias 0) instead of the shipped random draw.
 """),
     code("""
 GROUPS = ["embeddings", "attention", "MLP", "LayerNorm", "output layer"]
-WHERE = {"wte": "embeddings", "wpe": "embeddings", "E": "embeddings", "attn": "attention",
-         "mlp": "MLP", "W1": "MLP", "b1": "MLP", "ln_1": "LayerNorm", "ln_2": "LayerNorm",
-         "ln_f": "LayerNorm", "W2": "output layer", "b2": "output layer"}
+WHERE = {"wte": "embeddings", "wpe": "embeddings", "E": "embeddings",
+         "attn": "attention", "mlp": "MLP", "W1": "MLP", "b1": "MLP",
+         "ln_1": "LayerNorm", "ln_2": "LayerNorm", "ln_f": "LayerNorm",
+         "W2": "output layer", "b2": "output layer"}
 
-def group_of(name):                       # "transformer.h.0.attn.c_attn.bias" -> "attention"
+# "transformer.h.0.attn.c_attn.bias" -> "attention"
+def group_of(name):
     return next(WHERE[part] for part in name.split(".") if part in WHERE)
 
-ln_init = task.theta.copy()                               # GPT-2's LayerNorm init: gain 1, bias 0
+# GPT-2's LayerNorm init: gain 1, bias 0
+ln_init = task.theta.copy()
 for name, shape, offset in model.layout():
     if group_of(name) == "LayerNorm":
-        ln_init[offset:offset + int(np.prod(shape))] = 1.0 if name.endswith("weight") else 0.0
+        gain = 1.0 if name.endswith("weight") else 0.0
+        ln_init[offset:offset + int(np.prod(shape))] = gain
 models = {"MLP (default)": (mlp_task, r_mlp), "GPT-2 (gpt2_small)": (task, r),
           "GPT-2, LayerNorm gain 1, bias 0": (task.with_(theta=ln_init), None)}
 share_F, share_P, mean_F = {}, {}, {}
@@ -181,21 +187,23 @@ for label, (t, res) in models.items():
 short = {"MLP (default)": "MLP", "GPT-2 (gpt2_small)": "GPT-2",
          "GPT-2, LayerNorm gain 1, bias 0": "GPT-2, LN 1/0"}
 print("share of F / share of parameters (- : no such group)")
-print(f"{'':>14}" + "".join(f"{g:>16}" for g in GROUPS))
+print(f"{'':>14}" + "".join(f"{g:>14}" for g in GROUPS))
 for label in models:
-    cells = [f"{f:.0%} / {p:.0%}" if p else "-" for f, p in zip(share_F[label], share_P[label])]
-    print(f"{short[label]:>14}" + "".join(f"{c:>16}" for c in cells))"""),
+    cells = [f"{f:.0%} / {p:.0%}" if p else "-"
+             for f, p in zip(share_F[label], share_P[label])]
+    print(f"{short[label]:>14}" + "".join(f"{c:>14}" for c in cells))"""),
     code("""
 COLORS = dict(zip(models, ("tab:gray", "tab:purple", "tab:cyan")))
 x = np.arange(len(GROUPS))
 fig, axes = plt.subplots(1, 3, figsize=(15, 4.4), constrained_layout=True)
 for k, label in enumerate(models):
-    ratio = np.where(share_P[label] > 0, share_F[label] / np.maximum(share_P[label], 1e-300),
-                     np.nan)
+    per_param = share_F[label] / np.maximum(share_P[label], 1e-300)
+    ratio = np.where(share_P[label] > 0, per_param, np.nan)
     for ax, y in zip(axes, (100 * share_F[label], 100 * share_P[label], ratio)):
         ax.bar(x + (k - 1) * 0.27, y, width=0.27, label=label, color=COLORS[label])
-for ax, title in zip(axes, ("share of the total Fisher (%)", "share of the parameters (%)",
-                            "mean F per parameter / the model's mean")):
+titles = ("share of the total Fisher (%)", "share of the parameters (%)",
+          "mean F per parameter / the model's mean")
+for ax, title in zip(axes, titles):
     ax.set_xticks(x, GROUPS, rotation=25, ha="right", rotation_mode="anchor")
     ax.set_title(title)
 axes[2].set_yscale("log")
@@ -204,9 +212,11 @@ fig.legend(*axes[0].get_legend_handles_labels(), loc="outside upper center", nco
 plt.show()"""),
     code("""
 sF, sP = share_F["GPT-2 (gpt2_small)"], share_P["GPT-2 (gpt2_small)"]
-inner, outer = [GROUPS.index("attention"), GROUPS.index("MLP")], [0, GROUPS.index("LayerNorm")]
+inner = [GROUPS.index("attention"), GROUPS.index("MLP")]
+outer = [0, GROUPS.index("LayerNorm")]
 blocks_F = model.unpack(r.sequence_fisher)                # name -> Fisher of that block
-ln_f = sum(v.sum() for n, v in blocks_F.items() if "ln_f" in n) / r.sequence_fisher.sum()
+ln_f = (sum(v.sum() for n, v in blocks_F.items() if "ln_f" in n)
+        / r.sequence_fisher.sum())
 print(f"gpt2_small: attention + MLP hold {sP[inner].sum():.0%} of the parameters and "
       f"{sF[inner].sum():.0%} of the Fisher;")
 print(f"embeddings + LayerNorm hold {sP[outer].sum():.0%} and {sF[outer].sum():.0%} "
@@ -214,11 +224,11 @@ print(f"embeddings + LayerNorm hold {sP[outer].sum():.0%} and {sF[outer].sum():.
 gains = np.concatenate([v for n, v in model.unpack(task.theta).items()
                         if "ln_" in n and n.endswith("weight")])
 print(f"the shipped LayerNorm gains: {gains.size} values from {gains.min():.2f} to "
-      f"{gains.max():.2f}, {(gains < 0).sum()} negative, {(np.abs(gains) < 0.1).sum()} "
-      f"within 0.1 of 0")
+      f"{gains.max():.2f},")
+print(f"  {(gains < 0).sum()} negative, {(np.abs(gains) < 0.1).sum()} within 0.1 of 0")
 hf = share_F["GPT-2, LayerNorm gain 1, bias 0"]
-print(f"attention's share of F: {sF[1]:.1%} as shipped, {hf[1]:.1%} with LayerNorm gain 1, "
-      f"bias 0")"""),
+print(f"attention's share of F: {sF[1]:.1%} as shipped, "
+      f"{hf[1]:.1%} with LayerNorm gain 1, bias 0")"""),
     md(r"""
 Read the table and the bars together (no bar: the model has no such group).
 
@@ -243,9 +253,11 @@ the next one.
 """),
     code("""
 eos_mlp = mlp_task.model.unpack(r_mlp.sequence_fisher)["E"][0]          # (d,) F of E[0]
-eos_gpt2 = blocks_F["transformer.wte.weight"][0]                         # (d,) F of wte[0]
-print("F of the EOS row (token 0): MLP E[0] =", eos_mlp)
-print("                           GPT-2 wte[0] =", np.round(eos_gpt2, 4))"""),
+# (d,) F of wte[0]
+eos_gpt2 = blocks_F["transformer.wte.weight"][0]
+print("F of the EOS row (token 0):")
+print("  MLP E[0]     =", eos_mlp)
+print("  GPT-2 wte[0] =", np.round(eos_gpt2, 4))"""),
     md(r"""
 ## A parameter no logit feels: the key bias
 
@@ -274,19 +286,23 @@ all, at the shipped $\theta$ and at an unrelated random one:
 from fisher_ref.teaching.views import state_sensitivities
 
 d = model.spec.embed_dim
-(n3,), off = {n: (s, o) for n, s, o in model.layout()}["transformer.h.0.attn.c_attn.bias"]
+layout = {n: (s, o) for n, s, o in model.layout()}
+(n3,), off = layout["transformer.h.0.attn.c_attn.bias"]
 parts = {"query": off + np.arange(d), "key": off + d + np.arange(d),
          "value": off + 2 * d + np.arange(d)}
 F = r.sequence_fisher                                     # (P,)
 J = state_sensitivities(task, r.states)                   # (N, P, V)
 for part, idx in parts.items():
-    print(f"{part:>5} bias: max F = {F[idx].max():.1e} (largest F of all {F.max():.2f}), "
-          f"max |j| over states and tokens = {np.abs(J[:, idx]).max():.1e}")"""),
+    print(f"{part:>5} bias: max F = {F[idx].max():.1e} "
+          f"(largest F of all {F.max():.2f}),")
+    print(f"{'':>12}max |j| over states and tokens = {np.abs(J[:, idx]).max():.1e}")"""),
     code("""
 toks = r.states["tokens"]
-W = model.windows(toks, (toks >= 0).sum(axis=1))          # (N, n_positions) every state's input
+# (N, n_positions) every state's input
+W = model.windows(toks, (toks >= 0).sum(axis=1))
 rng = np.random.default_rng(0)
-thetas = {"shipped theta": task.theta, "random theta": 2.0 * rng.standard_normal(model.num_params)}
+thetas = {"shipped theta": task.theta,
+          "random theta": 2.0 * rng.standard_normal(model.num_params)}
 moves = {}
 for label, theta in thetas.items():
     z = model.logits(theta, W)                            # (N, V)
@@ -300,7 +316,8 @@ for label, theta in thetas.items():
 fig, ax = plt.subplots(figsize=(8, 3.4), constrained_layout=True)
 for (part, idx), color in zip(parts.items(), ("tab:blue", "tab:red", "tab:green")):
     ax.bar(idx - off, np.maximum(F[idx], 1e-40), color=color, label=f"{part} bias")
-ax.axhline(1e-24 * F.max(), color="k", ls=":", label="rounding level ($10^{-24}$ max F)")
+ax.axhline(1e-24 * F.max(), color="k", ls=":",
+           label="rounding level ($10^{-24}$ max F)")
 ax.set_yscale("log")
 ax.set_xlabel("entry of c_attn.bias")
 ax.set_ylabel(r"$F_i$")
@@ -366,11 +383,13 @@ the 10 parameters with the largest $|G_i|$ are among the 10 with the largest $F_
     code("""
 from scipy.stats import hypergeom
 p_values = []
+print("p: the chance that a random set of as many parameters shares as many")
 for q, n, o, rnd in r.topk_overlap((0.01, 0.05, 0.1)):
     hits = round(o * n)
-    p_values.append(hypergeom.sf(hits - 1, model.num_params, n, n))  # P(random set >= hits)
-    print(f"top {100 * q:3.0f}% ({n:3d} params): {hits:3d} shared = {o:5.0%} vs random "
-          f"{rnd:4.0%} (chance of >= {hits} at random: {p_values[-1]:.1e})")"""),
+    # P(random set >= hits)
+    p_values.append(hypergeom.sf(hits - 1, model.num_params, n, n))
+    print(f"top {100 * q:3.0f}% ({n:3d} params): {hits:3d} shared = {o:5.0%}, random "
+          f"{rnd:4.0%}, p = {p_values[-1]:.1e}")"""),
     md(r"""
 The bound holds for every parameter of the transformer, exactly as for the MLP: it is
 Cauchy–Schwarz on $G_i = \mathrm{Cov}(A, h_i)$ and $F_i = \mathrm{Var}(h_i)$, nothing about the

@@ -63,8 +63,8 @@ difficulty weight; $p_{ref}$ a reference policy and $\Delta_t = \log p(y_t|s_t) 
     code(IMPORTS + """
 from fisher_ref.engine.plan import EngineOptions
 from fisher_ref.estimators import expected_loss_gradient, presets
-from fisher_ref.estimators.reduction import (difficulty_weight, difficulty_weight_large_g,
-                                             reduced_gradient)
+from fisher_ref.estimators.reduction import (
+    difficulty_weight, difficulty_weight_large_g, reduced_gradient)
 from fisher_ref.rewards import FunctionReward
 from fisher_ref.samplers import make_sampler
 
@@ -74,7 +74,8 @@ def rel_mse(lg, n):
     return lg.mse(n) / (lg.scale * np.linalg.norm(lg.policy_gradient)) ** 2
 
 
-base = load_config("default")                  # V = 5, T = 3, two prompts, R = count of 2
+# V = 5, T = 3, two prompts, R = count of 2
+base = load_config("default")
 G0 = exact(base, progress=False).gradient      # (P,) the policy gradient G
 print(f"P = {G0.size} parameters, |G| = {np.linalg.norm(G0):.4f}")"""),
     md(r"""
@@ -111,8 +112,8 @@ drifts = {
                             for t in (1.0, 1.25, 1.5, 2.0, 2.5, 3.0)],
     "stale copy: perturbation scale": [(s, base.with_(sampler=stale(s)))
                                        for s in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)],
-    "longest response T (temperature 1.5)": [(T, base.with_(max_len=T, sampler=temp(1.5)))
-                                             for T in (1, 2, 3, 4, 5)],
+    "longest response T (temperature 1.5)": [
+        (T, base.with_(max_len=T, sampler=temp(1.5))) for T in (1, 2, 3, 4, 5)],
 }
 bias, mse = {}, {}
 for axis, points in drifts.items():
@@ -124,10 +125,13 @@ for axis, points in drifts.items():
     code("""
 fig, axes = plt.subplots(2, 3, figsize=(13, 6.5), constrained_layout=True)
 colors = {"sequence": "tab:blue", "token": "tab:red", "prefix": "tab:orange"}
+titles = ["a hotter sampler", "a stale copy of the policy", "longer responses"]
 for k, (axis, points) in enumerate(drifts.items()):
     xs = [x for x, _ in points]
+    axes[0, k].set_title(titles[k])
     for name, color in colors.items():
-        axes[0, k].plot(xs, [bias[axis, name, x] for x in xs], "o-", color=color, label=name)
+        axes[0, k].plot(xs, [bias[axis, name, x] for x in xs], "o-", color=color,
+                        label=name)
         axes[1, k].semilogy(xs, [mse[axis, name, x] for x in xs], "o-", color=color)
     axes[1, k].set_xlabel(axis)
 axes[0, 0].set_ylabel("relative bias")
@@ -136,8 +140,9 @@ axes[0, 0].legend(title="importance weight")
 plt.show()
 for axis, points in drifts.items():
     x = points[-1][0]
-    print(f"{axis} = {x}: " + ", ".join(
-        f"{name} bias {bias[axis, name, x]:.3f}" for name in ratios))"""),
+    print(f"{axis} = {x}:")
+    print("    " + ", ".join(f"{name} bias {bias[axis, name, x]:.3f}"
+                             for name in ratios))"""),
     md(r"""
 The sequence ratio is exact at every drift (the blue line sits at zero); the token and prefix
 ratios are exact only when there is nothing to correct ($\mu = p$, or $T = 1$, where all
@@ -170,15 +175,19 @@ capped = {"sequence TIS": lambda C: presets.sequence_tis(C, baseline=b0),
           "token TIS": lambda C: presets.token_tis(C, baseline=b0),
           "sequence MIS": lambda C: presets.sequence_mis((1 / C, C), baseline=b0),
           "token MIS": lambda C: presets.token_mis((1 / C, C), baseline=b0)}
-trunc = {name: np.array([expected_loss_gradient(stale_task, make(C), policy_gradient=G_st)
-                         .relative_bias for C in caps]) for name, make in capped.items()}
-token_is_bias = expected_loss_gradient(stale_task, presets.token_is(baseline=b0)).relative_bias
+trunc = {name: np.array([expected_loss_gradient(stale_task, make(C),
+                                                policy_gradient=G_st).relative_bias
+                         for C in caps])
+         for name, make in capped.items()}
+token_is = presets.token_is(baseline=b0)
+token_is_bias = expected_loss_gradient(stale_task, token_is).relative_bias
 fig, ax = plt.subplots(figsize=(7.5, 4), constrained_layout=True)
 for name, style in zip(capped, ["o-", "s-", "o--", "s--"]):
     ax.semilogx(caps, trunc[name], style, label=name)
 ax.axvline(r_max, color="k", ls=":", label=f"largest ratio r(y) = {r_max:.0f}")
 ax.axhline(token_is_bias, color="tab:red", lw=0.8, label="token IS, uncapped")
-ax.set_yscale("symlog", linthresh=0.01)                    # linear near 0: zero bias shows
+# linear near 0: zero bias shows
+ax.set_yscale("symlog", linthresh=0.01)
 ax.set_xlabel("cap C (band [1/C, C] for MIS)")
 ax.set_ylabel("relative bias")
 ax.set_title("offpolicy_stale")
@@ -269,15 +278,16 @@ expected gradient of REINFORCE with the length as the reward. Against the baseli
 """),
     code("""
 length_loss = lambda b: -(b.lengths * b.logp.sum(1)).mean()      # REINFORCE, R = L
-grad_len = -expected_loss_gradient(base, length_loss, policy_gradient=G0).mean   # grad E[L]
+# grad E[L]
+grad_len = -expected_loss_gradient(base, length_loss, policy_gradient=G0).mean
 R0s = np.linspace(-1.0, 3.0, 9)
 aggs = ["seq-mean-token-sum", "seq-mean-token-mean"]
 drift = {agg: [] for agg in aggs}
 for R0 in R0s:
     for agg in aggs:
         loss = presets.policy_gradient_loss("constant", aggregation=agg, baseline=R0)
-        drift[agg].append(grad_len @ -expected_loss_gradient(base, loss, policy_gradient=G0)
-                          .mean)
+        step = -expected_loss_gradient(base, loss, policy_gradient=G0).mean
+        drift[agg].append(grad_len @ step)
 fig, ax = plt.subplots(figsize=(7.5, 4), constrained_layout=True)
 for agg, style in zip(aggs, ["o-", "s-"]):
     ax.plot(R0s, drift[agg], style, label=agg)
@@ -286,10 +296,12 @@ ax.set_xlabel("baseline $R_0$ (the rewards are 0 to 3)")
 ax.set_ylabel("change of E[L] per unit step")
 ax.legend()
 plt.show()
-f_reward = FunctionReward(lambda x, y: (np.sum(np.asarray(y) == 2) - 2.0) / len(y))  # R0 = 2
+# R0 = 2
+f_reward = FunctionReward(lambda x, y: (np.sum(np.asarray(y) == 2) - 2.0) / len(y))
 mean_len = presets.policy_gradient_loss("constant", aggregation=aggs[1], baseline=2.0)
 lhs = expected_loss_gradient(base, mean_len, policy_gradient=G0).mean
-rhs = exact(base.with_(reward=f_reward), progress=False).gradient     # grad E[(R - R0)/L]
+# grad E[(R - R0)/L]
+rhs = exact(base.with_(reward=f_reward), progress=False).gradient
 len_err = np.abs(lhs + rhs).max() / np.abs(rhs).max()
 print(f"R0 = 2: |E[grad L] + grad E[(R - R0)/L]| / max = {len_err:.1e}")"""),
     md(r"""
@@ -305,7 +317,8 @@ rate = {}
 for agg in ("seq-mean-token-sum", "seq-mean-token-mean", "token-mean",
             "seq-mean-token-sum-norm"):
     loss = presets.policy_gradient_loss("grpo", aggregation=agg)
-    step = -expected_loss_gradient(base, loss, 2, symmetric=True, policy_gradient=G0).mean
+    step = -expected_loss_gradient(base, loss, 2, symmetric=True,
+                                   policy_gradient=G0).mean
     rate[agg] = (grad_len @ step) / (G0 @ step)
     print(f"{agg:>24}: dE[L] / dE[R] = {rate[agg]:.3f}")
 print(f"{'along G itself':>24}: dE[L] / dE[R] = {grad_len @ G0 / (G0 @ G0):.3f}")"""),
@@ -327,29 +340,35 @@ $\nabla KL(p_{seq}\|p_{ref,seq}) = E_p[(\sum_t \Delta_t)\,h]$, k1 summed into th
 """),
     *quiz("k3-direction"),
     code("""
-kl_terms = {"k1 in the loss": presets.kl_loss("k1"), "k2 in the loss": presets.kl_loss("k2"),
+kl_terms = {"k1 in the loss": presets.kl_loss("k1"),
+            "k2 in the loss": presets.kl_loss("k2"),
             "k3 in the loss": presets.kl_loss("k3"), "ratio * k3": presets.rho_k3(),
             "k1 in the reward": presets.kl_in_reward()}
 forward = lambda b: ((b.ref_logp_all.exp() * (b.ref_logp_all - b.logp_all)).sum(-1)
-                     * b.mask).sum(-1).mean()                    # sum_t KL(p_ref || p) at s_t
+                     # sum_t KL(p_ref || p) at s_t
+                     * b.mask).sum(-1).mean()
 reverse = lambda b: ((b.logp_all.exp() * (b.logp_all - b.ref_logp_all)).sum(-1)
-                     * b.mask).sum(-1).mean()                    # sum_t KL(p || p_ref) at s_t
+                     # sum_t KL(p || p_ref) at s_t
+                     * b.mask).sum(-1).mean()
 ref_scales = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
 kl_bias, kl_far, kl_size = {}, {}, {}
 for lam in ref_scales:
-    task = base.with_(reference=make_sampler({"kind": "perturbed", "scale": lam, "seed": 5}))
+    ref = make_sampler({"kind": "perturbed", "scale": lam, "seed": 5})
+    task = base.with_(reference=ref)
     fwd, rev = (expected_loss_gradient(task, f, policy_gradient=G0).mean
                 for f in (forward, reverse))
     for name, loss in kl_terms.items():
         lg = expected_loss_gradient(task, loss, policy_gradient=G0)
-        kg = lg.kl_gradient                                  # grad KL(p_seq || p_ref,seq)
+        # grad KL(p_seq || p_ref,seq)
+        kg = lg.kl_gradient
         kl_bias[name, lam] = np.linalg.norm(lg.mean - kg) / np.linalg.norm(kg)
         kl_size[name, lam] = np.linalg.norm(lg.mean) / np.linalg.norm(kg)
         kl_far[name, lam] = [np.linalg.norm(lg.mean - t) / np.linalg.norm(t)
                              for t in (fwd, rev)]"""),
     code("""
 fig, ax = plt.subplots(figsize=(7.5, 4), constrained_layout=True)
-for name, style in zip(kl_terms, ["o-", "s-", "^-", "x--", "d-"]):      # k2 and rho*k3 coincide
+# k2 and rho*k3 coincide
+for name, style in zip(kl_terms, ["o-", "s-", "^-", "x--", "d-"]):
     ax.plot(ref_scales, [kl_bias[name, lam] for lam in ref_scales], style, label=name)
 ax.set_xlabel("reference: perturbation scale of theta")
 ax.set_ylabel(r"$\\|E[\\nabla L] - \\nabla KL_{seq}\\| / \\|\\nabla KL_{seq}\\|$")
@@ -388,7 +407,8 @@ for ax, name in zip(axes, ["offpolicy_temperature", "offpolicy_stale"]):
         lgs[name, est] = lg = expected_loss_gradient(task, loss)
         ax.loglog(ns, [rel_mse(lg, n) for n in ns], label=f"{est}: bias "
                   f"{lg.relative_bias:.2f}, scale {lg.scale:+.2f}")
-    s = exact(task, progress=False, options=EngineOptions(keep_sequences=True)).sequences
+    s = exact(task, progress=False,
+              options=EngineOptions(keep_sequences=True)).sequences
     top_ratio[name] = (s["prob"] / s["sampler_prob"]).max()     # the largest r(y)
     ax.set_xlabel("n, groups averaged")
     ax.set_title(f"{name}: largest r(y) = {top_ratio[name]:.4g}")
@@ -418,7 +438,7 @@ for name, loss in [("sequence IS", presets.sequence_is(baseline=b0)),
                    ("token IS", presets.token_is(baseline=b0))]:
     verdict = check_loss(stale_task, loss, expect="unbiased")
     verdicts[name] = verdict.passed
-    print(textwrap.fill(f"{name}: {verdict}", 96, subsequent_indent="    "))"""),
+    print(textwrap.fill(f"{name}: {verdict}", 88, subsequent_indent="    "))"""),
     checks("""
 tol = 1e-10
 for axis, points in drifts.items():                              # (a)
@@ -433,25 +453,31 @@ assert mse[st, "sequence", 0.5] > 10 * mse[st, "token", 0.5]
 T_axis = "longest response T (temperature 1.5)"
 assert all(np.diff([bias[T_axis, "token", T] for T in range(2, 6)]) > 0)
 assert trunc["sequence TIS"][-1] <= tol and trunc["sequence MIS"][-1] <= tol   # (b)
-assert np.array_equal(trunc["sequence TIS"] <= tol, caps >= r_max) and caps[0] < r_max < caps[-1]
+assert np.array_equal(trunc["sequence TIS"] <= tol, caps >= r_max)
+assert caps[0] < r_max < caps[-1]
 assert abs(trunc["token TIS"][-1] - token_is_bias) <= tol * token_is_bias
 assert np.ptp(w[2]) <= 1e-6 and abs(w[2][0] - 2 ** -0.5) <= 1e-6                # (c)
 assert round(w8, 2) == 2.41 and round(f8, 2) == 6.25
 assert all(np.all(w[B] < w[2 * B]) for B in (2, 4, 8))
 assert np.abs(-lg_grpo.mean - by_weight[2]).max() <= tol * np.abs(by_weight[2]).max()
 assert np.abs(red8 - by_weight[8]).max() <= tol * np.abs(by_weight[8]).max()
-assert np.ptp(drift["seq-mean-token-sum"]) <= tol * np.abs(drift["seq-mean-token-sum"]).max()
-assert all(np.diff(drift["seq-mean-token-mean"]) > 0) and drift["seq-mean-token-mean"][-1] > 0
-assert rate["seq-mean-token-mean"] > 1.5 * rate["seq-mean-token-sum"] and len_err <= tol  # (d)
+token_sum, token_mean = drift["seq-mean-token-sum"], drift["seq-mean-token-mean"]
+assert np.ptp(token_sum) <= tol * np.abs(token_sum).max()
+assert all(np.diff(token_mean) > 0) and token_mean[-1] > 0
+# (d)
+assert rate["seq-mean-token-mean"] > 1.5 * rate["seq-mean-token-sum"] and len_err <= tol
 for lam in ref_scales:                                                          # (e)
-    assert kl_far["k3 in the loss", lam][0] <= tol and kl_far["k2 in the loss", lam][1] <= tol
-    assert kl_far["ratio * k3", lam][1] <= tol and kl_bias["k1 in the reward", lam] <= tol
+    assert kl_far["k3 in the loss", lam][0] <= tol
+    assert kl_far["k2 in the loss", lam][1] <= tol
+    assert kl_far["ratio * k3", lam][1] <= tol
+    assert kl_bias["k1 in the reward", lam] <= tol
     assert min(kl_bias["k3 in the loss", lam], kl_bias["k2 in the loss", lam]) > 0.05
     assert kl_size["k1 in the loss", lam] <= tol
 for name in ("k2 in the loss", "k3 in the loss", "ratio * k3"):
     assert all(np.diff([kl_bias[name, lam] for lam in ref_scales]) > 0)
 tm, so = "offpolicy_temperature", "offpolicy_stale"                              # (f)
-assert all(rel_mse(lgs[tm, "sequence IS"], n) < rel_mse(lgs[tm, "centered"], n) for n in ns)
+assert all(rel_mse(lgs[tm, "sequence IS"], n) < rel_mse(lgs[tm, "centered"], n)
+           for n in ns)
 assert rel_mse(lgs[so, "centered"], 1) < rel_mse(lgs[so, "sequence IS"], 1)
 assert rel_mse(lgs[so, "centered"], 10 ** 4) > rel_mse(lgs[so, "sequence IS"], 10 ** 4)
 assert max(lgs[n, "sequence IS"].relative_bias for n in (tm, so)) <= tol

@@ -234,3 +234,48 @@ def test_peaked_models_up_to_the_init_scale_limit_pass(name, scale):
     rows = exact_checks(exact(task_from_json(d), progress=False))
     failed = [(r.stream, r.check, r.value) for r in rows if not r.passed]
     assert not failed, f"{name} init_scale={scale}: {failed}"
+
+
+# -- identities 5 and 8: what the rows say ---------------------------------------------
+
+def test_concentration_is_one_for_uniform_and_zero_for_a_point_mass():
+    from fisher_ref.checks.identities import concentration
+    assert concentration(np.full(5, 0.2)) == pytest.approx(1.0, rel=1e-15)
+    assert concentration(np.eye(5)[2]) == 0.0
+    p = np.array([[0.5, 0.5, 0.0], [0.7, 0.2, 0.1]])
+    assert np.allclose(concentration(p), (1 - (p ** 2).sum(axis=1)) / (1 - 1 / 3), rtol=1e-15)
+
+
+def test_identity_5_rows_split_the_ratio_into_concentration_and_alignment():
+    """The row that enumerates every arrangement of p holds at 1e-10, and fails for a
+    closed form without kappa (the ratio to the uniform reference is not alignment alone)."""
+    from fisher_ref.checks.identities import _arrangement_mean, concentration
+    from fisher_ref.checks.tolerances import rel_err
+    from fisher_ref.numerics import uniform_token_fisher
+    rows = {r.check: r for r in exact_checks(exact(load_config("default"), progress=False))}
+    (mean_row,) = [r for k, r in rows.items() if k.startswith("mean of f over all 120")]
+    assert mean_row.identity == "5 concentration x alignment" and mean_row.passed
+    share = rows["share of (state, param) with f/f_unif < 1"]
+    alpha = rows["share with alignment f/(kappa f_unif) < 1"]
+    assert share.kind == alpha.kind == "info" and alpha.value < share.value
+    rng = np.random.default_rng(0)
+    p, J = rng.dirichlet(np.ones(4) * 0.3), rng.standard_normal((3, 4))
+    perms = np.array(list(__import__("itertools").permutations(range(4))))
+    mean = _arrangement_mean(p, J, perms)
+    assert rel_err(mean, concentration(p) * uniform_token_fisher(J)) <= 1e-12
+    assert rel_err(mean, uniform_token_fisher(J)) > 0.1  # without kappa it does not hold
+
+
+def test_identity_8_rows_report_the_overlap_and_its_two_spreads():
+    r = exact(load_config("default"), progress=False)
+    rows = [row for row in exact_checks(r) if row.identity.startswith("8 ")]
+    assert all(row.kind == "info" and row.identity == "8 overlap (diagnostic)" for row in rows)
+    by = {row.check: row.value for row in rows}
+    live = (r.bound > 0) & (r.correlation > 0)
+    assert by["sd over parameters of log10 cap"] == pytest.approx(
+        np.log10(r.bound[live]).std(), rel=1e-12)
+    assert by["sd over parameters of log10 |corr|"] == pytest.approx(
+        np.log10(r.correlation[live]).std(), rel=1e-12)
+    top = int(np.argmax(np.abs(r.gradient)))
+    rank = by[f"rank by F of the largest |G| (of P = {r.gradient.size})"]
+    assert rank == 1 + np.sum(r.sequence_fisher > r.sequence_fisher[top]) and rank > 119 // 2

@@ -4,7 +4,7 @@ import pytest
 
 from fisher_ref import load_config
 from fisher_ref.checks.identities import verify_task
-from fisher_ref.checks.table import Check, format_table
+from fisher_ref.checks.table import TABLE_WIDTH, Check, format_table
 from fisher_ref.checks.tolerances import rel_err
 
 
@@ -25,3 +25,21 @@ def test_format_table_refuses_the_pair_verify_task_returns():
     with pytest.raises(TypeError, match=r"not verify_task's \(result, rows\) pair"):
         format_table(out)
     assert format_table(out[1]).splitlines()[0].startswith("identity")
+
+
+def test_format_table_puts_notes_in_a_legend_and_wraps_within_the_width():
+    long_check = "a check whose wording is far longer than the column it is given " * 2
+    rows = [Check("1 zero-mean score", "policy", "max |E[h]|", 1e-17, 1e-10, "zero", "a note"),
+            Check("1 zero-mean score", "policy", long_check.strip(), 1e-17, 1e-10, "zero",
+                  "a note"),
+            Check("8 overlap (diagnostic)", "centered", "overlap", 0.5, 0.0, "info",
+                  "another note " * 12)]
+    table = format_table(rows)
+    lines = table.splitlines()
+    assert max(len(line) for line in lines) <= TABLE_WIDTH == 100
+    assert lines.count("1 zero-mean score") == 1            # the label once, its rows under it
+    assert "max |E[h]| [1]" in table and table.count("[1]") == 3   # one note, listed once
+    assert "\nnotes:\n[1] a note\n[2] another note" in table
+    assert "far longer" in table and "PASS" in table and "info" in table
+    narrow = format_table(rows, width=80)
+    assert max(len(line) for line in narrow.splitlines()) <= 80

@@ -296,7 +296,7 @@ def test_tiny_rewards_keep_their_spread_and_pass(scale):
 
 def test_rows_that_need_the_kept_states_say_why_they_are_missing():
     bare = exact(load_config("default"), progress=False, options=EngineOptions(keep_states=False))
-    (row,) = [r for r in exact_checks(bare) if r.identity == "4-5 pairwise, alignment"]
+    (row,) = [r for r in exact_checks(bare) if r.identity == "4-5 pairwise, uniform reference"]
     assert row.kind == "info" and "not kept" in row.check and row.passed
 
 

@@ -27,7 +27,6 @@ LESSONS = ROOT / "lessons"
 # not asserted: these machines are shared and a wall time is noise. A cell that hangs fails
 # through nbclient's explicit per-cell timeout.
 CELL_TIMEOUT = 60
-MAX_OUTPUT_WIDTH = 100  # characters: a printed table wider than this wraps in the cell
 STARTUP_TIMEOUT = 120
 
 
@@ -43,6 +42,18 @@ STEMS = list(BUILD.LESSONS)
 EXPECTED = ["00_start_here", "01_sequence_to_tokens", "02_pairwise_differences", "03_where_mass_lands",
             "04_gradient_is_covariance", "05_offpolicy_centering", "06_monte_carlo",
             "07_transformer", "08_rl_estimators"]
+
+
+def test_wide_output_finds_a_printed_line_over_the_limit():
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("print(...)")
+    cell.id = "x-01"
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout",
+                                           text="short\n" + "w" * 89 + "\n")]
+    nb.cells.append(cell)
+    assert BUILD.MAX_PRINTED == 88 and BUILD.wide_output(nb) == [("x-01", "w" * 89)]
+    cell.outputs[0]["text"] = "w" * 88
+    assert BUILD.wide_output(nb) == []
 
 
 def test_all_lessons_are_built_in_reading_order():
@@ -152,10 +163,58 @@ def test_notebook_executes_top_to_bottom(stem, kernel_specs, monkeypatch):
     assert not errors
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                      for o in c.outputs if o.output_type == "stream")
-    wide = [line for line in text.splitlines() if len(line) > MAX_OUTPUT_WIDTH]
-    assert not wide, f"printed lines wider than a cell: {wide[:3]}"
+    wide = BUILD.wide_output(nb)
+    assert not wide, f"printed lines wider than {BUILD.MAX_PRINTED} characters: {wide[:3]}"
     results = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
                if o.output_type == "execute_result"]
     assert not results, "a cell echoes a value (check() must not show a bare True/False)"
     assert "not answered yet" in text, "the quiz checks must run unattended"
     assert "not tried yet" in text, "the exercise checks must run unattended"
+
+
+def test_sharp_bits_page_is_generated_from_the_quizzes():
+    assert BUILD.SHARP_BITS.read_text() == BUILD.sharp_bits(), (
+        "docs/sharp_bits.md differs from lessons/build.py's output; run `python lessons/build.py`")
+    text = BUILD.sharp_bits()
+    from fisher_ref.teaching.quizzes import QUIZZES
+    for q in QUIZZES.values():  # every wrong option is a belief, linked to its refutation
+        assert f"<refute-{q.id}>" in text
+        for k, option in enumerate(q.options):
+            assert (f"- *Belief:* {option} " in text) == (k != q.correct), (q.id, k)
+
+
+@pytest.mark.parametrize("stem", EXPECTED)
+@pytest.mark.parametrize("clickable", [True, False])
+def test_site_copy_adds_a_download_a_launch_line_and_true_quiz_notes(stem, clickable):
+    nb = BUILD.site_notebook(stem, clickable)
+    stored = nbformat.read(LESSONS / f"{stem}.ipynb", as_version=4)
+    home = nb.cells[1].source
+    assert f"{{download}}`Download the notebook <../../lessons/{stem}.ipynb>`" in home
+    assert f"jupyter lab lessons/{stem}.ipynb" in home
+    assert (ROOT / "docs" / "lessons" / "../../lessons" / f"{stem}.ipynb").resolve().is_file()
+    quizzes = [BUILD.quiz_id(c) for c in stored.cells if BUILD.quiz_id(c)]
+    notes = [c.source for c in nb.cells if c.source.startswith("(refute-")]
+    assert [n.split(")=")[0].removeprefix("(refute-") for n in notes] == quizzes
+    assert all(BUILD.QUIZ_NOTES[clickable] in n for n in notes)
+    assert len(nb.cells) == len(stored.cells) + 1 + len(quizzes)
+    assert not any("](../docs/" in c.source for c in nb.cells)
+    nbformat.validate(nb)
+
+
+def test_quiz_notes_say_what_the_page_shows():
+    assert "Click an option" in BUILD.QUIZ_NOTES[True]
+    assert "Click" not in BUILD.QUIZ_NOTES[False] and "as text" in BUILD.QUIZ_NOTES[False]
+
+
+@pytest.mark.parametrize("stem", EXPECTED)
+def test_links_into_the_documentation_resolve(stem):
+    """A lesson links a documentation page as ../docs/<page>.md (the repository's layout);
+    the site's copy links it as ../<page>.md."""
+    for target in re.findall(r"\]\((\.\./docs/[^)#\s]+)", "\n".join(_markdown(stem))):
+        assert (LESSONS / target).is_file(), f"{stem} links to missing {target}"
+
+
+def test_last_lesson_links_what_comes_next():
+    last = _markdown(EXPECTED[-1])[-1]
+    nxt = last[last.index("Next:"):]
+    assert re.findall(r"\]\(\.\./docs/check/\w+\.md\)", nxt), nxt

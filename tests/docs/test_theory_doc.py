@@ -234,3 +234,100 @@ def test_single_entry_bonferroni_threshold(doc):
     text = _section(doc, "### 8.4")
     stated = _stated(text, r"for a single entry this is \$([0-9.]+)\$")
     assert round(norm.isf(1e-6 / 2), 2) == stated
+
+
+# -- identities (5) and (8) tell the lessons' story, with the lessons' numbers -------------
+#
+# Each number below is computed as lessons 3 and 4 compute it (the same functions, seeds
+# and configurations) and must be what the theory page states; a sentence the lessons
+# refute may not come back.
+
+def _lesson03_shares():
+    """Lesson 3: the reach-weighted share of (state, parameter) pairs with f < f_unif on the
+    default model, and the range of that share over 200 shuffles of p (seed 0)."""
+    from fisher_ref.teaching.views import fisher_ratio, shuffle_control
+    task = load_config("default")
+    r = exact(task, progress=False)
+    ratio = fisher_ratio(r)
+    reach = np.broadcast_to(r.states["reach"][:, None], ratio.shape)
+    ok = np.isfinite(ratio) & (ratio > 0)
+    below = (reach[ok] * (ratio[ok] < 1)).sum() / reach[ok].sum()
+    shuffled = shuffle_control(task, r, np.random.default_rng(0), shuffles=200)["shuffled_share"]
+    return below, shuffled.min(), shuffled.max()
+
+
+def _lesson04_numbers():
+    """Lesson 4: on the medium config the spreads of log10 cap and log10 |corr| and the top-1%
+    overlap; on the default model the Fisher rank of the largest |G| and its |corr|."""
+    from importlib import resources
+    from fisher_ref import load_task
+    medium = exact(load_task(resources.files("fisher_ref") / "configs" / "scale" / "medium.json"),
+                   progress=False)
+    live = (medium.bound > 0) & (medium.correlation > 0)
+    (_, _, overlap, rnd), = medium.topk_overlap((0.01,))
+    r = exact(load_config("default"), progress=False)
+    top = int(np.argmax(np.abs(r.gradient)))
+    return {"sd_cap": np.log10(medium.bound[live]).std(),
+            "sd_corr": np.log10(medium.correlation[live]).std(),
+            "P_medium": medium.gradient.size, "overlap": overlap, "random": rnd,
+            "rank": 1 + int(np.sum(r.sequence_fisher > r.sequence_fisher[top])),
+            "P": r.gradient.size, "corr": r.correlation[top]}
+
+
+def refuted_sentences(text):
+    """The sentences of ``text`` that state what lessons 3 and 4 refute: that the largest
+    gradients sit among the largest Fisher entries (the default model's largest |G| ranks in
+    the lower half by Fisher), or that the ratio to the uniform reference is an alignment
+    diagnostic (on the default model its share below 1 is what shuffled p gives)."""
+    flat = " ".join(text.split())
+    patterns = [r"largest gradients? (?:should|must|will) sit among the largest Fisher",
+                r"\*\*alignment diagnostic\*\*", r"ratio \S* ?is the alignment diagnostic"]
+    return [m.group(0) for p in patterns for m in re.finditer(p, flat, flags=re.I)]
+
+
+def test_refuted_sentences_finds_the_old_wording():
+    old8 = ("by identity (7) the largest gradients should sit among the largest Fisher "
+            "entries, and the overlap says how much more often than chance.")
+    old5 = r"The ratio $f_i(s)/f^{\mathrm{unif}}_i(s)$ is the **alignment diagnostic** (id"
+    assert refuted_sentences(old8) and refuted_sentences(old5)
+    assert not refuted_sentences("A large Fisher is necessary, not sufficient.")
+
+
+def test_theory_page_says_no_sentence_the_lessons_refute(doc):
+    n = _lesson04_numbers()
+    assert n["rank"] > n["P"] // 2  # the refutation of identity (8)'s old sentence, computed
+    below, lo, hi = _lesson03_shares()
+    assert lo <= below <= hi         # ... and of reading identity (5)'s ratio as alignment
+    assert not refuted_sentences(doc), refuted_sentences(doc)
+
+
+def test_identity_5_states_lesson_3s_numbers(doc):
+    text = " ".join(_section(doc, "#### Identity (5)").split())
+    assert "concentration" in text.split(".")[0] and r"\kappa(s)\,\alpha_i(s)" in text
+    below, lo, hi = _lesson03_shares()
+    m = re.search(r"([\d.]+)% of the \(state, parameter\) pairs, weighted by reach, have a "
+                  r"ratio below 1, and shuffling \$p\$ .*? gives ([\d.]+)% to ([\d.]+)% over "
+                  r"200 shuffles", text)
+    assert m, "identity (5) no longer states lesson 3's shares"
+    assert [float(x) for x in m.groups()] == [round(100 * v, 1) for v in (below, lo, hi)]
+    assert "there the share is concentration" in text and lo <= below <= hi
+
+
+def test_identity_8_states_lesson_4s_numbers(doc):
+    text = " ".join(_section(doc, "#### Identity (8)").split())
+    assert "diagnostic, not a law" in text and "necessary for a large gradient entry, not " \
+        "sufficient" in text
+    n = _lesson04_numbers()
+    m = re.search(r"\(`configs/scale/medium.json`, ([\d,]+) parameters\) the standard deviations "
+                  r"over the parameters are ([\d.]+) decades for .*? and ([\d.]+) for .*? share "
+                  r"(\d+)% of their parameters against ([\d.]+)% at random", text)
+    assert m, "identity (8) no longer states lesson 4's medium-model numbers"
+    assert int(m.group(1).replace(",", "")) == n["P_medium"]
+    assert float(m.group(2)) == round(n["sd_cap"], 2) and float(m.group(3)) == round(n["sd_corr"], 2)
+    assert n["sd_corr"] > n["sd_cap"]  # the spread of the correlation outweighs the cap's
+    assert int(m.group(4)) == round(100 * n["overlap"]) and float(m.group(5)) == round(
+        100 * n["random"], 1)
+    m = re.search(r"ranks (\d+)th of (\d+) by Fisher, with \$\|\\rho\^\{Ah\}\| = ([\d.]+)\$", text)
+    assert m, "identity (8) no longer states the default model's Fisher rank of the top |G|"
+    assert (int(m.group(1)), int(m.group(2))) == (n["rank"], n["P"])
+    assert float(m.group(3)) == round(n["corr"], 2)

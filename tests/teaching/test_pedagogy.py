@@ -19,7 +19,8 @@ from fisher_ref.teaching.quizzes import LETTERS, QUIZZES, check
 ROOT = Path(__file__).resolve().parents[2]
 LESSONS = ROOT / "lessons"
 STEMS = sorted(p.stem for p in LESSONS.glob("*.ipynb"))
-MAX_LINE = 100       # characters a JupyterLab code cell shows without scrolling
+MAX_LINE = 88        # characters a code block of the documentation site (and a JupyterLab
+#                      cell) shows without scrolling sideways
 MAX_CELL_LINES = 30  # a code cell is one idea; exercise cells (setup + blank) excepted
 
 
@@ -57,7 +58,7 @@ def too_long(text, limit=MAX_LINE):
 
 
 def test_too_long_finds_a_long_line_and_a_wide_table():
-    assert too_long("x = 1\n" + "y" * 101) == ["y" * 101]
+    assert too_long("x = 1\n" + "y" * 89) == ["y" * 89] and not too_long("y" * 88)
     table = "\n".join("  ".join(f"{k:>20}" for k in range(6)) for _ in range(3))  # 130 wide
     assert len(too_long(table)) == 3 and too_long("a | b\n1 | 2") == []
 
@@ -66,6 +67,15 @@ def test_too_long_finds_a_long_line_and_a_wide_table():
 def test_code_lines_fit_a_cell(stem):
     for cell in _code(stem):
         assert not too_long(cell.source), (stem, cell.id, too_long(cell.source))
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_solution_code_fits_a_block(stem):
+    """The collapsed solutions hold their code in ```python blocks: those lines fit too."""
+    for cell in _cells(stem):
+        if cell.cell_type == "markdown":
+            for block in re.findall(r"```python\n(.*?)```", cell.source, flags=re.S):
+                assert not too_long(block), (stem, cell.id, too_long(block))
 
 
 @pytest.mark.parametrize("stem", STEMS)
@@ -121,6 +131,67 @@ def test_longest_is_correct_can_fail():
     q = quizzes.Quiz("x", "y", "?", ("short", "the longest option"), 1, ("a", "b"))
     assert longest_is_correct(q) and not longest_is_correct(q.__class__(
         "x", "y", "?", ("short", "the longest option"), 0, ("a", "b")))
+
+
+#: Words that soften a claim. An option that alone carries one reads as the careful, hence
+#: right, answer ("Usually ...", "Mostly ..."): a form cue, like length.
+HEDGES = re.compile(r"\b(usually|mostly|often|generally|typically|roughly|approximately|"
+                    r"nearly|almost|largely|mainly|may|might|in general|on average|"
+                    r"in expectation|tends? to|sometimes)\b", re.I)
+
+
+def length_place(quiz):
+    """``"longest"``, ``"shortest"`` or ``"middle"``: where the right option's length falls
+    among the options (a tie for the longest or shortest counts as that end)."""
+    lengths = [len(o) for o in quiz.options]
+    right = lengths[quiz.correct]
+    return ("longest" if right == max(lengths) else
+            "shortest" if right == min(lengths) else "middle")
+
+
+def quiz_form_cues(quizzes):
+    """What lets a learner guess the right option from its form alone, across ``quizzes``:
+    the right option always (or never) the longest, always (or never) the shortest (the
+    share at each end must lie between 1/8 and 1/3), or a right option that is the only
+    hedged one of its quiz. A list of sentences; empty when there is no cue."""
+    quizzes = list(quizzes)
+    places = [length_place(q) for q in quizzes]
+    cues = []
+    for end in ("longest", "shortest"):
+        share = places.count(end) / len(quizzes)
+        if not 1 / 8 <= share <= 1 / 3:
+            cues.append(f"the right option is the {end} in {places.count(end)} of "
+                        f"{len(quizzes)} quizzes (wanted between 1/8 and 1/3)")
+    for q in quizzes:
+        hedged = [bool(HEDGES.search(o)) for o in q.options]
+        if hedged[q.correct] and sum(hedged) == 1:
+            cues.append(f"{q.id}: the right option is the only hedged one "
+                        f"({HEDGES.search(q.options[q.correct]).group(0)!r})")
+    return cues
+
+
+def test_quizzes_give_no_form_cue():
+    assert not quiz_form_cues(QUIZZES.values()), quiz_form_cues(QUIZZES.values())
+
+
+def _quiz(k, options, correct):
+    return quizzes.Quiz(f"q{k}", "x", "?", tuple(options), correct, ("f",) * len(options))
+
+
+def test_quiz_form_cues_finds_a_length_rank_that_never_varies_and_a_lone_hedge():
+    # the right option never the longest (as in the bank before this lint: 0 of 22)
+    never_longest = [_quiz(k, ["a" * 30, "b" * 20, "c" * 10, "d" * 25], k % 3 + 1)
+                     for k in range(12)]
+    cues = quiz_form_cues(never_longest)
+    assert any("the longest in 0 of 12" in c for c in cues)
+    always_longest = [_quiz(k, ["a" * 30, "b" * 20, "c" * 10], 0) for k in range(8)]
+    assert any("the longest in 8 of 8" in c for c in quiz_form_cues(always_longest))
+    spread = [_quiz(k, ["a" * 30, "b" * 20, "c" * 10, "d" * 25], k % 4) for k in range(12)]
+    assert not quiz_form_cues(spread)
+    lone = _quiz(99, ["Usually non-zero.", "Exactly zero.", "Always one."], 0)
+    assert quiz_form_cues(spread + [lone])[-1].startswith("q99: the right option is the only")
+    both = _quiz(98, ["Usually non-zero.", "Mostly zero.", "Always one."], 0)
+    assert not quiz_form_cues(spread + [both])
 
 
 @pytest.mark.parametrize("stem", STEMS)
