@@ -79,7 +79,9 @@ def trl_advantages(rewards, num_generations, scale_rewards="group"):
     with :math:`\bar R_g` the mean of row ``i``'s group of ``num_generations`` consecutive
     rows and :math:`s` TRL's ``nanstd`` (Bessel-corrected) of that group
     (``scale_rewards="group"``), of the whole batch (``"batch"``), or no division
-    (``"none"``).
+    (``"none"``). TRL's ``nanstd`` takes its Bessel factor :math:`n/(n-1)` in float32
+    (int64 / int64 in torch), so its std is off by up to ~3e-8 relative when that factor
+    is not a float32 (``n = 4``: 4/3; ``n = 2, 3`` are exact); this mirror keeps it.
 
     Args:
         rewards: ``(K·G,)`` float tensor.

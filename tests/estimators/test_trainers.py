@@ -161,12 +161,16 @@ def _batch(K, G_, seed=0):
 
 def test_trl_advantages_over_groups_and_batch():
     """K groups of G consecutive rows: "group" whitens each group, "batch" centres each
-    group and divides by the whole batch's std."""
+    group and divides by the whole batch's std. TRL's ``nanstd`` takes its Bessel factor
+    ``n / (n - 1)`` as int64 / int64, which torch rounds to float32: 6/5 here (3/2, a
+    float32, for the groups of 3)."""
     R = torch.tensor([0.0, 1.0, 3.0, 1.0, 2.0, 2.5], dtype=torch.float64)
     g = R.view(2, 3)
     dev = (g - g.mean(1, keepdim=True)).reshape(-1)
     group = dev / (g.std(1).repeat_interleave(3) + 1e-4)
-    batch = dev / (R.std() + 1e-4)
+    bessel = float(np.float32(6 / 5))  # TRL's, not 1.2
+    batch = dev / (torch.sqrt(((R - R.mean()) ** 2).mean() * bessel) + 1e-4)
+    assert not torch.allclose(batch, dev / (R.std() + 1e-4), rtol=1e-9, atol=0)
     assert torch.allclose(trl_advantages(R, 3, "group"), group, rtol=1e-12, atol=0)
     assert torch.allclose(trl_advantages(R, 3, "batch"), batch, rtol=1e-12, atol=0)
     assert torch.allclose(trl_advantages(R, 3, "none"), dev, rtol=1e-12, atol=0)
