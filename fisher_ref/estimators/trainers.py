@@ -1,5 +1,5 @@
-r"""A trainer's own loss code as a ``loss(batch)``: adapters from :class:`LossBatch` to the
-names and shapes TRL and verl read.
+r"""A trainer's own loss code as a ``loss(batch)``: adapters from
+:class:`fisher_ref.estimators.LossBatch` to the names and shapes TRL and verl read.
 
 :func:`trl_loss` calls the installed ``trl.GRPOTrainer._compute_loss`` (the optional extra
 ``trainers``), the whole method as TRL ships it, on a small host object that holds the
@@ -14,27 +14,14 @@ running a model. The advantages TRL computes inside ``_generate_and_score_comple
 project's test environment (see ``docs/check/trainers.md``), so the glue is the recipe and
 its tests pass a stand-in module.
 
-Field names (fisher_ref -> TRL, verl):
-
-=====================  ==============================  ====================================
-fisher_ref             TRL ``inputs`` / locals          verl ``DataProto`` / core_algos
-=====================  ==============================  ====================================
-``logp``               ``per_token_logps``              ``log_prob``
-``old_logp``           ``old_per_token_logps``          ``old_log_prob``
-``sampler_logp``       ``sampling_per_token_logps``     ``rollout_log_probs``
-``ref_logp``           ``ref_per_token_logps``          ``ref_log_prob``
-``mask``               ``completion_mask``              ``response_mask``
-``rewards``            ``rewards`` (B,)                 ``token_level_rewards`` (B, T)
-``groups``             consecutive ``num_generations``  ``index`` (uid per prompt)
-``mask.sum()``         ``num_items_in_batch``           ``batch_num_tokens``
-=====================  ==============================  ====================================
+The field names of each trainer (``per_token_logps``, ``log_prob``, ``action_log_probs``,
+...) are tabled in ``docs/check/trainers.md``.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from types import SimpleNamespace
 
-import numpy as np
 import torch
 
 __all__ = ["TRL_ADVANTAGE_EPS", "TRL_SCALE_REWARDS", "trl_advantages", "trl_loss",
