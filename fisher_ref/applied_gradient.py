@@ -80,7 +80,8 @@ def _names(layout, P):
     if len(layout) == P and all(isinstance(x, str) for x in layout):
         return layout
     names = []
-    for name, shape in layout:
+    for item in layout:  # (name, shape) or (name, shape, offset)
+        name, shape = item[0], item[1]
         size = int(np.prod(shape))
         names += [name] if size == 1 else [f"{name}[{k}]" for k in range(size)]
     if len(names) != P:
@@ -175,7 +176,8 @@ def check_applied_gradient(samples, exact, *, alpha=1e-6, layout=None, min_steps
         exact: the :class:`fisher_ref.estimators.LossGradient` of what one step should
             apply (``mean``, ``variance`` per parameter), or a pair ``(mean, variance)``.
         alpha: the false-failure rate.
-        layout: parameter names, ``P`` strings or ``(name, shape)`` pairs, for the report.
+        layout: parameter names for the report: ``P`` strings, or ``(name, shape)`` blocks
+            (``(name, shape, offset)`` as ``task.model.layout()`` gives them) in order.
         min_steps: fewest steps judged.
 
     Returns:
@@ -257,7 +259,7 @@ def steps_needed(exact, relative_bias, alpha=1e-6, power=0.9):
 
     with :math:`z_{power}` the one-sided normal quantile of ``power``. The other parameters
     only add to the power, so this is enough for a scale error; other biases (not along
-    :math:`\mu`) need their own count. Never below :data:`MIN_STEPS`.
+    :math:`\mu`) need their own count. Never below ``MIN_STEPS``.
 
     Example:
         >>> import numpy as np

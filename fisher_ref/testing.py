@@ -2,7 +2,7 @@
 trainer applies against the exact one: numpy only.
 
 The public face of :mod:`fisher_ref.golden.check` (comparison),
-:mod:`fisher_ref.golden.format` (the reader) and :mod:`fisher_ref.applied_gradient`
+:mod:`fisher_ref.golden.format` (the reader) and ``fisher_ref.applied_gradient``
 (:func:`check_applied_gradient`, :func:`steps_needed`); importing it loads no engine,
 autograd, scipy or torch.
 
