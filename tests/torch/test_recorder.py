@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fisher_ref.estimators import expected_loss_gradient
-from fisher_ref.estimators.trainers import trl_loss
+from fisher_ref.estimators.trainers import trl_advantages, trl_loss
 from fisher_ref.testing import check_applied_gradient, steps_needed
 from fisher_ref.torch import causal_lm_task
 from fisher_ref.torch import GradientRecorder
@@ -146,3 +146,54 @@ def test_recorder_sees_weights_that_moved_and_caps_memory():
     sums_only.on_train_begin(args, None, None, model=model)
     sums_only.on_pre_optimizer_step(args, None, None, model=model)
     assert sums_only.samples() is None and sums_only.running_sums()[2] == 1
+
+
+def test_trainer_loss_method_on_fixed_groups_is_the_adapters():
+    """The deterministic per-group check: TRL's own ``_compute_loss`` with the real model's
+    forward on fixed enumerated groups gives fisher_ref's exact per-group gradient
+    (``trl_loss`` on the enumerated log-probs): to 1e-10 when the stock Llama runs in
+    float64 throughout (``run_dtype``), and only to float32 rounding as it ships (RMSNorm
+    and rotary casts)."""
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from fisher_ref.estimators.batch import group_arrays
+    from fisher_ref.estimators.gradient import _group_gradients, loss_coefficients
+    from fisher_ref.estimators.groups import response_table
+    from fisher_ref.torch.precision import run_dtype
+    model = tiny_llama(V, **MODEL)
+    task = causal_lm_task(copy.deepcopy(model), [PROMPT], T, lambda p, r: reward_ids(r),
+                          vocab_size=V, eos=True)
+    table = response_table(task)
+    pr = table.prompts[0]
+    idx = np.array([[0, 5, 9], [3, 3, 11], [1, 20, 39]])  # (3 groups, G)
+    a = group_arrays(table, pr, idx)
+    exact = _group_gradients(table, a, loss_coefficients(trl_loss("grpo"), a, pr.prompt))
+    # after trl_loss: a GRPOConfig built later would reset the trainer's accelerator state
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_func, args=_args("grpo", 1),
+                          train_dataset=Dataset.from_dict({"prompt": ["t1"] * 8}),
+                          processing_class=tiny_tokenizer(V))
+    trainer.current_gradient_accumulation_steps = 1  # set by train() for each step
+    worst = {}
+    for exact64 in (True, False):
+        errs = []
+        for k in range(len(idx)):
+            tokens, mask = torch.tensor(a["tokens"][k]), torch.tensor(a["mask"][k])
+            rewards = torch.tensor(a["rewards"][k])
+            inputs = {"prompt_ids": torch.tensor([PROMPT] * G),
+                      "prompt_mask": torch.ones((G, len(PROMPT)), dtype=torch.long),
+                      "completion_ids": tokens.clamp(min=0),
+                      "completion_mask": mask.to(torch.long),
+                      "advantages": trl_advantages(rewards, G, "group"),
+                      "num_items_in_batch": mask.sum()}
+            model.zero_grad()
+            if exact64:
+                with run_dtype(model, torch.float64):
+                    trainer._compute_loss(model, inputs).backward()
+            else:
+                trainer._compute_loss(model, inputs).backward()
+            g = np.concatenate([p.grad.reshape(-1).numpy() for p in model.parameters()])
+            errs.append(np.abs(g - exact[k]).max() / np.abs(exact[k]).max())
+        worst[exact64] = max(errs)
+    assert worst[True] <= 1e-10, worst
+    assert 1e-10 < worst[False] <= 1e-5, worst
