@@ -1,13 +1,20 @@
-"""Check your implementation against fisher_ref's golden files: numpy only.
+"""Check your implementation against fisher_ref's golden files, and the gradient your
+trainer applies against the exact one: numpy only.
 
-The public face of :mod:`fisher_ref.golden.check` (comparison) and
-:mod:`fisher_ref.golden.format` (the reader); importing it loads no engine, autograd,
-scipy or torch.
+The public face of :mod:`fisher_ref.golden.check` (comparison),
+:mod:`fisher_ref.golden.format` (the reader) and ``fisher_ref.applied_gradient``
+(:func:`check_applied_gradient`, :func:`steps_needed`); importing it loads no engine,
+autograd, scipy or torch.
 
 Example:
     >>> from fisher_ref.testing import golden_names
     >>> "default" in golden_names()
     True
 """
+from fisher_ref.applied_gradient import (MIN_STEPS, AppliedGradientVerdict,  # noqa: F401
+                                         check_applied_gradient, steps_needed)
 from fisher_ref.golden.check import *  # noqa: F401,F403
-from fisher_ref.golden.check import __all__  # noqa: F401
+from fisher_ref.golden.check import __all__ as _golden_all
+
+__all__ = list(_golden_all) + ["MIN_STEPS", "AppliedGradientVerdict", "check_applied_gradient",
+                               "steps_needed"]

@@ -13,7 +13,10 @@ HEAVY = ("autograd", "matplotlib", "nbformat", "scipy", "torch")
 
 
 def test_public_names_are_the_checkers_objects():
-    assert testing.__all__ == check.__all__ and len(testing.__all__) > 5
+    import fisher_ref.applied_gradient as applied
+    assert testing.__all__[:len(check.__all__)] == check.__all__ and len(testing.__all__) > 5
+    for name in testing.__all__[len(check.__all__):]:
+        assert getattr(testing, name) is getattr(applied, name), name
     for name in check.__all__:
         assert getattr(testing, name) is getattr(check, name), name
     assert testing.load_golden is golden_format.load_golden
@@ -29,6 +32,9 @@ for name in golden_names():
     g = load_golden(golden_path(name))
     h, w = g["seq_score"], g["seq_prob"]
     assert compare_to_golden({{"sequence_fisher": w @ h ** 2}}, g).passed
+from fisher_ref.testing import check_applied_gradient, steps_needed
+steps = np.random.default_rng(0).normal(1.0, 1.0, size=(50, 3))
+check_applied_gradient(steps, (np.ones(3), np.ones(3))), steps_needed((np.ones(3), np.ones(3)), 0.1)
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r})))
 """
     assert json.loads(run_python(code)) == []

@@ -18,7 +18,11 @@ held against the float64 numpy engines by ``compare``.
   throughout (float32 casts of stock ``transformers`` models rewritten, or refused with
   ``strict=True``); :mod:`fisher_ref.torch.self_check` — the exact identities every result
   carries, and the result's layout by parameter name;
-- :mod:`fisher_ref.torch.monte_carlo` — ancestral sampling and estimators in torch.
+- :mod:`fisher_ref.torch.monte_carlo` — ancestral sampling and estimators in torch;
+- ``fisher_ref.torch.recorder`` — :class:`GradientRecorder`, the gradient a Hugging Face
+  trainer applies, step by step (imports ``transformers`` when first used);
+  ``fisher_ref.torch.tiny`` — a tiny stock Llama and a tokenizer whose ids are a task's
+  vocabulary, to run a real trainer on a task fisher_ref enumerates.
 
 Importing this subpackage imports torch (an optional dependency: the ``torch`` extra).
 """
@@ -33,4 +37,12 @@ from fisher_ref.torch.monte_carlo import torch_monte_carlo
 __all__ = ["torch_exact", "exact_causal_lm", "causal_lm_task", "from_module",
            "sampler_from_module",
            "torch_monte_carlo", "TorchAdapter", "TorchMLP", "TorchTabular", "torch_model",
-           "token_fisher", "resolve_dtype", "accumulation_dtype"]
+           "token_fisher", "resolve_dtype", "accumulation_dtype", "GradientRecorder"]
+
+
+def __getattr__(name):
+    """``GradientRecorder`` on first use (it imports ``transformers``)."""
+    if name == "GradientRecorder":
+        from fisher_ref.torch.recorder import GradientRecorder
+        return GradientRecorder
+    raise AttributeError(f"module 'fisher_ref.torch' has no attribute {name!r}")
