@@ -132,7 +132,7 @@ QUIZ_ROWS = [
           r"`tabular`. How does that bias change when each batch holds $K$ groups?",
           (r"It stays at 0.19: every group's share of the divisor is the same at each $K$.",
            r"It shrinks roughly like $1/\sqrt K$, as a standard error does.",
-           r"It shrinks about like $1/K$, to zero at the large-batch limit.",
+           r"It shrinks about like $1/K$, down to zero at the large-batch limit.",
            r"It grows with $K$: more responses, more spread in the token count."),
           2,
           (r"No: the divisor $N$ is random and moves with the responses it divides, so "

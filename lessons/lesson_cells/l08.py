@@ -17,6 +17,8 @@ CELLS = [
         "large-$B$ formula $1/\\sqrt{\\gamma(1-\\gamma)}$;",
         "show that dividing by the length changes the objective, that k3 in the loss follows "
         "the forward KL, and when centering beats reweighting.",
+        "predict how token-mean's bias falls with the number of groups $K$ in a batch, and "
+        "what PPO's clip does to the expected gradient once $\\theta_{old} \\ne \\theta$.",
     ], [
         "[Lesson 4](04_gradient_is_covariance.ipynb): the policy gradient "
         "$G = E_p[A h]$ and why a constant baseline leaves it unchanged.",
@@ -606,5 +608,8 @@ assert rel_mse(ppo_lg[0.5, True], 256) > rel_mse(ppo_lg[0.5, False], 256)"""),
         "$(p/p_{old})\\cdot$k3 the per-state reverse KL; only k1 in the reward is the sequence KL.",
         "Centering beats reweighting only while its smaller variance outweighs its bias: "
         "never on a flatter sampler, up to a crossover $n^*$ on a stale one.",
+        "A token-mean divisor is random: its bias falls like $1/K$ with the groups in the "
+        "batch, to zero at the large-batch limit for REINFORCE and RLOO, not for GRPO. PPO's "
+        "clip is inactive at the first step; later it trades a bias for a smaller variance.",
     ]),
 ]
