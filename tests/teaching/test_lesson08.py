@@ -182,11 +182,12 @@ def _ppo_later(clip, scale=0.5):
 
 def prove_ppo_clip_later():
     """At scale 0.5 the clipped PPO loss's relative bias is over ten times the unclipped
-    one's (so it is not a rescaling, and it removes no bias); the clipped share is far from
-    0; at scale 0 (the first step) the clip changes nothing and the loss is unbiased up to
-    scale."""
+    one's (0.18 against 0.015, as the feedback says), so it is not a rescaling and it removes
+    no bias; the clipped share is far from 0; at scale 0 (the first step) the clip changes
+    nothing and the loss is unbiased up to scale."""
     clipped, free = _ppo_later(True), _ppo_later(False)
     assert clipped.relative_bias > 10 * free.relative_bias > 10 * BIASED
+    assert round(free.relative_bias, 3) == 0.015 and round(clipped.relative_bias, 2) == 0.18
     assert abs(clipped_share(clipped, free)) > 0.1
     first_c, first_u = _ppo_later(True, 0.0), _ppo_later(False, 0.0)
     assert _norm_rel(first_c.mean, first_u.mean) <= RTOL and first_c.relative_bias <= RTOL
