@@ -127,6 +127,42 @@ QUIZ_ROWS = [
            r"No: that happens on the stale sampler, whose ratios reach the thousands; here IS "
            r"has the smaller variance too.",
            r"No: the bias differs (zero against not zero), so the MSEs differ at large $n$.")),
+    _quiz("token-mean-batches",
+          r"REINFORCE with one response per group, aggregated by `token-mean`: the loss "
+          r"divides by the tokens of its batch. Per group its relative bias is 0.19 on "
+          r"`tabular`. How does that bias change when each batch holds $K$ groups?",
+          (r"It stays at 0.19: every group's share of the divisor is the same at each $K$.",
+           r"It shrinks roughly like $1/\sqrt K$, as a standard error does.",
+           r"It shrinks about like $1/K$, down to zero at the large-batch limit.",
+           r"It grows with $K$: more responses, more spread in the token count."),
+          2,
+          (r"No: the divisor $N$ is random and moves with the responses it divides, so "
+           r"$E[X/N] \ne E[X]/E[N]$; that gap depends on how much $N$ varies against its "
+           r"mean, which falls as $K$ grows.",
+           r"No: a bias is not a standard error; the delta method's corrections are "
+           r"$\mathrm{Cov}(X,N)/(E N)^2$ and $E X\,\mathrm{Var}\,N/(E N)^3$, each $K/K^2$.",
+           r"Right: the corrections of the delta method are $1/K$ of the leading term, and "
+           r"at the limit the divisor is the constant $K G\,E|y|$, which only rescales.",
+           r"No: the spread of $N$ grows like $\sqrt K$ but its mean like $K$, so $N/E N$ "
+           r"concentrates and the bias falls.")),
+    _quiz("ppo-clip-later",
+          r"PPO on `tabular`: responses from $\theta_{old}$, a stale copy of $\theta$ "
+          r"(perturbation scale 0.5), RLOO advantages, a constant token divisor. Unclipped, "
+          r"the loss is token IS, whose bias is small here. What does the clip at "
+          r"$1 \pm 0.2$ do to the expected gradient?",
+          (r"Nothing on average: clipped tokens are rare, and their effects cancel.",
+           r"It rescales it only, which the learning rate absorbs.",
+           r"It removes token IS's bias, since it bounds the weights.",
+           r"It turns it: the relative bias grows more than tenfold."),
+          3,
+          (r"No: at this drift the clipped share is far from 0: the clip changes the "
+           r"expected gradient, and nothing cancels it.",
+           r"No: it changes the direction, not only the length: the relative bias (what is "
+           r"left after the best scale) grows.",
+           r"No: the clip drops the push of tokens whose ratio has left the band; that is a "
+           r"trust region, not a correction, and the bias grows.",
+           r"Right: from 0.015 unclipped to 0.18 clipped; the clip trades that bias for a "
+           r"smaller variance per batch.")),
 ]
 
 

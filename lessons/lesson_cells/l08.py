@@ -17,6 +17,8 @@ CELLS = [
         "large-$B$ formula $1/\\sqrt{\\gamma(1-\\gamma)}$;",
         "show that dividing by the length changes the objective, that k3 in the loss follows "
         "the forward KL, and when centering beats reweighting.",
+        "predict how token-mean's bias falls with the number of groups $K$ in a batch, and "
+        "what PPO's clip does to the expected gradient once $\\theta_{old} \\ne \\theta$.",
     ], [
         "[Lesson 4](04_gradient_is_covariance.ipynb): the policy gradient "
         "$G = E_p[A h]$ and why a constant baseline leaves it unchanged.",
@@ -421,6 +423,124 @@ sequence IS is better at every $n$. On the stale sampler the ratios reach the th
 centering's variance is several times smaller, and it wins up to a crossover $n^*$ (the
 exercise below computes it). Centering also leaves a scale $\omega \ne -1$, which a learning
 rate absorbs, and a direction error, which nothing does.
+"""),
+    md(r"""
+## How many groups share the divisor
+
+verl's `token-mean`, TRL's `dapo` and DAPO divide the batch's token sum by the number of
+tokens **in the batch**, $N = \sum_i |y_i|$, and a trainer's batch holds $K$ groups, not
+one. `expected_loss_gradient(..., groups_per_batch=K)` enumerates every batch of $K$
+groups. The gradient is then a ratio $X/N$, with $X = -\sum_i A_i h_i$ summed over the
+batch, and $N$ moves with the responses that $X$ scores, so
+$E[X/N] \ne E[X]/E[N]$. To second order (the delta method),
+
+$$E\Big[\frac XN\Big] \approx \frac{E X}{E N} - \frac{\mathrm{Cov}(X, N)}{(E N)^2}
++ \frac{E X\,\mathrm{Var}\,N}{(E N)^3} .$$
+
+$X$ and $N$ are sums over $K$ independent groups: their means, covariance and variance all
+grow like $K$, so both corrections are $1/K$ of the first term. As $K \to \infty$,
+$N/K \to G\,E|y|$, a constant: the aggregation `"token-mean-limit"` divides by
+$K G\,E|y|$ (from `batch.limit`), and a constant divisor only rescales. Predict first, for
+REINFORCE with one response per group on the `tabular` task:
+"""),
+    *quiz("token-mean-batches"),
+    code("""
+tab = load_config("tabular")                   # V = 3, T = 3, two prompts, R = count of 1
+G_tab = exact(tab, progress=False).gradient
+token_means = {"REINFORCE, G = 1": ("constant", 1, [1, 2, 3, 4, 5]),
+               "RLOO, G = 2": ("rloo", 2, [1, 2]), "GRPO, G = 2": ("grpo", 2, [1, 2])}
+tm_bias, tm_limit = {}, {}
+for name, (adv, gs, Ks) in token_means.items():
+    per_batch = presets.policy_gradient_loss(adv, aggregation="token-mean")
+    tm_bias[name] = [expected_loss_gradient(tab, per_batch, gs, symmetric=True,
+                                            groups_per_batch=K, policy_gradient=G_tab)
+                     .relative_bias for K in Ks]
+    large = presets.policy_gradient_loss(adv, aggregation="token-mean-limit")
+    tm_limit[name] = expected_loss_gradient(tab, large, gs, symmetric=True,
+                                            policy_gradient=G_tab).relative_bias"""),
+    code("""
+fig, ax = plt.subplots(figsize=(7.5, 4), constrained_layout=True)
+for c, (name, (_, _, Ks)) in enumerate(token_means.items()):
+    ax.plot(Ks, tm_bias[name], "os^"[c] + "-", color=f"C{c}", label=name)
+    ax.axhline(tm_limit[name], color=f"C{c}", ls="--", lw=1)
+Ks = token_means["REINFORCE, G = 1"][2]
+ax.plot(Ks, [tm_bias["REINFORCE, G = 1"][0] / K for K in Ks], "k:",
+        label="REINFORCE's bias at K = 1, divided by K")
+ax.set_xlabel("groups per batch K (dashed: the large-batch limit)")
+ax.set_ylabel("relative bias, token-mean")
+ax.set_xticks(Ks)
+ax.legend(fontsize=8)
+plt.show()
+print(f"{'relative bias':>16}" + "".join(f"{'K = ' + str(K):>9}" for K in Ks)
+      + f"{'large batch':>13}")
+for name, (_, _, ks) in token_means.items():
+    row = "".join(f"{b:9.4f}" for b in tm_bias[name]) + " " * 9 * (len(Ks) - len(ks))
+    print(f"{name:>16}{row}{tm_limit[name]:13.1e}")"""),
+    md(r"""
+The per-group check ($K = 1$) over-states what a trainer that normalises over a mini-batch
+pays: REINFORCE's bias falls like $1/K$ (the dotted line) and RLOO's about halves from one
+group to two; both vanish at the large-batch limit, where the divisor is a constant. GRPO
+keeps a part at the limit: its advantage divides by each *group's* reward standard
+deviation, a divisor inside the group that no number of groups averages away (the
+difficulty weight above). $K = 3$ at $G = 2$ is over two million batches here, too slow
+for a lesson; the bias keeps falling towards the dashed lines.
+
+## PPO's clip at a later step
+
+PPO's data are drawn from $\theta_{old}$ and its loss weights each token by
+$r_t = p_\theta(y_t|s_t)/p_{\theta_{old}}(y_t|s_t)$, clipped:
+$\max(-A r_t, -A\,\mathrm{clip}(r_t, 1-\epsilon, 1+\epsilon))$. At the first step of an
+epoch $\theta_{old} = \theta$, every $r_t = 1$, and the clip is inactive. The task key
+`old_policy` sets $\theta_{old}$ apart (`"sampler"`: $\theta_{old}$ drew the responses,
+here a stale copy of $\theta$). Unclipped (`ppo_clip(clip=False)`) the loss is token IS,
+whose bias is small at a small drift. Take RLOO advantages and the large-batch divisor, so
+that at the first step nothing is biased, and predict:
+"""),
+    *quiz("ppo-clip-later"),
+    code("""
+from fisher_ref.estimators import check_loss, clipped_share
+
+ppo = lambda clip: presets.ppo_clip(advantage="rloo", aggregation="token-mean-limit",
+                                    clip=clip)
+later = lambda s: tab.with_(sampler=make_sampler({"kind": "perturbed", "scale": s,
+                                                  "seed": 1}), old_policy="sampler")
+olds = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
+ppo_lg = {(s, clip): expected_loss_gradient(later(s), ppo(clip), 2, symmetric=True,
+                                            policy_gradient=G_tab)
+          for s in olds for clip in (True, False)}
+share = {s: clipped_share(ppo_lg[s, True], ppo_lg[s, False]) for s in olds}
+first = check_loss(tab, ppo(True), 2, "unbiased-up-to-scale", symmetric=True)
+at_half = check_loss(later(0.5), ppo(True), 2, "unbiased-up-to-scale", symmetric=True)
+print(f"first step: {'PASS' if first.passed else 'FAIL'}, relative bias "
+      f"{first.relative_bias:.1e}")
+print(f"scale 0.5: {'PASS' if at_half.passed else 'FAIL'}, relative bias "
+      f"{at_half.relative_bias:.3f} (unclipped {ppo_lg[0.5, False].relative_bias:.3f}), "
+      f"clipped share {share[0.5]:+.3f}")"""),
+    code("""
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True)
+for clip, style in ((True, "o-"), (False, "s--")):
+    label = "clipped, eps = 0.2" if clip else "unclipped (token IS)"
+    axes[0].plot(olds, [ppo_lg[s, clip].relative_bias for s in olds], style, label=label)
+    axes[1].loglog(ns, [rel_mse(ppo_lg[0.5, clip], n) for n in ns], style[1:], label=label)
+axes[0].set_xlabel("theta_old: perturbation scale of theta")
+axes[0].set_ylabel("relative bias")
+axes[1].set_xlabel("n, groups averaged (theta_old at scale 0.5)")
+axes[1].set_ylabel("relative MSE")
+for ax in axes:
+    ax.legend(fontsize=8)
+plt.show()
+for n in (1, 16, 256):
+    print(f"n = {n:>3}: relative MSE clipped {rel_mse(ppo_lg[0.5, True], n):.3f}, "
+          f"unclipped {rel_mse(ppo_lg[0.5, False], n):.3f}")"""),
+    md(r"""
+The clip is not a correction of the estimator but a trust region: it drops the push on the
+tokens whose ratio has already left $[1-\epsilon, 1+\epsilon]$ in the direction their
+advantage wants, and keeps it on the others. While no ratio leaves the band it does
+nothing; past that drift it turns the expected gradient (here a relative bias over ten
+times token IS's, which no learning rate removes) and lengthens it along the unclipped one
+(a negative clipped share: the dropped terms pointed against it). In return one batch's
+gradient is less noisy, so the clipped loss has the smaller MSE for a few groups and the
+larger once many are averaged: the clip trades bias for variance.
 
 ## Check your own loss
 
@@ -486,7 +606,19 @@ v = {k: g.variance_trace / (g.scale * np.linalg.norm(g.policy_gradient)) ** 2
      for k, g in lgs.items()}
 assert v[so, "sequence IS"] > 3 * v[so, "centered"]
 assert abs(lgs[so, "centered"].scale + 1) > 0.1
-assert verdicts == {"sequence IS": True, "token IS": False}"""),
+assert verdicts == {"sequence IS": True, "token IS": False}
+rb, rl, gr = (tm_bias[k] for k in token_means)                                   # (g)
+assert all(np.diff(rb) < 0) and all(abs(K * b / rb[0] - 1) < 0.2 for K, b in enumerate(rb, 1))
+assert abs(rl[0] / rl[1] - 2) < 0.1 and gr[1] < gr[0]
+assert max(tm_limit["REINFORCE, G = 1"], tm_limit["RLOO, G = 2"]) <= tol
+assert tm_limit["GRPO, G = 2"] > 0.01 and tm_limit["GRPO, G = 2"] < gr[1]
+assert first.passed and first.relative_bias <= tol and not at_half.passed        # (h)
+for sc in (0.0, 0.1):                                        # no ratio leaves the band
+    assert np.abs(ppo_lg[sc, True].mean - ppo_lg[sc, False].mean).max() <= tol
+assert at_half.relative_bias > 10 * ppo_lg[0.5, False].relative_bias and share[0.5] < 0
+assert abs(at_half.relative_bias - ppo_lg[0.5, True].relative_bias) <= tol
+assert rel_mse(ppo_lg[0.5, True], 1) < rel_mse(ppo_lg[0.5, False], 1)
+assert rel_mse(ppo_lg[0.5, True], 256) > rel_mse(ppo_lg[0.5, False], 256)"""),
     *exercise("difficulty-weight-by-hand"),
     *exercise("k3-state-gradient"),
     *exercise("crossover-batch"),
@@ -504,5 +636,8 @@ assert verdicts == {"sequence IS": True, "token IS": False}"""),
         "$(p/p_{old})\\cdot$k3 the per-state reverse KL; only k1 in the reward is the sequence KL.",
         "Centering beats reweighting only while its smaller variance outweighs its bias: "
         "never on a flatter sampler, up to a crossover $n^*$ on a stale one.",
+        "A token-mean divisor is random: its bias falls like $1/K$ with the groups in the "
+        "batch, to zero at the large-batch limit for REINFORCE and RLOO, not for GRPO. PPO's "
+        "clip is inactive at the first step; later it trades a bias for a smaller variance.",
     ]),
 ]

@@ -16,7 +16,7 @@ import torch
 
 import fisher_ref.teaching.lesson08 as lesson08
 from fisher_ref import exact, load_config
-from fisher_ref.estimators import expected_loss_gradient, presets
+from fisher_ref.estimators import clipped_share, expected_loss_gradient, presets
 from fisher_ref.estimators.reduction import difficulty_weight
 from fisher_ref.rewards import FunctionReward
 from fisher_ref.samplers import make_sampler
@@ -152,6 +152,49 @@ def prove_centering_or_is():
     return "Sequence IS at every"
 
 
+def prove_token_mean_batches():
+    """REINFORCE (G = 1) with token-mean on tabular: relative bias 0.19 per group, K times
+    the bias at K = 2..5 within 20 % of the bias at K = 1 (about 1/K), a 1/sqrt(K) law
+    ruled out (bias(1)/bias(4) > 3 > 2), decreasing in K, and zero at the large-batch
+    limit."""
+    task = load_config("tabular")
+    G = exact(task, progress=False).gradient
+
+    def bias(aggregation, K=1):
+        loss = presets.policy_gradient_loss("constant", aggregation=aggregation)
+        return expected_loss_gradient(task, loss, 1, symmetric=True, groups_per_batch=K,
+                                      policy_gradient=G).relative_bias
+    b = {K: bias("token-mean", K) for K in range(1, 6)}
+    assert round(b[1], 2) == 0.19
+    assert all(b[K + 1] < b[K] for K in range(1, 5))
+    assert all(abs(K * b[K] / b[1] - 1) < 0.2 for K in range(2, 6))
+    assert b[1] / b[4] > 3
+    assert bias("token-mean-limit") <= RTOL
+    return "about like $1/K$"
+
+
+def _ppo_later(clip, scale=0.5):
+    task = load_config("tabular")
+    task = task.with_(sampler=make_sampler({"kind": "perturbed", "scale": scale, "seed": 1}),
+                      old_policy="sampler")
+    loss = presets.ppo_clip(advantage="rloo", aggregation="token-mean-limit", clip=clip)
+    return expected_loss_gradient(task, loss, 2, symmetric=True)
+
+
+def prove_ppo_clip_later():
+    """At scale 0.5 the clipped PPO loss's relative bias is over ten times the unclipped
+    one's (0.18 against 0.015, as the feedback says), so it is not a rescaling and it removes
+    no bias; the clipped share is far from 0; at scale 0 (the first step) the clip changes
+    nothing and the loss is unbiased up to scale."""
+    clipped, free = _ppo_later(True), _ppo_later(False)
+    assert clipped.relative_bias > 10 * free.relative_bias > 10 * BIASED
+    assert round(free.relative_bias, 3) == 0.015 and round(clipped.relative_bias, 2) == 0.18
+    assert abs(clipped_share(clipped, free)) > 0.1
+    first_c, first_u = _ppo_later(True, 0.0), _ppo_later(False, 0.0)
+    assert _norm_rel(first_c.mean, first_u.mean) <= RTOL and first_c.relative_bias <= RTOL
+    return "relative bias grows more than tenfold"
+
+
 PROOFS_08 = {
     "which-ratio": prove_which_ratio,
     "tis-large-cap": prove_tis_large_cap,
@@ -159,6 +202,8 @@ PROOFS_08 = {
     "length-objective": prove_length_objective,
     "k3-direction": prove_k3_direction,
     "centering-or-is": prove_centering_or_is,
+    "token-mean-batches": prove_token_mean_batches,
+    "ppo-clip-later": prove_ppo_clip_later,
 }
 
 
