@@ -445,7 +445,7 @@ REINFORCE with one response per group on the `tabular` task:
 """),
     *quiz("token-mean-batches"),
     code("""
-tab = load_config("tabular")                   # V = 3, T = 3, two prompts, R = count of 1
+tab = load_config("tabular")           # V = 3, T = 3, two prompts, R = count of 1
 G_tab = exact(tab, progress=False).gradient
 token_means = {"REINFORCE, G = 1": ("constant", 1, [1, 2, 3, 4, 5]),
                "RLOO, G = 2": ("rloo", 2, [1, 2]), "GRPO, G = 2": ("grpo", 2, [1, 2])}
@@ -514,14 +514,17 @@ at_half = check_loss(later(0.5), ppo(True), 2, "unbiased-up-to-scale", symmetric
 print(f"first step: {'PASS' if first.passed else 'FAIL'}, relative bias "
       f"{first.relative_bias:.1e}")
 print(f"scale 0.5: {'PASS' if at_half.passed else 'FAIL'}, relative bias "
-      f"{at_half.relative_bias:.3f} (unclipped {ppo_lg[0.5, False].relative_bias:.3f}), "
+      f"{at_half.relative_bias:.3f} "
+      f"(unclipped {ppo_lg[0.5, False].relative_bias:.3f}), "
       f"clipped share {share[0.5]:+.3f}")"""),
     code("""
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True)
 for clip, style in ((True, "o-"), (False, "s--")):
     label = "clipped, eps = 0.2" if clip else "unclipped (token IS)"
-    axes[0].plot(olds, [ppo_lg[s, clip].relative_bias for s in olds], style, label=label)
-    axes[1].loglog(ns, [rel_mse(ppo_lg[0.5, clip], n) for n in ns], style[1:], label=label)
+    axes[0].plot(olds, [ppo_lg[s, clip].relative_bias for s in olds], style,
+                 label=label)
+    axes[1].loglog(ns, [rel_mse(ppo_lg[0.5, clip], n) for n in ns], style[1:],
+                   label=label)
 axes[0].set_xlabel("theta_old: perturbation scale of theta")
 axes[0].set_ylabel("relative bias")
 axes[1].set_xlabel("n, groups averaged (theta_old at scale 0.5)")
@@ -608,7 +611,8 @@ assert v[so, "sequence IS"] > 3 * v[so, "centered"]
 assert abs(lgs[so, "centered"].scale + 1) > 0.1
 assert verdicts == {"sequence IS": True, "token IS": False}
 rb, rl, gr = (tm_bias[k] for k in token_means)                                   # (g)
-assert all(np.diff(rb) < 0) and all(abs(K * b / rb[0] - 1) < 0.2 for K, b in enumerate(rb, 1))
+assert all(np.diff(rb) < 0)
+assert all(abs(K * b / rb[0] - 1) < 0.2 for K, b in enumerate(rb, 1))
 assert abs(rl[0] / rl[1] - 2) < 0.1 and gr[1] < gr[0]
 assert max(tm_limit["REINFORCE, G = 1"], tm_limit["RLOO, G = 2"]) <= tol
 assert tm_limit["GRPO, G = 2"] > 0.01 and tm_limit["GRPO, G = 2"] < gr[1]
