@@ -25,7 +25,7 @@ def keep_freed_memory(max_block=1 << 30, max_kept=(1 << 31) - 1):
     With glibc's default settings, much of what a run of ``exact`` frees goes back to the
     system (a block above the mmap threshold at once, the free top of the heap once it
     passes the trim threshold), so the next run in the same process pays again for the
-    pages of its temporaries (``scripts/alloc_effects.py`` counts them). After this call, a
+    pages of its temporaries (``benchmarks/memory/alloc_effects.py`` counts them). After this call, a
     block under ``max_block`` bytes comes from the heap (blocks past about 64 MiB in a
     thread's own arena are still mapped alone), and the free top of the heap is trimmed
     only once it reaches ``max_kept`` bytes: runs that stay within both keep their pages,

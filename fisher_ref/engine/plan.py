@@ -126,7 +126,7 @@ DEFAULT_BUDGETS = Budgets()
 #: default memory move by a tenth or more from run to run. A shard's fixed work (its
 #: families' factors, its share of the walk) is spread over the parameters.
 #:
-#: Fitted with: ``python scripts/shard_balance.py --config v16 --units 98 105 108 111 114
+#: Fitted with: ``python benchmarks/scaling/shard_balance.py --config v16 --units 98 105 108 111 114
 #: 117 120`` (the "alone" columns of the record docs/bench/shards/balance_v16.txt, and of
 #: balance_medium.txt with ``--config medium --units 19 21 23 25 27 29 31``).
 WORK = {"E": 0.66, "G": 1.0, "D": 0.60}
@@ -140,11 +140,11 @@ WORK = {"E": 0.66, "G": 1.0, "D": 0.60}
 #: Timed alone as ``workers=2`` runs them, the worker's shard and the caller's cross a few
 #: units above; inside a run the worker also writes its tables to shared memory and sends
 #: its sums, so the cut sits a little below, where neither process waits for the other
-#: long (the "inside" line of ``python scripts/shard_speedup.py``, docs/bench/shards/
+#: long (the "inside" line of ``python benchmarks/scaling/shard_speedup.py``, docs/bench/shards/
 #: v16_run*.txt). The caller's extra work is more nearly a fixed time than a share: on
 #: ``medium`` the two cross several units above the cut this share makes.
 #:
-#: Fitted with: ``python scripts/shard_balance.py --config v16 --units 98 105 108 111 114
+#: Fitted with: ``python benchmarks/scaling/shard_balance.py --config v16 --units 98 105 108 111 114
 #: 117 120`` (the "shard 0 worker" and "shard 1 caller" columns of the record
 #: docs/bench/shards/balance_v16.txt; medium's in balance_medium.txt).
 LAST_SHARE = 0.78

@@ -14,13 +14,13 @@ __all__ = ["FIELDS", "SHARED_BYTES", "busy_blocks", "close_attached", "drop_bloc
 
 #: Arrays of a worker's result at least this large come back through shared memory: on
 #: the development machine 12 MiB took 47 ms through the result pipe and 16 ms through
-#: shared memory, written, named and copied out (scripts/ipc_cost.py).
+#: shared memory, written, named and copied out (benchmarks/scaling/ipc_cost.py).
 SHARED_BYTES = 2 ** 20
 FIELDS = ("window_tables", "states", "sequences")  # the ShardResult dicts that grow
 
 # A worker's shared-memory blocks, kept from run to run: a fresh block's pages cost far
 # more to come by than to write (12 MiB: about 12 ms fresh against under 1 ms into a
-# block written before, scripts/ipc_cost.py). ``mem[j]`` holds the blocks of the ``j``-th
+# block written before, benchmarks/scaling/ipc_cost.py). ``mem[j]`` holds the blocks of the ``j``-th
 # result the worker sends in one run (one result, unless it runs more than one shard of
 # that run): the one last written first, and at most one other that the caller still
 # held arrays of, so that a caller that keeps each result until the next run's is back

@@ -87,7 +87,7 @@ _TIMES = {"last": {}}
 
 def last_run_times():
     """Where the last finished :func:`run_shards` run (``exact(task, workers=N)``) spent
-    its wall time, in seconds, for diagnosis (``scripts/shard_speedup.py`` prints them):
+    its wall time, in seconds, for diagnosis (``benchmarks/scaling/shard_speedup.py`` prints them):
     ``{"here": (shard, s)}``, the shard the calling process ran and how long it took;
     ``"workers"``: ``{shard: s}``, each worker's shard as timed in its process (the
     engine call only); ``"after_here"``: from the calling process's shard done to every
