@@ -74,14 +74,16 @@ _FIELDS = ("logp", "old_logp", "sampler_logp", "ref_logp", "mask", "rewards", "l
 def _in_place(exc, lb, versions):
     """Raise ``ValueError`` naming the fields of ``lb`` the loss wrote into in place when
     ``exc`` is torch's refusal of such a write; return otherwise."""
+    msg = str(exc)
+    if not ("inplace" in msg or "in-place" in msg or "leaf Variable" in msg):
+        return
     changed = [k for k, v in versions.items() if getattr(lb, k)._version != v]
-    if "leaf Variable" in str(exc):  # the one leaf that requires grad: refused before
-        changed = ["logp_all"]       # the write, so no version counter moved
-    if changed or "inplace" in str(exc) or "in-place" in str(exc):
-        named = ", ".join(f"batch.{k}" for k in changed) or "a field of the batch"
-        raise ValueError(f"the loss changed {named} in place, which the gradient dL/dlogp "
-                         f"needs unchanged: compute on a copy (e.g. mask = "
-                         f"batch.mask.clone()) instead ({exc})") from exc
+    if "leaf Variable" in msg:  # the one leaf that requires grad: refused before the
+        changed = ["logp_all"]  # write, so no version counter moved
+    named = ", ".join(f"batch.{k}" for k in changed) or "a field of the batch"
+    raise ValueError(f"the loss changed {named} in place, which the gradient dL/dlogp "
+                     f"needs unchanged: compute on a copy (e.g. mask = batch.mask.clone()) "
+                     f"instead ({exc})") from exc
 
 
 def _plain(loss, t, prompt, ctx, where):
