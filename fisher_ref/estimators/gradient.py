@@ -34,12 +34,15 @@ from .groups import (DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, check_groups, groups
 
 __all__ = ["LossGradient", "expected_loss_gradient", "fit_scale", "kl_gradient",
            "policy_gradient_of", "loss_coefficients", "clipped_share", "check_groups_per_batch",
-           "PADS"]
+           "PADS", "MAX_COVARIANCE_PARAMETERS"]
 
 # Elements of one chunk's per-group gradients (n, P) (8 MiB).
 _GATHER_ELEMENTS = 2 ** 20
 # Groups whose loss is evaluated in one vmap call.
 _VMAP_GROUPS = 2 ** 14
+#: The most parameters ``covariance=True`` accepts: its ``(P, P)`` float64 matrix is then
+#: 128 MiB (and it must also fit in ``max_bytes``).
+MAX_COVARIANCE_PARAMETERS = 4096
 
 
 def fit_scale(mean, target):
@@ -77,6 +80,8 @@ class LossGradient:
         casts: ``{"aten.op to float32": count}``, the ops of the loss that cast below
             float64 (the loss ran as written; its gradient is rounded there).
         limit: the :class:`fisher_ref.estimators.batch.BatchLimit` the batches carried.
+        covariance: :math:`\mathrm{Cov}[\nabla_\theta L]` ``(P, P)`` over one batch (its
+            diagonal is ``variance``), or ``None`` unless asked with ``covariance=True``.
     """
 
     mean: np.ndarray
@@ -93,6 +98,7 @@ class LossGradient:
     evaluation_error: str | None = None
     casts: dict | None = None
     limit: object = None
+    covariance: np.ndarray | None = None
 
     @property
     def scale(self):
@@ -162,10 +168,13 @@ def _group_gradients(table, a, C):
 
 
 class _Merged:
-    """Weighted mean and sum of squared deviations, merged chunk by chunk (Chan et al.)."""
+    r"""Weighted mean and sum of squared deviations, merged chunk by chunk (Chan et al.);
+    with ``covariance`` also the co-moment :math:`\sum_n w_n (g_n - m)(g_n - m)^T`
+    ``(P, P)``, merged the same way (the cross term :math:`d d^T W_a W_c / W`)."""
 
-    def __init__(self, P):
+    def __init__(self, P, covariance=False):
         self.W, self.mean, self.M2 = 0.0, np.zeros(P), np.zeros(P)
+        self.C = np.zeros((P, P)) if covariance else None
 
     def add(self, w, g):
         Wc = w.sum()
@@ -173,9 +182,13 @@ class _Merged:
             return
         mc = np.einsum("n,np->p", w, g) / Wc  # einsum: no BLAS threads to contend
         g -= mc  # in place: g is this chunk's own array
+        Cc = None if self.C is None else g.T @ (w[:, None] * g)  # (P, P)
         np.square(g, out=g)
         M2c = np.einsum("n,np->p", w, g)
         d, W = mc - self.mean, self.W + Wc
+        if Cc is not None:
+            self.C += Cc
+            self.C += np.outer(d, d) * (self.W * Wc / W)
         self.mean = self.mean + d * (Wc / W)
         self.M2 = self.M2 + M2c + d * d * (self.W * Wc / W)
         self.W = W
@@ -219,6 +232,22 @@ def kl_gradient(table):
         return np.where(pr.mask, table.logp[pr.rows, tok] - table.ref_logp[pr.rows, tok],
                         0.0).sum(axis=1)  # (M,)
     return _score_sum(table, delta)
+
+
+def _check_covariance(covariance, P, max_bytes):
+    """Refuse ``covariance=True`` past :data:`MAX_COVARIANCE_PARAMETERS` or ``max_bytes``
+    (``ValueError`` naming ``covariance`` and ``P``); a non-boolean is a ``TypeError``."""
+    if not isinstance(covariance, (bool, np.bool_)):
+        raise TypeError(f"covariance must be True or False, got {covariance!r}")
+    if not covariance:
+        return
+    need = 8 * P * P
+    if P > MAX_COVARIANCE_PARAMETERS or need > max_bytes:
+        raise ValueError(
+            f"covariance=True refused: P = {P} parameters give a ({P}, {P}) matrix of "
+            f"{readable(need)} bytes; at most P = {MAX_COVARIANCE_PARAMETERS} and "
+            f"max_bytes={readable(max_bytes)}. Use covariance=False (the per-parameter "
+            f"variance) or a smaller model")
 
 
 def check_groups_per_batch(groups_per_batch, n_groups, max_groups):
@@ -284,7 +313,8 @@ def _batches(table, coeffs, acc, G, K, symmetric, step):
 
 def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *, groups_per_batch=1,
                            pad="max_len", max_groups=DEFAULT_MAX_GROUPS,
-                           max_bytes=DEFAULT_MAX_BYTES, vectorize=True, policy_gradient=None):
+                           max_bytes=DEFAULT_MAX_BYTES, vectorize=True, policy_gradient=None,
+                           covariance=False):
     r"""The exact expected gradient of ``loss`` over batches drawn from the task's sampler.
 
     A batch is ``K`` groups; each group's prompt is drawn i.i.d. from the prompt weights
@@ -318,6 +348,10 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *, groups_
         policy_gradient: :math:`\nabla E_p[R]` if already known (else the same finite sum
             :func:`fisher_ref.exact` takes, :math:`E_p[(R - b) h]`, over the responses
             enumerated here; the tests hold the two at 1e-10).
+        covariance: also return the full covariance of one batch's gradient,
+            :math:`\sum_b \pi_b (\nabla L_b - E)(\nabla L_b - E)^T` ``(P, P)``; refused
+            (``ValueError``) past :data:`MAX_COVARIANCE_PARAMETERS` parameters or when its
+            ``8 P^2`` bytes pass ``max_bytes``.
 
     Returns:
         :class:`LossGradient`.
@@ -360,7 +394,9 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *, groups_
     P = table.xi.shape[2]
     if policy_gradient is not None:
         policy_gradient = _check_vector(policy_gradient, P, "policy_gradient")
-    coeffs, acc = Coefficients(loss, vectorize, K, limit, pad), _Merged(P)
+    _check_covariance(covariance, P, max_bytes)
+    coeffs = Coefficients(loss, vectorize, K, limit, pad)
+    acc = _Merged(P, covariance=bool(covariance))
     T, V = task.max_len, task.model.vocab_size
     # bounded: the (n, P) gradients and the (n, B, T, V) distributions of one chunk
     step = max(1, min(_VMAP_GROUPS, _GATHER_ELEMENTS // P,
@@ -393,7 +429,9 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *, groups_
                         kl_gradient=kl_gradient(table), group_size=G, symmetric=bool(symmetric),
                         n_groups=n_groups, groups_per_batch=K, n_batches=n_batches, pad=pad,
                         evaluation=coeffs.evaluation, evaluation_error=coeffs.error,
-                        casts=dict(coeffs.casts), limit=limit)
+                        casts=dict(coeffs.casts), limit=limit,
+                        covariance=None if acc.C is None else
+                        (acc.C + acc.C.T) / (2 * acc.W if acc.W > 0 else 2.0))
 
 
 def clipped_share(clipped, unclipped):
