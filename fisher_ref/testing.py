@@ -11,3 +11,4 @@ Example:
 """
 from fisher_ref.golden.check import *  # noqa: F401,F403
 from fisher_ref.golden.check import __all__  # noqa: F401
+from fisher_ref.applied_covariance import CovarianceVerdict, check_applied_covariance  # noqa: F401,E501

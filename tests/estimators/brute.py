@@ -96,9 +96,10 @@ def _covariance(w, g, mean):
     return cov
 
 
-def brute_force(task, loss, group_size, covariance=False):
+def brute_force(task, loss, group_size, covariance=False, per_group=False):
     """``(mean, variance, kl_gradient)`` by enumeration of every ordered group, and the
-    full covariance ``(P, P)`` last when ``covariance``."""
+    full covariance ``(P, P)`` last when ``covariance``; with ``per_group`` instead every
+    group's gradient ``(N, P)`` and probability ``(N,)``."""
     adapter = torch_model(task.model)
     theta = torch.tensor(task.theta, requires_grad=True)
     V, T, eos = task.model.vocab_size, task.max_len, task.model.eos
@@ -123,6 +124,8 @@ def brute_force(task, loss, group_size, covariance=False):
                 lr = sum(r["ref"][t, y[t]] for t in range(len(y)))
                 kl = kl + task.prompt_weights[x] * torch.exp(lp) * (lp - lr)
     g, w = np.array(grads), np.array(weights)
+    if per_group:
+        return g, w
     mean = w @ g
     var = w @ (g - mean) ** 2
     klg = None if isinstance(kl, float) else torch.autograd.grad(kl, theta)[0].numpy()
