@@ -259,7 +259,7 @@ def test_covariance_merged_over_many_chunks_is_one_chunks(monkeypatch):
     import fisher_ref.estimators.gradient as gradient
     task = tiny_task(STALE, REF)
     one = expected_loss_gradient(task, grpo_token_mean, group_size=2, covariance=True)
-    monkeypatch.setattr(gradient, "_VMAP_GROUPS", 7)
+    monkeypatch.setattr(gradient, "_VMAP_GROUPS", 7)  # chunks of 7 groups
     many = expected_loss_gradient(task, grpo_token_mean, group_size=2, covariance=True)
     _close(many.covariance, one.covariance)
 
