@@ -382,7 +382,7 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *, groups_
             enumerated here; the tests hold the two at 1e-10).
         covariance: also return the full covariance of one batch's gradient,
             :math:`\sum_b \pi_b (\nabla L_b - E)(\nabla L_b - E)^T` ``(P, P)``; refused
-            (``ValueError``) past :data:`MAX_COVARIANCE_PARAMETERS` parameters or when its
+            (``ValueError``) past ``MAX_COVARIANCE_PARAMETERS`` (4096) parameters or when its
             ``8 P^2`` bytes pass ``max_bytes``.
 
     Returns:
