@@ -129,6 +129,9 @@ def records():
         Record("bench-kept", "python benchmarks/speed/record_bench.py --keep-memory",
                tuple(f"docs/bench/kept/{t}.json" for t in ("default", "weighted_prompts",
                                                            "medium", "v16"))),
+        Record("applied-covariance", "python benchmarks/estimators/applied_covariance.py",
+               ("docs/bench/estimators/applied_covariance.json",),
+               cited_by="docs/check/applied_gradient.md"),
         Record("fresh-run", "python benchmarks/speed/fresh_run.py --peer --json "
                "docs/bench/fresh/fresh_run.json", ("docs/bench/fresh/fresh_run.json",)),
         *[Record(f"alloc-{task}", f"python benchmarks/memory/alloc_effects.py --config {task} "

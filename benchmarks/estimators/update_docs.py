@@ -1,6 +1,7 @@
 """Write the numbers of docs/bench/estimators/*.json into the pages that quote them,
 between their ``<!-- NAME -->`` and ``<!-- end NAME -->`` markers:
-docs/check/rl_losses.md (batch_bias) and docs/performance/speed.md (batch_cost).
+docs/check/rl_losses.md (batch_bias), docs/performance/speed.md (batch_cost) and
+docs/check/applied_gradient.md (applied_covariance).
 tests/docs/test_estimator_records.py holds the pages to these renderings.
 
     PYTHONPATH=. python benchmarks/estimators/update_docs.py
@@ -14,6 +15,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
+import applied_covariance  # noqa: E402
 import batch_bias  # noqa: E402
 import batch_cost  # noqa: E402
 
@@ -41,7 +43,26 @@ def render_cost(r):
             "by `PYTHONPATH=. python benchmarks/estimators/batch_cost.py`.")
 
 
-PAGES = {"batch_bias": (ROOT / "docs" / "check" / "rl_losses.md", render_bias),
+def render_applied(r):
+    d, p = r["correct"]["diagonal_chi2"], next(iter(r["power"].values()))
+    return (f"On `{r['task']}` with `{r['loss']}`, G = {r['group_size']} (symmetric), "
+            f"P = {r['parameters']} parameters, the exact covariance has rank {r['rank']} and "
+            f"{r['zero_gradient_share']:.0%} of the groups have a zero gradient. Over "
+            f"{r['runs']:,} runs per row (seed {r['seed']}), steps drawn i.i.d. from the "
+            f"enumerated groups:\n\n" + applied_covariance.table(r) +
+            f"\n\nThe diagonal chi-square at {d['steps']} steps has mean/df "
+            f"{d['mean_over_df']:.3f} (as it must) but sd/df {d['sd_over_df']:.3f}, against "
+            f"{d['chi2_sd_over_df']:.3f} for a chi-square on {d['df']} degrees of freedom. "
+            f"The bias is {p['bias']}, direction k of the covariance's rank, by eigenvalue, "
+            f"largest first; at alpha = {p['alpha']:g}, {p['seeds']} seeds, checked at "
+            f"{', '.join(map(str, p['grid']))} steps. The record is `docs/bench/estimators/applied_covariance.json`, {_where(r)}, "
+            f"written by `PYTHONPATH=. python benchmarks/estimators/applied_covariance.py` "
+            f"({r['seconds']:.0f} s).")
+
+
+PAGES = {"applied_covariance": (ROOT / "docs" / "check" / "applied_gradient.md",
+                                render_applied),
+         "batch_bias": (ROOT / "docs" / "check" / "rl_losses.md", render_bias),
          "batch_cost": (ROOT / "docs" / "performance" / "speed.md", render_cost)}
 
 

@@ -4,14 +4,17 @@ r"""Ground truth for RL losses: the exact expected gradient of a trainer's torch
 batch of ``K`` groups of responses and sums the loss gradient exactly (:mod:`.gradient`;
 :mod:`.batch` is what the loss reads, :mod:`.audit` what the user is told); the losses trainers
 ship are presets over it (:mod:`.presets`); ``check_loss`` turns the numbers into a
-verdict (:mod:`.check`); :mod:`.reduction` sums group estimators over reward classes.
+verdict (:mod:`.check`); :mod:`.reduction` sums group estimators over reward classes;
+``enumerated_gradients`` lists every batch's gradient and probability (:mod:`.enumerated`).
 Needs torch.
 """
 from . import presets, reduction
 from .audit import VmapFallbackWarning
 from .batch import BatchLimit, LossBatch
 from .check import LossVerdict, check_loss
+from .enumerated import enumerated_gradients
 from .gradient import LossGradient, clipped_share, expected_loss_gradient
 
 __all__ = ["BatchLimit", "LossBatch", "LossGradient", "LossVerdict", "VmapFallbackWarning",
-           "check_loss", "clipped_share", "expected_loss_gradient", "presets", "reduction"]
+           "check_loss", "clipped_share", "enumerated_gradients", "expected_loss_gradient", "presets",
+           "reduction"]

@@ -29,17 +29,21 @@ from ..tasks import require_task
 from .audit import warn_fallback
 from .batch import batch_arrays, batch_limit, group_arrays
 from .evaluation import Coefficients, check_finite, check_symmetric, loss_coefficients
+from .moments import Merged
 from .groups import (DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, check_groups, groups,
                      response_table)
 
 __all__ = ["LossGradient", "expected_loss_gradient", "fit_scale", "kl_gradient",
            "policy_gradient_of", "loss_coefficients", "clipped_share", "check_groups_per_batch",
-           "PADS"]
+           "PADS", "MAX_COVARIANCE_PARAMETERS", "walk_batches"]
 
 # Elements of one chunk's per-group gradients (n, P) (8 MiB).
 _GATHER_ELEMENTS = 2 ** 20
 # Groups whose loss is evaluated in one vmap call.
 _VMAP_GROUPS = 2 ** 14
+#: The most parameters ``covariance=True`` accepts: its ``(P, P)`` float64 matrix is then
+#: 128 MiB (and it must also fit in ``max_bytes``).
+MAX_COVARIANCE_PARAMETERS = 4096
 
 
 def fit_scale(mean, target):
@@ -77,6 +81,8 @@ class LossGradient:
         casts: ``{"aten.op to float32": count}``, the ops of the loss that cast below
             float64 (the loss ran as written; its gradient is rounded there).
         limit: the :class:`fisher_ref.estimators.batch.BatchLimit` the batches carried.
+        covariance: :math:`\mathrm{Cov}[\nabla_\theta L]` ``(P, P)`` over one batch (its
+            diagonal is ``variance``), or ``None`` unless asked with ``covariance=True``.
     """
 
     mean: np.ndarray
@@ -93,6 +99,7 @@ class LossGradient:
     evaluation_error: str | None = None
     casts: dict | None = None
     limit: object = None
+    covariance: np.ndarray | None = None
 
     @property
     def scale(self):
@@ -161,26 +168,6 @@ def _group_gradients(table, a, C):
     return np.asarray(S @ table.xi.reshape(U * V, P))
 
 
-class _Merged:
-    """Weighted mean and sum of squared deviations, merged chunk by chunk (Chan et al.)."""
-
-    def __init__(self, P):
-        self.W, self.mean, self.M2 = 0.0, np.zeros(P), np.zeros(P)
-
-    def add(self, w, g):
-        Wc = w.sum()
-        if Wc == 0:
-            return
-        mc = np.einsum("n,np->p", w, g) / Wc  # einsum: no BLAS threads to contend
-        g -= mc  # in place: g is this chunk's own array
-        np.square(g, out=g)
-        M2c = np.einsum("n,np->p", w, g)
-        d, W = mc - self.mean, self.W + Wc
-        self.mean = self.mean + d * (Wc / W)
-        self.M2 = self.M2 + M2c + d * d * (self.W * Wc / W)
-        self.W = W
-
-
 def _score_sum(table, coef):
     r""":math:`\sum_x w_x \sum_y p(y)\,c_x(y)\,h(y)`, :math:`h = \sum_t \xi_t`, with
     ``coef(pr) -> (M,)`` the per-response factors :math:`c_x`: per-window coefficients
@@ -219,6 +206,24 @@ def kl_gradient(table):
         return np.where(pr.mask, table.logp[pr.rows, tok] - table.ref_logp[pr.rows, tok],
                         0.0).sum(axis=1)  # (M,)
     return _score_sum(table, delta)
+
+
+def _merged(P, max_bytes, covariance):
+    """A :class:`Merged` accumulator; refuse ``covariance=True`` past
+    :data:`MAX_COVARIANCE_PARAMETERS` or ``max_bytes`` (``ValueError`` naming
+    ``covariance`` and ``P``); a non-boolean is a ``TypeError``."""
+    if not isinstance(covariance, (bool, np.bool_)):
+        raise TypeError(f"covariance must be True or False, got {covariance!r}")
+    if not covariance:
+        return Merged(P)
+    need = 8 * P * P
+    if P > MAX_COVARIANCE_PARAMETERS or need > max_bytes:
+        raise ValueError(
+            f"covariance=True refused: P = {P} parameters give a ({P}, {P}) matrix of "
+            f"{readable(need)} bytes; at most P = {MAX_COVARIANCE_PARAMETERS} and "
+            f"max_bytes={readable(max_bytes)}. Use covariance=False (the per-parameter "
+            f"variance) or a smaller model")
+    return Merged(P, covariance=True)
 
 
 def check_groups_per_batch(groups_per_batch, n_groups, max_groups):
@@ -282,9 +287,66 @@ def _batches(table, coeffs, acc, G, K, symmetric, step):
     return count
 
 
+def walk_batches(task, loss, group_size, symmetric, groups_per_batch, pad, max_groups,
+                 max_bytes, vectorize, make_acc):
+    """Check the arguments (as :func:`expected_loss_gradient` documents them), then feed
+    every group (or batch of ``K`` groups) that can be drawn to the accumulator
+    ``make_acc(P, n_batches)``, chunk by chunk, as ``acc.add(probabilities (n,),
+    gradients (n, P))``. Returns ``(acc, {"table", "coeffs", "P", "limit", "n_groups",
+    "n_batches"})``."""
+    require_task(task)
+    if not isinstance(symmetric, (bool, np.bool_)):
+        raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
+    if not isinstance(pad, str) or pad not in PADS:
+        raise ValueError(f"pad must be one of {', '.join(map(repr, PADS))}, got {pad!r}")
+    for name, value in (("max_groups", max_groups), ("max_bytes", max_bytes)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
+                                                             np.floating)) or not value >= 1:
+            raise ValueError(f"{name} must be a number >= 1 (inf: no limit), got {value!r}")
+    if not callable(loss):
+        raise TypeError(f"loss must be a callable loss(batch) -> torch scalar, got "
+                        f"{type(loss).__name__}")
+    n_groups = check_groups(task, group_size, symmetric, max_groups)
+    n_batches = check_groups_per_batch(groups_per_batch, n_groups, max_groups)
+    G, K = int(group_size), int(groups_per_batch)
+    table = response_table(task, max_bytes)
+    limit = batch_limit(table, G)
+    P = table.xi.shape[2]
+    acc = make_acc(P, n_batches)
+    coeffs = Coefficients(loss, vectorize, K, limit, pad)
+    T, V = task.max_len, task.model.vocab_size
+    # bounded: the (n, P) gradients and the (n, B, T, V) distributions of one chunk
+    step = max(1, min(_VMAP_GROUPS, _GATHER_ELEMENTS // P,
+                      4 * _GATHER_ELEMENTS // (K * G * T * V)))
+    if K > 1:
+        n_batches = _batches(table, coeffs, acc, G, K, symmetric, step)
+    for pr in table.prompts if K == 1 else ():
+        q, first = np.exp(pr.sampler_logp), True  # (M,)
+        for idx, mult in groups(len(pr), G, symmetric, chunk=step):
+            w = pr.weight * mult * np.prod(q[idx], axis=1)  # (n,)
+            keep = w > 0  # a group mu never draws adds nothing (and may be NaN)
+            if not keep.all():
+                idx, w = idx[keep], w[keep]
+            if len(w) == 0:
+                continue
+            a = group_arrays(table, pr, idx)
+            C = coeffs(a, pr.prompt)  # (n, G, T, V)
+            check_finite(a, C, pr.prompt)
+            if symmetric and G > 1 and first:
+                check_symmetric(coeffs, a, C, pr.prompt)
+            first = False
+            acc.add(w, _group_gradients(table, a, C))
+    coeffs.check_connected()
+    if coeffs.error is not None:
+        warn_fallback(coeffs.error)
+    return acc, {"table": table, "coeffs": coeffs, "P": P, "limit": limit,
+                 "n_groups": n_groups, "n_batches": n_batches}
+
+
 def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *, groups_per_batch=1,
                            pad="max_len", max_groups=DEFAULT_MAX_GROUPS,
-                           max_bytes=DEFAULT_MAX_BYTES, vectorize=True, policy_gradient=None):
+                           max_bytes=DEFAULT_MAX_BYTES, vectorize=True, policy_gradient=None,
+                           covariance=False):
     r"""The exact expected gradient of ``loss`` over batches drawn from the task's sampler.
 
     A batch is ``K`` groups; each group's prompt is drawn i.i.d. from the prompt weights
@@ -318,6 +380,10 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *, groups_
         policy_gradient: :math:`\nabla E_p[R]` if already known (else the same finite sum
             :func:`fisher_ref.exact` takes, :math:`E_p[(R - b) h]`, over the responses
             enumerated here; the tests hold the two at 1e-10).
+        covariance: also return the full covariance of one batch's gradient,
+            :math:`\sum_b \pi_b (\nabla L_b - E)(\nabla L_b - E)^T` ``(P, P)``; refused
+            (``ValueError``) past ``MAX_COVARIANCE_PARAMETERS`` (4096) parameters or when its
+            ``8 P^2`` bytes pass ``max_bytes``.
 
     Returns:
         :class:`LossGradient`.
@@ -340,60 +406,25 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *, groups_
         >>> lg2.n_batches, round(lg2.scale, 10)
         (465, -1.0)
     """
-    require_task(task)
-    if not isinstance(symmetric, (bool, np.bool_)):
-        raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
-    if not isinstance(pad, str) or pad not in PADS:
-        raise ValueError(f"pad must be one of {', '.join(map(repr, PADS))}, got {pad!r}")
-    for name, value in (("max_groups", max_groups), ("max_bytes", max_bytes)):
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
-                                                             np.floating)) or not value >= 1:
-            raise ValueError(f"{name} must be a number >= 1 (inf: no limit), got {value!r}")
-    if not callable(loss):
-        raise TypeError(f"loss must be a callable loss(batch) -> torch scalar, got "
-                        f"{type(loss).__name__}")
-    n_groups = check_groups(task, group_size, symmetric, max_groups)
-    n_batches = check_groups_per_batch(groups_per_batch, n_groups, max_groups)
-    G, K = int(group_size), int(groups_per_batch)
-    table = response_table(task, max_bytes)
-    limit = batch_limit(table, G)
-    P = table.xi.shape[2]
-    if policy_gradient is not None:
-        policy_gradient = _check_vector(policy_gradient, P, "policy_gradient")
-    coeffs, acc = Coefficients(loss, vectorize, K, limit, pad), _Merged(P)
-    T, V = task.max_len, task.model.vocab_size
-    # bounded: the (n, P) gradients and the (n, B, T, V) distributions of one chunk
-    step = max(1, min(_VMAP_GROUPS, _GATHER_ELEMENTS // P,
-                      4 * _GATHER_ELEMENTS // (K * G * T * V)))
-    if K > 1:
-        n_batches = _batches(table, coeffs, acc, G, K, symmetric, step)
-    for pr in table.prompts if K == 1 else ():
-        q, first = np.exp(pr.sampler_logp), True  # (M,)
-        for idx, mult in groups(len(pr), G, symmetric, chunk=step):
-            w = pr.weight * mult * np.prod(q[idx], axis=1)  # (n,)
-            keep = w > 0  # a group mu never draws adds nothing (and may be NaN)
-            if not keep.all():
-                idx, w = idx[keep], w[keep]
-            if len(w) == 0:
-                continue
-            a = group_arrays(table, pr, idx)
-            C = coeffs(a, pr.prompt)  # (n, G, T, V)
-            check_finite(a, C, pr.prompt)
-            if symmetric and G > 1 and first:
-                check_symmetric(coeffs, a, C, pr.prompt)
-            first = False
-            acc.add(w, _group_gradients(table, a, C))
-    coeffs.check_connected()
-    if coeffs.error is not None:
-        warn_fallback(coeffs.error)
+    def make_acc(P, n):  # checked before anything is enumerated
+        nonlocal policy_gradient
+        if policy_gradient is not None:
+            policy_gradient = _check_vector(policy_gradient, P, "policy_gradient")
+        return _merged(P, max_bytes, covariance)
+    acc, state = walk_batches(task, loss, group_size, symmetric, groups_per_batch, pad, max_groups,
+                       max_bytes, vectorize, make_acc)
+    table, coeffs = state["table"], state["coeffs"]
     if policy_gradient is None:
         policy_gradient = policy_gradient_of(table, _mean_reward(table))
+    G, K, limit = int(group_size), int(groups_per_batch), state["limit"]
+    n_groups, n_batches = state["n_groups"], state["n_batches"]
     return LossGradient(mean=acc.mean * acc.W, policy_gradient=policy_gradient,
                         variance=acc.M2 / acc.W if acc.W > 0 else acc.M2,
                         kl_gradient=kl_gradient(table), group_size=G, symmetric=bool(symmetric),
                         n_groups=n_groups, groups_per_batch=K, n_batches=n_batches, pad=pad,
                         evaluation=coeffs.evaluation, evaluation_error=coeffs.error,
-                        casts=dict(coeffs.casts), limit=limit)
+                        casts=dict(coeffs.casts), limit=limit,
+                        covariance=acc.covariance)
 
 
 def clipped_share(clipped, unclipped):

@@ -86,8 +86,20 @@ def _batch(rows, ys, R, T, prompt):
                      sampler_logp_all=spa, ref_logp_all=rpa)
 
 
-def brute_force(task, loss, group_size):
-    """``(mean, variance, kl_gradient)`` by enumeration of every ordered group."""
+def _covariance(w, g, mean):
+    r""":math:`\sum_n w_n (g_n - m)(g_n - m)^T`, one outer product per group (no BLAS
+    product of the whole matrix, no merge)."""
+    cov = np.zeros((g.shape[1], g.shape[1]))
+    for wn, gn in zip(w, g):
+        d = gn - mean
+        cov += wn * np.outer(d, d)
+    return cov
+
+
+def brute_force(task, loss, group_size, covariance=False, per_group=False):
+    """``(mean, variance, kl_gradient)`` by enumeration of every ordered group, and the
+    full covariance ``(P, P)`` last when ``covariance``; with ``per_group`` instead every
+    group's gradient ``(N, P)`` and probability ``(N,)``."""
     adapter = torch_model(task.model)
     theta = torch.tensor(task.theta, requires_grad=True)
     V, T, eos = task.model.vocab_size, task.max_len, task.model.eos
@@ -112,9 +124,13 @@ def brute_force(task, loss, group_size):
                 lr = sum(r["ref"][t, y[t]] for t in range(len(y)))
                 kl = kl + task.prompt_weights[x] * torch.exp(lp) * (lp - lr)
     g, w = np.array(grads), np.array(weights)
+    if per_group:
+        return g, w
     mean = w @ g
     var = w @ (g - mean) ** 2
     klg = None if isinstance(kl, float) else torch.autograd.grad(kl, theta)[0].numpy()
+    if covariance:
+        return mean, var, klg, _covariance(w, g, mean)
     return mean, var, klg
 
 
@@ -184,9 +200,11 @@ def _mini_batch(parts, T, K, limit, pad):
                      prompts=prompts, groups=groups, groups_per_batch=K, limit=lim)
 
 
-def brute_force_batches(task, loss, group_size, groups_per_batch, pad="max_len"):
+def brute_force_batches(task, loss, group_size, groups_per_batch, pad="max_len",
+                        covariance=False):
     """``(mean, variance, limit)`` over every ordered tuple of ``K`` groups (a group: a
-    prompt and an ordered tuple of ``G`` responses), autograd per batch."""
+    prompt and an ordered tuple of ``G`` responses), autograd per batch; the full
+    covariance ``(P, P)`` last when ``covariance``."""
     adapter = torch_model(task.model)
     theta = torch.tensor(task.theta, requires_grad=True)
     V, T, eos = task.model.vocab_size, task.max_len, task.model.eos
@@ -217,4 +235,6 @@ def brute_force_batches(task, loss, group_size, groups_per_batch, pad="max_len")
         torch.set_num_threads(threads)
     g, w = np.array(grads), np.array(weights)
     mean = w @ g
+    if covariance:
+        return mean, w @ (g - mean) ** 2, limit, _covariance(w, g, mean)
     return mean, w @ (g - mean) ** 2, limit

@@ -226,3 +226,55 @@ def test_a_loss_writing_into_logp_all_in_place_is_named():
         return reinforce(b)
     with pytest.raises(ValueError, match=r"batch\.logp_all in place"):
         expected_loss_gradient(tiny_task(), writes_logp_all, 1)
+
+
+COV_CASES = [("grpo", "off", 2, False), ("full_vocab_kl", "on", 2, False),
+             ("grpo", "off1", 3, True), ("seq_is", "no_eos", 1, False)]
+
+
+@pytest.mark.parametrize("name,task_id,G,symmetric", COV_CASES)
+def test_covariance_is_brute_force(name, task_id, G, symmetric):
+    task = TASKS[task_id]()
+    loss = full_vocab_kl if name == "full_vocab_kl" else LOSSES[name]
+    lg = expected_loss_gradient(task, loss, group_size=G, symmetric=symmetric,
+                                covariance=True)
+    mean, var, _, cov = brute_force(task, loss, G, covariance=True)
+    _close(lg.mean, mean)
+    _close(lg.covariance, cov)
+    assert lg.covariance.shape == (task.theta.size,) * 2
+
+
+def test_covariance_diagonal_is_the_variance_and_it_is_psd():
+    task = tiny_task(STALE, REF)
+    lg = expected_loss_gradient(task, grpo_token_mean, group_size=2, covariance=True)
+    np.testing.assert_allclose(np.diag(lg.covariance), lg.variance, rtol=1e-12, atol=0)
+    assert np.array_equal(lg.covariance, lg.covariance.T)
+    eig = np.linalg.eigvalsh(lg.covariance)
+    assert eig.min() >= -1e-12 * eig.max()
+    assert expected_loss_gradient(task, grpo_token_mean, group_size=2).covariance is None
+
+
+def test_covariance_merged_over_many_chunks_is_one_chunks(monkeypatch):
+    """The co-moment merged chunk by chunk (Chan) equals the one-chunk sum."""
+    import fisher_ref.estimators.gradient as gradient
+    task = tiny_task(STALE, REF)
+    one = expected_loss_gradient(task, grpo_token_mean, group_size=2, covariance=True)
+    monkeypatch.setattr(gradient, "_VMAP_GROUPS", 7)  # chunks of 7 groups
+    many = expected_loss_gradient(task, grpo_token_mean, group_size=2, covariance=True)
+    _close(many.covariance, one.covariance)
+
+
+@pytest.mark.parametrize("kw,error,match", [
+    ({"covariance": 1}, TypeError, "covariance must be True or False"),
+    ({"covariance": True, "max_bytes": 6000}, ValueError, r"covariance=True refused: P = 35"),
+])
+def test_covariance_past_its_limit_is_refused(kw, error, match):
+    with pytest.raises(error, match=match):
+        expected_loss_gradient(tiny_task(), reinforce, **kw)
+
+
+def test_covariance_past_max_parameters_is_refused(monkeypatch):
+    import fisher_ref.estimators.gradient as gradient
+    monkeypatch.setattr(gradient, "MAX_COVARIANCE_PARAMETERS", 34)
+    with pytest.raises(ValueError, match=r"covariance.*P = 35.*at most P = 34"):
+        expected_loss_gradient(tiny_task(), reinforce, covariance=True)

@@ -276,3 +276,13 @@ def test_a_loss_not_symmetric_in_its_responses_is_refused_at_k2():
     lg = expected_loss_gradient(tiny_task(vocab=2), first_response_counts_twice, 2,
                                 groups_per_batch=2)  # ordered tuples: fine
     assert lg.n_batches == math.comb(18 + 1, 2)
+
+
+@pytest.mark.parametrize("name,symmetric", [("reinforce", False), ("trl_dapo", True)])
+def test_covariance_of_k_groups_is_brute_force(name, symmetric):
+    task = tiny_task(vocab=2, sampler=STALE, old_policy="sampler")
+    mean, var, _, cov = brute_force_batches(task, LOSSES[name], 2, 2, covariance=True)
+    lg = expected_loss_gradient(task, LOSSES[name], 2, symmetric, groups_per_batch=2,
+                                covariance=True)
+    assert _close(lg.covariance, cov), np.abs(lg.covariance - cov).max()
+    np.testing.assert_allclose(np.diag(lg.covariance), lg.variance, rtol=1e-12, atol=0)
