@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fisher_ref.verdict import Verdict
+
 __all__ = ["CovarianceVerdict", "check_applied_covariance", "chi2_sf", "MIN_STEPS",
            "RELATIVE_FLOOR", "MAX_KURTOSIS_PER_STEP"]
 
@@ -90,7 +92,7 @@ def chi2_sf(x, df):
 
 
 @dataclass
-class CovarianceVerdict:
+class CovarianceVerdict(Verdict):
     r"""What :func:`check_applied_covariance` found; true when the samples passed.
 
     Attributes:
@@ -122,9 +124,6 @@ class CovarianceVerdict:
     kurtosis: np.ndarray | None = None
     excluded: int = 0
 
-    def __bool__(self):
-        return bool(self.passed)
-
     @property
     def message(self):
         """The verdict and its numbers, on one line."""
@@ -134,11 +133,6 @@ class CovarianceVerdict:
         return (f"{'PASS' if self.passed else 'FAIL'}: chi2={self.statistic:.4g} on m={self.m} "
                 f"directions over {self.steps} steps, p={self.p_value:.3g} "
                 f"(alpha={self.alpha:g}){worst}")
-
-    def assert_ok(self):
-        """Raise ``AssertionError`` with :attr:`message` unless passed."""
-        if not self.passed:
-            raise AssertionError(self.message)
 
 
 def _exact_parts(exact, P):

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fisher_ref.verdict import Verdict
+
 __all__ = ["MIN_STEPS", "AppliedGradientVerdict", "check_applied_gradient", "steps_needed",
            "normal_quantile"]
 
@@ -115,7 +117,7 @@ def _samples(samples):
 
 
 @dataclass
-class AppliedGradientVerdict:
+class AppliedGradientVerdict(Verdict):
     """What :func:`check_applied_gradient` found; true when the applied gradient passed.
 
     Attributes:
@@ -145,9 +147,6 @@ class AppliedGradientVerdict:
     worst: list = field(default_factory=list)
     reason: str = ""
 
-    def __bool__(self):
-        return bool(self.passed)
-
     @property
     def message(self):
         """The verdict and its numbers, on one line."""
@@ -159,14 +158,7 @@ class AppliedGradientVerdict:
                f"{self.scale_se:.2g}, cosine {self.cosine:.6f}; worst: {worst}")
         return out + (f" ({self.reason})" if self.reason else "")
 
-    def __str__(self):
-        return self.message
 
-    def assert_ok(self):
-        """Raise ``AssertionError`` with :attr:`message` unless the gradient passed."""
-        if not self.passed:
-            raise AssertionError(self.message)
-        return self
 
 
 def check_applied_gradient(samples, exact, *, alpha=1e-6, layout=None, min_steps=MIN_STEPS):

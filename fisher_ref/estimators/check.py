@@ -24,6 +24,7 @@ import numpy as np
 
 from ..checks.tolerances import EXACT_RTOL
 from ..limits import check_real
+from ..verdict import Verdict
 from .gradient import LossGradient, expected_loss_gradient, fit_scale
 
 __all__ = ["EXPECTATIONS", "LossVerdict", "check_loss", "judge"]
@@ -32,7 +33,7 @@ EXPECTATIONS = ("unbiased", "unbiased-up-to-scale", "kl")
 
 
 @dataclass
-class LossVerdict:
+class LossVerdict(Verdict):
     """What :func:`check_loss` found; true when the loss passed.
 
     Attributes:
@@ -55,9 +56,6 @@ class LossVerdict:
     gradient: LossGradient
     reason: str = ""
 
-    def __bool__(self):
-        return bool(self.passed)
-
     @property
     def message(self):
         """The verdict and its numbers, on one line."""
@@ -67,14 +65,7 @@ class LossVerdict:
                f"{self.tolerance:.3g}")
         return out + (f" ({self.reason})" if self.reason else "")
 
-    def __str__(self):
-        return self.message
 
-    def assert_ok(self):
-        """Raise ``AssertionError`` with :attr:`message` unless the loss passed."""
-        if not self.passed:
-            raise AssertionError(self.message)
-        return self
 
 
 def _check_args(expect, rtol):
