@@ -28,7 +28,7 @@ from fisher_ref.verdict import Verdict
 __all__ = ["CovarianceVerdict", "check_applied_covariance", "chi2_sf", "MIN_STEPS",
            "RELATIVE_FLOOR", "MAX_KURTOSIS_PER_STEP"]
 
-#: Fewest steps accepted: the central limit theorem is what the test stands on.
+#: Fewest steps accepted (the central limit theorem is what the test stands on).
 MIN_STEPS = 30
 #: Directions with :math:`\lambda_k \le` this times :math:`\lambda_{max}` are rounding,
 #: not variance, and are left out.
