@@ -69,16 +69,24 @@ def _per_response(task, adapter, theta, prompt, y):
     return out
 
 
-def _batch(rows, ys, R, T, prompt):
-    lpa = torch.stack([r["logp_all"] for r in rows])  # (G, T, V)
-    spa = torch.stack([r["sampler"] for r in rows])
-    rpa = None if rows[0]["ref"] is None else torch.stack([r["ref"] for r in rows])
+def _rows(rows, ys, T, keys):
+    """The responses ``rows`` padded to ``T``: each of ``keys`` stacked ``(B, T, V)`` (or
+    ``None``), the tokens ``(B, T)``, the mask, and ``at(a)``, the gather of ``a (B, T, V)``
+    at the tokens (0 past the end)."""
+    stacked = {k: None if rows[0][k] is None else torch.stack([r[k][:T] for r in rows])
+               for k in keys}
     tokens = torch.tensor([list(y) + [-1] * (T - len(y)) for y in ys])
     mask = tokens >= 0
     idx = tokens.clamp(min=0)[..., None]
 
     def at(a):
         return None if a is None else torch.where(mask, a.gather(-1, idx)[..., 0], 0.0)
+    return stacked, tokens, mask, at
+
+
+def _batch(rows, ys, R, T, prompt):
+    st, tokens, mask, at = _rows(rows, ys, T, ("logp_all", "sampler", "ref"))
+    lpa, spa, rpa = st["logp_all"], st["sampler"], st["ref"]
     logp = at(lpa)
     return LossBatch(logp=logp, old_logp=logp.detach(), sampler_logp=at(spa),
                      ref_logp=at(rpa), mask=mask, rewards=torch.tensor(R, dtype=torch.float64),
@@ -176,16 +184,8 @@ def _mini_batch(parts, T, K, limit, pad):
     rows = [r for p in parts for r in p[0]]
     ys = [y for p in parts for y in p[1]]
     Tb = max(len(y) for y in ys) if pad == "longest" else T
-    lpa = torch.stack([r["logp_all"][:Tb] for r in rows])  # (K G, Tb, V)
-    spa = torch.stack([r["sampler"][:Tb] for r in rows])
-    rpa = None if rows[0]["ref"] is None else torch.stack([r["ref"][:Tb] for r in rows])
-    opa = None if rows[0]["old"] is None else torch.stack([r["old"][:Tb] for r in rows])
-    tokens = torch.tensor([list(y) + [-1] * (Tb - len(y)) for y in ys])
-    mask = tokens >= 0
-    idx = tokens.clamp(min=0)[..., None]
-
-    def at(a):
-        return None if a is None else torch.where(mask, a.gather(-1, idx)[..., 0], 0.0)
+    st, tokens, mask, at = _rows(rows, ys, Tb, ("logp_all", "sampler", "ref", "old"))
+    lpa, spa, rpa, opa = st["logp_all"], st["sampler"], st["ref"], st["old"]  # (K G, Tb, V)
     logp = at(lpa)
     G = len(parts[0][1])
     prompts = torch.tensor([p[3] for p in parts for _ in range(G)])
