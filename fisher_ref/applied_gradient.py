@@ -1,30 +1,30 @@
 r"""Is the gradient a trainer applies, step after step, the exact expected gradient? Numpy only.
 
 A trainer run with its weights frozen (learning rate 0, no clipping) applies at each step
-``t`` a gradient :math:`g_t \in \mathbb{R}^P`, an i.i.d. draw whose exact mean :math:`\mu`
-and per-parameter variance :math:`\sigma^2` fisher_ref computes by enumeration
-(:func:`fisher_ref.estimators.expected_loss_gradient`). :func:`check_applied_gradient`
-holds the mean of ``n`` steps to it, parameter by parameter, with the **exact** variance:
+``t`` a gradient :math:`g_t \in \mathbb{R}^P`, an i.i.d. draw whose exact mean :math:`\mu`,
+per-parameter variance :math:`\sigma^2` and range :math:`[l, h]` fisher_ref computes by
+enumeration (:func:`fisher_ref.estimators.expected_loss_gradient`).
+:func:`check_applied_gradient` holds the mean of ``n`` steps to it, parameter by
+parameter, with the **exact** variance:
 
-.. math:: z_i = \frac{\bar g_i - \mu_i}{\sqrt{\sigma_i^2 / n}}, \qquad
-   \text{fail when } \max_i |z_i| > z_{\alpha/(2P')}
+.. math:: z_i = \frac{\bar g_i - \mu_i}{\sqrt{\sigma_i^2 / n}} .
 
-with :math:`P'` the parameters of nonzero variance (Bonferroni). Under the normal
-approximation of the mean of ``n`` steps, a correct pipeline fails with probability at most
-``alpha`` (Bonferroni is conservative: the parameters are correlated). The sample variance
-is not used: many groups have equal rewards and give a zero gradient, so over a few steps
-the sample spread can be far below the true one and every clean run would fail.
+**The threshold** (``method="bennett"``, the default) is Bennett's inequality
+(:mod:`fisher_ref.bennett`) on each side of each parameter, from :math:`\sigma_i` and the
+one-sided ranges :math:`h_i - \mu_i`, :math:`\mu_i - l_i`, at tail :math:`\alpha/2P'`
+(Bonferroni over the :math:`P'` parameters of nonzero variance). A correct pipeline then
+fails with probability **at most** ``alpha`` for any number of steps and any distribution
+within the range: a theorem, not an approximation. ``method="normal"`` takes the normal
+quantile :math:`z_{\alpha/2P'}` instead: more power, but its rate rests on the normal
+approximation of a mean, which fails for heavy-tailed gradients (a loss like GRPO's, where
+most groups give 0 and rare ones carry a parameter): on ``offpolicy_stale`` with GRPO,
+G = 2, a correct sampler failed it at ``alpha = 1e-6`` in 1-1.4% of 2,000 runs at 5-10
+steps and 0.05-0.1% at 40-300 steps (``benchmarks/estimators/applied_covariance.py``,
+record ``docs/bench/estimators/applied_covariance.json``).
 
-**Where the normal approximation fails.** When a parameter's gradient is carried by rare
-groups (heavy tails: a loss like GRPO's, where most groups give 0), the tail of its mean
-is far heavier than the normal one that ``alpha`` is read from. On ``offpolicy_stale``
-with GRPO, G = 2, a correct sampler failed a per-parameter max |z| with the exact variance
-at ``alpha = 1e-6`` in 1-1.4% of 2,000 runs at 5-10 steps (below :data:`MIN_STEPS`) and
-0.05-0.1% at 40-300 steps (``benchmarks/estimators/applied_covariance.py``,
-record ``docs/bench/estimators/applied_covariance.json``): the stated rate holds only
-where each parameter's gradient is light-tailed at the steps used. The covariance test
-(``fisher_ref.applied_covariance``) measures the tails from the enumerated distribution
-and keeps only the directions where the approximation holds.
+The sample variance is not used: many groups have equal rewards and give a zero gradient,
+so over a few steps the sample spread can be far below the true one and every clean run
+would fail.
 """
 from __future__ import annotations
 
@@ -33,16 +33,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fisher_ref.bennett import bennett_threshold, two_sided_test
 from fisher_ref.verdict import Verdict
 
-__all__ = ["MIN_STEPS", "AppliedGradientVerdict", "check_applied_gradient", "steps_needed",
-           "normal_quantile"]
+__all__ = ["MIN_STEPS", "METHODS", "SUPPORT_RTOL", "AppliedGradientVerdict",
+           "check_applied_gradient", "steps_needed", "normal_quantile"]
 
-#: Fewest steps judged. The test rests on the normal approximation of a mean of ``n`` i.i.d.
-#: steps; a step's gradient is a mixture with an atom at zero (groups of equal rewards), and
-#: below a few dozen steps its mean is visibly skewed. 30 is the usual floor for a mean's
-#: normal approximation; the calibration test measures the false-failure rate above it.
+#: Fewest steps judged. Bennett's bound holds at any ``n``; the floor is for
+#: ``method="normal"``, whose normal approximation of a mean of ``n`` steps (a mixture with
+#: an atom at zero: groups of equal rewards) is visibly skewed below a few dozen steps, and
+#: so that one step, or a handful, is refused as a mistake rather than judged.
 MIN_STEPS = 30
+#: The thresholds: Bennett's inequality (rate at most ``alpha``, always) or the normal
+#: quantile (rate ``alpha`` under the normal approximation).
+METHODS = ("bennett", "normal")
+#: Bennett's one-sided ranges are widened by this times the largest :math:`|l_i|, |h_i|`,
+#: so that a trainer's rounding (float32 casts inside a float64 model: ~1e-7 relative) cannot
+#: step outside the enumerated range.
+SUPPORT_RTOL = 1e-4
 #: Relative tolerance within which a parameter of zero exact variance counts as constant.
 _CONSTANT_RTOL = 1e-9
 
@@ -67,22 +75,41 @@ def normal_quantile(q):
     return 0.5 * (lo + hi)
 
 
-def _exact(exact):
-    """``(mean, variance)`` float64 ``(P,)`` of a LossGradient (or a pair)."""
-    if isinstance(exact, tuple) and len(exact) == 2:
-        mean, var = exact
+def _exact(exact, method="normal"):
+    r"""``(mean, variance, b_up, b_down)`` float64 ``(P,)`` of a LossGradient (or a tuple
+    ``(mean, variance)`` / ``(mean, variance, low, high)``): the one-sided ranges
+    :math:`h - \mu`, :math:`\mu - l` widened by :data:`SUPPORT_RTOL`, ``None`` for
+    ``method="normal"``."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if isinstance(exact, tuple) and len(exact) in (2, 4):
+        mean, var, low, high = (tuple(exact) + (None, None))[:4]
     else:
         mean, var = getattr(exact, "mean", None), getattr(exact, "variance", None)
+        low, high = getattr(exact, "low", None), getattr(exact, "high", None)
     if mean is None or var is None:
-        raise TypeError(f"exact must be a LossGradient (mean, variance) or a pair of arrays, "
-                        f"got {type(exact).__name__}")
+        raise TypeError(f"exact must be a LossGradient (mean, variance, low, high) or a tuple "
+                        f"(mean, variance[, low, high]) of arrays, got {type(exact).__name__}")
     mean, var = np.asarray(mean, dtype=np.float64), np.asarray(var, dtype=np.float64)
     if mean.ndim != 1 or var.shape != mean.shape:
         raise ValueError(f"exact.mean and exact.variance must be (P,) arrays of one shape, got "
                          f"{mean.shape} and {var.shape}")
     if (var < 0).any() or not np.isfinite(var).all() or not np.isfinite(mean).all():
         raise ValueError("exact.variance must be finite and >= 0, exact.mean finite")
-    return mean, var
+    if method == "normal":
+        return mean, var, None, None
+    if low is None or high is None:
+        raise ValueError("method='bennett' needs the range of one step's gradient (exact.low, "
+                         "exact.high, as expected_loss_gradient returns them); without it "
+                         "pass method='normal' (an approximation)")
+    low, high = np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)
+    if low.shape != mean.shape or high.shape != mean.shape or not (
+            np.isfinite(low).all() and np.isfinite(high).all()):
+        raise ValueError(f"exact.low and exact.high must be finite ({mean.shape[0]},) arrays")
+    slack = SUPPORT_RTOL * max(float(np.abs(low).max(initial=0.0)),
+                               float(np.abs(high).max(initial=0.0)), 1e-300)
+    return (mean, var, np.maximum(high - mean, 0.0) + slack,
+            np.maximum(mean - low, 0.0) + slack)
 
 
 def _names(layout, P):
@@ -121,17 +148,23 @@ class AppliedGradientVerdict(Verdict):
     """What :func:`check_applied_gradient` found; true when the applied gradient passed.
 
     Attributes:
-        passed: ``max |z| <= z_threshold`` and no zero-variance parameter moved.
+        passed: every :math:`|z_i|` within its threshold, no zero-variance parameter moved.
         steps: steps judged.
+        method: ``"bennett"`` or ``"normal"``.
         max_abs_z: the largest :math:`|z_i|`.
-        z_threshold: :math:`z_{\\alpha/(2P')}`.
-        p_value: Bonferroni's, :math:`\\min(1, P'\\,\\mathrm{erfc}(\\max|z|/\\sqrt2))`.
+        z_threshold: the threshold of the parameter nearest to (or furthest past) its own:
+            :math:`z_{\\alpha/(2P')}` for every parameter with ``"normal"``; Bennett's, in
+            units of :math:`\\sigma_i/\\sqrt n`, depends on the parameter's range.
+        ratio: the largest :math:`|z_i|` over its threshold (``> 1``: failed).
+        p_value: Bonferroni's bound, :math:`\\min(1, 2P' \\min_i q_i)` with :math:`q_i`
+            the one-sided tail (Bennett's bound, or the normal tail) at the observed
+            deviation.
         alpha: the false-failure rate asked for.
         tested: :math:`P'`, parameters of nonzero exact variance.
         scale: least-squares :math:`a` with :math:`\\bar g \\approx a\\,\\mu` (1: right).
         scale_se: its standard error over the steps (``nan`` when the steps were not kept).
         cosine: of :math:`\\bar g` and :math:`\\mu`.
-        worst: ``[(name, z), ...]``, the five largest :math:`|z_i|`.
+        worst: ``[(name, z), ...]``, the five parameters nearest to their thresholds.
     """
 
     passed: bool
@@ -146,42 +179,62 @@ class AppliedGradientVerdict(Verdict):
     cosine: float
     worst: list = field(default_factory=list)
     reason: str = ""
+    method: str = "bennett"
+    ratio: float = 0.0
 
     @property
     def message(self):
         """The verdict and its numbers, on one line."""
         head = "PASS" if self.passed else "FAIL"
         worst = ", ".join(f"{n} z={z:+.3g}" for n, z in self.worst[:3])
-        out = (f"{head} applied gradient over {self.steps} steps: max|z| {self.max_abs_z:.3g} "
-               f"vs {self.z_threshold:.3g} (alpha {self.alpha:.2g}, {self.tested} parameters, "
+        out = (f"{head} applied gradient over {self.steps} steps: max|z| {self.max_abs_z:.3g}; "
+               f"worst |z|/threshold {self.ratio:.3g} (threshold {self.z_threshold:.3g}, "
+               f"{self.method}, alpha {self.alpha:.2g}, {self.tested} parameters, "
                f"Bonferroni p {self.p_value:.3g}); scale {self.scale:.4g} +- "
                f"{self.scale_se:.2g}, cosine {self.cosine:.6f}; worst: {worst}")
         return out + (f" ({self.reason})" if self.reason else "")
 
 
+def _check_alpha(alpha):
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
 
 
-def check_applied_gradient(samples, exact, *, alpha=1e-6, layout=None, min_steps=MIN_STEPS):
+def _thresholds(dev, var, b_up, b_down, n, alpha, tested):
+    """``(failed, z threshold, log one-sided tail)`` ``(P',)`` of the live parameters."""
+    sd = np.sqrt(var)
+    if b_up is None:
+        z = dev / (sd / math.sqrt(n))
+        thr = np.full(dev.shape, normal_quantile(alpha / tested))
+        log_q = np.log(np.maximum(0.5 * np.array([math.erfc(abs(x) / math.sqrt(2))
+                                                   for x in z]), 1e-320))
+        return np.abs(z) > thr, thr, log_q
+    return two_sided_test(dev, sd, b_up, b_down, n, alpha)
+
+
+def check_applied_gradient(samples, exact, *, alpha=1e-6, layout=None, min_steps=MIN_STEPS,
+                           method="bennett"):
     r"""Judge the gradients a trainer applied against the exact expected gradient.
 
     The test (see the module): per parameter, :math:`z_i = (\bar g_i - \mu_i)/
-    \sqrt{\sigma_i^2/n}` with the exact variance; the run fails when
-    :math:`\max_i|z_i|` exceeds the two-sided normal quantile at ``alpha / P'``. A correct
-    pipeline fails with probability at most ``alpha`` under the normal approximation of
-    the mean of ``n >= min_steps`` steps (Bonferroni is conservative; the calibration
-    test measures it). A parameter of zero exact variance must be applied exactly
-    :math:`\mu_i` at every step (to 1e-9 relative): constant elsewhere, it fails the run
-    with :math:`z = \infty`.
+    \sqrt{\sigma_i^2/n}` with the exact variance, each side against Bennett's threshold at
+    tail :math:`\alpha/2P'` (``method="bennett"``: a correct pipeline fails with
+    probability at most ``alpha``, whatever the tails) or the normal quantile
+    (``"normal"``: the normal approximation's rate). A parameter of zero exact variance must
+    be applied exactly :math:`\mu_i` at every step (to 1e-9 relative): constant elsewhere,
+    it fails the run with :math:`z = \infty`.
 
     Args:
         samples: ``(steps, P)`` applied gradients, or a recorder
             (:class:`fisher_ref.torch.GradientRecorder`).
         exact: the :class:`fisher_ref.estimators.LossGradient` of what one step should
-            apply (``mean``, ``variance`` per parameter), or a pair ``(mean, variance)``.
+            apply (``mean``, ``variance``, ``low``, ``high`` per parameter), or a tuple
+            ``(mean, variance, low, high)`` (``(mean, variance)`` with ``"normal"``).
         alpha: the false-failure rate.
         layout: parameter names for the report: ``P`` strings, or ``(name, shape)`` blocks
             (``(name, shape, offset)`` as ``task.model.layout()`` gives them) in order.
         min_steps: fewest steps judged.
+        method: ``"bennett"`` or ``"normal"`` (:data:`METHODS`).
 
     Returns:
         :class:`AppliedGradientVerdict`, true when passing.
@@ -189,21 +242,23 @@ def check_applied_gradient(samples, exact, *, alpha=1e-6, layout=None, min_steps
     Raises:
         ValueError: fewer than ``min_steps`` steps, samples of another width than
             ``exact``, a parameter of zero exact variance whose applied gradient varies,
-            an ``alpha`` outside (0, 1).
+            an ``alpha`` outside (0, 1), ``"bennett"`` without the range.
 
     Example:
         >>> import numpy as np
         >>> rng = np.random.default_rng(0)
-        >>> steps = rng.normal([1.0, -2.0], [0.5, 1.0], size=(400, 2))
-        >>> bool(check_applied_gradient(steps, (np.array([1.0, -2.0]), np.array([0.25, 1.0]))))
+        >>> steps = rng.choice([0.0, 2.0], size=(400, 2))  # mean 1, variance 1, range [0, 2]
+        >>> one = np.ones(2)
+        >>> bool(check_applied_gradient(steps, (one, one, 0 * one, 2 * one)))
         True
+        >>> bool(check_applied_gradient(steps + 0.5, (one, one, 0 * one, 2 * one)))
+        False
     """
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    _check_alpha(alpha)
     if isinstance(min_steps, bool) or not isinstance(min_steps, (int, np.integer)) \
             or min_steps < 2:
         raise ValueError(f"min_steps must be an integer >= 2, got {min_steps!r}")
-    mean, var = _exact(exact)
+    mean, var, b_up, b_down = _exact(exact, method)
     s, s2, n, kept = _samples(samples)
     P = mean.shape[0]
     if s.shape != (P,):
@@ -222,15 +277,22 @@ def check_applied_gradient(samples, exact, *, alpha=1e-6, layout=None, min_steps
         raise ValueError(f"exact.variance is 0 for {int(moved.sum())} parameters whose applied "
                          f"gradient varies from step to step (first {bad}): the exact result "
                          f"is not of this run (another task, loss or group size?)")
-    z = np.zeros(P)
     live = ~zero
+    tested = max(int(live.sum()), 1)
+    z, thr, log_q = np.zeros(P), np.full(P, np.inf), np.zeros(P)
     z[live] = (gbar[live] - mean[live]) / np.sqrt(var[live] / n)
+    if live.any():
+        cut = (lambda b: None) if b_up is None else (lambda b: b[live])
+        _, thr[live], log_q[live] = _thresholds(gbar[live] - mean[live], var[live],
+                                                cut(b_up), cut(b_down), n, alpha, tested)
     off = zero & (np.abs(gbar - mean) > _CONSTANT_RTOL * scale_of)
     z[off] = np.inf * np.sign(gbar[off] - mean[off])
-    tested = max(int(live.sum()), 1)
-    z_thr = normal_quantile(alpha / tested)
+    ratio = np.zeros(P)  # |z| / threshold; inf where a constant parameter is off
+    ratio[live] = np.abs(z[live]) / thr[live]
+    ratio[off] = np.inf
     max_z = float(np.abs(z).max()) if P else 0.0
-    p = min(1.0, tested * math.erfc(max_z / math.sqrt(2)))
+    k = int(np.argmax(ratio)) if P else 0
+    p = 0.0 if off.any() else min(1.0, 2 * tested * math.exp(float(log_q.min(initial=0.0))))
     mm = float(mean @ mean)
     scale = float(gbar @ mean) / mm if mm > 0 else math.nan
     if kept is not None and mm > 0 and n > 1:
@@ -240,48 +302,69 @@ def check_applied_gradient(samples, exact, *, alpha=1e-6, layout=None, min_steps
         scale_se = math.nan
     d = np.linalg.norm(gbar) * np.linalg.norm(mean)
     cosine = float(gbar @ mean / d) if d > 0 else 0.0
-    order = np.argsort(-np.abs(z))[:5]
+    order = np.argsort(-ratio)[:5]
     worst = [(names[i], float(z[i])) for i in order]
-    passed = max_z <= z_thr
+    passed = not off.any() and float(ratio.max(initial=0.0)) <= 1.0
     reason = "" if passed else (f"{int(off.sum())} parameters of zero variance off their "
                                 f"exact value" if off.any() else "")
     return AppliedGradientVerdict(passed=bool(passed), steps=n, max_abs_z=max_z,
-                                  z_threshold=z_thr, p_value=p, alpha=float(alpha),
-                                  tested=tested, scale=scale, scale_se=scale_se, cosine=cosine,
-                                  worst=worst, reason=reason)
+                                  z_threshold=float(thr[k]) if P else math.inf, p_value=p,
+                                  alpha=float(alpha), tested=tested, scale=scale,
+                                  scale_se=scale_se, cosine=cosine, worst=worst, reason=reason,
+                                  method=method, ratio=float(ratio.max(initial=0.0)))
 
 
-def steps_needed(exact, relative_bias, alpha=1e-6, power=0.9):
+def steps_needed(exact, relative_bias, alpha=1e-6, power=0.9, method="bennett"):
     r"""Steps after which :func:`check_applied_gradient` catches, with probability at least
     ``power``, a pipeline that applies :math:`(1 + r)` times the right gradient at every
     step (mean :math:`(1 + r)\mu`, spread :math:`|1 + r|\sigma`: a bias of relative size
-    ``r`` along the exact mean), from its best-placed parameter alone:
+    ``r`` along the exact mean), from its best-placed parameter alone: the least ``n`` with
 
-    .. math:: n = \left\lceil \left(\frac{z_{\alpha/(2P')} + |1 + r|\,z_{power}}{|r|\,
-       \max_i |\mu_i|/\sigma_i}\right)^2 \right\rceil
+    .. math:: |r\,\mu_i| \ge t_i(n) + z_{power}\,|1 + r|\,\sigma_i / \sqrt n
 
-    with :math:`z_{power}` the one-sided normal quantile of ``power``. The other parameters
-    only add to the power, so this is enough for a scale error; other biases (not along
-    :math:`\mu`) need their own count. Never below ``MIN_STEPS``.
+    for some ``i``, :math:`t_i(n)` the test's threshold at ``n`` steps (Bennett's on the
+    side of :math:`r\mu_i`, or the normal one) and :math:`z_{power}` the one-sided normal
+    quantile of ``power``. The other parameters only add to the power, so this is enough
+    for a scale error; other biases (not along :math:`\mu`) need their own count. Never
+    below ``MIN_STEPS``.
 
     Example:
         >>> import numpy as np
-        >>> steps_needed((np.array([1.0, 0.0]), np.array([1.0, 1.0])), 0.5, alpha=1e-6)
+        >>> steps_needed((np.array([1.0, 0.0]), np.array([1.0, 1.0])), 0.5, alpha=1e-6,
+        ...              method="normal")
         194
     """
-    mean, var = _exact(exact)
-    if not isinstance(relative_bias, (int, float)) or relative_bias == 0 \
-            or not math.isfinite(relative_bias):
+    mean, var, b_up, b_down = _exact(exact, method)
+    _check_alpha(alpha)
+    if isinstance(relative_bias, bool) or not isinstance(relative_bias, (int, float)) \
+            or relative_bias == 0 or not math.isfinite(relative_bias):
         raise ValueError(f"relative_bias must be a nonzero number, got {relative_bias!r}")
     if not 0.5 <= power < 1:
         raise ValueError(f"power must be in [0.5, 1), got {power!r}")
     live = var > 0
     if not live.any():
         raise ValueError("exact.variance is 0 everywhere: one step decides")
-    snr = float(np.max(np.abs(mean[live]) / np.sqrt(var[live])))
-    if snr == 0:
+    shift = relative_bias * mean[live]  # (P',)
+    if not np.abs(shift).max() > 0:
         raise ValueError("exact.mean is 0 where the variance is not: a bias along it is 0")
-    z_a = normal_quantile(alpha / int(live.sum()))
+    sd, tested = np.sqrt(var[live]), int(live.sum())
     z_p = normal_quantile(2 * (1 - power))
-    need = (z_a + abs(1 + relative_bias) * z_p) / (abs(relative_bias) * snr)
-    return max(MIN_STEPS, math.ceil(need ** 2))
+    if b_up is not None:
+        b = np.where(shift >= 0, b_up[live], b_down[live])
+
+    def caught(n):
+        if b_up is None:
+            t = normal_quantile(alpha / tested) * sd / math.sqrt(n)
+        else:
+            t = bennett_threshold(sd, b, n, alpha / (2 * tested))
+        return bool((np.abs(shift) >= t + z_p * abs(1 + relative_bias) * sd / math.sqrt(n)).any())
+    hi = MIN_STEPS
+    while not caught(hi):
+        hi *= 2
+        if hi > 2 ** 50:
+            raise ValueError("no number of steps below 2**50 catches this bias")
+    lo = hi // 2 if hi > MIN_STEPS else MIN_STEPS - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if caught(mid) else (mid, hi)
+    return max(MIN_STEPS, hi)

@@ -1,7 +1,8 @@
-"""fisher_ref.applied_covariance: the chi-square tail against scipy, the test's calibration
-on a correct sampler (groups drawn from the enumerated distribution, each group's gradient
-by autograd in tests/estimators/brute.py), its power against the per-parameter z test on
-a bias along a low-variance direction, and its refusals."""
+"""fisher_ref.applied_covariance: the chi-square tail against scipy, the tests'
+calibration (chi-square and Bennett's bound) on a correct sampler (groups drawn from the
+enumerated distribution, each group's gradient by autograd in tests/estimators/brute.py),
+their power against the per-parameter z test on a bias along a low-variance direction,
+and their refusals."""
 import functools
 
 import numpy as np
@@ -17,6 +18,8 @@ from fisher_ref.estimators import enumerated_gradients, expected_loss_gradient, 
 from .estimators.brute import brute_force, tiny_task
 from .estimators.test_gradient import REF, STALE, grpo_token_mean
 
+#: The chi-square method (a normal approximation); the default is Bennett's bound.
+chi2 = functools.partial(check_applied_covariance, method="chi2")
 # Two-sided normal quantile of 1e-7: a binomial count outside Rα ± Z_1E7 sd happens with
 # probability below 1e-7 when the test is calibrated.
 Z_1E7 = 5.33
@@ -58,7 +61,7 @@ def test_false_failure_rate_is_alpha_on_a_correct_sampler(task_id):
     seed, runs, steps, alpha = 20261205, 2000, 300, 0.05
     rng = np.random.default_rng(seed)
     lg = _enumerated(task_id)[2]
-    flagged = sum(not check_applied_covariance(_steps(rng, task_id, steps), lg, alpha=alpha)
+    flagged = sum(not chi2(_steps(rng, task_id, steps), lg, alpha=alpha)
                   for _ in range(runs))
     z = (flagged - runs * alpha) / np.sqrt(runs * alpha * (1 - alpha))
     assert abs(z) <= Z_1E7, f"seed {seed}: {flagged}/{runs} flagged, z = {z:.2f}"
@@ -89,27 +92,27 @@ def test_a_bias_along_a_low_variance_direction_is_seen_in_hundreds_of_steps():
     assert needed > 2000, needed  # steps before the per-parameter test expects to see it
     for seed in range(5):
         samples = _steps(np.random.default_rng(seed), "off-G2", 300) + bias
-        v = check_applied_covariance(samples, lg)
+        v = chi2(samples, lg)
         assert not v and v.m == m, f"seed {seed}: {v.message}"
         assert int(np.argmax(np.abs(v.z))) == m - 1, f"seed {seed}: {v.message}"
-        clean = check_applied_covariance(samples - bias, lg)
+        clean = chi2(samples - bias, lg)
         assert clean, f"seed {seed}: {clean.message}"  # false failure 1e-6 each
 
 
 def test_verdict_fields_and_assert_ok():
     _, _, lg = _enumerated("off-G2")
     samples = _steps(np.random.default_rng(3), "off-G2", 100)
-    v = check_applied_covariance(samples, lg)
+    v = chi2(samples, lg)
     assert isinstance(v, CovarianceVerdict) and v and v.steps == 100
     assert v.m == len(v.eigenvalues) == len(v.z) and np.all(np.diff(v.eigenvalues) <= 0)
     assert v.statistic == pytest.approx(float(v.z @ v.z))
     assert v.p_value == pytest.approx(stats.chi2.sf(v.statistic, v.m), rel=1e-10)
     assert v.null_rms < 1e-7  # the groups' gradients lie in the covariance's range
     v.assert_ok()
-    bad = check_applied_covariance(samples + 0.05, lg)
+    bad = chi2(samples + 0.05, lg)
     with pytest.raises(AssertionError, match=r"FAIL: chi2=.* on m=\d+ directions over 100"):
         bad.assert_ok()
-    two = check_applied_covariance(samples, (lg.mean, lg.covariance), directions=2)
+    two = chi2(samples, (lg.mean, lg.covariance), directions=2)
     assert two.m == 2 and np.allclose(two.z, v.z[:2])
     assert testing.check_applied_covariance is check_applied_covariance
 
@@ -126,7 +129,7 @@ def test_bad_input_is_refused(change, match):
     _, _, lg = _enumerated("off-G2")
     samples, exact = change(_steps(np.random.default_rng(0), "off-G2", 50), lg)
     with pytest.raises(ValueError, match=match):
-        check_applied_covariance(samples, exact)
+        chi2(samples, exact)
 
 
 @pytest.mark.parametrize("kw,match", [({"alpha": 0}, "alpha"), ({"alpha": True}, "alpha"),
@@ -135,7 +138,7 @@ def test_bad_input_is_refused(change, match):
 def test_bad_options_are_refused(kw, match):
     _, _, lg = _enumerated("off-G2")
     with pytest.raises(ValueError, match=match):
-        check_applied_covariance(_steps(np.random.default_rng(0), "off-G2", 50), lg, **kw)
+        chi2(_steps(np.random.default_rng(0), "off-G2", 50), lg, **kw)
 
 
 @functools.lru_cache(maxsize=None)
@@ -150,7 +153,7 @@ def _heavy():
 def _heavy_rate(rng, runs, steps, **kw):
     g, p, lg = _heavy()
     cdf = np.cumsum(p)
-    return sum(not check_applied_covariance(
+    return sum(not chi2(
         g[np.minimum(np.searchsorted(cdf, rng.random(steps), side="right"), len(p) - 1)],
         lg, alpha=0.05, **kw) for _ in range(runs)) / runs
 
@@ -173,15 +176,65 @@ def test_kurtosis_rule_fields_and_refusals():
     g, p, lg = _heavy()
     cdf = np.cumsum(p)
     s = g[np.minimum(np.searchsorted(cdf, np.random.default_rng(0).random(3000)), len(p) - 1)]
-    v = check_applied_covariance(s, lg, distribution=(g, p))
-    every = check_applied_covariance(s, lg)
+    v = chi2(s, lg, distribution=(g, p))
+    every = chi2(s, lg)
     assert v.m + v.excluded == every.m and v.excluded > 0
     assert np.all(v.kurtosis <= 0.01 * 3000) and every.kurtosis is None
     rare = (np.array([[0.0], [1.0]]), np.array([0.999, 0.001]))  # kurtosis ~ 1/q
     exact = (np.array([0.001]), np.array([[0.001 * 0.999]]))
     with pytest.raises(ValueError, match=r"no direction's excess kurtosis .* about 99,\d+ steps"):
-        check_applied_covariance(np.zeros((100, 1)), exact, distribution=rare)
+        chi2(np.zeros((100, 1)), exact, distribution=rare)
     with pytest.raises(ValueError, match="max_kurtosis"):
-        check_applied_covariance(s, lg, distribution=(g, p), max_kurtosis=0)
+        chi2(s, lg, distribution=(g, p), max_kurtosis=0)
     with pytest.raises(ValueError, match=r"distribution must be \(gradients \(N, 85\)"):
-        check_applied_covariance(s, lg, distribution=(g[:, :3], p))
+        chi2(s, lg, distribution=(g[:, :3], p))
+
+
+@pytest.mark.parametrize("case, steps", [("off-G2", 5), ("off-G2", 300), ("heavy", 5),
+                                         ("heavy", 1000)])
+def test_bennett_false_failure_rate_is_at_most_alpha(case, steps):
+    """The default method on a correct sampler, 1,000 runs at alpha = 0.05, light and heavy
+    tails, down to 5 steps (min_steps is for the chi-square): flagged at most alpha within
+    the binomial upper tail at 1e-6 (Bennett's bound is a theorem, so this is the
+    test's only false-failure rate)."""
+    seed, runs, alpha = 20261207 + steps, 1000, 0.05
+    rng = np.random.default_rng(seed)
+    if case == "heavy":
+        g, p, lg = _heavy()
+    else:
+        g, p, lg = _enumerated(case)
+    cdf = np.cumsum(p) / p.sum()
+    flagged = 0
+    for _ in range(runs):
+        idx = np.minimum(np.searchsorted(cdf, rng.random(steps), side="right"), len(p) - 1)
+        flagged += not check_applied_covariance(g[idx], lg, alpha=alpha, distribution=(g, p),
+                                                min_steps=2)
+    limit = stats.binom.isf(1e-6, runs, alpha)
+    assert flagged <= limit, f"seed {seed}: {flagged}/{runs} flagged (limit {limit})"
+
+
+def test_bennett_sees_a_bias_along_a_low_variance_direction():
+    """The bias of the chi-square's test above (2% of |E g| along the lowest-variance
+    direction): Bennett's max over the directions flags it at 1,000 steps in every seed
+    and passes the same samples without it (false failure at most 1e-6 each, a theorem)."""
+    g, p, lg = _enumerated("off-G2")
+    lam, U = np.linalg.eigh(lg.covariance)
+    lam, U = lam[::-1], U[:, ::-1]
+    m = int((lam > 1e-10 * lam[0]).sum())
+    bias = 0.02 * np.linalg.norm(lg.mean) * U[:, m - 1]  # (P,)
+    for seed in range(5):
+        samples = _steps(np.random.default_rng(seed), "off-G2", 1000)
+        v = check_applied_covariance(samples + bias, lg, distribution=(g, p))
+        assert not v and v.method == "bennett", f"seed {seed}: {v.message}"
+        assert int(np.argmax(np.abs(v.z))) == m - 1, f"seed {seed}: {v.message}"
+        clean = check_applied_covariance(samples, lg, distribution=(g, p))
+        assert clean and clean.statistic <= 1, f"seed {seed}: {clean.message}"
+
+
+def test_bennett_refusals():
+    g, p, lg = _enumerated("off-G2")
+    s = _steps(np.random.default_rng(0), "off-G2", 50)
+    with pytest.raises(ValueError, match="method='chi2'"):
+        check_applied_covariance(s, lg)
+    with pytest.raises(ValueError, match="method must be"):
+        check_applied_covariance(s, lg, distribution=(g, p), method="t2")

@@ -1,6 +1,7 @@
 """check_applied_gradient on a correct sampler (no trainer): per-step gradients drawn as
-exact groups, its false-failure rate measured over many seeds, its power against a scale
-error, and its refusals."""
+exact groups, its false-failure rate measured over many seeds (light and heavy tails,
+Bennett's threshold and the normal one), its power against a scale error, and its
+refusals."""
 import doctest
 
 import numpy as np
@@ -10,10 +11,8 @@ from scipy.stats import binom
 import fisher_ref.applied_gradient as applied
 from fisher_ref.applied_gradient import (MIN_STEPS, check_applied_gradient, normal_quantile,
                                          steps_needed)
-from fisher_ref.estimators import expected_loss_gradient, presets
-from fisher_ref.estimators.batch import group_arrays
-from fisher_ref.estimators.gradient import _group_gradients, loss_coefficients
-from fisher_ref.estimators.groups import groups, response_table
+from fisher_ref import load_config
+from fisher_ref.estimators import enumerated_gradients, expected_loss_gradient, presets
 from tests.estimators.brute import tiny_task
 
 G = 2
@@ -21,26 +20,24 @@ G = 2
 CALIBRATION_FALSE_FAILURE = 1e-6
 
 
-def group_draws(task, loss, group_size):
-    """Every group's gradient ``(n, P)`` and its probability ``(n,)``: one training step of
-    a correct pipeline is a draw from these."""
-    table = response_table(task)
-    gs, ws = [], []
-    for pr in table.prompts:
-        q = np.exp(pr.sampler_logp)
-        for idx, mult in groups(len(pr), group_size, False, chunk=1 << 16):
-            a = group_arrays(table, pr, idx)
-            gs.append(_group_gradients(table, a, loss_coefficients(loss, a, pr.prompt)))
-            ws.append(pr.weight * mult * np.prod(q[idx], axis=1))
-    return np.concatenate(gs), np.concatenate(ws)
+def _distribution(task, group_size, symmetric=False):
+    loss = presets.grpo()
+    exact = expected_loss_gradient(task, loss, group_size, symmetric)
+    g, w = enumerated_gradients(task, loss, group_size, symmetric)
+    return exact, g, w
 
 
 @pytest.fixture(scope="module")
 def draws():
-    task, loss = tiny_task(), presets.grpo()
-    exact = expected_loss_gradient(task, loss, G)
-    g, w = group_draws(task, loss, G)
-    return exact, g, w
+    """A light-tailed case: GRPO, G = 2 on a tiny task."""
+    return _distribution(tiny_task(), G)
+
+
+@pytest.fixture(scope="module")
+def heavy():
+    """A heavy-tailed case: GRPO, G = 2 on ``offpolicy_stale``, where 59% of the groups give
+    a zero gradient and rare groups carry some parameters."""
+    return _distribution(load_config("offpolicy_stale"), 2, symmetric=True)
 
 
 def _steps(g, w, n, rng):
@@ -59,6 +56,7 @@ def test_draws_are_the_exact_distribution(draws):
     assert np.abs(mean - exact.mean).max() <= 1e-10 * np.abs(exact.mean).max()
     var = w @ (g - mean) ** 2
     assert np.abs(var - exact.variance).max() <= 1e-10 * exact.variance.max()
+    assert np.array_equal(exact.low, g.min(0)) and np.array_equal(exact.high, g.max(0))
 
 
 def test_normal_quantile():
@@ -67,19 +65,44 @@ def test_normal_quantile():
         assert abs(normal_quantile(q) - norm.isf(q / 2)) < 1e-9, q
 
 
-@pytest.mark.parametrize("n", [MIN_STEPS, 200])
-def test_false_failure_rate_on_a_correct_sampler(draws, n):
-    """At a test alpha of 0.05 (measurable), the rejection rate of a correct sampler over
-    many seeds is at most alpha within binomial error (Bonferroni is conservative). This
-    test fails falsely with probability <= CALIBRATION_FALSE_FAILURE."""
-    exact, g, w = draws
-    alpha, seeds = 0.05, 2000
-    rng = np.random.default_rng(20261205 + n)
-    rejected = sum(not check_applied_gradient(_steps(g, w, n, rng), exact, alpha=alpha)
-                   for _ in range(seeds))
+def _rejected(exact, g, w, n, alpha, seeds, seed, method):
+    rng = np.random.default_rng(seed)
+    return sum(not check_applied_gradient(_steps(g, w, n, rng), exact, alpha=alpha,
+                                          method=method, min_steps=2) for _ in range(seeds))
+
+
+@pytest.mark.parametrize("case", ["draws", "heavy"])
+@pytest.mark.parametrize("n, method", [(5, "bennett"), (MIN_STEPS, "bennett"),
+                                       (200, "bennett"), (MIN_STEPS, "normal"),
+                                       (200, "normal")])
+def test_false_failure_rate_on_a_correct_sampler(case, n, method, request):
+    """What the docs state, measured: at a test alpha of 0.05 (measurable), the rejection
+    rate of a correct sampler over many seeds is at most alpha within binomial error, on
+    light and heavy tails: with Bennett's threshold at any step count (5 here: a theorem),
+    with the normal one from MIN_STEPS on (at 5 steps of the heavy case it rejects about
+    12%), and not in the far tail (the next test).
+    This test fails falsely with probability <= CALIBRATION_FALSE_FAILURE."""
+    exact, g, w = request.getfixturevalue(case)
+    alpha, seeds, seed = 0.05, 1000, 20261205 + n
+    rejected = _rejected(exact, g, w, n, alpha, seeds, seed, method)
     limit = binom.isf(CALIBRATION_FALSE_FAILURE, seeds, alpha)
-    assert rejected <= limit, (f"seed {20261205 + n}: {rejected}/{seeds} rejected at "
+    assert rejected <= limit, (f"seed {seed}: {rejected}/{seeds} rejected at "
                                f"alpha {alpha} (limit {limit})")
+
+
+def test_the_far_tail_holds_with_bennett_not_with_the_normal_quantile(heavy):
+    """At alpha = 1e-6 on the heavy-tailed case at 5 steps, the normal quantile rejects a
+    correct sampler in about 1% of runs (10,000 times its stated rate); Bennett's bound in
+    none of 2,000. False failure of each assertion <= CALIBRATION_FALSE_FAILURE: with
+    Bennett, the binomial upper tail at rate 1e-6; for the normal threshold, its rate
+    measured at 1.1-1.4% in 2,000-run record runs, so 3 or fewer of 2,000 would be a
+    binomial lower tail far below 1e-6."""
+    exact, g, w = heavy
+    seeds, seed = 2000, 20261206
+    bennett = _rejected(exact, g, w, 5, 1e-6, seeds, seed, "bennett")
+    normal = _rejected(exact, g, w, 5, 1e-6, seeds, seed, "normal")
+    assert bennett <= binom.isf(CALIBRATION_FALSE_FAILURE, seeds, 1e-6), (seed, bennett)
+    assert normal > 3, (seed, normal)
 
 
 def test_power_against_a_scale_error(draws):
@@ -109,21 +132,47 @@ def test_verdict_numbers_and_names(draws):
         bad.assert_ok()
 
 
-def test_zero_variance_parameter():
-    mean, var = np.array([1.0, 2.0]), np.array([1.0, 0.0])
-    steps = np.random.default_rng(0).normal(1.0, 1.0, size=(100, 2))
+@pytest.mark.parametrize("method", ["bennett", "normal"])
+def test_zero_variance_parameter(method):
+    exact = (np.array([1.0, 2.0]), np.array([1.0, 0.0]), np.array([0.0, 2.0]),
+             np.array([2.0, 2.0]))
+    steps = np.random.default_rng(0).choice([0.0, 2.0], size=(100, 2))
     steps[:, 1] = 2.0
-    assert check_applied_gradient(steps, (mean, var))
+    assert check_applied_gradient(steps, exact, method=method)
     steps[:, 1] = 2.5  # constant, but not the exact value: a deterministic bias
-    v = check_applied_gradient(steps, (mean, var))
+    v = check_applied_gradient(steps, exact, method=method)
     assert not v and v.max_abs_z == np.inf and "zero variance" in v.reason
     steps[::2, 1] = 2.0  # varies where the exact result says it cannot
     with pytest.raises(ValueError, match="variance is 0"):
-        check_applied_gradient(steps, (mean, var))
+        check_applied_gradient(steps, exact, method=method)
+
+
+def test_bennett_needs_the_range_and_stays_within_it():
+    rng = np.random.default_rng(1)
+    steps = rng.choice([0.0, 2.0], size=(200, 2))
+    with pytest.raises(ValueError, match="method='normal'"):
+        check_applied_gradient(steps, (np.ones(2), np.ones(2)))
+    with pytest.raises(ValueError, match="method must be"):
+        check_applied_gradient(steps, (np.ones(2), np.ones(2)), method="t")
+    one = np.ones(2)
+    v = check_applied_gradient(steps, (one, one, 0 * one, 2 * one))
+    assert v and v.method == "bennett" and 0 < v.ratio <= 1
+    # a range far wider than sigma (a heavy tail) only widens the threshold
+    wide = check_applied_gradient(steps, (one, one, -99 * one, 101 * one))
+    assert wide.z_threshold > v.z_threshold and wide.ratio < v.ratio
+    normal = check_applied_gradient(steps, (one, one), method="normal")
+    assert normal.z_threshold < v.z_threshold
+
+
+def test_steps_needed_with_bennett_is_more_than_with_the_normal_quantile(draws):
+    exact = draws[0]
+    n_b = steps_needed(exact, 0.5)
+    n_n = steps_needed(exact, 0.5, method="normal")
+    assert MIN_STEPS <= n_n < n_b
 
 
 def test_refusals():
-    exact = (np.zeros(3), np.ones(3))
+    exact = (np.zeros(3), np.ones(3), -np.ones(3), np.ones(3))
     with pytest.raises(ValueError, match="min_steps"):
         check_applied_gradient(np.zeros((MIN_STEPS - 1, 3)), exact)
     with pytest.raises(ValueError, match="min_steps"):

@@ -35,7 +35,7 @@ from .groups import (DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, check_groups, groups
 
 __all__ = ["LossGradient", "expected_loss_gradient", "fit_scale", "kl_gradient",
            "policy_gradient_of", "loss_coefficients", "clipped_share", "check_groups_per_batch",
-           "PADS", "MAX_COVARIANCE_PARAMETERS", "walk_batches"]
+           "PADS", "MAX_COVARIANCE_PARAMETERS", "walk_batches", "group_gradients"]
 
 # Elements of one chunk's per-group gradients (n, P) (8 MiB).
 _GATHER_ELEMENTS = 2 ** 20
@@ -83,6 +83,9 @@ class LossGradient:
         limit: the :class:`fisher_ref.estimators.batch.BatchLimit` the batches carried.
         covariance: :math:`\mathrm{Cov}[\nabla_\theta L]` ``(P, P)`` over one batch (its
             diagonal is ``variance``), or ``None`` unless asked with ``covariance=True``.
+        low, high: the range of one batch's gradient over the batches that can be drawn
+            (``(P,)`` each): what a tail bound without the normal approximation needs
+            (:func:`fisher_ref.testing.check_applied_gradient`).
     """
 
     mean: np.ndarray
@@ -100,6 +103,8 @@ class LossGradient:
     casts: dict | None = None
     limit: object = None
     covariance: np.ndarray | None = None
+    low: np.ndarray | None = None
+    high: np.ndarray | None = None
 
     @property
     def scale(self):
@@ -151,7 +156,7 @@ def _check_vector(value, P, name):
     return v
 
 
-def _group_gradients(table, a, C):
+def group_gradients(table, a, C):
     r"""Per-group gradients :math:`\sum_{i,t,b} C_{i,t,b}\xi_b(s_{i,t})`: ``(n, P)``.
 
     One sparse product: row ``k`` holds group ``k``'s nonzero coefficients at columns
@@ -283,7 +288,7 @@ def _batches(table, coeffs, acc, G, K, symmetric, step):
                 within = (np.arange(K)[:, None] * G + np.roll(np.arange(G), 1)[None, :])
                 check_symmetric(coeffs, a, C, None, [within.ravel()], "responses")
         first = False
-        acc.add(w, _group_gradients(table, a, C))
+        acc.add(w, group_gradients(table, a, C))
     return count
 
 
@@ -335,7 +340,7 @@ def walk_batches(task, loss, group_size, symmetric, groups_per_batch, pad, max_g
             if symmetric and G > 1 and first:
                 check_symmetric(coeffs, a, C, pr.prompt)
             first = False
-            acc.add(w, _group_gradients(table, a, C))
+            acc.add(w, group_gradients(table, a, C))
     coeffs.check_connected()
     if coeffs.error is not None:
         warn_fallback(coeffs.error)
@@ -424,7 +429,8 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *, groups_
                         n_groups=n_groups, groups_per_batch=K, n_batches=n_batches, pad=pad,
                         evaluation=coeffs.evaluation, evaluation_error=coeffs.error,
                         casts=dict(coeffs.casts), limit=limit,
-                        covariance=acc.covariance)
+                        covariance=acc.covariance, low=acc.low.copy(),
+                        high=acc.high.copy())
 
 
 def clipped_share(clipped, unclipped):

@@ -16,16 +16,21 @@ __all__ = ["Merged", "Collected"]
 class Merged:
     r"""Weighted mean and sum of squared deviations, merged chunk by chunk (Chan et al.);
     with ``covariance`` also the co-moment :math:`\sum_n w_n (g_n - m)(g_n - m)^T`
-    ``(P, P)``, merged the same way (the cross term :math:`d d^T W_a W_c / W`)."""
+    ``(P, P)``, merged the same way (the cross term :math:`d d^T W_a W_c / W`); and the
+    range ``low``, ``high`` ``(P,)`` of the gradients of positive weight."""
 
     def __init__(self, P, covariance=False):
         self.W, self.mean, self.M2 = 0.0, np.zeros(P), np.zeros(P)
+        self.low, self.high = np.full(P, np.inf), np.full(P, -np.inf)
         self.C = np.zeros((P, P)) if covariance else None
 
     def add(self, w, g):
         Wc = w.sum()
         if Wc == 0:
             return
+        live = g[w > 0]
+        np.minimum(self.low, live.min(axis=0), out=self.low)
+        np.maximum(self.high, live.max(axis=0), out=self.high)
         mc = np.einsum("n,np->p", w, g) / Wc  # einsum: no BLAS threads to contend
         g -= mc  # in place: g is this chunk's own array
         Cc = None if self.C is None else g.T @ (w[:, None] * g)  # (P, P)

@@ -43,7 +43,12 @@ def group_index(batch):
 
 
 def _group_size(batch):
-    """``(K, G)``: groups of consecutive rows, as TRL lays out a generation batch."""
+    """``(K, G)``: groups of consecutive rows, as TRL lays out a generation batch. A
+    :class:`fisher_ref.estimators.LossBatch` says ``K`` itself (its rows are consecutive
+    by construction, and under ``vmap`` its ``groups`` cannot be read as numbers)."""
+    K = getattr(batch, "groups_per_batch", None)
+    if isinstance(K, int) and K >= 1 and batch.rewards.shape[0] % K == 0:
+        return K, batch.rewards.shape[0] // K
     idx = group_index(batch)
     B = idx.shape[0]
     K = int(idx.max()) + 1 if B else 0
