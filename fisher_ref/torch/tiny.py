@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["EOS", "tiny_tokenizer", "tiny_llama", "token_text"]
+__all__ = ["EOS", "tiny_tokenizer", "tiny_llama", "token_text", "CHECKABLE_GRPO",
+           "checkable_grpo_trainer"]
 
 
 #: fisher_ref's EOS id.
@@ -59,3 +60,37 @@ def tiny_llama(vocab_size, *, hidden=8, layers=1, heads=2, intermediate=16,
     model.generation_config.pad_token_id = EOS
     model.generation_config.bos_token_id = None
     return model
+
+
+#: The ``GRPOConfig`` settings under which a run's applied gradient can be held to the
+#: exact one (fisher_ref.estimators.trl_run refuses the others by name): weights frozen,
+#: no clipping, no KL term, float64 throughout (no bf16 autocast), on the CPU, nothing
+#: logged or saved.
+CHECKABLE_GRPO = dict(learning_rate=0.0, max_grad_norm=0.0, beta=0.0, bf16=False,
+                      use_cpu=True, activation_checkpointing=False, report_to="none",
+                      logging_steps=10 ** 6, save_strategy="no", disable_tqdm=True,
+                      output_dir="unused")
+
+
+def checkable_grpo_trainer(model, tokenizer, reward_funcs, prompt, *, num_generations=None,
+                           max_completion_length=None, steps=None, callbacks=(), copies=8,
+                           args=None, **config):
+    """A ``trl.GRPOTrainer`` on the text ``prompt`` (or a list of them), ``copies`` rows
+    each of a ``datasets`` dataset, with :data:`CHECKABLE_GRPO` and
+    ``per_device_train_batch_size = num_generations`` unless ``config`` says otherwise
+    (``loss_type``, ``scale_rewards``, ``gradient_accumulation_steps``, ``seed``, or a
+    :data:`CHECKABLE_GRPO` key); or with ``args``, a ``GRPOConfig`` taken as it is."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+    if args is None:
+        kw = dict(CHECKABLE_GRPO, num_generations=num_generations,
+                  per_device_train_batch_size=num_generations,
+                  max_completion_length=max_completion_length, max_steps=steps)
+        kw.update(config)
+        args = GRPOConfig(**kw)
+    elif config or num_generations or max_completion_length or steps:
+        raise TypeError("pass either args (a GRPOConfig) or its settings, not both")
+    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+    return GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args,
+                       train_dataset=Dataset.from_dict({"prompt": prompts * copies}),
+                       processing_class=tokenizer, callbacks=list(callbacks))

@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 import torch
 
+from fisher_ref.estimators.trl_bugs import TRL_BUGS, inject_trl_bug
 from fisher_ref.estimators.trl_run import check_trainer_loss, trl_expected, trl_refusals
 from fisher_ref.testing import check_applied_covariance, check_applied_gradient, steps_needed
 from fisher_ref.torch import GradientRecorder
-from fisher_ref.torch.tiny import tiny_llama, tiny_tokenizer
+from fisher_ref.torch.tiny import (CHECKABLE_GRPO, checkable_grpo_trainer, tiny_llama,
+                                   tiny_tokenizer)
 
 #: False-failure rate of each run's verdict (two tests at ALPHA / 2).
 ALPHA = 1e-6
@@ -46,21 +48,15 @@ def _quiet():
 
 def grpo_args(loss_type="grpo", steps=10, *, length=T, group=G, **over):
     from trl import GRPOConfig
-    kw = dict(output_dir="unused", loss_type=loss_type, learning_rate=0.0, max_grad_norm=0.0,
-              beta=0.0, bf16=False, use_cpu=True, per_device_train_batch_size=group,
-              num_generations=group, max_completion_length=length, max_steps=steps,
-              report_to="none", logging_steps=10 ** 6, save_strategy="no",
-              activation_checkpointing=False, seed=0, disable_tqdm=True)
+    kw = dict(CHECKABLE_GRPO, loss_type=loss_type, per_device_train_batch_size=group,
+              num_generations=group, max_completion_length=length, max_steps=steps, seed=0)
     kw.update(over)
     return GRPOConfig(**kw)
 
 
 def make_trainer(args, *, vocab=V, prompts=("t1",), callbacks=(), reward=reward_func):
-    from datasets import Dataset
-    from trl import GRPOTrainer
-    return GRPOTrainer(model=tiny_llama(vocab, **MODEL), reward_funcs=reward, args=args,
-                       train_dataset=Dataset.from_dict({"prompt": list(prompts) * 8}),
-                       processing_class=tiny_tokenizer(vocab), callbacks=list(callbacks))
+    return checkable_grpo_trainer(tiny_llama(vocab, **MODEL), tiny_tokenizer(vocab), reward,
+                                  prompts, args=args, callbacks=callbacks)
 
 
 def run(args, *, vocab=V):
@@ -103,46 +99,10 @@ def test_clean_trainer_applies_the_exact_gradient(loss_type, steps):
     assert target.group_size == G and target.groups_per_batch == 1
 
 
-def _shifted_logps(monkeypatch):
-    """Log-probs taken one position early: each slot holds the next token's log-prob."""
-    from trl import GRPOTrainer
-    original = GRPOTrainer._get_per_token_logps_and_entropies
-
-    def shifted(self, *args, **kwargs):
-        logps, ent, aux = original(self, *args, **kwargs)
-        return torch.nn.functional.pad(logps[:, 1:], (0, 1)), ent, aux
-    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", shifted)
-
-
-def _token_after_eos_kept(monkeypatch):
-    """The completion mask keeps one more position after the first EOS (the pad token)."""
-    from trl import GRPOTrainer
-    original = GRPOTrainer._generate_and_score_completions
-
-    def leaky(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        m = out["completion_mask"]
-        out["completion_mask"] = torch.maximum(m, torch.nn.functional.pad(m[:, :-1], (1, 0)))
-        return out
-    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", leaky)
-
-
-def _advantages_not_divided(monkeypatch):
-    """The advantages are centred but not divided by the group's std: TRL's own branch
-    for scale_rewards="none", taken while the config (and so the target) says "group"."""
-    from trl import GRPOTrainer
-    original = GRPOTrainer._generate_and_score_completions
-
-    def undivided(self, *args, **kwargs):
-        self.scale_rewards = "none"
-        return original(self, *args, **kwargs)
-    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", undivided)
-
-
 @pytest.mark.parametrize("bug, powered_for", [
-    (_shifted_logps, POWERED_FOR), (_token_after_eos_kept, POWERED_FOR),
-    (_advantages_not_divided, -0.1)], ids=lambda x: getattr(x, "__name__", "")[1:])
-def test_pipeline_bugs_are_caught(bug, powered_for, monkeypatch):
+    ("logprobs_one_position_early", POWERED_FOR), ("token_after_eos_in_mask", POWERED_FOR),
+    ("advantages_not_divided_by_std", -0.1)])
+def test_pipeline_bugs_are_caught(bug, powered_for):
     """Each bug, injected here only, is caught by one of the two tests at the step count
     steps_needed gives for a scale error of ``powered_for`` (half or less of the bug's
     measured size: the log-prob shift and the mask leave 1-2% and 76-82% of the gradient
@@ -151,8 +111,8 @@ def test_pipeline_bugs_are_caught(bug, powered_for, monkeypatch):
     target = trl_expected(make_trainer(grpo_args("grpo")))
     n = steps_needed(target.exact, powered_for, alpha=ALPHA / 2, power=0.9)
     assert n <= 3000, n
-    bug(monkeypatch)
-    rec, target = run(grpo_args("grpo", n))
+    with inject_trl_bug(bug):
+        rec, target = run(grpo_args("grpo", n))
     per, cov = judge(rec, target)
     assert not (per and cov), f"seed 0: {per.message} | {cov.message}"
 
@@ -202,11 +162,9 @@ def test_trl_default_bf16_is_named_and_flagged():
     args = grpo_args("grpo", 1000)
     kw = {k: getattr(args, k) for k in ("loss_type", "max_steps", "seed")}
     from trl import GRPOConfig
-    default = GRPOConfig(output_dir="unused", use_cpu=True, learning_rate=0.0,
-                         max_grad_norm=0.0, beta=0.0, per_device_train_batch_size=G,
-                         num_generations=G, max_completion_length=T, report_to="none",
-                         logging_steps=10 ** 6, save_strategy="no",
-                         activation_checkpointing=False, disable_tqdm=True, **kw)
+    settings = {k: v for k, v in CHECKABLE_GRPO.items() if k != "bf16"}
+    default = GRPOConfig(per_device_train_batch_size=G, num_generations=G,
+                         max_completion_length=T, **settings, **kw)
     assert default.bf16 is True  # TRL's default
     assert any(r.startswith("bf16=True") for r in trl_refusals(default))
     rec = GradientRecorder()
@@ -271,3 +229,26 @@ def test_builder_refuses_what_it_cannot_read():
     trainer.reward_funcs = [torch.nn.Linear(2, 1)]  # a reward model (TRL loads it by name)
     with pytest.raises(ValueError, match="plain callables"):
         trl_expected(trainer)
+
+
+def test_injected_bugs_are_removed_after_the_block():
+    from trl import GRPOTrainer
+    before = dict(GRPOTrainer.__dict__)
+    for name in TRL_BUGS:
+        with pytest.raises(RuntimeError):
+            with inject_trl_bug(name):
+                assert any(GRPOTrainer.__dict__[k] is not before[k] for k in before)
+                raise RuntimeError
+    assert all(GRPOTrainer.__dict__[k] is before[k] for k in before)
+    with pytest.raises(ValueError, match="unknown bug"):
+        with inject_trl_bug("nope"):
+            pass
+
+
+def test_checkable_grpo_trainer_builds_a_run_with_no_refusal():
+    trainer = checkable_grpo_trainer(tiny_llama(V, **MODEL), tiny_tokenizer(V), reward_func,
+                                     "t1", num_generations=G, max_completion_length=T,
+                                     steps=3, loss_type="dapo")
+    assert trl_refusals(trainer.args, trainer.model) == []
+    assert trainer.args.per_device_train_batch_size == G and trainer.args.loss_type == "dapo"
+    assert trl_expected(trainer).groups_per_batch == 1
