@@ -213,7 +213,8 @@ def check_applied_covariance(samples, exact, *, alpha=1e-6, directions=None,
 
     Args:
         samples: the per-step applied gradients ``(steps, P)``, ``steps >=``
-            :data:`MIN_STEPS`.
+            ``min_steps``, or a recorder that kept them
+            (:class:`fisher_ref.torch.GradientRecorder`).
         exact: a ``LossGradient`` with ``covariance`` (or a ``(mean, covariance)`` pair),
             ``(P,)`` and ``(P, P)``.
         alpha: the false-failure rate, in (0, 1).
@@ -249,6 +250,11 @@ def check_applied_covariance(samples, exact, *, alpha=1e-6, directions=None,
         >>> bool(check_applied_covariance(g + [0, 0, 0.05], exact, method="chi2"))
         False
     """
+    if hasattr(samples, "running_sums"):  # a recorder
+        samples = samples.samples()
+        if samples is None:
+            raise ValueError("the recorder kept no steps (keep_samples=False): the covariance "
+                             "test needs them")
     g = np.asarray(samples, dtype=np.float64)
     if g.ndim != 2:
         raise ValueError(f"samples must be (steps, P), got shape {g.shape}")

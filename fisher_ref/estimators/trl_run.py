@@ -25,7 +25,7 @@ from fisher_ref.estimators.groups import response_table
 from fisher_ref.estimators.trainers import trl_advantages, trl_loss
 from fisher_ref.verdict import Verdict
 
-__all__ = ["TrainerTarget", "trl_refusals", "trl_task", "trl_expected", "TrainerLossVerdict",
+__all__ = ["TrainerTarget", "RunVerdict", "trl_refusals", "trl_task", "trl_expected", "TrainerLossVerdict",
            "check_trainer_loss"]
 
 
@@ -143,6 +143,47 @@ class TrainerTarget:
     exact: object = None
     distribution: tuple | None = None
     names: list | None = None
+
+    def check(self, samples, *, alpha=1e-6):
+        """Judge the applied gradients ``samples`` (a recorder, or ``(steps, P)``): the
+        per-parameter test and, with the ``distribution``, the covariance test, each at
+        ``alpha / 2`` (Bennett's bound: a correct run fails with probability at most
+        ``alpha``). Returns a :class:`RunVerdict`."""
+        from fisher_ref.testing import check_applied_covariance, check_applied_gradient
+        layout = getattr(samples, "layout", None) or self.names
+        share = alpha / 2 if self.distribution is not None else alpha
+        if self.distribution is not None and getattr(self.exact, "covariance", None) is None:
+            raise ValueError("the target has a distribution but no covariance")
+        per = check_applied_gradient(samples, self.exact, alpha=share, layout=layout)
+        cov = None if self.distribution is None else check_applied_covariance(
+            samples, self.exact, alpha=share, distribution=self.distribution)
+        return RunVerdict(passed=bool(per) and (cov is None or bool(cov)),
+                          per_parameter=per, covariance=cov, alpha=float(alpha))
+
+
+@dataclass
+class RunVerdict(Verdict):
+    """What :meth:`TrainerTarget.check` found: true when both tests passed.
+
+    Attributes:
+        passed: both passed.
+        per_parameter: the :class:`fisher_ref.testing.AppliedGradientVerdict`.
+        covariance: the :class:`fisher_ref.testing.CovarianceVerdict`, or ``None``.
+        alpha: the false-failure rate of the two together.
+    """
+
+    passed: bool
+    per_parameter: object
+    covariance: object
+    alpha: float
+
+    @property
+    def message(self):
+        """Both verdicts, one per line."""
+        lines = [self.per_parameter.message]
+        if self.covariance is not None:
+            lines.append(self.covariance.message)
+        return "\n".join(lines)
 
 
 def trl_task(trainer):

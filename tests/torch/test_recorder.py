@@ -4,6 +4,7 @@ moved, memory past its cap, too few steps for a verdict). The end-to-end checks 
 it records are in test_trl_end_to_end.py."""
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -79,3 +80,26 @@ def test_recorder_sees_weights_that_moved_and_caps_memory():
     sums_only.on_train_begin(args, None, None, model=model)
     sums_only.on_pre_optimizer_step(args, None, None, model=model)
     assert sums_only.samples() is None and sums_only.running_sums()[2] == 1
+
+
+def test_target_check_without_distribution_and_a_sums_only_recorder():
+    """Without the distribution the target's check is the per-parameter test at the whole
+    alpha; a recorder that kept only running sums serves it, and the covariance test
+    refuses it by name."""
+    from fisher_ref.testing import check_applied_covariance
+    rec = GradientRecorder(keep_samples=False)
+    trainer = make_trainer(grpo_args("grpo", 40), callbacks=[rec])
+    target = trl_expected(trainer)
+    trainer.train()
+    v = target.check(rec, alpha=1e-6)
+    assert v.covariance is None and v.per_parameter.alpha == 1e-6
+    assert np.isnan(v.per_parameter.scale_se)  # the steps were not kept
+    with pytest.raises(ValueError, match="keep_samples=False"):
+        check_applied_covariance(rec, target.exact, distribution=([0], [1]))
+
+
+def test_checkable_trainer_takes_args_or_settings_not_both():
+    from fisher_ref.torch.tiny import checkable_grpo_trainer, tiny_tokenizer
+    with pytest.raises(TypeError, match="not both"):
+        checkable_grpo_trainer(tiny_llama(V, **MODEL), tiny_tokenizer(V), lambda **k: [0.0],
+                               "t1", args=grpo_args(), num_generations=3)
