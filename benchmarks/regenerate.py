@@ -132,6 +132,9 @@ def records():
         Record("applied-covariance", "python benchmarks/estimators/applied_covariance.py",
                ("docs/bench/estimators/applied_covariance.json",),
                cited_by="docs/check/applied_gradient.md"),
+        Record("trainer-power", "python benchmarks/estimators/trainer_power.py",
+               ("docs/bench/estimators/trainer_power.json",),
+               cited_by="docs/check/end_to_end.md"),
         Record("fresh-run", "python benchmarks/speed/fresh_run.py --peer --json "
                "docs/bench/fresh/fresh_run.json", ("docs/bench/fresh/fresh_run.json",)),
         *[Record(f"alloc-{task}", f"python benchmarks/memory/alloc_effects.py --config {task} "

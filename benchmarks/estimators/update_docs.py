@@ -1,7 +1,8 @@
 """Write the numbers of docs/bench/estimators/*.json into the pages that quote them,
 between their ``<!-- NAME -->`` and ``<!-- end NAME -->`` markers:
-docs/check/rl_losses.md (batch_bias), docs/performance/speed.md (batch_cost) and
-docs/check/applied_gradient.md (applied_covariance).
+docs/check/rl_losses.md (batch_bias), docs/performance/speed.md (batch_cost),
+docs/check/applied_gradient.md (applied_covariance) and docs/check/end_to_end.md
+(trainer_power).
 tests/docs/test_estimator_records.py holds the pages to these renderings.
 
     PYTHONPATH=. python benchmarks/estimators/update_docs.py
@@ -18,6 +19,7 @@ sys.path.insert(0, str(HERE))
 import applied_covariance  # noqa: E402
 import batch_bias  # noqa: E402
 import batch_cost  # noqa: E402
+import trainer_power  # noqa: E402
 
 RECORDS = ROOT / "docs" / "bench" / "estimators"
 
@@ -60,7 +62,23 @@ def render_applied(r):
             f"({r['seconds']:.0f} s).")
 
 
-PAGES = {"applied_covariance": (ROOT / "docs" / "check" / "applied_gradient.md",
+def render_power(r):
+    sn = r["steps_needed"]
+    return (trainer_power.table(r) + "\n\nThe grid is "
+            f"{', '.join(f'{n:,}' for n in r['grid'])} steps; \"scale\" is the least-squares "
+            "fit of the mean applied gradient along the exact one over the whole run (1: "
+            "right), averaged over the seeds. For a pure scale error `steps_needed` predicts "
+            f"{sn['0.5']:,} steps for 1.5x the gradient, {sn['0.2']:,} for 1.2x, "
+            f"{sn['-0.2']:,} for 0.8x and {sn['-0.1']:,} for 0.9x (90% power, from the "
+            "best-placed parameter alone). A bias off the exact gradient (the leaky mask, "
+            "bf16) is not a scale error: the covariance test sees it where it lies. The "
+            f"record is `docs/bench/estimators/trainer_power.json`, {_where(r)}, written by "
+            f"`PYTHONPATH=. python benchmarks/estimators/trainer_power.py` ({r['seconds']:.0f} "
+            "s).")
+
+
+PAGES = {"trainer_power": (ROOT / "docs" / "check" / "end_to_end.md", render_power),
+         "applied_covariance": (ROOT / "docs" / "check" / "applied_gradient.md",
                                 render_applied),
          "batch_bias": (ROOT / "docs" / "check" / "rl_losses.md", render_bias),
          "batch_cost": (ROOT / "docs" / "performance" / "speed.md", render_cost)}

@@ -1,7 +1,9 @@
 """The pages quote the estimator records as benchmarks/estimators/update_docs.py renders
-them: docs/check/rl_losses.md the relative bias against K (batch_bias.json) and
-docs/performance/speed.md the enumeration cost of K = 1, 2, 3 (batch_cost.json); and the
-records themselves are consistent (the plot is there, the limit row is K = 1)."""
+them: docs/check/rl_losses.md the relative bias against K (batch_bias.json),
+docs/performance/speed.md the enumeration cost of K = 1, 2, 3 (batch_cost.json),
+docs/check/applied_gradient.md the tests' calibration (applied_covariance.json) and
+docs/check/end_to_end.md the steps each bug takes on the real trainer
+(trainer_power.json); and the records say what the pages claim of them."""
 import importlib.util
 import json
 from pathlib import Path
@@ -54,3 +56,26 @@ def test_covariance_record_shows_what_the_page_says():
         steps = [sorted(1e9 if x is None else x for x in p["first_flagged"][k])
                  for k in ("covariance_test", "per_parameter_z")]
         assert steps[0][len(steps[0]) // 2] >= steps[1][len(steps[1]) // 2] / 2
+    # Bennett's bound: at most its alpha on the heavy-tailed task, from 5 steps on
+    for key, alpha in (("bennett_covariance", 0.05), ("bennett_per_parameter", 0.05),
+                       ("bennett_covariance_1e-6", 1e-6), ("bennett_per_parameter_1e-6", 1e-6)):
+        assert min(map(int, c[key])) == 5 and all(v <= alpha for v in c[key].values()), key
+
+
+def test_trainer_power_record_shows_what_the_page_says():
+    """docs/check/end_to_end.md's claims, held to the record: the clean trainer is never
+    flagged; each injected bug is flagged in every seed within its run; TRL's default bf16
+    is flagged by the covariance test within 1,500 steps in every seed and not by the
+    per-parameter test within its run; the advantage bug's mean scale is below 0.9."""
+    r = json.loads((update_docs.RECORDS / "trainer_power.json").read_text())
+    assert r["commit"] and r["machine"] and r["setup"]["alpha_each"] == 5e-7
+    cases = r["cases"]
+    assert all(x["per_parameter"] is None and x["covariance"] is None
+               for x in cases["clean"]["runs"])
+    for name in ("logprobs_one_position_early", "token_after_eos_in_mask",
+                 "advantages_not_divided_by_std"):
+        assert all(x["per_parameter"] or x["covariance"] for x in cases[name]["runs"]), name
+    bf16 = cases["bf16_default"]["runs"]
+    assert all(x["covariance"] is not None and x["covariance"] <= 1500 for x in bf16)
+    assert all(x["per_parameter"] is None for x in bf16)
+    assert cases["advantages_not_divided_by_std"]["mean_scale"] < 0.9

@@ -126,13 +126,16 @@ V2, T2 = 4, 2
 
 
 @pytest.mark.parametrize("layout", ["two_prompts_per_step", "accumulation_over_2"])
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "grpo-batch-std"])
 def test_two_groups_per_step_pass_against_groups_per_batch_2(layout, loss_type):
     """per_device_train_batch_size = 2 G (two prompts per step), or G with
     gradient_accumulation_steps = 2 (two micro-batches per optimizer step): the target
-    is groups_per_batch = 2 and the clean run passes (false failure <= ALPHA)."""
+    is groups_per_batch = 2 and the clean run passes (false failure <= ALPHA). With
+    scale_rewards="batch" the advantages share one std over both groups."""
     over = ({"per_device_train_batch_size": 2 * G} if layout == "two_prompts_per_step"
             else {"gradient_accumulation_steps": 2})
+    if loss_type == "grpo-batch-std":
+        loss_type, over = "grpo", {**over, "scale_rewards": "batch"}
     args = grpo_args(loss_type, 10, length=T2, **over)
     n = powered_steps(args, vocab=V2)
     rec, target = run(grpo_args(loss_type, n, length=T2, **over), vocab=V2)
@@ -195,6 +198,10 @@ def test_trainer_loss_check_passes_in_float64():
     ({"learning_rate": 1e-3}, "learning_rate"), ({"max_grad_norm": 1.0}, "max_grad_norm"),
     ({"bf16": True}, "bf16"), ({"beta": 0.04}, "beta"), ({"num_iterations": 2}, "num_iterations"),
     ({"use_vllm": True}, "use_vllm"),
+    ({"loss_type": "bnpo", "gradient_accumulation_steps": 2}, "loss_type"),
+    ({"gradient_accumulation_steps": 2, "steps_per_generation": 4}, "steps_per_generation"),
+    ({"mask_truncated_completions": True}, "mask_truncated_completions"),
+    ({"top_entropy_quantile": 0.5}, "top_entropy_quantile"),
 ])
 def test_settings_that_cannot_be_mirrored_are_refused_by_name(over, name):
     if name == "use_vllm":  # GRPOConfig itself refuses vLLM without the package
