@@ -65,7 +65,7 @@ def test_covariance_record_shows_what_the_page_says():
 def test_trainer_power_record_shows_what_the_page_says():
     """docs/check/end_to_end.md's claims, held to the record: the clean trainer is never
     flagged; each injected bug is flagged in every seed within its run; TRL's default bf16
-    is flagged by the covariance test within 1,500 steps in every seed and not by the
+    is flagged by the covariance test within 1,000 steps in every seed and not by the
     per-parameter test within its run; the advantage bug's mean scale is below 0.9."""
     r = json.loads((update_docs.RECORDS / "trainer_power.json").read_text())
     assert r["commit"] and r["machine"] and r["setup"]["alpha_each"] == 5e-7
@@ -76,6 +76,6 @@ def test_trainer_power_record_shows_what_the_page_says():
                  "advantages_not_divided_by_std"):
         assert all(x["per_parameter"] or x["covariance"] for x in cases[name]["runs"]), name
     bf16 = cases["bf16_default"]["runs"]
-    assert all(x["covariance"] is not None and x["covariance"] <= 1500 for x in bf16)
+    assert all(x["covariance"] is not None and x["covariance"] <= 1000 for x in bf16)
     assert all(x["per_parameter"] is None for x in bf16)
     assert cases["advantages_not_divided_by_std"]["mean_scale"] < 0.9

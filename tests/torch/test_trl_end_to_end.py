@@ -164,8 +164,9 @@ def test_trl_default_bf16_is_named_and_flagged():
     """GRPOConfig's default bf16 (left unset here): the deterministic check names the
     precision as the cause; over 1,000 steps the covariance test flags the applied
     gradient (its bias lies in low-variance directions the per-parameter test cannot
-    resolve in so few steps; measured ratio to the threshold 1.6-1.8 at 1,000 steps over
-    three seeds, crossing 1 at 450-500)."""
+    resolve in so few steps: docs/bench/estimators/trainer_power.json has it flagged at
+    700, 1,000 and 700 steps for seeds 0-2, and never by the per-parameter test within
+    2,000)."""
     args = grpo_args("grpo", 1000)
     kw = {k: getattr(args, k) for k in ("loss_type", "max_steps", "seed")}
     from trl import GRPOConfig
