@@ -28,7 +28,7 @@ from fisher_ref.torch.tiny import checkable_grpo_trainer, tiny_llama, tiny_token
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "bench" / "estimators" / "trainer_power.json"
 MODEL = {"hidden": 4, "intermediate": 8, "init_std": 0.6, "seed": 0}
-V, T, G, ALPHA = 4, 3, 3, 1e-6
+V, T, G, ALPHA, LOSS = 4, 3, 3, 1e-6, "grpo"
 GRID = (30, 50, 100, 150, 200, 300, 500, 700, 1000, 1500, 2000, 3000)
 #: case: (bug or None, bf16, steps run)
 CASES = {"clean": (None, False, 3000),
@@ -46,7 +46,7 @@ def reward_func(prompts, completions, completion_ids, **kwargs):
 def trainer(steps, seed, bf16, callbacks=()):
     return checkable_grpo_trainer(tiny_llama(V, **MODEL), tiny_tokenizer(V), reward_func, "t1",
                                   num_generations=G, max_completion_length=T, steps=steps,
-                                  seed=seed, bf16=bf16, callbacks=callbacks)
+                                  seed=seed, bf16=bf16, callbacks=callbacks, loss_type=LOSS)
 
 
 def first_flagged(samples, target):
@@ -97,7 +97,7 @@ def main(argv=None):
     record = {"command": "python benchmarks/estimators/trainer_power.py",
               "commit": git_commit(ROOT), "machine": machine(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "setup": {"model": MODEL, "vocab": V, "T": T, "G": G, "loss_type": "grpo",
+              "setup": {"model": MODEL, "vocab": V, "T": T, "G": G, "loss_type": LOSS,
                         "parameters": int(target.exact.mean.size), "alpha_each": ALPHA / 2},
               "grid": list(GRID), "cases": cases,
               "steps_needed": {str(r): steps_needed(target.exact, r, alpha=ALPHA / 2)

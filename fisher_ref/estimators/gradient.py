@@ -83,9 +83,8 @@ class LossGradient:
         limit: the :class:`fisher_ref.estimators.batch.BatchLimit` the batches carried.
         covariance: :math:`\mathrm{Cov}[\nabla_\theta L]` ``(P, P)`` over one batch (its
             diagonal is ``variance``), or ``None`` unless asked with ``covariance=True``.
-        low, high: the range of one batch's gradient over the batches that can be drawn
-            (``(P,)`` each): what a tail bound without the normal approximation needs
-            (:func:`fisher_ref.testing.check_applied_gradient`).
+        low, high: the range of one batch's gradient over the batches that can be drawn,
+            for :func:`fisher_ref.testing.check_applied_gradient`'s tail bound.
     """
 
     mean: np.ndarray
@@ -429,8 +428,7 @@ def expected_loss_gradient(task, loss, group_size=1, symmetric=False, *, groups_
                         n_groups=n_groups, groups_per_batch=K, n_batches=n_batches, pad=pad,
                         evaluation=coeffs.evaluation, evaluation_error=coeffs.error,
                         casts=dict(coeffs.casts), limit=limit,
-                        covariance=acc.covariance, low=acc.low.copy(),
-                        high=acc.high.copy())
+                        covariance=acc.covariance, low=acc.low.copy(), high=acc.high.copy())
 
 
 def clipped_share(clipped, unclipped):
