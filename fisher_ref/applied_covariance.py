@@ -183,6 +183,12 @@ def _projected(distribution, mean, U, P):
     if g.ndim != 2 or g.shape[1] != P or p.shape != (len(g),):
         raise ValueError(f"distribution must be (gradients (N, {P}), probabilities (N,)), "
                          f"got shapes {g.shape} and {p.shape}")
+    scale = max(float(np.abs(g).max(initial=0.0)), 1e-300)
+    if (p < 0).any() or abs(p.sum() - 1) > 1e-9 or \
+            np.abs(p @ g - mean).max(initial=0.0) > 1e-8 * scale:
+        raise ValueError("distribution is not that of exact: its probabilities must be >= 0 "
+                         "and sum to 1, and its mean must be exact.mean (another task, loss, "
+                         "group size or groups_per_batch?)")
     return (g - mean) @ U, p  # (N, m), (N,)
 
 

@@ -18,9 +18,9 @@ within the range: a theorem, not an approximation. ``method="normal"`` takes the
 quantile :math:`z_{\alpha/2P'}` instead: more power, but its rate rests on the normal
 approximation of a mean, which fails for heavy-tailed gradients (a loss like GRPO's, where
 most groups give 0 and rare ones carry a parameter): on ``offpolicy_stale`` with GRPO,
-G = 2, a correct sampler failed it at ``alpha = 1e-6`` in 1-1.4% of 2,000 runs at 5-10
-steps and 0.05-0.1% at 40-300 steps (``benchmarks/estimators/applied_covariance.py``,
-record ``docs/bench/estimators/applied_covariance.json``).
+G = 2, a correct sampler failed it at ``alpha = 1e-6`` in 0.8-1.7% of 2,000 runs at 5-10
+steps and 0.05% at 40-100 steps (``benchmarks/estimators/applied_covariance.py``, record
+``docs/bench/estimators/applied_covariance.json``), where Bennett's bound failed none.
 
 The sample variance is not used: many groups have equal rewards and give a zero gradient,
 so over a few steps the sample spread can be far below the true one and every clean run
@@ -109,6 +109,11 @@ def _exact(exact, method="normal"):
     if low.shape != mean.shape or high.shape != mean.shape or not (
             np.isfinite(low).all() and np.isfinite(high).all()):
         raise ValueError(f"exact.low and exact.high must be finite ({mean.shape[0]},) arrays")
+    tol = _CONSTANT_RTOL * max(float(np.abs(mean).max(initial=0.0)),
+                               float(np.sqrt(var.max(initial=0.0))), 1e-300)
+    if (high < mean - tol).any() or (low > mean + tol).any():
+        raise ValueError("exact.low <= exact.mean <= exact.high fails: the range is not that "
+                         "of the distribution whose mean this is")
     slack = SUPPORT_RTOL * max(float(np.abs(low).max(initial=0.0)),
                                float(np.abs(high).max(initial=0.0)), 1e-300)
     return (mean, var, np.maximum(high - mean, 0.0) + slack,
@@ -132,11 +137,21 @@ def _names(layout, P):
     return names
 
 
+def _zero_variance(mean, var):
+    """``(P,)`` bool: the parameters whose exact variance is 0 up to the enumeration's
+    rounding (below :data:`_CONSTANT_RTOL` of the largest mean or spread, squared)."""
+    scale = max(float(np.abs(mean).max(initial=0.0)), float(np.sqrt(var.max(initial=0.0))),
+                1e-300)
+    return var <= (_CONSTANT_RTOL * scale) ** 2
+
+
 def _samples(samples):
     """``(sum (P,), sum of squares (P,), n, steps (n, P) or None)`` of an array or a recorder."""
     if hasattr(samples, "running_sums"):
         s, s2, n = samples.running_sums()
         kept = samples.samples()
+        if not (np.isfinite(s).all() and np.isfinite(s2).all()):
+            raise ValueError("the recorder holds NaN or infinite gradients")
         return np.asarray(s, np.float64), np.asarray(s2, np.float64), int(n), kept
     a = np.asarray(samples, dtype=np.float64)
     if a.ndim != 2:
@@ -267,19 +282,21 @@ def check_applied_gradient(samples, exact, *, alpha=1e-6, layout=None, min_steps
     if s.shape != (P,):
         raise ValueError(f"samples have {s.shape[0]} parameters per step, exact has {P}")
     if n < min_steps:
-        raise ValueError(f"samples hold {n} steps, fewer than min_steps={min_steps}: the "
-                         f"normal approximation of their mean needs more")
+        raise ValueError(f"samples hold {n} steps, fewer than min_steps={min_steps}: too few "
+                         f"to judge (a run of one step, or a handful, is more likely a "
+                         f"mistake than a test)")
     names = _names(layout, P)
     gbar = s / n  # (P,)
     spread = np.sqrt(np.maximum(s2 / n - gbar ** 2, 0.0))  # (P,)
     scale_of = max(float(np.abs(mean).max()), float(np.sqrt(var.max())), 1e-300)
-    zero = var == 0
+    zero = _zero_variance(mean, var)
     moved = zero & (spread > _CONSTANT_RTOL * max(scale_of, float(np.abs(gbar).max())))
     if moved.any():
         bad = [names[i] for i in np.flatnonzero(moved)[:5]]
         raise ValueError(f"exact.variance is 0 for {int(moved.sum())} parameters whose applied "
-                         f"gradient varies from step to step (first {bad}): the exact result "
-                         f"is not of this run (another task, loss or group size?)")
+                         f"gradient varies from step to step (first {bad}): either the exact "
+                         f"result is not of this run (another task, loss or group size?) or "
+                         f"the pipeline moves parameters no correct step can move")
     live = ~zero
     tested = max(int(live.sum()), 1)
     z, thr, log_q = np.zeros(P), np.full(P, np.inf), np.zeros(P)
@@ -344,7 +361,7 @@ def steps_needed(exact, relative_bias, alpha=1e-6, power=0.9, method="bennett"):
         raise ValueError(f"relative_bias must be a nonzero number, got {relative_bias!r}")
     if not 0.5 <= power < 1:
         raise ValueError(f"power must be in [0.5, 1), got {power!r}")
-    live = var > 0
+    live = ~_zero_variance(mean, var)
     if not live.any():
         raise ValueError("exact.variance is 0 everywhere: one step decides")
     shift = relative_bias * mean[live]  # (P',)

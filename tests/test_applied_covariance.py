@@ -234,6 +234,10 @@ def test_bennett_sees_a_bias_along_a_low_variance_direction():
 def test_bennett_refusals():
     g, p, lg = _enumerated("off-G2")
     s = _steps(np.random.default_rng(0), "off-G2", 50)
+    with pytest.raises(ValueError, match="distribution is not that of exact"):
+        check_applied_covariance(s, lg, distribution=(g, 0.5 * p))
+    with pytest.raises(ValueError, match="distribution is not that of exact"):
+        check_applied_covariance(s, lg, distribution=(g + 1.0, p))
     with pytest.raises(ValueError, match="method='chi2'"):
         check_applied_covariance(s, lg)
     with pytest.raises(ValueError, match="method must be"):

@@ -95,8 +95,9 @@ def test_the_far_tail_holds_with_bennett_not_with_the_normal_quantile(heavy):
     correct sampler in about 1% of runs (10,000 times its stated rate); Bennett's bound in
     none of 2,000. False failure of each assertion <= CALIBRATION_FALSE_FAILURE: with
     Bennett, the binomial upper tail at rate 1e-6; for the normal threshold, its rate
-    measured at 1.1-1.4% in 2,000-run record runs, so 3 or fewer of 2,000 would be a
-    binomial lower tail far below 1e-6."""
+    measured at 1.1-1.7% in 2,000-run record runs (docs/bench/estimators/
+    applied_covariance.json), so 3 or fewer of 2,000 would be a binomial lower tail
+    below 1e-6 (5.7e-7 at 1.1%)."""
     exact, g, w = heavy
     seeds, seed = 2000, 20261206
     bennett = _rejected(exact, g, w, 5, 1e-6, seeds, seed, "bennett")
@@ -162,6 +163,14 @@ def test_bennett_needs_the_range_and_stays_within_it():
     assert wide.z_threshold > v.z_threshold and wide.ratio < v.ratio
     normal = check_applied_gradient(steps, (one, one), method="normal")
     assert normal.z_threshold < v.z_threshold
+
+
+def test_a_range_that_does_not_hold_the_mean_is_refused():
+    one = np.ones(2)
+    with pytest.raises(ValueError, match="low <= exact.mean <= exact.high"):
+        check_applied_gradient(np.ones((40, 2)), (one, one, 2 * one, 3 * one))
+    with pytest.raises(ValueError, match="finite"):
+        check_applied_gradient(np.ones((40, 2)), (one, one, 0 * one, np.inf * one))
 
 
 def test_steps_needed_with_bennett_is_more_than_with_the_normal_quantile(draws):

@@ -1,7 +1,7 @@
 """How many steps of a real TRL GRPOTrainer each check needs to see each pipeline bug:
 the power table of docs/check/end_to_end.md. The setup of tests/torch/test_trl_end_to_end.py
 (a one-layer float64 Llama, hidden 4, vocabulary 4, one prompt, T = 3, G = 3, grpo), each
-bug of fisher_ref.estimators.trl_bugs injected, and TRL's default bf16; per seed, the
+bug of tests/torch/trl_bugs.py injected, and TRL's default bf16; per seed, the
 first step count of a grid at which each test (Bennett's bound, alpha 5e-7 each: the
 tests' setting) fails on the run's first n steps, and what steps_needed predicts for a
 scale error of the size measured. Writes docs/bench/estimators/trainer_power.json.
@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fisher_ref.estimators.trl_bugs import TRL_BUGS, inject_trl_bug
-from fisher_ref.estimators.trl_run import trl_expected
+from .trl_bugs import TRL_BUGS, inject_trl_bug
+from fisher_ref.estimators import trl_expected
 from fisher_ref.perf.scaling import git_commit, machine
 from fisher_ref.testing import check_applied_covariance, check_applied_gradient, steps_needed
 from fisher_ref.torch import GradientRecorder
 from fisher_ref.torch.tiny import checkable_grpo_trainer, tiny_llama, tiny_tokenizer
+from tests.torch.trl_bugs import TRL_BUGS, inject_trl_bug  # the bugs the tests inject
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "bench" / "estimators" / "trainer_power.json"

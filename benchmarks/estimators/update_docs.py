@@ -50,8 +50,8 @@ def render_applied(r):
     return (f"On `{r['task']}` with `{r['loss']}`, G = {r['group_size']} (symmetric), "
             f"P = {r['parameters']} parameters, the exact covariance has rank {r['rank']} and "
             f"{r['zero_gradient_share']:.0%} of the groups have a zero gradient. Over "
-            f"{r['runs']:,} runs per row (seed {r['seed']}), steps drawn i.i.d. from the "
-            f"enumerated groups:\n\n" + applied_covariance.table(r) +
+            f"{r['runs']:,} runs per row ({r['bennett_runs']:,} for Bennett's bound; seed "
+            f"{r['seed']}), steps drawn i.i.d. from the enumerated groups:\n\n" + applied_covariance.table(r) +
             f"\n\nThe diagonal chi-square at {d['steps']} steps has mean/df "
             f"{d['mean_over_df']:.3f} (as it must) but sd/df {d['sd_over_df']:.3f}, against "
             f"{d['chi2_sd_over_df']:.3f} for a chi-square on {d['df']} degrees of freedom. "
@@ -70,8 +70,9 @@ def render_power(r):
             "right), averaged over the seeds. For a pure scale error `steps_needed` predicts "
             f"{sn['0.5']:,} steps for 1.5x the gradient, {sn['0.2']:,} for 1.2x, "
             f"{sn['-0.2']:,} for 0.8x and {sn['-0.1']:,} for 0.9x (90% power, from the "
-            "best-placed parameter alone). A bias off the exact gradient (the leaky mask, "
-            "bf16) is not a scale error: the covariance test sees it where it lies. The "
+            "best-placed parameter alone). bf16's bias is not a scale error (its scale is "
+            f"{r['cases']['bf16_default']['mean_scale']:.3f}): it lies along low-variance "
+            "directions, where only the covariance test sees it. The "
             f"record is `docs/bench/estimators/trainer_power.json`, {_where(r)}, written by "
             f"`PYTHONPATH=. python benchmarks/estimators/trainer_power.py` ({r['seconds']:.0f} "
             "s).")

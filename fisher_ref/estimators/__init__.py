@@ -8,7 +8,7 @@ verdict (:mod:`.check`); :mod:`.reduction` sums group estimators over reward cla
 ``enumerated_gradients`` lists every batch's gradient and probability (:mod:`.enumerated`);
 ``trl_expected`` and ``check_trainer_loss`` read the target of one optimizer step and a
 check of the loss method from a built ``trl.GRPOTrainer`` (:mod:`.trl_run`, TRL needed only
-there); :mod:`.trl_bugs` injects known pipeline bugs into it. Needs torch.
+there). Needs torch.
 """
 from . import presets, reduction
 from .audit import VmapFallbackWarning
@@ -16,8 +16,8 @@ from .batch import BatchLimit, LossBatch
 from .check import LossVerdict, check_loss
 from .enumerated import enumerated_gradients
 from .gradient import LossGradient, clipped_share, expected_loss_gradient
-from .trl_run import (TrainerLossVerdict, TrainerTarget, check_trainer_loss, trl_expected,
-                      trl_refusals)
+from .trl_run import TrainerLossVerdict, TrainerTarget, check_trainer_loss, trl_expected
+from .trl_settings import trl_refusals
 
 __all__ = ["BatchLimit", "LossBatch", "LossGradient", "LossVerdict", "VmapFallbackWarning",
            "check_loss", "clipped_share", "enumerated_gradients", "expected_loss_gradient", "presets",

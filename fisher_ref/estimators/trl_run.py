@@ -12,6 +12,7 @@ Settings fisher_ref cannot mirror are refused by name (:func:`trl_refusals`).
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,64 +24,12 @@ from fisher_ref.estimators.evaluation import loss_coefficients
 from fisher_ref.estimators.gradient import expected_loss_gradient, group_gradients
 from fisher_ref.estimators.groups import response_table
 from fisher_ref.estimators.trainers import trl_advantages, trl_loss
+from fisher_ref.estimators.trl_reference import reference_refusal, trl_reference_loss
+from fisher_ref.estimators.trl_settings import trl_refusals
 from fisher_ref.verdict import Verdict
 
-__all__ = ["TrainerTarget", "RunVerdict", "trl_refusals", "trl_task", "trl_expected", "TrainerLossVerdict",
+__all__ = ["TrainerTarget", "RunVerdict", "trl_task", "trl_expected", "TrainerLossVerdict",
            "check_trainer_loss"]
-
-
-def _float_settings(args):
-    """``[(name, value, need, why)]``: the numeric settings that must have a value."""
-    return [
-        ("learning_rate", args.learning_rate, 0.0, "the weights would move between steps"),
-        ("max_grad_norm", args.max_grad_norm or 0.0, 0.0,
-         "clipping rescales the applied gradient by a data-dependent factor"),
-        ("top_p", args.top_p, 1.0, "nucleus sampling draws from a truncated policy"),
-        ("top_k", args.top_k or 0, 0, "top-k sampling draws from a truncated policy"),
-        ("min_p", args.min_p or 0.0, 0.0, "min-p sampling draws from a truncated policy"),
-        ("temperature", args.temperature, 1.0,
-         "the sampler and the log-probs would be of the tempered policy"),
-        ("repetition_penalty", args.repetition_penalty, 1.0,
-         "the sampler would not be the model's policy"),
-        ("beta", args.beta, 0.0, "the KL term needs a reference model"),
-        ("num_iterations", args.num_iterations, 1,
-         "steps would reuse one generation: not i.i.d. draws"),
-    ]
-
-
-def trl_refusals(args, model=None):
-    """The settings of a ``GRPOConfig`` (and model) fisher_ref cannot mirror, each as
-    ``"name=value: why; set name=need"``; empty when the run can be held to the exact
-    gradient."""
-    out = [f"{name}={value!r}: {why}; set {name}={need!r}"
-           for name, value, need, why in _float_settings(args) if value != need]
-    flags = [("use_vllm", "vLLM samples outside the model fisher_ref enumerates"),
-             ("bf16", "bf16 autocast rounds the log-prob recompute (TRL's default: "
-                      "check_trainer_loss measures it)"),
-             ("fp16", "fp16 autocast rounds the log-prob recompute"),
-             ("mask_truncated_completions", "not mirrored"),
-             ("use_liger_kernel", "not mirrored")]
-    out += [f"{name}=True: {why}; set {name}=False" for name, why in flags
-            if getattr(args, name, False)]
-    if args.steps_per_generation != args.gradient_accumulation_steps:
-        out.append(f"steps_per_generation={args.steps_per_generation}: one generation would "
-                   f"feed several optimizer steps; set it to gradient_accumulation_steps="
-                   f"{args.gradient_accumulation_steps}")
-    if args.gradient_accumulation_steps > 1 and args.loss_type == "bnpo":
-        out.append("loss_type='bnpo' with gradient_accumulation_steps > 1: each micro-batch "
-                   "of a shuffled generation batch is normalised by its own tokens; not "
-                   "mirrored")
-    if args.top_entropy_quantile < 1.0:
-        out.append(f"top_entropy_quantile={args.top_entropy_quantile}: not mirrored; set 1.0")
-    if args.multi_objective_aggregation != "sum_then_normalize":
-        out.append(f"multi_objective_aggregation={args.multi_objective_aggregation!r}: not "
-                   f"mirrored; set 'sum_then_normalize'")
-    if model is not None:
-        low = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float64})
-        if low:
-            out.append(f"model parameters in {', '.join(low)}: the exact gradient is float64 "
-                       f"and the test would measure the rounding; load the model in float64")
-    return out
 
 
 def _prompt(trainer):
@@ -114,10 +63,11 @@ def _reward(trainer, prompt, example):
     def reward(prompt_ids, response):
         ids = [int(t) for t in response]
         text = tok.batch_decode([ids], skip_special_tokens=True)
-        per = torch.tensor([float(f(prompts=[prompt], completions=text, completion_ids=[ids],
-                                    trainer_state=trainer.state, log_extra=lambda *a, **k: None,
-                                    log_metric=lambda *a, **k: None, **extra)[0])
-                            for f in funcs], dtype=torch.float32)
+        values = [f(prompts=[prompt], completions=text, completion_ids=[ids],
+                    trainer_state=trainer.state, log_extra=lambda *a, **k: None,
+                    log_metric=lambda *a, **k: None, **extra)[0] for f in funcs]
+        per = torch.tensor([math.nan if v is None else float(v) for v in values],
+                           dtype=torch.float32)  # None: NaN, as TRL reads it
         return float((per * weights).nansum())
     return reward
 
@@ -134,6 +84,8 @@ class TrainerTarget:
         exact: the :class:`fisher_ref.estimators.LossGradient` of one step.
         distribution: ``(gradients (N, P), probabilities (N,))`` of one step, or ``None``.
         names: the trained parameters in the trainer's order (a recorder's ``names``).
+        reference: which code states the loss: fisher_ref's (a bug inside the trainer's
+            loss method then shows) or TRL's own (it then cannot).
     """
 
     task: object
@@ -143,6 +95,7 @@ class TrainerTarget:
     exact: object = None
     distribution: tuple | None = None
     names: list | None = None
+    reference: str = ""
 
     def check(self, samples, *, alpha=1e-6):
         """Judge the applied gradients ``samples`` (a recorder, or ``(steps, P)``): the
@@ -150,7 +103,7 @@ class TrainerTarget:
         ``alpha / 2`` (Bennett's bound: a correct run fails with probability at most
         ``alpha``). Returns a :class:`RunVerdict`."""
         from fisher_ref.testing import check_applied_covariance, check_applied_gradient
-        layout = getattr(samples, "layout", None) or self.names
+        layout = getattr(samples, "layout", None) or self.task.model.layout()
         share = alpha / 2 if self.distribution is not None else alpha
         if self.distribution is not None and getattr(self.exact, "covariance", None) is None:
             raise ValueError("the target has a distribution but no covariance")
@@ -187,7 +140,11 @@ class RunVerdict(Verdict):
 
 
 def trl_task(trainer):
-    """``(task, loss, G, K, names)`` of a ``trl.GRPOTrainer``, refusing what it cannot mirror.
+    """The :class:`TrainerTarget` of a ``trl.GRPOTrainer`` without its exact gradient (task,
+    loss, ``G``, ``K``, names), refusing what it cannot mirror. The loss is
+    :func:`fisher_ref.estimators.trl_reference.trl_reference_loss` (TRL's formula, no TRL
+    code) where the settings are within it, else TRL's own ``_compute_loss``
+    (:func:`fisher_ref.estimators.trainers.trl_loss`); ``reference`` says which.
 
     Raises:
         ValueError: the refusals of :func:`trl_refusals`, joined; a dataset of several
@@ -195,7 +152,7 @@ def trl_task(trainer):
     """
     from fisher_ref.torch import causal_lm_task
     args, model = trainer.args, trainer.model
-    bad = trl_refusals(args, model)
+    bad = trl_refusals(args, model, trainer)
     if bad:
         raise ValueError("fisher_ref cannot mirror this GRPOTrainer run: " + "; ".join(bad))
     prompt = _prompt(trainer)
@@ -218,9 +175,17 @@ def trl_task(trainer):
     task = causal_lm_task(stock, [prompt_ids], int(args.max_completion_length),
                           _reward(trainer, prompt, example), vocab_size=V, eos=True,
                           params=names, name="trl_grpo")
-    loss_args = copy.copy(args)  # the step's K groups as one batch (see the module)
-    loss_args.gradient_accumulation_steps = loss_args.steps_per_generation = 1
-    return task, trl_loss(config=loss_args), G, K, names
+    outside = reference_refusal(args)
+    if outside is None:
+        loss = trl_reference_loss(args.loss_type, args.scale_rewards, args.max_completion_length)
+        reference = "fisher_ref (TRL's formula, written without TRL's code)"
+    else:
+        loss_args = copy.copy(args)  # the step's K groups as one batch (see the module)
+        loss_args.gradient_accumulation_steps = loss_args.steps_per_generation = 1
+        loss = trl_loss(config=loss_args)
+        reference = f"TRL's own _compute_loss ({outside} is not written in fisher_ref)"
+    return TrainerTarget(task=task, loss=loss, group_size=G, groups_per_batch=K, names=names,
+                         reference=reference)
 
 
 def trl_expected(trainer, *, covariance=False, distribution=False, **kwargs):
@@ -247,13 +212,14 @@ def trl_expected(trainer, *, covariance=False, distribution=False, **kwargs):
     Raises:
         ValueError: what :func:`trl_task` refuses.
     """
-    task, loss, G, K, names = trl_task(trainer)
-    opts = dict(symmetric=True, groups_per_batch=K, pad="longest", **kwargs)
-    exact = expected_loss_gradient(task, loss, G, covariance=covariance or distribution,
-                                   **opts)
-    dist = enumerated_gradients(task, loss, G, **opts) if distribution else None
-    return TrainerTarget(task=task, loss=loss, group_size=G, groups_per_batch=K, exact=exact,
-                         distribution=dist, names=names)
+    target = trl_task(trainer)
+    task, loss, G = target.task, target.loss, target.group_size
+    opts = dict(symmetric=True, groups_per_batch=target.groups_per_batch, pad="longest",
+                **kwargs)
+    target.exact = expected_loss_gradient(task, loss, G, covariance=covariance or distribution,
+                                          **opts)
+    target.distribution = enumerated_gradients(task, loss, G, **opts) if distribution else None
+    return target
 
 
 @dataclass
@@ -287,46 +253,75 @@ class TrainerLossVerdict(Verdict):
         return out + (f": {self.cause}" if self.cause else "")
 
 
+def _informative_groups(table, pr, G, groups, seed):
+    """``(groups, G)`` response indices of groups whose rewards are not all equal (a group
+    of equal rewards has advantages 0 and a zero gradient: it tests nothing), drawn
+    uniformly among such groups with ``seed``."""
+    rng = np.random.default_rng(seed)
+    found = []
+    for _ in range(1000):
+        idx = rng.integers(0, len(pr), size=(64, G))  # (64, G)
+        r = group_arrays(table, pr, idx)["rewards"]  # (64, G)
+        keep = idx[np.ptp(r, axis=1) > 0]
+        found.extend(keep.tolist())
+        if len(found) >= groups:
+            return np.array(found[:groups])
+    raise ValueError(f"no group of {G} completions with unequal rewards among 64,000 drawn: "
+                     f"every group's gradient is 0, so the loss method cannot be checked")
+
+
 def check_trainer_loss(trainer, *, groups=4, seed=0, rtol=1e-6):
-    r"""The trainer's own ``_compute_loss`` with its own model's forward on fixed groups of
-    enumerated completions, against fisher_ref's exact gradient of each group. Seconds, no
-    sampling: it separates a loss bug or a precision loss from a pipeline bug before any
+    r"""The trainer's own loss computation (its ``_compute_loss``, its log-prob recompute and
+    its model's forward) on fixed groups of enumerated completions, against the exact
+    gradient of each group under TRL's formula as fisher_ref writes it
+    (:func:`fisher_ref.estimators.trl_reference.trl_reference_loss`, no TRL code). Seconds,
+    no sampling: it separates a bug or a precision loss in the loss computation from a bug in
+    the pipeline around it (sampling, masks, advantages, accumulation) before any
     statistical test.
 
     Each group is fed as a whole step (``current_gradient_accumulation_steps = 1``,
-    ``num_items_in_batch`` its tokens) twice: as the trainer runs it, under its
-    accelerator's autocast (bf16 when ``GRPOConfig.bf16``, TRL's default), and in float64
-    with autocast off (:func:`fisher_ref.torch.precision.run_dtype`). When only the first
-    misses ``rtol``, the cause named is the precision (bf16 autocast, or the model's float32
-    casts); when both do, the loss method itself.
+    ``steps_per_generation = 1``, ``num_items_in_batch`` its tokens, the advantages of
+    :func:`fisher_ref.estimators.trainers.trl_advantages`) twice: as the trainer runs it,
+    under its accelerator's autocast (bf16 when ``GRPOConfig.bf16``, TRL's default), and in
+    float64 with autocast off (:func:`fisher_ref.torch.precision.run_dtype`). When only the
+    first misses ``rtol``, the cause named is the precision (the bf16 or fp16 autocast, or
+    the model's casts below float64); when both do, the loss computation itself.
 
     Args:
-        trainer: a ``trl.GRPOTrainer``; its settings need not pass :func:`trl_refusals`
-            except that the task must be buildable (one prompt, EOS id 0).
-        groups: how many groups of ``num_generations`` completions, drawn uniformly from the
-            enumerated completions with ``seed``.
-        rtol: the largest relative error (max-norm) accepted.
+        trainer: a ``trl.GRPOTrainer`` whose settings pass :func:`trl_refusals` once its
+            ``bf16``, ``fp16``, ``learning_rate`` and ``max_grad_norm`` are set aside (the
+            check runs no optimizer step), with a loss type fisher_ref writes
+            (:data:`fisher_ref.estimators.trl_reference.REFERENCE_LOSS_TYPES`).
+        groups: how many groups of ``num_generations`` completions with unequal rewards,
+            drawn uniformly among those with ``seed``.
+        rtol: the largest relative error (max-norm, per group) accepted.
 
     Returns:
         :class:`TrainerLossVerdict`.
+
+    Raises:
+        ValueError: a setting refused, a loss type not written in fisher_ref, or no group
+            with unequal rewards (every gradient 0: nothing to check).
     """
     from fisher_ref.torch.precision import run_dtype
     args = trainer.args
-    precision = [f"bf16={args.bf16}"] if getattr(args, "bf16", False) else []
+    precision = [f"{n}=True" for n in ("bf16", "fp16") if getattr(args, n, False)]
     shadow = copy.copy(args)  # build the task from the settings the check can mirror
-    for name in ("bf16", "fp16"):
-        setattr(shadow, name, False)
-    shadow.learning_rate, shadow.max_grad_norm = 0.0, 0.0
+    shadow.bf16, shadow.fp16, shadow.learning_rate, shadow.max_grad_norm = False, False, 0.0, 0.0
+    outside = reference_refusal(args)
+    if outside is not None:
+        raise ValueError(f"check_trainer_loss compares with fisher_ref's own statement of "
+                         f"TRL's loss, which does not cover {outside}")
     real = trainer.args
     trainer.args = shadow
     try:
-        task, loss, G, _, names = trl_task(trainer)
+        target = trl_task(trainer)
     finally:
         trainer.args = real
+    task, loss, G, names = target.task, target.loss, target.group_size, target.names
     table = response_table(task)
     pr, prompt_ids = table.prompts[0], [int(t) for t in task.prompts[0]]
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(pr), size=(int(groups), G))  # (groups, G)
+    idx = _informative_groups(table, pr, G, int(groups), seed)  # (groups, G)
     a = group_arrays(table, pr, idx)
     exact = group_gradients(table, a, loss_coefficients(loss, a, pr.prompt))  # (groups, P)
     model = trainer.model
@@ -356,7 +351,7 @@ def check_trainer_loss(trainer, *, groups=4, seed=0, rtol=1e-6):
                         trainer._compute_loss(model, inputs).backward()
                 g = np.concatenate([params[n].grad.reshape(-1).to(torch.float64).numpy()
                                     for n in names])
-                errs.append(np.abs(g - exact[k]).max() / max(np.abs(exact[k]).max(), 1e-300))
+                errs.append(np.abs(g - exact[k]).max() / np.abs(exact[k]).max())
             worst[mode] = float(max(errs))
     finally:
         trainer.args.steps_per_generation = saved_steps
@@ -367,9 +362,11 @@ def check_trainer_loss(trainer, *, groups=4, seed=0, rtol=1e-6):
         if worst["float64"] <= rtol:
             cause = ("precision: " + (", ".join(precision) + " autocast" if precision else
                      "the model's casts below float64") +
-                     " rounds the log-prob recompute; in float64 the loss method is exact"
-                     + ("; set GRPOConfig(bf16=False)" if precision else ""))
+                     " rounds the log-prob recompute; in float64 the loss computation is exact"
+                     + (f"; set GRPOConfig({precision[0].split('=')[0]}=False)"
+                        if precision else ""))
         else:
-            cause = "the loss method itself: it is off in float64 too"
+            cause = ("the loss computation itself (the loss method, the log-prob recompute or "
+                     "the model's forward): it is off in float64 too")
     return TrainerLossVerdict(passed=passed, as_run=worst["as_run"], float64=worst["float64"],
                               groups=len(idx), rtol=float(rtol), cause=cause)

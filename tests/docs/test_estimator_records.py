@@ -69,6 +69,7 @@ def test_trainer_power_record_shows_what_the_page_says():
     per-parameter test within its run; the advantage bug's mean scale is below 0.9."""
     r = json.loads((update_docs.RECORDS / "trainer_power.json").read_text())
     assert r["commit"] and r["machine"] and r["setup"]["alpha_each"] == 5e-7
+    assert r["setup"]["loss_type"] == update_docs.trainer_power.LOSS == "grpo"
     cases = r["cases"]
     assert all(x["per_parameter"] is None and x["covariance"] is None
                for x in cases["clean"]["runs"])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fisher_ref.estimators.trl_run import trl_expected
+from fisher_ref.estimators import trl_expected
 from fisher_ref.testing import check_applied_gradient
 from fisher_ref.torch import GradientRecorder
 from fisher_ref.torch.tiny import tiny_llama
@@ -92,6 +92,7 @@ def test_target_check_without_distribution_and_a_sums_only_recorder():
     target = trl_expected(trainer)
     trainer.train()
     v = target.check(rec, alpha=1e-6)
+    assert v, f"seed 0: {v.message}"  # a clean run: false failure <= 1e-6
     assert v.covariance is None and v.per_parameter.alpha == 1e-6
     assert np.isnan(v.per_parameter.scale_se)  # the steps were not kept
     with pytest.raises(ValueError, match="keep_samples=False"):
@@ -103,3 +104,17 @@ def test_checkable_trainer_takes_args_or_settings_not_both():
     with pytest.raises(TypeError, match="not both"):
         checkable_grpo_trainer(tiny_llama(V, **MODEL), tiny_tokenizer(V), lambda **k: [0.0],
                                "t1", args=grpo_args(), num_generations=3)
+
+
+def test_a_recorder_holding_nan_is_refused():
+    model = tiny_llama(V, **MODEL)
+    rec = GradientRecorder()
+    args = _args("grpo", 1)
+    rec.on_train_begin(args, None, None, model=model)
+    for _ in range(40):
+        model.lm_head.weight.grad = torch.full_like(model.lm_head.weight, float("nan"))
+        rec.on_pre_optimizer_step(args, None, None, model=model)
+    P = rec.running_sums()[0].size
+    exact = (np.zeros(P), np.ones(P), -np.ones(P), np.ones(P))
+    with pytest.raises(ValueError, match="NaN"):
+        check_applied_gradient(rec, exact)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from fisher_ref.estimators.trl_bugs import TRL_BUGS, inject_trl_bug
-from fisher_ref.estimators.trl_run import check_trainer_loss, trl_expected, trl_refusals
+from .trl_bugs import TRL_BUGS, inject_trl_bug
+from fisher_ref.estimators import check_trainer_loss, trl_expected, trl_refusals
 from fisher_ref.testing import check_applied_covariance, steps_needed
 from fisher_ref.torch import GradientRecorder
 from fisher_ref.torch.tiny import (CHECKABLE_GRPO, checkable_grpo_trainer, tiny_llama,
@@ -92,13 +92,16 @@ def steps():
     return n
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "bnpo", "grpo-no-std"])
 def test_clean_trainer_applies_the_exact_gradient(loss_type, steps):
-    """False failure <= ALPHA (Bennett's bound, two tests at ALPHA / 2)."""
-    rec, target = run(grpo_args(loss_type, steps))
+    """False failure <= ALPHA (Bennett's bound, two tests at ALPHA / 2). The target is
+    fisher_ref's own statement of TRL's loss (no TRL code)."""
+    over = {"scale_rewards": "none"} if loss_type == "grpo-no-std" else {}
+    rec, target = run(grpo_args(loss_type.split("-")[0], steps, **over))
     per, cov = judge(rec, target)
     assert per and cov, f"seed 0, {loss_type}: {per.message} | {cov.message}"
     assert target.group_size == G and target.groups_per_batch == 1
+    assert target.reference.startswith("fisher_ref")
 
 
 @pytest.mark.parametrize("bug, powered_for", [
@@ -107,11 +110,11 @@ def test_clean_trainer_applies_the_exact_gradient(loss_type, steps):
 def test_pipeline_bugs_are_caught(bug, powered_for):
     """Each bug, injected here only, is caught by one of the two tests at the step count
     steps_needed gives for a scale error of ``powered_for``: the log-prob shift leaves
-    about 5% of the gradient along the exact one, the undivided advantages about 80%
-    (scale error -0.2, twice what the count is powered for), and the leaky mask, whose
-    scale error is small (its bias lies off the exact gradient), is flagged by the
-    covariance test within 30-50 steps (docs/bench/estimators/trainer_power.json). None of
-    these bugs can be written as a loss over LossBatch."""
+    about 2% of the gradient along the exact one and the leaky mask about 75% (both
+    flagged within 30-100 steps), the undivided advantages about 81% (a scale error of
+    -0.19, about twice what its count is powered for; flagged at 700-1,500 steps), in
+    docs/bench/estimators/trainer_power.json. None of these bugs can be written as a loss
+    over LossBatch."""
     target = trl_expected(make_trainer(grpo_args("grpo")))
     n = steps_needed(target.exact, powered_for, alpha=ALPHA / 2, power=0.9)
     assert n <= 3000, n
@@ -165,7 +168,7 @@ def test_trl_default_bf16_is_named_and_flagged():
     precision as the cause; over 1,000 steps the covariance test flags the applied
     gradient (its bias lies in low-variance directions the per-parameter test cannot
     resolve in so few steps: docs/bench/estimators/trainer_power.json has it flagged at
-    700, 1,000 and 700 steps for seeds 0-2, and never by the per-parameter test within
+    500 steps for each of seeds 0-2, and never by the per-parameter test within
     2,000)."""
     args = grpo_args("grpo", 1000)
     kw = {k: getattr(args, k) for k in ("loss_type", "max_steps", "seed")}
@@ -188,10 +191,42 @@ def test_trl_default_bf16_is_named_and_flagged():
     assert not cov, f"seed 0: {cov.message}"
 
 
-def test_trainer_loss_check_passes_in_float64():
-    v = check_trainer_loss(make_trainer(grpo_args("dapo")))
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "bnpo"])
+def test_trainer_loss_check_passes_in_float64(loss_type):
+    v = check_trainer_loss(make_trainer(grpo_args(loss_type)))
     assert v and v.as_run <= 1e-6 and v.float64 <= 1e-10, v.message
-    assert "PASS" in v.message
+    assert "PASS" in v.message and v.groups == 4
+
+
+def test_trainer_loss_check_sees_a_bug_inside_the_loss_computation(monkeypatch):
+    """A bug inside TRL's own _compute_loss (half the loss) and one in its log-prob
+    recompute are both named as the loss computation's: the reference shares no TRL code."""
+    from trl import GRPOTrainer
+    original = GRPOTrainer._compute_loss
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss",
+                        lambda self, *a, **k: 0.5 * original(self, *a, **k))
+    v = check_trainer_loss(make_trainer(grpo_args("grpo")))
+    assert not v and abs(v.float64 - 0.5) < 1e-6 and "loss computation itself" in v.cause
+    monkeypatch.undo()
+    with inject_trl_bug("logprobs_one_position_early"):
+        v = check_trainer_loss(make_trainer(grpo_args("grpo")))
+    assert not v and "log-prob recompute" in v.cause, v.message
+
+
+def test_trainer_loss_check_refuses_what_tests_nothing():
+    """A reward that never differs within a group gives every group a zero gradient: the
+    check refuses rather than pass on zeros; a loss type fisher_ref does not write is
+    refused too."""
+    with pytest.raises(ValueError, match="unequal rewards"):
+        check_trainer_loss(make_trainer(grpo_args(), reward=lambda completion_ids, **k:
+                                        [1.0] * len(completion_ids)))
+    with pytest.raises(ValueError, match="sapo"):
+        check_trainer_loss(make_trainer(grpo_args("sapo")))
+
+
+def test_a_loss_type_fisher_ref_does_not_write_is_held_to_trls_own_code():
+    target = trl_expected(make_trainer(grpo_args("sapo")))
+    assert target.reference.startswith("TRL's own") and "sapo" in target.reference
 
 
 @pytest.mark.parametrize("over, name", [
@@ -203,6 +238,8 @@ def test_trainer_loss_check_passes_in_float64():
     ({"gradient_accumulation_steps": 2, "steps_per_generation": 4}, "steps_per_generation"),
     ({"mask_truncated_completions": True}, "mask_truncated_completions"),
     ({"top_entropy_quantile": 0.5}, "top_entropy_quantile"),
+    ({"generation_kwargs": {"top_k": 2}}, "generation_kwargs"),
+    ({"delta": 0.9}, "delta"), ({"entropy_coef": 0.01}, "entropy_coef"),
 ])
 def test_settings_that_cannot_be_mirrored_are_refused_by_name(over, name):
     if name == "use_vllm":  # GRPOConfig itself refuses vLLM without the package
@@ -230,6 +267,39 @@ def test_a_clean_config_has_no_refusal_and_the_target_is_the_hand_built_one():
     task = causal_lm_task(tiny_llama(V, **MODEL), [[1]], T, reward, vocab_size=V, eos=True)
     hand = expected_loss_gradient(task, trl_loss("dr_grpo"), G, symmetric=True)
     assert np.abs(target.exact.mean - hand.mean).max() <= 1e-12 * np.abs(hand.mean).max()
+
+
+def test_the_built_trainers_sampler_and_the_models_dropout_are_read():
+    """What the config does not say: a generation config changed after the trainer was
+    built, and dropout in the model."""
+    trainer = make_trainer(grpo_args())
+    trainer.generation_config.top_k = 2
+    trainer.generation_config.min_new_tokens = 1
+    bad = trl_refusals(trainer.args, trainer.model, trainer)
+    assert any(r.startswith("generation_config.top_k=2") for r in bad), bad
+    assert any(r.startswith("generation_config.min_new_tokens=1") for r in bad), bad
+    with pytest.raises(ValueError, match="generation_config.top_k"):
+        trl_expected(trainer)
+    model = tiny_llama(V, **MODEL)
+    model.config.attention_dropout = 0.1
+    assert any("attention_dropout=0.1" in r for r in trl_refusals(grpo_args(), model))
+
+
+def test_a_reward_of_none_is_read_as_trl_reads_it():
+    """TRL reads None as NaN and sums the reward functions with nansum: a completion whose
+    only reward is None scores 0."""
+    def sparse(completion_ids, **kwargs):
+        return [None if 2 in c else float(sum(t == 1 for t in c)) for c in completion_ids]
+    target = trl_expected(make_trainer(grpo_args(), reward=sparse))
+    assert target.task.reward((1,), (2, 0)) == 0.0 and target.task.reward((1,), (1, 0)) == 1.0
+
+
+def test_target_check_takes_an_array_and_names_its_parameters():
+    trainer = make_trainer(grpo_args("grpo", 40), callbacks=[rec := GradientRecorder()])
+    target = trl_expected(trainer)
+    trainer.train()
+    v = target.check(rec.samples())
+    assert v.per_parameter.worst[0][0].split("[")[0] in rec.names, v.message
 
 
 def test_builder_refuses_what_it_cannot_read():

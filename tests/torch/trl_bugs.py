@@ -1,9 +1,9 @@
-r"""Known pipeline bugs, injected into the installed ``trl.GRPOTrainer`` for as long as a
-``with`` block lasts: a check of a trainer's applied gradient should catch each of them
-(``tests/torch/test_trl_end_to_end.py`` holds fisher_ref's checks to that, and
-``benchmarks/estimators/trainer_power.py`` measures how many steps each takes). None of
-them can be written as a loss over :class:`fisher_ref.estimators.LossBatch`: they live in
-the pipeline around the loss.
+r"""Known pipeline bugs, monkeypatched into the installed ``trl.GRPOTrainer`` for as long as
+a ``with`` block lasts, in the tests only (TRL itself is never changed): a check of a
+trainer's applied gradient should catch each of them (``test_trl_end_to_end.py`` holds
+fisher_ref's checks to that, and ``benchmarks/estimators/trainer_power.py`` measures how
+many steps each takes). None of them can be written as a loss over
+:class:`fisher_ref.estimators.LossBatch`: they live in the pipeline around the loss.
 
 Example (not run here)::
 
