@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .trl_bugs import TRL_BUGS, inject_trl_bug
 from fisher_ref.estimators import trl_expected
 from fisher_ref.perf.scaling import git_commit, machine
 from fisher_ref.testing import check_applied_covariance, check_applied_gradient, steps_needed
