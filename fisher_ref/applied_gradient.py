@@ -49,10 +49,10 @@ MIN_STEPS = 30
 METHODS = ("bennett", "normal")
 #: Bennett's one-sided ranges are widened by this times the largest :math:`|l_i|, |h_i|`
 #: (times :math:`\sqrt P` along a direction), so that a trainer's rounding cannot step
-#: outside the enumerated range: the float32 casts of a stock float64 Llama leave 2-3e-7 of
-#: a group's largest entry (``check_trainer_loss``). Wider costs power: on the real
-#: ``GRPOTrainer`` of the end-to-end tests, 1e-4 hid TRL's bf16 bias at 1,000 steps that
-#: 1e-5 shows.
+#: outside the enumerated range: the float32 casts of a stock float64 Llama leave under
+#: 1e-6 of a group's largest entry (``check_trainer_loss``; the end-to-end tests assert
+#: it). Wider costs power: on the real ``GRPOTrainer`` of those tests, 1e-4 hid TRL's bf16
+#: bias at 1,000 steps that 1e-5 shows.
 SUPPORT_RTOL = 1e-5
 #: Relative tolerance within which a parameter of zero exact variance counts as constant.
 _CONSTANT_RTOL = 1e-9

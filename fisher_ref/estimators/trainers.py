@@ -43,15 +43,19 @@ def group_index(batch):
 
 
 def _group_size(batch):
-    """``(K, G)``: groups of consecutive rows, as TRL lays out a generation batch. A
-    :class:`fisher_ref.estimators.LossBatch` says ``K`` itself (its rows are consecutive
-    by construction, and under ``vmap`` its ``groups`` cannot be read as numbers)."""
-    K = getattr(batch, "groups_per_batch", None)
-    if isinstance(K, int) and K >= 1 and batch.rewards.shape[0] % K == 0:
-        return K, batch.rewards.shape[0] // K
+    """``(K, G)``: groups of consecutive rows, as TRL lays out a generation batch. Under
+    ``vmap`` the ``groups`` of a :class:`fisher_ref.estimators.LossBatch` cannot be read
+    as numbers; its ``groups_per_batch`` says ``K`` (its rows are consecutive by
+    construction)."""
     idx = group_index(batch)
     B = idx.shape[0]
-    K = int(idx.max()) + 1 if B else 0
+    try:
+        K = int(idx.max()) + 1 if B else 0
+    except RuntimeError:  # a batched tensor under vmap
+        K = getattr(batch, "groups_per_batch", None)
+        if not isinstance(K, int) or K < 1 or B % K:
+            raise
+        return K, B // K
     if K < 1 or B % K:
         raise ValueError(f"batch.groups must split the {B} rows into groups of one size, "
                          f"got {K} groups")
