@@ -7,7 +7,8 @@ the ``prompt`` of its training dataset, its reward functions and weights, and fr
 ``GRPOConfig``: ``num_generations`` (``G``), ``max_completion_length`` (``T``),
 ``loss_type``, ``scale_rewards``, and the groups of one optimizer step
 (``per_device_train_batch_size * gradient_accumulation_steps / num_generations``, ``K``).
-Settings fisher_ref cannot mirror are refused by name (:func:`trl_refusals`).
+Settings fisher_ref cannot mirror are refused by name
+(:func:`fisher_ref.estimators.trl_settings.trl_refusals`).
 """
 from __future__ import annotations
 
@@ -79,7 +80,10 @@ class TrainerTarget:
     Attributes:
         task: the :class:`fisher_ref.tasks.Task` (a copy of the trainer's model, its prompt,
             its rewards).
-        loss: ``loss(batch)``, the trainer's own loss method (:func:`trl_loss`).
+        loss: ``loss(batch)`` of one step: TRL's formula as fisher_ref writes it
+            (:func:`fisher_ref.estimators.trl_reference.trl_reference_loss`), or TRL's own
+            ``_compute_loss`` (:func:`fisher_ref.estimators.trainers.trl_loss`) for a
+            loss type not written there.
         group_size, groups_per_batch: ``G`` and ``K`` of one optimizer step.
         exact: the :class:`fisher_ref.estimators.LossGradient` of one step.
         distribution: ``(gradients (N, P), probabilities (N,))`` of one step, or ``None``.
@@ -147,7 +151,8 @@ def trl_task(trainer):
     (:func:`fisher_ref.estimators.trainers.trl_loss`); ``reference`` says which.
 
     Raises:
-        ValueError: the refusals of :func:`trl_refusals`, joined; a dataset of several
+        ValueError: the refusals of
+            :func:`fisher_ref.estimators.trl_settings.trl_refusals`, joined; a dataset of several
             distinct prompts or of conversational ones; a reward model.
     """
     from fisher_ref.torch import causal_lm_task
@@ -288,7 +293,8 @@ def check_trainer_loss(trainer, *, groups=4, seed=0, rtol=1e-6):
     the model's casts below float64); when both do, the loss computation itself.
 
     Args:
-        trainer: a ``trl.GRPOTrainer`` whose settings pass :func:`trl_refusals` once its
+        trainer: a ``trl.GRPOTrainer`` whose settings pass
+            :func:`fisher_ref.estimators.trl_settings.trl_refusals` once its
             ``bf16``, ``fp16``, ``learning_rate`` and ``max_grad_norm`` are set aside (the
             check runs no optimizer step), with a loss type fisher_ref writes
             (:data:`fisher_ref.estimators.trl_reference.REFERENCE_LOSS_TYPES`).

@@ -17,7 +17,7 @@ from transformers import TrainerCallback
 
 __all__ = ["GradientRecorder", "DEFAULT_MAX_BYTES"]
 
-#: Memory for the kept steps (float64): 256 MiB.
+#: The memory for the kept steps (float64), 256 MiB.
 DEFAULT_MAX_BYTES = 256 * 2 ** 20
 
 
