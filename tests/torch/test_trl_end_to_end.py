@@ -129,7 +129,7 @@ V2, T2 = 4, 2
 
 
 @pytest.mark.parametrize("layout", ["two_prompts_per_step", "accumulation_over_2"])
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "grpo-batch-std"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "grpo-batch-std"])
 def test_two_groups_per_step_pass_against_groups_per_batch_2(layout, loss_type):
     """per_device_train_batch_size = 2 G (two prompts per step), or G with
     gradient_accumulation_steps = 2 (two micro-batches per optimizer step): the target
