@@ -1,9 +1,10 @@
 """The real TRL GRPOTrainer, end to end, its target read from the trainer itself
-(trl_expected): the clean runs pass for grpo, dr_grpo and dapo; three pipeline bugs,
-each monkeypatched in this file only, are caught; two prompts per step and accumulation
+(trl_expected): the clean runs pass for grpo, dr_grpo, dapo, bnpo and unscaled grpo;
+three pipeline bugs, monkeypatched in the tests only (trl_bugs.py), are caught; two prompts per step and accumulation
 over two steps pass against groups_per_batch=2; TRL's default bf16 is named by the
-deterministic check and flagged by the covariance test within 1,000 steps; settings that
-cannot be mirrored are refused by name.
+deterministic check and flagged by the covariance test within 1,000 steps. The unit tests
+of the target and the loss check are in tests/estimators/test_trl_run.py, the refusals in
+tests/estimators/test_trl_settings.py.
 
 Every run is judged by both tests at ALPHA / 2 each (the per-parameter one and the
 covariance one, both with Bennett's bound), so a correct run fails with probability at
@@ -189,129 +190,6 @@ def test_trl_default_bf16_is_named_and_flagged():
     cov = check_applied_covariance(rec.samples(), target.exact, alpha=ALPHA / 2,
                                    distribution=target.distribution)
     assert not cov, f"seed 0: {cov.message}"
-
-
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "bnpo"])
-def test_trainer_loss_check_passes_in_float64(loss_type):
-    v = check_trainer_loss(make_trainer(grpo_args(loss_type)))
-    assert v and v.as_run <= 1e-6 and v.float64 <= 1e-10, v.message
-    assert "PASS" in v.message and v.groups == 4
-
-
-def test_trainer_loss_check_sees_a_bug_inside_the_loss_computation(monkeypatch):
-    """A bug inside TRL's own _compute_loss (half the loss) and one in its log-prob
-    recompute are both named as the loss computation's: the reference shares no TRL code."""
-    from trl import GRPOTrainer
-    original = GRPOTrainer._compute_loss
-    monkeypatch.setattr(GRPOTrainer, "_compute_loss",
-                        lambda self, *a, **k: 0.5 * original(self, *a, **k))
-    v = check_trainer_loss(make_trainer(grpo_args("grpo")))
-    assert not v and abs(v.float64 - 0.5) < 1e-6 and "loss computation itself" in v.cause
-    monkeypatch.undo()
-    with inject_trl_bug("logprobs_one_position_early"):
-        v = check_trainer_loss(make_trainer(grpo_args("grpo")))
-    assert not v and "log-prob recompute" in v.cause, v.message
-
-
-def test_trainer_loss_check_refuses_what_tests_nothing():
-    """A reward that never differs within a group gives every group a zero gradient: the
-    check refuses rather than pass on zeros; a loss type fisher_ref does not write is
-    refused too."""
-    with pytest.raises(ValueError, match="unequal rewards"):
-        check_trainer_loss(make_trainer(grpo_args(), reward=lambda completion_ids, **k:
-                                        [1.0] * len(completion_ids)))
-    with pytest.raises(ValueError, match="sapo"):
-        check_trainer_loss(make_trainer(grpo_args("sapo")))
-
-
-def test_a_loss_type_fisher_ref_does_not_write_is_held_to_trls_own_code():
-    target = trl_expected(make_trainer(grpo_args("sapo")))
-    assert target.reference.startswith("TRL's own") and "sapo" in target.reference
-
-
-@pytest.mark.parametrize("over, name", [
-    ({"top_k": 2}, "top_k"), ({"top_p": 0.9}, "top_p"), ({"temperature": 0.7}, "temperature"),
-    ({"learning_rate": 1e-3}, "learning_rate"), ({"max_grad_norm": 1.0}, "max_grad_norm"),
-    ({"bf16": True}, "bf16"), ({"beta": 0.04}, "beta"), ({"num_iterations": 2}, "num_iterations"),
-    ({"use_vllm": True}, "use_vllm"),
-    ({"loss_type": "bnpo", "gradient_accumulation_steps": 2}, "loss_type"),
-    ({"gradient_accumulation_steps": 2, "steps_per_generation": 4}, "steps_per_generation"),
-    ({"mask_truncated_completions": True}, "mask_truncated_completions"),
-    ({"top_entropy_quantile": 0.5}, "top_entropy_quantile"),
-    ({"generation_kwargs": {"top_k": 2}}, "generation_kwargs"),
-    ({"delta": 0.9}, "delta"), ({"entropy_coef": 0.01}, "entropy_coef"),
-])
-def test_settings_that_cannot_be_mirrored_are_refused_by_name(over, name):
-    if name == "use_vllm":  # GRPOConfig itself refuses vLLM without the package
-        args = grpo_args()
-        args.use_vllm = True
-    else:
-        args = grpo_args(**over)
-    assert any(r.startswith(f"{name}=") for r in trl_refusals(args)), trl_refusals(args)
-    # a trainer with vLLM or a KL term cannot be built here (no vLLM, no model hub)
-    if name not in ("use_vllm", "beta"):
-        with pytest.raises(ValueError, match=name):
-            trl_expected(make_trainer(args))
-
-
-def test_a_clean_config_has_no_refusal_and_the_target_is_the_hand_built_one():
-    from fisher_ref.estimators import expected_loss_gradient
-    from fisher_ref.estimators.trainers import trl_loss
-    from fisher_ref.torch import causal_lm_task
-    trainer = make_trainer(grpo_args("dr_grpo"))
-    assert trl_refusals(trainer.args, trainer.model) == []
-    target = trl_expected(trainer)
-
-    def reward(p, r):
-        return reward_func(None, None, [list(r)])[0]
-    task = causal_lm_task(tiny_llama(V, **MODEL), [[1]], T, reward, vocab_size=V, eos=True)
-    hand = expected_loss_gradient(task, trl_loss("dr_grpo"), G, symmetric=True)
-    assert np.abs(target.exact.mean - hand.mean).max() <= 1e-12 * np.abs(hand.mean).max()
-
-
-def test_the_built_trainers_sampler_and_the_models_dropout_are_read():
-    """What the config does not say: a generation config changed after the trainer was
-    built, and dropout in the model."""
-    trainer = make_trainer(grpo_args())
-    trainer.generation_config.top_k = 2
-    trainer.generation_config.min_new_tokens = 1
-    bad = trl_refusals(trainer.args, trainer.model, trainer)
-    assert any(r.startswith("generation_config.top_k=2") for r in bad), bad
-    assert any(r.startswith("generation_config.min_new_tokens=1") for r in bad), bad
-    with pytest.raises(ValueError, match="generation_config.top_k"):
-        trl_expected(trainer)
-    model = tiny_llama(V, **MODEL)
-    model.config.attention_dropout = 0.1
-    assert any("attention_dropout=0.1" in r for r in trl_refusals(grpo_args(), model))
-
-
-def test_a_reward_of_none_is_read_as_trl_reads_it():
-    """TRL reads None as NaN and sums the reward functions with nansum: a completion whose
-    only reward is None scores 0."""
-    def sparse(completion_ids, **kwargs):
-        return [None if 2 in c else float(sum(t == 1 for t in c)) for c in completion_ids]
-    target = trl_expected(make_trainer(grpo_args(), reward=sparse))
-    assert target.task.reward((1,), (2, 0)) == 0.0 and target.task.reward((1,), (1, 0)) == 1.0
-
-
-def test_target_check_takes_an_array_and_names_its_parameters():
-    trainer = make_trainer(grpo_args("grpo", 40), callbacks=[rec := GradientRecorder()])
-    target = trl_expected(trainer)
-    trainer.train()
-    v = target.check(rec.samples())
-    assert v.per_parameter.worst[0][0].split("[")[0] in rec.names, v.message
-
-
-def test_builder_refuses_what_it_cannot_read():
-    with pytest.raises(ValueError, match="2 distinct prompts"):
-        trl_expected(make_trainer(grpo_args(), prompts=("t1", "t2")))
-    model = tiny_llama(V, **MODEL).to(torch.float32)
-    assert any("float32" in r for r in trl_refusals(grpo_args(), model))
-    trainer = make_trainer(grpo_args())
-    trainer.reward_funcs = [torch.nn.Linear(2, 1)]  # a reward model (TRL loads it by name)
-    with pytest.raises(ValueError, match="plain callables"):
-        trl_expected(trainer)
-
 
 def test_injected_bugs_are_removed_after_the_block():
     from trl import GRPOTrainer
