@@ -104,6 +104,23 @@ def _covariance(w, g, mean):
     return cov
 
 
+def _drawn_groups(task, adapter, theta, ys, G):
+    """Per prompt ``x``: ``(x, rows, drawn)``, its per-response rows and every ordered group
+    of ``G`` responses of positive probability as ``(probability, (rows, ys, R, x))``."""
+    for x, prompt in enumerate(task.prompts):
+        rows = [_per_response(task, adapter, theta, prompt, y) for y in ys]
+        R = [task.reward(prompt, list(y)) for y in ys]
+        q = [float(np.exp(sum(r["sampler"][t, y[t]].item() for t in range(len(y)))))
+             for r, y in zip(rows, ys)]
+        drawn = []
+        for g in itertools.product(range(len(ys)), repeat=G):
+            w = task.prompt_weights[x] * np.prod([q[i] for i in g])
+            if w > 0:
+                drawn.append((w, ([rows[i] for i in g], [ys[i] for i in g],
+                                  [R[i] for i in g], x)))
+        yield x, rows, drawn
+
+
 def brute_force(task, loss, group_size, covariance=False, per_group=False):
     """``(mean, variance, kl_gradient)`` by enumeration of every ordered group, and the
     full covariance ``(P, P)`` last when ``covariance``; with ``per_group`` instead every
@@ -113,16 +130,9 @@ def brute_force(task, loss, group_size, covariance=False, per_group=False):
     V, T, eos = task.model.vocab_size, task.max_len, task.model.eos
     ys = cases.all_responses(V, T, eos)
     grads, weights, kl = [], [], 0.0
-    for x, prompt in enumerate(task.prompts):
-        rows = [_per_response(task, adapter, theta, prompt, y) for y in ys]
-        R = [task.reward(prompt, list(y)) for y in ys]
-        q = [float(np.exp(sum(r["sampler"][t, y[t]].item() for t in range(len(y)))))
-             for r, y in zip(rows, ys)]
-        for g in itertools.product(range(len(ys)), repeat=group_size):
-            w = task.prompt_weights[x] * np.prod([q[i] for i in g])
-            if w == 0:
-                continue
-            b = _batch([rows[i] for i in g], [ys[i] for i in g], [R[i] for i in g], T, x)
+    for x, rows, drawn in _drawn_groups(task, adapter, theta, ys, group_size):
+        for w, (rows_g, ys_g, R_g, _) in drawn:
+            b = _batch(rows_g, ys_g, R_g, T, x)
             (d,) = torch.autograd.grad(loss(b), theta, retain_graph=True, allow_unused=True)
             grads.append(np.zeros(theta.shape) if d is None else d.numpy())
             weights.append(w)
@@ -211,17 +221,7 @@ def brute_force_batches(task, loss, group_size, groups_per_batch, pad="max_len",
     ys = cases.all_responses(V, T, eos)
     G, K = group_size, groups_per_batch
     limit = _limit(task, ys, G)
-    units = []  # (probability, (rows, ys, R, x))
-    for x, prompt in enumerate(task.prompts):
-        rows = [_per_response(task, adapter, theta, prompt, y) for y in ys]
-        R = [task.reward(prompt, list(y)) for y in ys]
-        q = [float(np.exp(sum(r["sampler"][t, y[t]].item() for t in range(len(y)))))
-             for r, y in zip(rows, ys)]
-        for g in itertools.product(range(len(ys)), repeat=G):
-            w = task.prompt_weights[x] * np.prod([q[i] for i in g])
-            if w > 0:
-                units.append((w, ([rows[i] for i in g], [ys[i] for i in g],
-                                  [R[i] for i in g], x)))
+    units = [u for _, _, drawn in _drawn_groups(task, adapter, theta, ys, G) for u in drawn]
     grads, weights = [], []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small tensors: more threads only contend
